@@ -1,0 +1,183 @@
+/* memsim — the trace: the one contract between importers, the generator and the simulator.
+ *
+ *     MemsimTrace *t = memsim_trace_new("my run");
+ *     guint32 r = memsim_trace_add_rank(t, 0, 1);              // device 0, multiplicity 1
+ *     MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = 4096,
+ *                       .category = MEMSIM_CAT_ACTIVATION};
+ *     memsim_trace_append(t, r, &ev, 1);
+ *     ...
+ *     memsim_trace_free(t);
+ *
+ * A trace is a header (MemsimTraceHeader) plus, for each rank, one ordered program of
+ * events. Each event names the stream it runs on; the simulator splits a rank's program into
+ * its per-stream programs. Tensors are named by integer ids, never by addresses; addresses
+ * belong to the allocator. Events that only record what a real allocator did (the
+ * MEMSIM_EV_SEG_* family, MEMSIM_EV_OOM, the recorded address of an ALLOC) are never
+ * needed to simulate: they let `replay --verify` check the model against the recording.
+ *
+ * Streams are small per-rank indices ordered as the real stream handles are (the legacy
+ * default stream, 0, first); the handle values themselves are kept in MemsimRankInfo.
+ */
+#ifndef MEMSIM_TRACE_H
+#define MEMSIM_TRACE_H
+
+#include <glib.h>
+#include <stdint.h>
+
+G_BEGIN_DECLS
+
+/* Simulated addresses and sizes: integers, never host pointers. */
+typedef uint64_t memsim_addr_t;
+typedef uint64_t memsim_size_t;
+
+typedef enum {
+    MEMSIM_EV_ALLOC = 1,     /* id=tensor, size=requested bytes, stream, category; addr=recorded
+                                address when flags has MEMSIM_EVF_ADDR */
+    MEMSIM_EV_FREE = 2,      /* id=tensor: the program drops it (free_requested) */
+    MEMSIM_EV_USE = 3,       /* id=tensor used on `stream` too (record_stream) */
+    MEMSIM_EV_OP = 4,        /* id=op index into the header's op table; stream */
+    MEMSIM_EV_WAIT = 5,      /* `stream` waits for stream `id`'s progress so far */
+    MEMSIM_EV_COLLECTIVE = 6,/* size=bytes, id=group, aux=MemsimCollectiveKind; stream */
+    MEMSIM_EV_EMPTY_CACHE = 7, /* torch.cuda.empty_cache() */
+    MEMSIM_EV_MARK = 8,      /* id=string index: step or phase boundary */
+    /* What a real allocator was seen to do (imported recordings), checked by --verify. Each
+     * one precedes, in program order, the ALLOC or EMPTY_CACHE event that caused it. */
+    MEMSIM_EV_SEG_ALLOC = 9,   /* addr, size: cudaMalloc of a segment */
+    MEMSIM_EV_SEG_FREE = 10,   /* addr, size: cudaFree of a segment */
+    MEMSIM_EV_SEG_MAP = 11,    /* addr, size: pages mapped into an expandable segment */
+    MEMSIM_EV_SEG_UNMAP = 12,  /* addr, size: pages unmapped */
+    MEMSIM_EV_OOM = 13,        /* size=rounded request that failed, addr=device free bytes */
+    /* The starting state of a trace that begins mid-run (ring buffer), before any other
+     * event of the rank. */
+    MEMSIM_EV_INIT_SEGMENT = 14, /* addr, size, stream; aux=MemsimSegmentFlags */
+    MEMSIM_EV_INIT_BLOCK = 15,   /* id=tensor, addr, size=requested, aux=block bytes, stream:
+                                    a block already allocated at the start */
+} MemsimEventKind;
+
+#define MEMSIM_EV_KIND_MAX 15
+
+typedef enum {
+    MEMSIM_EVF_ADDR = 1u << 0,     /* ALLOC: `addr` holds the recorded address */
+    MEMSIM_EVF_INFERRED = 1u << 1, /* EMPTY_CACHE: inferred from recorded segment frees */
+} MemsimEventFlags;
+
+typedef enum {
+    MEMSIM_SEGF_SMALL = 1u << 0,      /* belongs to the small pool */
+    MEMSIM_SEGF_EXPANDABLE = 1u << 1, /* a mapped range of an expandable segment */
+} MemsimSegmentFlags;
+
+typedef enum {
+    MEMSIM_CAT_OTHER = 0,
+    MEMSIM_CAT_PARAMETER,
+    MEMSIM_CAT_GRADIENT,
+    MEMSIM_CAT_OPTIMIZER_STATE,
+    MEMSIM_CAT_ACTIVATION,
+    MEMSIM_CAT_TEMPORARY,
+    MEMSIM_CAT_COMM_BUFFER,
+    MEMSIM_CAT_INPUT,
+    MEMSIM_CAT_KV_CACHE,
+    MEMSIM_CAT_COUNT
+} MemsimCategory;
+
+typedef enum {
+    MEMSIM_COLL_ALL_REDUCE = 0,
+    MEMSIM_COLL_ALL_GATHER,
+    MEMSIM_COLL_REDUCE_SCATTER,
+    MEMSIM_COLL_BROADCAST,
+    MEMSIM_COLL_SEND,
+    MEMSIM_COLL_RECV,
+    MEMSIM_COLL_ALL_TO_ALL,
+    MEMSIM_COLL_COUNT
+} MemsimCollectiveKind;
+
+typedef enum {
+    MEMSIM_PHASE_OTHER = 0,
+    MEMSIM_PHASE_FORWARD,
+    MEMSIM_PHASE_BACKWARD,
+    MEMSIM_PHASE_OPTIMIZER,
+    MEMSIM_PHASE_COMMUNICATION,
+    MEMSIM_PHASE_COUNT
+} MemsimPhase;
+
+/* One event: 40 bytes, plain data. Field use per kind is listed in MemsimEventKind. */
+typedef struct {
+    uint8_t kind;     /* MemsimEventKind */
+    uint8_t category; /* MemsimCategory (ALLOC, INIT_BLOCK) */
+    uint16_t stream;  /* per-rank stream index */
+    uint32_t flags;   /* MemsimEventFlags */
+    uint64_t id;
+    uint64_t size;
+    uint64_t addr;
+    uint64_t aux;
+} MemsimEvent;
+
+/* An operator of the op table (OP events refer to it by index). */
+typedef struct {
+    uint32_t name;       /* index into the header's string table */
+    uint8_t phase;       /* MemsimPhase */
+    int32_t layer;       /* -1 when not inside a layer */
+    int32_t microbatch;  /* -1 when not applicable */
+    double duration_us;  /* estimated duration on its stream; 0 when unknown */
+} MemsimOpInfo;
+
+typedef struct {
+    uint32_t device;       /* device index (the `rank` of reports) */
+    uint32_t multiplicity; /* how many identical ranks this program stands for */
+    char *role;            /* e.g. "stage 0", or NULL */
+    uint32_t n_streams;
+    uint64_t *stream_handles; /* real handle value per stream index (snapshots), may be NULL */
+    /* What the recording says the allocator held at its end (imported snapshots only), for
+     * --verify; has_final is FALSE otherwise. */
+    gboolean has_final;
+    uint64_t final_reserved;
+    uint64_t final_allocated;
+} MemsimRankInfo;
+
+typedef struct {
+    char *name;         /* where the trace came from */
+    char *alloc_conf;   /* recorded allocator settings (PYTORCH_CUDA_ALLOC_CONF form), or NULL */
+    uint64_t capacity;  /* device bytes available to the allocator, 0 = unknown */
+    uint32_t n_ranks;
+    MemsimRankInfo *ranks;
+    uint32_t n_strings;
+    char **strings;     /* op names, MARK texts */
+    uint32_t n_ops;
+    MemsimOpInfo *ops;
+} MemsimTraceHeader;
+
+/* An in-memory trace: a header plus one event array per rank. */
+typedef struct MemsimTrace MemsimTrace;
+
+/* Returns a new empty trace; free it with memsim_trace_free(). */
+MemsimTrace *memsim_trace_new(const char *name);
+void memsim_trace_free(MemsimTrace *trace);
+/* The header; owned by the trace, valid until it is freed or changed. */
+MemsimTraceHeader *memsim_trace_header(MemsimTrace *trace);
+/* Adds a rank with one stream; returns its index. */
+guint32 memsim_trace_add_rank(MemsimTrace *trace, guint32 device, guint32 multiplicity);
+/* Interns a string; returns its index. */
+guint32 memsim_trace_intern(MemsimTrace *trace, const char *s);
+/* Adds an op; returns its index. */
+guint32 memsim_trace_add_op(MemsimTrace *trace, const MemsimOpInfo *op);
+/* Appends events to a rank's program (the rank's n_streams grows to cover them). */
+void memsim_trace_append(MemsimTrace *trace, guint32 rank, const MemsimEvent *events, gsize n);
+/* The events of a rank; owned by the trace. */
+const MemsimEvent *memsim_trace_events(MemsimTrace *trace, guint32 rank, gsize *n_events);
+
+/* Header helpers (shared by readers and the in-memory trace). */
+void memsim_trace_header_clear(MemsimTraceHeader *h);
+void memsim_trace_header_copy(MemsimTraceHeader *dst, const MemsimTraceHeader *src);
+
+const char *memsim_event_kind_name(MemsimEventKind kind);
+const char *memsim_category_name(MemsimCategory cat);
+const char *memsim_phase_name(MemsimPhase phase);
+const char *memsim_collective_name(MemsimCollectiveKind kind);
+/* Name → value; return -1 when unknown. */
+int memsim_event_kind_from_name(const char *name);
+int memsim_category_from_name(const char *name);
+int memsim_phase_from_name(const char *name);
+int memsim_collective_from_name(const char *name);
+
+G_END_DECLS
+
+#endif

@@ -1,0 +1,68 @@
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+const char *tu_shared_data(void)
+{
+    const char *d = g_getenv("MEMSIM_SHARED_DATA");
+    if (!d || !g_file_test(d, G_FILE_TEST_IS_DIR))
+        return NULL;
+    return d;
+}
+
+char *tu_shared_path_or_skip(const char *relative)
+{
+    const char *d = tu_shared_data();
+    if (!d) {
+        cr_skip_test("shared data folder absent (MEMSIM_SHARED_DATA=%s): real-snapshot test "
+                     "skipped",
+                     g_getenv("MEMSIM_SHARED_DATA") ? g_getenv("MEMSIM_SHARED_DATA") : "unset");
+        return NULL;
+    }
+    return g_build_filename(d, relative, NULL);
+}
+
+char *tu_test_data(const char *relative)
+{
+    const char *d = g_getenv("MEMSIM_TEST_DATA");
+    cr_assert(d != NULL, "MEMSIM_TEST_DATA not set (run the tests through meson test)");
+    return g_build_filename(d, relative, NULL);
+}
+
+int tu_run_memsim(const char *const *argv, char **out, char **err)
+{
+    const char *bin = g_getenv("MEMSIM_BIN");
+    cr_assert(bin != NULL, "MEMSIM_BIN not set (run the tests through meson test)");
+    GPtrArray *args = g_ptr_array_new();
+    g_ptr_array_add(args, (gpointer)bin);
+    for (const char *const *a = argv; *a; a++)
+        g_ptr_array_add(args, (gpointer)*a);
+    g_ptr_array_add(args, NULL);
+    int status = 0;
+    GError *error = NULL;
+    char *o = NULL, *e = NULL;
+    gboolean ok = g_spawn_sync(NULL, (char **)args->pdata, NULL, G_SPAWN_DEFAULT, NULL, NULL, &o,
+                               &e, &status, &error);
+    g_ptr_array_free(args, TRUE);
+    cr_assert(ok, "could not run %s: %s", bin, error ? error->message : "?");
+    if (out)
+        *out = o;
+    else
+        g_free(o);
+    if (err)
+        *err = e;
+    else
+        g_free(e);
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+char *tu_tmpdir(void)
+{
+    GError *error = NULL;
+    char *d = g_dir_make_tmp("memsim-test-XXXXXX", &error);
+    cr_assert(d != NULL, "mkdtemp: %s", error ? error->message : "?");
+    return d;
+}

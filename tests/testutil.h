@@ -1,0 +1,20 @@
+/* Shared helpers for the Criterion tests. */
+#ifndef MEMSIM_TESTUTIL_H
+#define MEMSIM_TESTUTIL_H
+
+#include <glib.h>
+
+/* Folder of the shared real data (../shared/data), or NULL when it is absent. */
+const char *tu_shared_data(void);
+/* Path under the shared data folder; skips the current test with a clear message when the
+ * folder is absent. Returns a newly allocated path. */
+char *tu_shared_path_or_skip(const char *relative);
+/* Path of a file under tests/data. Newly allocated. */
+char *tu_test_data(const char *relative);
+/* Runs the memsim command with argv (NULL-terminated, without the program name); returns its
+ * exit status and, if not NULL, its stdout and stderr (newly allocated). */
+int tu_run_memsim(const char *const *argv, char **out, char **err);
+/* A fresh temporary directory (removed by the OS's tmp cleaning). Newly allocated. */
+char *tu_tmpdir(void);
+
+#endif

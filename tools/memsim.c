@@ -1,0 +1,2 @@
+#include <memsim/alloc.h>
+int main(void) { return 0; }
