@@ -1,0 +1,75 @@
+/* Internal: a restricted reader for Python pickles, for PyTorch memory snapshots.
+ *
+ *     MemsimPyDoc *doc = memsim_pickle_load_file("run.pickle", &err);
+ *     const MemsimPyValue *root = memsim_pickle_root(doc);
+ *     const MemsimPyValue *segs = memsim_py_dict_get(root, "segments");
+ *     ...
+ *     memsim_pickle_free(doc);
+ *
+ * A snapshot is untrusted input. Only what snapshots contain is accepted: dict, list, tuple,
+ * str, bytes, int, long, float, bool, None, the memo opcodes and framing, protocols 2 to 5.
+ * Anything else (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, PERSID, EXT*, ...)
+ * is refused with a MEMSIM_ERROR_BAD_INPUT naming the file, the byte offset and the opcode.
+ * Values form a tree (memo references may share a value; cycles are refused). All values
+ * belong to the document and live until memsim_pickle_free().
+ */
+#ifndef MEMSIM_FORMATS_PICKLE_H
+#define MEMSIM_FORMATS_PICKLE_H
+
+#include <memsim/error.h>
+#include <stdint.h>
+
+typedef enum {
+    MEMSIM_PY_NONE,
+    MEMSIM_PY_BOOL,
+    MEMSIM_PY_INT,    /* fits in int64_t */
+    MEMSIM_PY_BIGINT, /* an integer that does not fit in int64_t (value not kept) */
+    MEMSIM_PY_FLOAT,
+    MEMSIM_PY_STR,    /* UTF-8 as stored */
+    MEMSIM_PY_BYTES,
+    MEMSIM_PY_LIST,
+    MEMSIM_PY_TUPLE,
+    MEMSIM_PY_DICT,
+} MemsimPyType;
+
+typedef struct MemsimPyValue MemsimPyValue;
+
+struct MemsimPyValue {
+    MemsimPyType type;
+    uint64_t offset; /* byte offset in the file of the opcode that made this value */
+    union {
+        gboolean b;
+        int64_t i;
+        double f;
+        struct {
+            const char *data; /* NUL-terminated (bytes may also contain NULs) */
+            gsize len;
+        } str;
+        struct {
+            MemsimPyValue **items;
+            gsize n;
+        } seq; /* LIST, TUPLE */
+        struct {
+            MemsimPyValue **keys;
+            MemsimPyValue **values;
+            gsize n;
+        } dict; /* keys in insertion order; a repeated key keeps its last value, as Python */
+    } v;
+};
+
+typedef struct MemsimPyDoc MemsimPyDoc;
+
+/* Parses a pickle held in memory. `name` is used in error messages (a file name). Returns a
+ * new document or NULL with error set. */
+MemsimPyDoc *memsim_pickle_load(const guint8 *data, gsize len, const char *name, GError **error);
+/* Reads and parses a file. */
+MemsimPyDoc *memsim_pickle_load_file(const char *path, GError **error);
+/* The top-level value; owned by the document. */
+const MemsimPyValue *memsim_pickle_root(MemsimPyDoc *doc);
+void memsim_pickle_free(MemsimPyDoc *doc);
+
+/* The value of a str key in a dict, or NULL when absent or when `dict` is not a dict. */
+const MemsimPyValue *memsim_py_dict_get(const MemsimPyValue *dict, const char *key);
+const char *memsim_py_type_name(MemsimPyType type);
+
+#endif
