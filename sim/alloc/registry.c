@@ -163,7 +163,9 @@ memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size)
 
 /* ---- device ---- */
 
-#define DEFAULT_BASE ((memsim_addr_t)0x7f0000000000ull)
+/* Far above any real 48-bit virtual address, so that simulated segments never meet the
+ * recorded ones a replay may also use. */
+#define DEFAULT_BASE ((memsim_addr_t)1 << 56)
 #define ADDR_ALIGN ((memsim_addr_t)2 << 20)
 
 memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, uint32_t stream)

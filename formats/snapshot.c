@@ -1,0 +1,779 @@
+/* PyTorch memory snapshot → memsim trace (formats/snapshot.h).
+ *
+ * The snapshot schema is the one of TORCH_ALLOCATOR.md §11: `segments` (all devices, each
+ * with its `blocks`), `device_traces` (one list of trace entries per device, oldest first)
+ * and `allocator_settings`; the legacy layout (blocks without `address`, a `history` list
+ * instead) is read too. The file is untrusted: every field is type- and range-checked and
+ * an error names the file and the record (e.g. "device_traces[0][42].size").
+ *
+ * Each trace entry becomes events of the trace contract:
+ *   alloc          → ALLOC (new tensor id, recorded address kept for --verify)
+ *   free_requested → FREE of the tensor at that address
+ *   free_completed → nothing (the model decides when memory becomes reusable)
+ *   segment_alloc / segment_map → SEG_ALLOC / SEG_MAP records before the ALLOC they serve
+ *   segment_free / segment_unmap runs → SEG_FREE / SEG_UNMAP records, then one inferred
+ *                    EMPTY_CACHE (the OOM path releases exactly what empty_cache releases, so
+ *                    both readings of such a run leave the same state)
+ *   oom            → OOM record; snapshot → MARK
+ *
+ * Ring buffers make many traces begin mid-run. The starting state is rebuilt by walking the
+ * trace backwards from the final segments: segments freed in the trace existed at the start
+ * and those allocated in it did not; blocks freed before being allocated were live at the
+ * start. A live block's size is known from the final state when it survives; otherwise it
+ * is its rounded request, or the whole space up to the next live block when the remainder
+ * would have been too small to split off (large pool: ≤ 1 MiB; TORCH_ALLOCATOR.md §3.4).
+ */
+#include "formats/snapshot.h"
+
+#include <memsim/alloc.h>
+#include <memsim/error.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SMALL_SEGMENT ((uint64_t)2 << 20) /* kSmallBuffer: only small-pool segments have it */
+#define ONE_MIB ((uint64_t)1 << 20)
+
+typedef struct {
+    const char *file;
+    GError **error;
+} Ctx;
+
+static gboolean fail(Ctx *c, const char *where, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+
+static gboolean fail(Ctx *c, const char *where, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", c->file, where,
+                msg);
+    return FALSE;
+}
+
+/* An integer field that must be present, non-negative and (optionally) positive. */
+static gboolean get_u64(Ctx *c, const MemsimPyValue *d, const char *key, const char *where,
+                        gboolean required, uint64_t *out)
+{
+    const MemsimPyValue *v = memsim_py_dict_get(d, key);
+    if (!v) {
+        if (!required)
+            return TRUE;
+        return fail(c, where, "missing key '%s'", key);
+    }
+    if (v->type == MEMSIM_PY_BIGINT)
+        return fail(c, where, "'%s' does not fit in 64 bits (byte %" G_GUINT64_FORMAT ")", key,
+                    v->offset);
+    if (v->type != MEMSIM_PY_INT)
+        return fail(c, where, "'%s' is a %s, expected an int (byte %" G_GUINT64_FORMAT ")", key,
+                    memsim_py_type_name(v->type), v->offset);
+    if (v->v.i < 0)
+        return fail(c, where, "'%s' is negative (%" G_GINT64_FORMAT ")", key, v->v.i);
+    *out = (uint64_t)v->v.i;
+    return TRUE;
+}
+
+static const char *get_str(const MemsimPyValue *d, const char *key)
+{
+    const MemsimPyValue *v = memsim_py_dict_get(d, key);
+    return v && v->type == MEMSIM_PY_STR ? v->v.str.data : NULL;
+}
+
+static gboolean expect(Ctx *c, const MemsimPyValue *v, MemsimPyType t, const char *where)
+{
+    if (!v)
+        return fail(c, where, "missing");
+    if (v->type != t && !(t == MEMSIM_PY_LIST && v->type == MEMSIM_PY_TUPLE))
+        return fail(c, where, "is a %s, expected a %s (byte %" G_GUINT64_FORMAT ")",
+                    memsim_py_type_name(v->type), memsim_py_type_name(t), v->offset);
+    return TRUE;
+}
+
+typedef struct {
+    uint64_t addr, size, requested;
+    gboolean allocated;
+} Block;
+
+typedef struct {
+    uint64_t device, addr, size, stream;
+    gboolean small, expandable;
+    uint64_t allocated_size;
+    GArray *blocks; /* Block */
+} Segment;
+
+static void segment_clear(gpointer p)
+{
+    Segment *s = p;
+    if (s->blocks)
+        g_array_unref(s->blocks);
+}
+
+/* ---- allocator settings → PYTORCH_CUDA_ALLOC_CONF string ---- */
+
+static char *settings_string(Ctx *c, const MemsimPyValue *s)
+{
+    if (!s || s->type != MEMSIM_PY_DICT)
+        return NULL;
+    const char *conf = get_str(s, "PYTORCH_CUDA_ALLOC_CONF");
+    GString *g = g_string_new(NULL);
+    /* The recorded fields are the settings in force; the environment string may hold keys
+     * the fields do not show, so start from it and let the fields win. */
+    const MemsimPyValue *v;
+    if ((v = memsim_py_dict_get(s, "expandable_segments")) && v->type == MEMSIM_PY_BOOL)
+        g_string_append_printf(g, "%sexpandable_segments:%s", g->len ? "," : "",
+                               v->v.b ? "True" : "False");
+    if ((v = memsim_py_dict_get(s, "max_split_size")) && v->type == MEMSIM_PY_INT && v->v.i > 0)
+        g_string_append_printf(g, "%smax_split_size_mb:%" G_GINT64_FORMAT, g->len ? "," : "",
+                               v->v.i >> 20);
+    if ((v = memsim_py_dict_get(s, "garbage_collection_threshold")) &&
+        v->type == MEMSIM_PY_FLOAT && v->v.f > 0) {
+        char buf[G_ASCII_DTOSTR_BUF_SIZE];
+        g_string_append_printf(g, "%sgarbage_collection_threshold:%s", g->len ? "," : "",
+                               g_ascii_dtostr(buf, sizeof buf, v->v.f));
+    }
+    if ((v = memsim_py_dict_get(s, "roundup_power2_divisions")) && v->type == MEMSIM_PY_DICT) {
+        /* Keys "1".."32768" (2^i ↔ table entry i, i.e. sizes from 2^i MiB). */
+        GString *list = g_string_new(NULL);
+        gboolean any = FALSE;
+        for (gsize i = 0; i < v->v.dict.n; i++) {
+            const MemsimPyValue *k = v->v.dict.keys[i], *d = v->v.dict.values[i];
+            if (k->type != MEMSIM_PY_STR || d->type != MEMSIM_PY_INT || d->v.i < 0)
+                continue;
+            if (d->v.i > 0)
+                any = TRUE;
+            g_string_append_printf(list, "%s%s:%" G_GINT64_FORMAT, list->len ? "," : "",
+                                   k->v.str.data, d->v.i);
+        }
+        if (any)
+            g_string_append_printf(g, "%sroundup_power2_divisions:[%s]", g->len ? "," : "",
+                                   list->str);
+        g_string_free(list, TRUE);
+    }
+    if (conf && *conf) {
+        /* Keys only the environment string carries (e.g. max_non_split_rounding_mb). */
+        g_auto(GStrv) parts = g_strsplit(conf, ",", -1);
+        for (char **p = parts; *p; p++) {
+            g_autofree char *t = g_strstrip(g_strdup(*p));
+            if (g_str_has_prefix(t, "max_non_split_rounding_mb") ||
+                g_str_has_prefix(t, "per_process_memory_fraction"))
+                g_string_append_printf(g, "%s%s", g->len ? "," : "", t);
+        }
+    }
+    (void)c;
+    if (g->len == 0) {
+        g_string_free(g, TRUE);
+        return conf && *conf ? g_strdup(conf) : NULL;
+    }
+    return g_string_free(g, FALSE);
+}
+
+/* ---- segments ---- */
+
+static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
+{
+    if (!expect(c, segs, MEMSIM_PY_LIST, "segments"))
+        return FALSE;
+    for (gsize i = 0; i < segs->v.seq.n; i++) {
+        char where[64];
+        g_snprintf(where, sizeof where, "segments[%zu]", i);
+        const MemsimPyValue *s = segs->v.seq.items[i];
+        if (!expect(c, s, MEMSIM_PY_DICT, where))
+            return FALSE;
+        Segment seg = {0};
+        if (!get_u64(c, s, "device", where, FALSE, &seg.device) ||
+            !get_u64(c, s, "address", where, TRUE, &seg.addr) ||
+            !get_u64(c, s, "total_size", where, TRUE, &seg.size) ||
+            !get_u64(c, s, "stream", where, FALSE, &seg.stream) ||
+            !get_u64(c, s, "allocated_size", where, FALSE, &seg.allocated_size))
+            return FALSE;
+        if (seg.size == 0 || seg.addr + seg.size < seg.addr)
+            return fail(c, where, "segment of %" G_GUINT64_FORMAT " bytes at 0x%" G_GINT64_MODIFIER
+                        "x is empty or wraps around", seg.size, seg.addr);
+        const char *type = get_str(s, "segment_type");
+        seg.small = type ? strcmp(type, "small") == 0 : seg.size == SMALL_SEGMENT;
+        const MemsimPyValue *e = memsim_py_dict_get(s, "is_expandable");
+        seg.expandable = e && e->type == MEMSIM_PY_BOOL && e->v.b;
+        const MemsimPyValue *blocks = memsim_py_dict_get(s, "blocks");
+        char bwhere[80];
+        g_snprintf(bwhere, sizeof bwhere, "%s.blocks", where);
+        if (!expect(c, blocks, MEMSIM_PY_LIST, bwhere))
+            return FALSE;
+        seg.blocks = g_array_new(FALSE, FALSE, sizeof(Block));
+        uint64_t at = seg.addr;
+        for (gsize j = 0; j < blocks->v.seq.n; j++) {
+            g_snprintf(bwhere, sizeof bwhere, "%s.blocks[%zu]", where, j);
+            const MemsimPyValue *b = blocks->v.seq.items[j];
+            Block blk = {0};
+            if (!expect(c, b, MEMSIM_PY_DICT, bwhere) ||
+                !get_u64(c, b, "size", bwhere, TRUE, &blk.size) ||
+                !get_u64(c, b, "requested_size", bwhere, FALSE, &blk.requested)) {
+                g_array_unref(seg.blocks);
+                return FALSE;
+            }
+            blk.addr = at;
+            if (!get_u64(c, b, "address", bwhere, FALSE, &blk.addr)) {
+                g_array_unref(seg.blocks);
+                return FALSE;
+            }
+            const char *state = get_str(b, "state");
+            if (!state) {
+                g_array_unref(seg.blocks);
+                return fail(c, bwhere, "missing or non-string 'state'");
+            }
+            blk.allocated = strcmp(state, "inactive") != 0;
+            if (blk.addr != at || blk.size == 0 || blk.addr + blk.size > seg.addr + seg.size) {
+                g_array_unref(seg.blocks);
+                return fail(c, bwhere,
+                            "block at 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                            " bytes does not tile its segment (expected it at 0x%"
+                            G_GINT64_MODIFIER "x)",
+                            blk.addr, blk.size, at);
+            }
+            at += blk.size;
+            g_array_append_val(seg.blocks, blk);
+        }
+        if (blocks->v.seq.n && at != seg.addr + seg.size) {
+            g_array_unref(seg.blocks);
+            return fail(c, where, "blocks cover %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT
+                        " bytes", at - seg.addr, seg.size);
+        }
+        g_array_append_val(out, seg);
+    }
+    return TRUE;
+}
+
+/* ---- trace entries ---- */
+
+typedef enum {
+    A_ALLOC,
+    A_FREE_REQUESTED,
+    A_FREE_COMPLETED,
+    A_SEGMENT_ALLOC,
+    A_SEGMENT_FREE,
+    A_SEGMENT_MAP,
+    A_SEGMENT_UNMAP,
+    A_OOM,
+    A_SNAPSHOT,
+    A_OTHER,
+} Action;
+
+typedef struct {
+    Action action;
+    uint64_t addr, size, stream;
+} Entry;
+
+static Action parse_action(const char *a)
+{
+    static const struct {
+        const char *name;
+        Action a;
+    } t[] = {
+        {"alloc", A_ALLOC},
+        {"free_requested", A_FREE_REQUESTED},
+        {"free_completed", A_FREE_COMPLETED},
+        {"segment_alloc", A_SEGMENT_ALLOC},
+        {"segment_free", A_SEGMENT_FREE},
+        {"segment_map", A_SEGMENT_MAP},
+        {"segment_unmap", A_SEGMENT_UNMAP},
+        {"oom", A_OOM},
+        {"snapshot", A_SNAPSHOT},
+        {"free", A_FREE_REQUESTED}, /* very old recordings */
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(t); i++)
+        if (strcmp(a, t[i].name) == 0)
+            return t[i].a;
+    return A_OTHER;
+}
+
+static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArray *out)
+{
+    char where[80];
+    g_snprintf(where, sizeof where, "device_traces[%zu]", dev);
+    if (!expect(c, list, MEMSIM_PY_LIST, where))
+        return FALSE;
+    for (gsize i = 0; i < list->v.seq.n; i++) {
+        g_snprintf(where, sizeof where, "device_traces[%zu][%zu]", dev, i);
+        const MemsimPyValue *e = list->v.seq.items[i];
+        if (!expect(c, e, MEMSIM_PY_DICT, where))
+            return FALSE;
+        const char *action = get_str(e, "action");
+        if (!action)
+            return fail(c, where, "missing or non-string 'action'");
+        Entry en = {parse_action(action), 0, 0, 0};
+        if (en.action == A_OTHER)
+            continue; /* e.g. newer "annotate" entries carry no allocator action */
+        if (!get_u64(c, e, "size", where, en.action != A_SNAPSHOT, &en.size) ||
+            !get_u64(c, e, "stream", where, FALSE, &en.stream))
+            return FALSE;
+        if (en.action == A_OOM) {
+            if (!get_u64(c, e, "device_free", where, FALSE, &en.addr))
+                return FALSE;
+        } else if (en.action != A_SNAPSHOT &&
+                   !get_u64(c, e, "addr", where, TRUE, &en.addr)) {
+            return FALSE;
+        }
+        if (en.action != A_SNAPSHOT && en.action != A_OOM && en.addr + en.size < en.addr)
+            return fail(c, where, "range at 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                        " bytes wraps around", en.addr, en.size);
+        if (en.size >= ((uint64_t)1 << 60) && en.action != A_SNAPSHOT)
+            return fail(c, where, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)",
+                        en.size);
+        g_array_append_val(out, en);
+    }
+    return TRUE;
+}
+
+/* ---- one device ---- */
+
+typedef struct {
+    uint64_t size;      /* block size, 0 = unknown */
+    uint64_t requested;
+} Live;
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static guint16 stream_index(GArray *handles, uint64_t h)
+{
+    for (guint i = 0; i < handles->len; i++)
+        if (g_array_index(handles, uint64_t, i) == h)
+            return (guint16)i;
+    g_assert_not_reached();
+}
+
+typedef struct {
+    uint64_t addr, size, stream;
+    gboolean small, expandable;
+} StartSeg;
+
+static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *segs,
+                             GArray *entries, MemsimAlloc *rounder, uint64_t max_split)
+{
+    guint32 rank = memsim_trace_add_rank(t, device, 1);
+    MemsimRankInfo *ri = &memsim_trace_header(t)->ranks[rank];
+
+    /* Streams, ordered by handle value as the allocator orders them. */
+    GArray *handles = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    GHashTable *seen = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+#define ADD_STREAM(h)                                                                          \
+    do {                                                                                       \
+        uint64_t h_ = (h);                                                                     \
+        if (!g_hash_table_contains(seen, &h_)) {                                               \
+            g_array_append_val(handles, h_);                                                   \
+            g_hash_table_add(seen, g_memdup2(&h_, sizeof h_));                                 \
+        }                                                                                      \
+    } while (0)
+    ADD_STREAM(0);
+    uint64_t final_reserved = 0, final_allocated = 0;
+    for (guint i = 0; i < segs->len; i++) {
+        Segment *s = &g_array_index(segs, Segment, i);
+        if (s->device != device)
+            continue;
+        ADD_STREAM(s->stream);
+        final_reserved += s->size;
+        for (guint j = 0; j < s->blocks->len; j++) {
+            Block *b = &g_array_index(s->blocks, Block, j);
+            if (b->allocated)
+                final_allocated += b->size;
+        }
+    }
+    for (guint i = 0; i < entries->len; i++)
+        ADD_STREAM(g_array_index(entries, Entry, i).stream);
+    g_hash_table_unref(seen);
+#undef ADD_STREAM
+    g_array_sort(handles, cmp_u64);
+    if (handles->len > 65535) {
+        g_array_unref(handles);
+        return fail(c, "device_traces", "more than 65535 streams on device %u", device);
+    }
+    ri->n_streams = handles->len;
+    ri->stream_handles = g_memdup2(handles->data, sizeof(uint64_t) * handles->len);
+    ri->has_final = TRUE;
+    ri->final_reserved = final_reserved;
+    ri->final_allocated = final_allocated;
+
+    gboolean ok = FALSE;
+    GHashTable *seg_at = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    GHashTable *ids = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    GArray *events = g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
+    GArray *start = g_array_new(FALSE, FALSE, sizeof(StartSeg));
+    int64_t mapped = 0;
+    gboolean any_expandable = FALSE;
+
+    /* Final state. */
+    for (guint i = 0; i < segs->len; i++) {
+        Segment *s = &g_array_index(segs, Segment, i);
+        if (s->device != device)
+            continue;
+        if (s->expandable) {
+            any_expandable = TRUE;
+            mapped += (int64_t)s->size;
+        } else {
+            StartSeg ss = {s->addr, s->size, s->stream, s->small, FALSE};
+            g_hash_table_insert(seg_at, g_memdup2(&s->addr, 8), g_memdup2(&ss, sizeof ss));
+        }
+        for (guint j = 0; j < s->blocks->len; j++) {
+            Block *b = &g_array_index(s->blocks, Block, j);
+            if (!b->allocated)
+                continue;
+            Live l = {b->size, b->requested};
+            g_hash_table_insert(live, g_memdup2(&b->addr, 8), g_memdup2(&l, sizeof l));
+        }
+    }
+
+    /* Walk back to the start. */
+    for (guint k = entries->len; k-- > 0;) {
+        Entry *e = &g_array_index(entries, Entry, k);
+        char where[80];
+        g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+        switch (e->action) {
+        case A_ALLOC:
+            if (!g_hash_table_remove(live, &e->addr)) {
+                fail(c, where, "alloc at 0x%" G_GINT64_MODIFIER "x is neither freed later nor "
+                     "live at the end", e->addr);
+                goto out;
+            }
+            break;
+        case A_FREE_REQUESTED: {
+            if (g_hash_table_contains(live, &e->addr)) {
+                fail(c, where, "free of 0x%" G_GINT64_MODIFIER "x, which is live again before "
+                     "any alloc", e->addr);
+                goto out;
+            }
+            Live l = {0, e->size};
+            g_hash_table_insert(live, g_memdup2(&e->addr, 8), g_memdup2(&l, sizeof l));
+            break;
+        }
+        case A_SEGMENT_ALLOC:
+            if (!g_hash_table_remove(seg_at, &e->addr)) {
+                fail(c, where, "segment_alloc at 0x%" G_GINT64_MODIFIER "x of a segment that "
+                     "neither exists at the end nor is freed later", e->addr);
+                goto out;
+            }
+            break;
+        case A_SEGMENT_FREE: {
+            StartSeg ss = {e->addr, e->size, e->stream, e->size == SMALL_SEGMENT, FALSE};
+            g_hash_table_insert(seg_at, g_memdup2(&e->addr, 8), g_memdup2(&ss, sizeof ss));
+            break;
+        }
+        case A_SEGMENT_MAP:
+            any_expandable = TRUE;
+            mapped -= (int64_t)e->size;
+            break;
+        case A_SEGMENT_UNMAP:
+            any_expandable = TRUE;
+            mapped += (int64_t)e->size;
+            break;
+        default:
+            break;
+        }
+    }
+    if (any_expandable && mapped != 0) {
+        g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                    "%s: device %u: the trace of an expandable-segments allocator begins with "
+                    "%" G_GINT64_FORMAT " bytes already mapped; rebuilding that starting state "
+                    "is not supported",
+                    c->file, device, mapped);
+        goto out;
+    }
+
+    /* Starting segments in address order, with their live blocks. */
+    {
+        GHashTableIter it;
+        gpointer key, val;
+        g_hash_table_iter_init(&it, seg_at);
+        while (g_hash_table_iter_next(&it, &key, &val))
+            g_array_append_val(start, *(StartSeg *)val);
+        g_array_sort(start, cmp_u64); /* addr is the first field */
+        GArray *addrs = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+        g_hash_table_iter_init(&it, live);
+        while (g_hash_table_iter_next(&it, &key, &val))
+            g_array_append_val(addrs, *(uint64_t *)key);
+        g_array_sort(addrs, cmp_u64);
+        uint64_t next_id = 1;
+        guint bi = 0;
+        for (guint i = 0; i < start->len; i++) {
+            StartSeg *s = &g_array_index(start, StartSeg, i);
+            if (i + 1 < start->len && s->addr + s->size > g_array_index(start, StartSeg, i + 1).addr) {
+                fail(c, "segments", "device %u: segments at 0x%" G_GINT64_MODIFIER "x and 0x%"
+                     G_GINT64_MODIFIER "x overlap", device, s->addr,
+                     g_array_index(start, StartSeg, i + 1).addr);
+                g_array_unref(addrs);
+                goto out;
+            }
+            MemsimEvent ev = {.kind = MEMSIM_EV_INIT_SEGMENT,
+                              .stream = stream_index(handles, s->stream),
+                              .addr = s->addr,
+                              .size = s->size,
+                              .aux = s->small ? MEMSIM_SEGF_SMALL : 0};
+            g_array_append_val(events, ev);
+            uint64_t end = s->addr + s->size;
+            if (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < s->addr) {
+                fail(c, "device_traces", "device %u: block at 0x%" G_GINT64_MODIFIER
+                     "x, live at the start, lies in no segment", device,
+                     g_array_index(addrs, uint64_t, bi));
+                g_array_unref(addrs);
+                goto out;
+            }
+            while (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < end) {
+                uint64_t a = g_array_index(addrs, uint64_t, bi);
+                Live *l = g_hash_table_lookup(live, &a);
+                uint64_t next = bi + 1 < addrs->len && g_array_index(addrs, uint64_t, bi + 1) < end
+                                    ? g_array_index(addrs, uint64_t, bi + 1)
+                                    : end;
+                uint64_t size = l->size;
+                if (size == 0) {
+                    uint64_t r = memsim_alloc_round_size(rounder, l->requested ? l->requested : 1);
+                    size = r;
+                    if (!s->small && next - a >= r &&
+                        (next - a - r <= ONE_MIB || r >= max_split))
+                        size = next - a;
+                }
+                if (a + size > next) {
+                    fail(c, "device_traces", "device %u: block at 0x%" G_GINT64_MODIFIER
+                         "x (%" G_GUINT64_FORMAT " bytes requested), live at the start, "
+                         "overlaps the next block or its segment's end", device, a,
+                         l->requested);
+                    g_array_unref(addrs);
+                    goto out;
+                }
+                MemsimEvent b = {.kind = MEMSIM_EV_INIT_BLOCK,
+                                 .stream = stream_index(handles, s->stream),
+                                 .id = next_id,
+                                 .addr = a,
+                                 .size = l->requested,
+                                 .aux = size};
+                g_array_append_val(events, b);
+                g_hash_table_insert(ids, g_memdup2(&a, 8), g_memdup2(&next_id, 8));
+                next_id++;
+                bi++;
+            }
+        }
+        if (bi < addrs->len) {
+            fail(c, "device_traces", "device %u: block at 0x%" G_GINT64_MODIFIER
+                 "x, live at the start, lies in no segment", device,
+                 g_array_index(addrs, uint64_t, bi));
+            g_array_unref(addrs);
+            goto out;
+        }
+        g_array_unref(addrs);
+
+        /* Forward: the events. */
+        guint32 snapshot_mark = memsim_trace_intern(t, "snapshot");
+        for (guint k = 0; k < entries->len; k++) {
+            Entry *e = &g_array_index(entries, Entry, k);
+            char where[80];
+            g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+            MemsimEvent ev = {.stream = stream_index(handles, e->stream)};
+            switch (e->action) {
+            case A_ALLOC:
+                if (g_hash_table_contains(ids, &e->addr)) {
+                    fail(c, where, "alloc at 0x%" G_GINT64_MODIFIER "x, which is still "
+                         "allocated", e->addr);
+                    goto out;
+                }
+                if (e->size == 0) {
+                    fail(c, where, "alloc of 0 bytes (such requests never reach the allocator)");
+                    goto out;
+                }
+                ev.kind = MEMSIM_EV_ALLOC;
+                ev.id = next_id;
+                ev.size = e->size;
+                ev.addr = e->addr;
+                ev.flags = MEMSIM_EVF_ADDR;
+                g_hash_table_insert(ids, g_memdup2(&e->addr, 8), g_memdup2(&next_id, 8));
+                next_id++;
+                break;
+            case A_FREE_REQUESTED: {
+                uint64_t *id = g_hash_table_lookup(ids, &e->addr);
+                if (!id) {
+                    fail(c, where, "free of 0x%" G_GINT64_MODIFIER "x, which is not allocated",
+                         e->addr);
+                    goto out;
+                }
+                ev.kind = MEMSIM_EV_FREE;
+                ev.id = *id;
+                g_hash_table_remove(ids, &e->addr);
+                break;
+            }
+            case A_SEGMENT_ALLOC:
+                ev.kind = MEMSIM_EV_SEG_ALLOC;
+                break;
+            case A_SEGMENT_FREE:
+                ev.kind = MEMSIM_EV_SEG_FREE;
+                break;
+            case A_SEGMENT_MAP:
+                ev.kind = MEMSIM_EV_SEG_MAP;
+                break;
+            case A_SEGMENT_UNMAP:
+                ev.kind = MEMSIM_EV_SEG_UNMAP;
+                break;
+            case A_OOM:
+                ev.kind = MEMSIM_EV_OOM;
+                break;
+            case A_SNAPSHOT:
+                ev.kind = MEMSIM_EV_MARK;
+                ev.id = snapshot_mark;
+                break;
+            default:
+                continue;
+            }
+            if (ev.kind >= MEMSIM_EV_SEG_ALLOC && ev.kind <= MEMSIM_EV_OOM) {
+                ev.addr = e->addr;
+                ev.size = e->size;
+            }
+            g_array_append_val(events, ev);
+            /* A run of releases ends: the empty_cache (or OOM-path release) that made it. */
+            if (e->action == A_SEGMENT_FREE || e->action == A_SEGMENT_UNMAP) {
+                Action nx = A_OTHER;
+                for (guint m = k + 1; m < entries->len; m++) {
+                    nx = g_array_index(entries, Entry, m).action;
+                    break;
+                }
+                if (nx != A_SEGMENT_FREE && nx != A_SEGMENT_UNMAP) {
+                    MemsimEvent ec = {.kind = MEMSIM_EV_EMPTY_CACHE,
+                                      .flags = MEMSIM_EVF_INFERRED,
+                                      .stream = ev.stream};
+                    g_array_append_val(events, ec);
+                }
+            }
+        }
+    }
+    memsim_trace_append(t, rank, (MemsimEvent *)events->data, events->len);
+    ok = TRUE;
+out:
+    g_array_unref(handles);
+    g_hash_table_unref(seg_at);
+    g_hash_table_unref(live);
+    g_hash_table_unref(ids);
+    g_array_unref(events);
+    g_array_unref(start);
+    return ok;
+}
+
+MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error)
+{
+    Ctx c = {name, error};
+    const MemsimPyValue *root = memsim_pickle_root(doc);
+    const MemsimPyValue *segs = NULL, *traces = NULL, *settings = NULL;
+    if (root->type == MEMSIM_PY_LIST) {
+        segs = root; /* torch.cuda.memory_snapshot(): the segments alone */
+    } else if (root->type == MEMSIM_PY_DICT) {
+        segs = memsim_py_dict_get(root, "segments");
+        traces = memsim_py_dict_get(root, "device_traces");
+        settings = memsim_py_dict_get(root, "allocator_settings");
+        if (!segs) {
+            fail(&c, "top level", "no 'segments' key: not a PyTorch memory snapshot");
+            return NULL;
+        }
+    } else {
+        fail(&c, "top level", "is a %s, expected the dict of a PyTorch memory snapshot",
+             memsim_py_type_name(root->type));
+        return NULL;
+    }
+
+    MemsimTrace *t = memsim_trace_new(name);
+    GArray *seg_list = g_array_new(FALSE, FALSE, sizeof(Segment));
+    g_array_set_clear_func(seg_list, segment_clear);
+    GPtrArray *per_dev = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
+    MemsimAlloc *rounder = NULL;
+    gboolean ok = FALSE;
+
+    if (!read_segments(&c, segs, seg_list))
+        goto out;
+    if (traces) {
+        if (!expect(&c, traces, MEMSIM_PY_LIST, "device_traces"))
+            goto out;
+        for (gsize d = 0; d < traces->v.seq.n; d++) {
+            GArray *en = g_array_new(FALSE, FALSE, sizeof(Entry));
+            g_ptr_array_add(per_dev, en);
+            if (!read_entries(&c, traces->v.seq.items[d], d, en))
+                goto out;
+        }
+    }
+    if (settings && settings->type != MEMSIM_PY_DICT) {
+        fail(&c, "allocator_settings", "is a %s, expected a dict",
+             memsim_py_type_name(settings->type));
+        goto out;
+    }
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    h->alloc_conf = settings_string(&c, settings);
+
+    /* The rounding rule of the recorded settings, to size blocks of the starting state. */
+    {
+        g_autofree char *spec = g_strdup_printf("torch:%s", h->alloc_conf ? h->alloc_conf : "");
+        GError *e2 = NULL;
+        rounder = memsim_alloc_new_from_spec(spec, NULL, &e2);
+        if (!rounder) {
+            fail(&c, "allocator_settings", "%s", e2->message);
+            g_error_free(e2);
+            goto out;
+        }
+    }
+    uint64_t max_split = UINT64_MAX;
+    const MemsimPyValue *ms = settings ? memsim_py_dict_get(settings, "max_split_size") : NULL;
+    if (ms && ms->type == MEMSIM_PY_INT && ms->v.i > 0)
+        max_split = (uint64_t)ms->v.i;
+
+    /* Ranks: the devices that have a trace; when none has one, those with segments. */
+    gboolean any_trace = FALSE;
+    for (guint d = 0; d < per_dev->len; d++)
+        if (((GArray *)g_ptr_array_index(per_dev, d))->len)
+            any_trace = TRUE;
+    guint n_dev = per_dev->len;
+    for (guint i = 0; i < seg_list->len; i++) {
+        uint64_t dv = g_array_index(seg_list, Segment, i).device;
+        if (dv >= 4096) {
+            fail(&c, "segments", "device index %" G_GUINT64_FORMAT " is out of range", dv);
+            goto out;
+        }
+        if (dv + 1 > n_dev)
+            n_dev = (guint)dv + 1;
+    }
+    GArray *empty = g_array_new(FALSE, FALSE, sizeof(Entry));
+    for (guint d = 0; d < n_dev; d++) {
+        GArray *en = d < per_dev->len ? g_ptr_array_index(per_dev, d) : empty;
+        gboolean has_segs = FALSE;
+        for (guint i = 0; i < seg_list->len; i++)
+            if (g_array_index(seg_list, Segment, i).device == d)
+                has_segs = TRUE;
+        if (any_trace ? en->len == 0 : !has_segs)
+            continue;
+        if (!build_device(&c, t, d, seg_list, en, rounder, max_split)) {
+            g_array_unref(empty);
+            goto out;
+        }
+    }
+    g_array_unref(empty);
+    ok = TRUE;
+out:
+    memsim_alloc_free_instance(rounder);
+    g_array_unref(seg_list);
+    g_ptr_array_unref(per_dev);
+    if (!ok) {
+        memsim_trace_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+MemsimTrace *memsim_snapshot_load(const char *path, GError **error)
+{
+    MemsimPyDoc *doc = memsim_pickle_load_file(path, error);
+    if (!doc)
+        return NULL;
+    MemsimTrace *t = memsim_snapshot_from_pickle(doc, path, error);
+    memsim_pickle_free(doc);
+    return t;
+}
+
+gboolean memsim_snapshot_sniff(const guint8 *data, gsize len)
+{
+    /* PROTO opcode 0x80 followed by a protocol number 2..5. */
+    return len >= 2 && data[0] == 0x80 && data[1] >= 2 && data[1] <= 5;
+}

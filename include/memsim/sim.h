@@ -1,0 +1,122 @@
+/* memsim — replaying traces through an allocator policy, and the report.
+ *
+ *     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+ *     o.verify = TRUE;
+ *     MemsimReport *rep = memsim_replay_path("run.pickle", &o, &err);
+ *     printf("%" G_GINT64_FORMAT "\n", rep->ranks[0].stats.reserved.peak);
+ *     char *json = memsim_report_to_json(rep);     // g_free() it
+ *     memsim_report_free(rep);
+ *
+ * Streaming use: memsim_replay_new(header) → memsim_replay_feed(rank, events) for each run
+ * of events (in program order) → memsim_replay_finish(). Memory depends on the live blocks,
+ * not on the trace length. Each rank owns one allocator instance. Within a rank, events are
+ * applied in program order; streams only tag allocations (a single-stream or
+ * program-ordered trace needs no clock).
+ */
+#ifndef MEMSIM_SIM_H
+#define MEMSIM_SIM_H
+
+#include <memsim/alloc.h>
+#include <memsim/trace.h>
+
+G_BEGIN_DECLS
+
+typedef struct {
+    /* Policy spec, "name[:settings]"; NULL = "torch". */
+    const char *allocator;
+    /* PYTORCH_CUDA_ALLOC_CONF string for the torch policy; NULL = the trace's recorded
+     * settings (if any). Ignored by other policies. */
+    const char *alloc_conf;
+    /* Device bytes available to the allocator; 0 = the trace's capacity, else unlimited. */
+    memsim_size_t capacity;
+    /* Check each recorded allocator action against the model. */
+    gboolean verify;
+    /* Run the policy's invariant checker after every event (slow; for tests). */
+    gboolean check_invariants;
+} MemsimReplayOptions;
+
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE}
+
+typedef struct {
+    gboolean happened;
+    uint64_t event_index;    /* index of the event in the rank's program */
+    memsim_size_t requested; /* the caller's request */
+    memsim_size_t rounded;   /* the rounded request the allocator could not place */
+    memsim_size_t device_free; /* what the device had left */
+    memsim_size_t allocated; /* allocated bytes at that moment */
+    memsim_size_t reserved;  /* reserved bytes at that moment */
+    uint32_t stream;
+    int64_t op;              /* the op running then, -1 if unknown */
+} MemsimOomInfo;
+
+typedef struct {
+    uint32_t rank;           /* device index */
+    uint32_t multiplicity;
+    char *role;
+    uint64_t n_events;
+    MemsimAllocStats stats;  /* current = at the end */
+    /* At the moment of peak reserved: */
+    memsim_size_t at_peak_reserved_allocated;
+    memsim_size_t at_peak_reserved_requested;
+    uint64_t peak_reserved_event; /* event index */
+    /* At the moment of peak allocated: */
+    uint64_t peak_allocated_event;
+    int64_t peak_allocated_op;                            /* op index or -1 */
+    memsim_size_t peak_by_category[MEMSIM_CAT_COUNT];     /* live bytes (rounded) */
+    MemsimAllocShape shape_final;                         /* free-space shape at the end */
+    MemsimOomInfo oom;          /* the first simulated OOM (the rank stops there) */
+    MemsimOomInfo recorded_oom; /* an OOM the recording itself contains (snapshots) */
+    /* --verify */
+    gboolean verified;
+    uint64_t verify_checked;
+    uint64_t verify_mismatches;
+    char *first_mismatch;
+    /* The recording's own final figures (snapshots), when known. */
+    gboolean has_recorded_final;
+    memsim_size_t recorded_final_reserved;
+    memsim_size_t recorded_final_allocated;
+} MemsimRankReport;
+
+typedef struct {
+    char *source;       /* trace name */
+    char *allocator;    /* the policy spec used */
+    char *alloc_conf;   /* the settings used (torch), or NULL */
+    memsim_size_t capacity; /* 0 = unlimited */
+    uint32_t n_ranks;
+    MemsimRankReport *ranks;
+} MemsimReport;
+
+typedef struct MemsimReplay MemsimReplay;
+
+/* Returns a new replay for the ranks of `header` (copied), or NULL with error set (bad
+ * allocator spec or settings). */
+MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimReplayOptions *opt,
+                                GError **error);
+/* Feeds the next events of `rank` in program order. `header` is the current header (its op
+ * and string tables may have grown). FALSE with error set on an inconsistent trace (a FREE of
+ * an unknown tensor, an ALLOC of a live one, ...), naming the rank and event index. */
+gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, guint32 rank,
+                            const MemsimEvent *events, gsize n, GError **error);
+/* Ends the replay, frees it and returns the report (free with memsim_report_free). */
+MemsimReport *memsim_replay_finish(MemsimReplay *rp);
+void memsim_replay_abort(MemsimReplay *rp);
+
+/* Opens any trace file, replays it and returns the report, or NULL with error set. */
+MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,
+                                 GError **error);
+/* Replays an in-memory trace. */
+MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                  GError **error);
+
+void memsim_report_free(MemsimReport *report);
+/* The report as JSON ({"ranks": [...]}); newly allocated, g_free() it. */
+char *memsim_report_to_json(const MemsimReport *report);
+/* The report as a human-readable table; newly allocated. */
+char *memsim_report_to_text(const MemsimReport *report);
+
+/* "12.50 GiB" style; writes into buf (at least 32 bytes) and returns it. */
+const char *memsim_format_bytes(memsim_size_t bytes, char *buf, gsize len);
+
+G_END_DECLS
+
+#endif

@@ -1,0 +1,122 @@
+/* Internal: an open-addressing hash map from a 64-bit key to a small value, for the hot path
+ * of replays (tensor id → live block). Linear probing with backward-shift deletion, so there
+ * are no tombstones and a lookup stops at the first empty slot. Keys are stored plus one so
+ * that 0 marks an empty slot (the key UINT64_MAX cannot be stored). Header-only. */
+#ifndef MEMSIM_SIM_IDMAP_H
+#define MEMSIM_SIM_IDMAP_H
+
+#include <glib.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t addr;
+    uint64_t size; /* block bytes charged to the tensor */
+    uint8_t category;
+    uint16_t stream;
+} IdVal;
+
+typedef struct {
+    uint64_t key1; /* key + 1; 0 = empty */
+    IdVal val;
+} IdSlot;
+
+typedef struct {
+    IdSlot *slots;
+    size_t mask; /* capacity − 1 */
+    size_t n;
+} IdMap;
+
+static inline uint64_t idmap_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return k;
+}
+
+static inline void idmap_init(IdMap *m)
+{
+    m->mask = 1023;
+    m->n = 0;
+    m->slots = g_new0(IdSlot, m->mask + 1);
+}
+
+static inline void idmap_clear(IdMap *m)
+{
+    g_free(m->slots);
+    m->slots = NULL;
+}
+
+static inline IdVal *idmap_get(const IdMap *m, uint64_t key)
+{
+    size_t i = idmap_hash(key) & m->mask;
+    for (;;) {
+        IdSlot *s = &m->slots[i];
+        if (s->key1 == key + 1)
+            return &s->val;
+        if (s->key1 == 0)
+            return NULL;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static inline void idmap_put_nogrow(IdMap *m, uint64_t key, const IdVal *v)
+{
+    size_t i = idmap_hash(key) & m->mask;
+    while (m->slots[i].key1 != 0)
+        i = (i + 1) & m->mask;
+    m->slots[i].key1 = key + 1;
+    m->slots[i].val = *v;
+    m->n++;
+}
+
+/* Inserts a key that is not present. */
+static inline void idmap_put(IdMap *m, uint64_t key, const IdVal *v)
+{
+    if ((m->n + 1) * 4 > (m->mask + 1) * 3) {
+        IdSlot *old = m->slots;
+        size_t cap = m->mask + 1;
+        m->mask = cap * 2 - 1;
+        m->slots = g_new0(IdSlot, cap * 2);
+        m->n = 0;
+        for (size_t i = 0; i < cap; i++)
+            if (old[i].key1)
+                idmap_put_nogrow(m, old[i].key1 - 1, &old[i].val);
+        g_free(old);
+    }
+    idmap_put_nogrow(m, key, v);
+}
+
+/* Removes a key; returns FALSE if it was absent. */
+static inline gboolean idmap_remove(IdMap *m, uint64_t key, IdVal *out)
+{
+    size_t i = idmap_hash(key) & m->mask;
+    for (;;) {
+        if (m->slots[i].key1 == key + 1)
+            break;
+        if (m->slots[i].key1 == 0)
+            return FALSE;
+        i = (i + 1) & m->mask;
+    }
+    if (out)
+        *out = m->slots[i].val;
+    /* Backward-shift the cluster that follows. */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & m->mask;
+        if (m->slots[j].key1 == 0)
+            break;
+        size_t home = idmap_hash(m->slots[j].key1 - 1) & m->mask;
+        /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
+        if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
+    }
+    m->slots[i].key1 = 0;
+    m->n--;
+    return TRUE;
+}
+
+#endif

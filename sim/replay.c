@@ -1,0 +1,630 @@
+/* Replay: a trace's per-rank programs through one allocator instance per rank
+ * (include/memsim/sim.h).
+ *
+ * Events are applied in program order. A tensor id maps to its live block (sim/idmap.h);
+ * the block's size is what the allocator charged for it (the change in allocated bytes), so
+ * the breakdown by category at the peak counts rounding and unsplit slack where it lies.
+ *
+ * Verification: recorded allocator actions (SEG_* and OOM events, the recorded address of an
+ * ALLOC) precede in the program the event that caused them. They are queued; when the next
+ * action (ALLOC, FREE, USE, EMPTY_CACHE) runs, what the policy reports through the device's
+ * on_event hook is compared with the queue, in order, and the queue is emptied. The device's
+ * segment_addr hook hands the recorded segment addresses back to the policy, so that the
+ * address tie-break among equal-size free blocks is the real one (TORCH_ALLOCATOR.md §12).
+ * A recorded address is only handed out if it overlaps no live simulated segment, so a
+ * diverging model can never corrupt the policy's state.
+ */
+#include <memsim/formats.h>
+#include <memsim/sim.h>
+
+#include <inttypes.h>
+#include <string.h>
+
+#include "sim/idmap.h"
+
+typedef struct {
+    memsim_addr_t addr, end;
+} Range;
+
+typedef struct {
+    MemsimReplay *rp;
+    MemsimAlloc *alloc;
+    MemsimDevice dev;
+    IdMap tensors;
+    gboolean stopped;
+    int64_t cur_op;
+    int64_t live_cat[MEMSIM_CAT_COUNT];
+    int64_t last_allocated;
+    int64_t best_allocated;
+    int64_t best_reserved;
+    MemsimRankReport rep;
+    /* verification */
+    GArray *expected;   /* MemsimEvent */
+    GArray *claimed;    /* gboolean per expected entry */
+    GArray *emitted;    /* MemsimAllocEvent of the running action */
+    GTree *segments;    /* Range* keyed by range, live simulated segments */
+    memsim_addr_t bump;
+    MemsimAllocEvent last_oom;
+    gboolean saw_oom;
+} RankSim;
+
+struct MemsimReplay {
+    MemsimTraceHeader header;
+    MemsimReplayOptions opt;
+    char *allocator;
+    char *alloc_conf;
+    memsim_size_t capacity;
+    guint n_ranks;
+    RankSim *ranks;
+};
+
+static gint range_cmp(gconstpointer a, gconstpointer b, gpointer user)
+{
+    const Range *x = a, *y = b;
+    if (x->end <= y->addr)
+        return -1;
+    if (y->end <= x->addr)
+        return 1;
+    return 0; /* overlapping ranges compare equal: a lookup finds any overlap */
+}
+
+static void on_event(void *user, const MemsimAllocEvent *ev)
+{
+    RankSim *r = user;
+    if (ev->kind == MEMSIM_AEV_SEG_ALLOC) {
+        Range *g = g_new(Range, 1);
+        g->addr = ev->addr;
+        g->end = ev->addr + ev->size;
+        g_tree_insert(r->segments, g, g);
+    } else if (ev->kind == MEMSIM_AEV_SEG_FREE) {
+        Range k = {ev->addr, ev->addr + ev->size};
+        g_tree_remove(r->segments, &k);
+    } else if (ev->kind == MEMSIM_AEV_OOM) {
+        r->last_oom = *ev;
+        r->saw_oom = TRUE;
+    }
+    if (r->rp->opt.verify &&
+        (ev->kind == MEMSIM_AEV_SEG_ALLOC || ev->kind == MEMSIM_AEV_SEG_FREE ||
+         ev->kind == MEMSIM_AEV_SEG_MAP || ev->kind == MEMSIM_AEV_SEG_UNMAP ||
+         ev->kind == MEMSIM_AEV_ALLOC))
+        g_array_append_val(r->emitted, *ev);
+}
+
+#define BUMP_BASE ((memsim_addr_t)1 << 56)
+#define BUMP_ALIGN ((memsim_addr_t)2 << 20)
+
+static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t stream)
+{
+    RankSim *r = user;
+    gboolean *claimed = (gboolean *)r->claimed->data;
+    for (guint i = 0; i < r->expected->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->expected, MemsimEvent, i);
+        if (claimed[i] || (e->kind != MEMSIM_EV_SEG_ALLOC && e->kind != MEMSIM_EV_SEG_MAP))
+            continue;
+        /* The first unclaimed recorded segment of this action: a normal segment must have
+         * the requested size; an expandable reservation starts where its first map does. */
+        if (e->kind == MEMSIM_EV_SEG_ALLOC) {
+            if (e->size != size)
+                break;
+            Range k = {e->addr, e->addr + size};
+            if (g_tree_lookup(r->segments, &k))
+                break;
+        }
+        claimed[i] = TRUE;
+        return e->addr;
+    }
+    memsim_addr_t a = r->bump;
+    r->bump += ((size + BUMP_ALIGN - 1) & ~(BUMP_ALIGN - 1)) + BUMP_ALIGN;
+    return a;
+}
+
+static void rank_clear(RankSim *r)
+{
+    memsim_alloc_free_instance(r->alloc);
+    idmap_clear(&r->tensors);
+    if (r->expected)
+        g_array_unref(r->expected);
+    if (r->claimed)
+        g_array_unref(r->claimed);
+    if (r->emitted)
+        g_array_unref(r->emitted);
+    if (r->segments)
+        g_tree_unref(r->segments);
+    g_free(r->rep.role);
+    g_free(r->rep.first_mismatch);
+}
+
+void memsim_replay_abort(MemsimReplay *rp)
+{
+    if (!rp)
+        return;
+    for (guint i = 0; i < rp->n_ranks; i++)
+        rank_clear(&rp->ranks[i]);
+    g_free(rp->ranks);
+    memsim_trace_header_clear(&rp->header);
+    g_free(rp->allocator);
+    g_free(rp->alloc_conf);
+    g_free(rp);
+}
+
+MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimReplayOptions *opt,
+                                GError **error)
+{
+    static const MemsimReplayOptions defaults = MEMSIM_REPLAY_OPTIONS_INIT;
+    MemsimReplay *rp = g_new0(MemsimReplay, 1);
+    rp->opt = opt ? *opt : defaults;
+    memsim_trace_header_copy(&rp->header, header);
+    rp->capacity = rp->opt.capacity ? rp->opt.capacity : header->capacity;
+
+    /* The policy and its settings: the torch policy takes the recorded settings unless told
+     * otherwise. */
+    const char *spec = rp->opt.allocator ? rp->opt.allocator : "torch";
+    const char *colon = strchr(spec, ':');
+    g_autofree char *name = colon ? g_strndup(spec, (gsize)(colon - spec)) : g_strdup(spec);
+    GString *settings = g_string_new(colon ? colon + 1 : "");
+    if (strcmp(name, "torch") == 0) {
+        const char *conf = rp->opt.alloc_conf ? rp->opt.alloc_conf : header->alloc_conf;
+        if (conf && *conf) {
+            if (settings->len)
+                g_string_prepend_c(settings, ',');
+            g_string_prepend(settings, conf);
+        }
+        rp->alloc_conf = g_strdup(settings->str);
+    }
+    rp->allocator = settings->len ? g_strdup_printf("%s:%s", name, settings->str)
+                                  : g_strdup(name);
+    g_string_free(settings, TRUE);
+
+    rp->n_ranks = header->n_ranks;
+    rp->ranks = g_new0(RankSim, rp->n_ranks ? rp->n_ranks : 1);
+    for (guint i = 0; i < rp->n_ranks; i++) {
+        RankSim *r = &rp->ranks[i];
+        r->rp = rp;
+        r->cur_op = -1;
+        r->bump = BUMP_BASE;
+        idmap_init(&r->tensors);
+        r->expected = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->claimed = g_array_new(FALSE, TRUE, sizeof(gboolean));
+        r->emitted = g_array_new(FALSE, FALSE, sizeof(MemsimAllocEvent));
+        r->segments = g_tree_new_full(range_cmp, NULL, g_free, NULL);
+        MemsimDevice d = MEMSIM_DEVICE_INIT;
+        r->dev = d;
+        r->dev.capacity = rp->capacity;
+        r->dev.user = r;
+        r->dev.on_event = on_event;
+        r->dev.segment_addr = segment_addr;
+        r->rep.rank = header->ranks[i].device;
+        r->rep.multiplicity = header->ranks[i].multiplicity;
+        r->rep.role = g_strdup(header->ranks[i].role);
+        r->rep.peak_allocated_op = -1;
+        r->rep.oom.op = -1;
+        r->rep.recorded_oom.op = -1;
+        r->rep.verified = rp->opt.verify;
+        r->rep.has_recorded_final = header->ranks[i].has_final;
+        r->rep.recorded_final_reserved = header->ranks[i].final_reserved;
+        r->rep.recorded_final_allocated = header->ranks[i].final_allocated;
+        r->alloc = memsim_alloc_new_from_spec(rp->allocator, &r->dev, error);
+        if (!r->alloc) {
+            memsim_replay_abort(rp);
+            return NULL;
+        }
+    }
+    return rp;
+}
+
+static void mismatch(RankSim *r, uint64_t index, const MemsimEvent *ev, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+static void mismatch(RankSim *r, uint64_t index, const MemsimEvent *ev, const char *fmt, ...)
+{
+    r->rep.verify_mismatches++;
+    if (r->rep.first_mismatch)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    r->rep.first_mismatch =
+        g_strdup_printf("event %" PRIu64 " (%s t=%" PRIu64 " size=%" PRIu64 "): %s", index,
+                        memsim_event_kind_name(ev->kind), ev->id, ev->size, what);
+}
+
+static MemsimAllocEventKind record_kind(uint8_t kind)
+{
+    switch (kind) {
+    case MEMSIM_EV_SEG_ALLOC:
+        return MEMSIM_AEV_SEG_ALLOC;
+    case MEMSIM_EV_SEG_FREE:
+        return MEMSIM_AEV_SEG_FREE;
+    case MEMSIM_EV_SEG_MAP:
+        return MEMSIM_AEV_SEG_MAP;
+    default:
+        return MEMSIM_AEV_SEG_UNMAP;
+    }
+}
+
+static const char *aev_name(MemsimAllocEventKind k)
+{
+    switch (k) {
+    case MEMSIM_AEV_SEG_ALLOC:
+        return "segment_alloc";
+    case MEMSIM_AEV_SEG_FREE:
+        return "segment_free";
+    case MEMSIM_AEV_SEG_MAP:
+        return "segment_map";
+    case MEMSIM_AEV_SEG_UNMAP:
+        return "segment_unmap";
+    case MEMSIM_AEV_ALLOC:
+        return "alloc";
+    case MEMSIM_AEV_FREE_COMPLETED:
+        return "free_completed";
+    case MEMSIM_AEV_OOM:
+        return "oom";
+    }
+    return "?";
+}
+
+/* Compares what the policy did during one action with what was recorded before it. */
+static void verify_action(RankSim *r, uint64_t index, const MemsimEvent *ev)
+{
+    guint j = 0;
+    const MemsimAllocEvent *em = (const MemsimAllocEvent *)r->emitted->data;
+    for (guint i = 0; i < r->expected->len; i++) {
+        const MemsimEvent *rec = &g_array_index(r->expected, MemsimEvent, i);
+        while (j < r->emitted->len && em[j].kind == MEMSIM_AEV_ALLOC)
+            j++;
+        r->rep.verify_checked++;
+        MemsimAllocEventKind want = record_kind(rec->kind);
+        if (j >= r->emitted->len) {
+            mismatch(r, index, ev,
+                     "expected %s at 0x%" PRIx64 " of %" PRIu64 " bytes, got nothing",
+                     aev_name(want), rec->addr, rec->size);
+            continue;
+        }
+        if (em[j].kind != want || em[j].addr != rec->addr || em[j].size != rec->size)
+            mismatch(r, index, ev,
+                     "expected %s at 0x%" PRIx64 " of %" PRIu64 " bytes, got %s at 0x%" PRIx64
+                     " of %" PRIu64 " bytes",
+                     aev_name(want), rec->addr, rec->size, aev_name(em[j].kind), em[j].addr,
+                     em[j].size);
+        j++;
+    }
+    for (; j < r->emitted->len; j++) {
+        if (em[j].kind == MEMSIM_AEV_ALLOC)
+            continue;
+        r->rep.verify_checked++;
+        mismatch(r, index, ev, "expected nothing more, got %s at 0x%" PRIx64 " of %" PRIu64
+                 " bytes", aev_name(em[j].kind), em[j].addr, em[j].size);
+    }
+    if (ev->kind == MEMSIM_EV_ALLOC && (ev->flags & MEMSIM_EVF_ADDR)) {
+        r->rep.verify_checked++;
+        memsim_addr_t got = 0;
+        gboolean found = FALSE;
+        for (guint k = 0; k < r->emitted->len; k++)
+            if (em[k].kind == MEMSIM_AEV_ALLOC) {
+                got = em[k].addr;
+                found = TRUE;
+            }
+        if (!found || got != ev->addr) {
+            Range k = {ev->addr, ev->addr + 1};
+            Range *seg = g_tree_lookup(r->segments, &k);
+            if (found && seg)
+                mismatch(r, index, ev,
+                         "expected the block at 0x%" PRIx64 " (offset %" PRIu64
+                         " in its segment), got 0x%" PRIx64 " (offset %" PRId64 ")",
+                         ev->addr, ev->addr - seg->addr, got, (int64_t)(got - seg->addr));
+            else
+                mismatch(r, index, ev, "expected the block at 0x%" PRIx64 ", got %s0x%" PRIx64,
+                         ev->addr, found ? "" : "none ", got);
+        }
+    }
+    g_array_set_size(r->expected, 0);
+    g_array_set_size(r->claimed, 0);
+}
+
+/* After the categories were updated: note the peaks `st` shows. */
+static void track_peaks(RankSim *r, uint64_t index, const MemsimAllocStats *stp)
+{
+    MemsimAllocStats st = *stp;
+    if (st.allocated.current > r->best_allocated) {
+        r->best_allocated = st.allocated.current;
+        memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
+        r->rep.peak_allocated_event = index;
+        r->rep.peak_allocated_op = r->cur_op;
+    }
+    if (st.reserved.peak > r->best_reserved) {
+        r->best_reserved = st.reserved.peak;
+        r->rep.at_peak_reserved_allocated = (memsim_size_t)st.allocated.current;
+        r->rep.at_peak_reserved_requested = (memsim_size_t)st.requested.current;
+        r->rep.peak_reserved_event = index;
+    }
+    r->last_allocated = st.allocated.current;
+}
+
+static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                    const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+
+static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                    const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: rank %u, event %" PRIu64 ": %s",
+                h->name ? h->name : "trace", rank, index, msg);
+    return FALSE;
+}
+
+static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                     const MemsimEvent *ev, GError **error)
+{
+    gboolean action = TRUE;
+    switch (ev->kind) {
+    case MEMSIM_EV_ALLOC: {
+        if (ev->size == 0)
+            return bad(error, h, rank, index, "alloc of tensor %" PRIu64 " has size 0", ev->id);
+        if (ev->size >= ((uint64_t)1 << 60))
+            return bad(error, h, rank, index,
+                       "alloc of %" PRIu64 " bytes is beyond any device (≥ 2^60)", ev->size);
+        if (ev->category >= MEMSIM_CAT_COUNT)
+            return bad(error, h, rank, index, "category %u is out of range", ev->category);
+        if (ev->id == UINT64_MAX || idmap_get(&r->tensors, ev->id))
+            return bad(error, h, rank, index, "alloc of tensor %" PRIu64 ", which is live",
+                       ev->id);
+        memsim_addr_t addr = 0;
+        r->saw_oom = FALSE;
+        if (memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK) {
+            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+            MemsimOomInfo *o = &r->rep.oom;
+            o->happened = TRUE;
+            o->event_index = index;
+            o->requested = ev->size;
+            o->rounded = r->saw_oom ? r->last_oom.size : memsim_alloc_round_size(r->alloc, ev->size);
+            o->device_free = r->saw_oom ? r->last_oom.addr : 0;
+            o->allocated = (memsim_size_t)st.allocated.current;
+            o->reserved = (memsim_size_t)st.reserved.current;
+            o->stream = ev->stream;
+            o->op = r->cur_op;
+            r->stopped = TRUE;
+            break;
+        }
+        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+        IdVal v = {addr, (uint64_t)(st.allocated.current - r->last_allocated), ev->category,
+                   ev->stream};
+        idmap_put(&r->tensors, ev->id, &v);
+        r->live_cat[ev->category] += (int64_t)v.size;
+        track_peaks(r, index, &st);
+        break;
+    }
+    case MEMSIM_EV_FREE: {
+        IdVal v;
+        if (!idmap_remove(&r->tensors, ev->id, &v))
+            return bad(error, h, rank, index, "free of tensor %" PRIu64 ", which is not live",
+                       ev->id);
+        memsim_alloc_free(r->alloc, v.addr);
+        r->live_cat[v.category] -= (int64_t)v.size;
+        r->last_allocated -= (int64_t)v.size;
+        break;
+    }
+    case MEMSIM_EV_USE: {
+        IdVal *v = idmap_get(&r->tensors, ev->id);
+        if (!v)
+            return bad(error, h, rank, index, "use of tensor %" PRIu64 ", which is not live",
+                       ev->id);
+        memsim_alloc_record_stream(r->alloc, v->addr, ev->stream);
+        break;
+    }
+    case MEMSIM_EV_EMPTY_CACHE:
+        memsim_alloc_empty_cache(r->alloc);
+        break;
+    case MEMSIM_EV_INIT_SEGMENT: {
+        if (!memsim_alloc_seed_segment(r->alloc, ev->addr, ev->size, ev->stream, (uint32_t)ev->aux,
+                                       error))
+            return FALSE;
+        Range *g = g_new(Range, 1);
+        g->addr = ev->addr;
+        g->end = ev->addr + ev->size;
+        if (g->end < g->addr || g_tree_lookup(r->segments, g)) {
+            g_free(g);
+            return bad(error, h, rank, index, "starting segment at 0x%" PRIx64
+                       " overlaps another", ev->addr);
+        }
+        g_tree_insert(r->segments, g, g);
+        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+        track_peaks(r, index, &st);
+        action = FALSE;
+        break;
+    }
+    case MEMSIM_EV_INIT_BLOCK: {
+        if (ev->id == UINT64_MAX || idmap_get(&r->tensors, ev->id))
+            return bad(error, h, rank, index, "starting block of tensor %" PRIu64
+                       ", which is live", ev->id);
+        if (ev->category >= MEMSIM_CAT_COUNT)
+            return bad(error, h, rank, index, "category %u is out of range", ev->category);
+        int64_t before = memsim_alloc_stats(r->alloc).allocated.current;
+        if (!memsim_alloc_seed_block(r->alloc, ev->addr, ev->aux, ev->size, ev->stream, error))
+            return FALSE;
+        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+        IdVal v = {ev->addr, (uint64_t)(st.allocated.current - before), ev->category,
+                   ev->stream};
+        idmap_put(&r->tensors, ev->id, &v);
+        r->live_cat[ev->category] += (int64_t)v.size;
+        track_peaks(r, index, &st);
+        action = FALSE;
+        break;
+    }
+    case MEMSIM_EV_OP:
+        if (ev->id >= h->n_ops)
+            return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
+                       ev->id, h->n_ops);
+        r->cur_op = (int64_t)ev->id;
+        action = FALSE;
+        break;
+    case MEMSIM_EV_SEG_ALLOC:
+    case MEMSIM_EV_SEG_FREE:
+    case MEMSIM_EV_SEG_MAP:
+    case MEMSIM_EV_SEG_UNMAP: {
+        g_array_append_val(r->expected, *ev);
+        gboolean no = FALSE;
+        g_array_append_val(r->claimed, no);
+        return TRUE;
+    }
+    case MEMSIM_EV_OOM:
+        if (!r->rep.recorded_oom.happened) {
+            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+            MemsimOomInfo *o = &r->rep.recorded_oom;
+            o->happened = TRUE;
+            o->event_index = index;
+            o->requested = ev->size;
+            o->rounded = ev->size;
+            o->device_free = ev->addr;
+            o->allocated = (memsim_size_t)st.allocated.current;
+            o->reserved = (memsim_size_t)st.reserved.current;
+            o->stream = ev->stream;
+            o->op = r->cur_op;
+        }
+        return TRUE;
+    case MEMSIM_EV_MARK:
+        if (ev->id >= h->n_strings)
+            return bad(error, h, rank, index, "mark %" PRIu64 " is not in the string table",
+                       ev->id);
+        return TRUE;
+    case MEMSIM_EV_WAIT:
+    case MEMSIM_EV_COLLECTIVE:
+        return TRUE;
+    default:
+        return bad(error, h, rank, index, "unknown event kind %u", ev->kind);
+    }
+    if (action && r->rp->opt.verify) {
+        verify_action(r, index, ev);
+        g_array_set_size(r->emitted, 0);
+    } else if (r->rp->opt.verify) {
+        g_array_set_size(r->emitted, 0);
+    }
+    if (r->rp->opt.check_invariants) {
+        GError *e = NULL;
+        if (!memsim_alloc_check(r->alloc, &e)) {
+            g_error("%s: rank %u, event %" PRIu64 ": allocator invariant broken: %s",
+                    h->name ? h->name : "trace", rank, index, e->message);
+        }
+    }
+    return TRUE;
+}
+
+gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                            const MemsimEvent *events, gsize n, GError **error)
+{
+    if (rank >= rp->n_ranks) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: events for rank %u, but the header has %u ranks",
+                    h->name ? h->name : "trace", rank, rp->n_ranks);
+        return FALSE;
+    }
+    RankSim *r = &rp->ranks[rank];
+    for (gsize i = 0; i < n; i++) {
+        uint64_t index = r->rep.n_events++;
+        if (r->stopped)
+            continue;
+        if (!step(r, h, rank, index, &events[i], error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+MemsimReport *memsim_replay_finish(MemsimReplay *rp)
+{
+    MemsimReport *rep = g_new0(MemsimReport, 1);
+    rep->source = g_strdup(rp->header.name);
+    rep->allocator = g_strdup(rp->allocator);
+    rep->alloc_conf = g_strdup(rp->alloc_conf);
+    rep->capacity = rp->capacity;
+    rep->n_ranks = rp->n_ranks;
+    rep->ranks = g_new0(MemsimRankReport, rp->n_ranks ? rp->n_ranks : 1);
+    for (guint i = 0; i < rp->n_ranks; i++) {
+        RankSim *r = &rp->ranks[i];
+        if (rp->opt.verify && r->expected->len) {
+            /* Records left without an action to explain them. */
+            MemsimEvent none = {0};
+            verify_action(r, r->rep.n_events, &none);
+        }
+        r->rep.stats = memsim_alloc_stats(r->alloc);
+        r->rep.shape_final = memsim_alloc_shape(r->alloc);
+        if (rp->opt.verify && r->rep.has_recorded_final && !r->rep.oom.happened) {
+            MemsimEvent none = {0};
+            r->rep.verify_checked += 2;
+            if ((uint64_t)r->rep.stats.reserved.current != r->rep.recorded_final_reserved)
+                mismatch(r, r->rep.n_events, &none,
+                         "final reserved %" PRId64 " bytes, the snapshot says %" PRIu64,
+                         r->rep.stats.reserved.current, r->rep.recorded_final_reserved);
+            if ((uint64_t)r->rep.stats.allocated.current != r->rep.recorded_final_allocated)
+                mismatch(r, r->rep.n_events, &none,
+                         "final allocated %" PRId64 " bytes, the snapshot says %" PRIu64,
+                         r->rep.stats.allocated.current, r->rep.recorded_final_allocated);
+        }
+        rep->ranks[i] = r->rep;
+        memset(&r->rep, 0, sizeof r->rep); /* ownership of role and first_mismatch moved */
+    }
+    memsim_replay_abort(rp);
+    return rep;
+}
+
+void memsim_report_free(MemsimReport *rep)
+{
+    if (!rep)
+        return;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        g_free(rep->ranks[i].role);
+        g_free(rep->ranks[i].first_mismatch);
+    }
+    g_free(rep->ranks);
+    g_free(rep->source);
+    g_free(rep->allocator);
+    g_free(rep->alloc_conf);
+    g_free(rep);
+}
+
+MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt, GError **error)
+{
+    MemsimTraceReader *rd = memsim_trace_reader_open(path, error);
+    if (!rd)
+        return NULL;
+    MemsimReplay *rp = memsim_replay_new(memsim_trace_reader_header(rd), opt, error);
+    if (!rp) {
+        memsim_trace_reader_free(rd);
+        return NULL;
+    }
+    const MemsimEvent *ev;
+    guint32 rank;
+    gsize n;
+    GError *e = NULL;
+    while ((n = memsim_trace_reader_next(rd, &rank, &ev, &e)) > 0) {
+        if (!memsim_replay_feed(rp, memsim_trace_reader_header(rd), rank, ev, n, &e))
+            break;
+    }
+    memsim_trace_reader_free(rd);
+    if (e) {
+        g_propagate_error(error, e);
+        memsim_replay_abort(rp);
+        return NULL;
+    }
+    return memsim_replay_finish(rp);
+}
+
+MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                  GError **error)
+{
+    MemsimTraceHeader *h = memsim_trace_header(trace);
+    MemsimReplay *rp = memsim_replay_new(h, opt, error);
+    if (!rp)
+        return NULL;
+    for (guint32 r = 0; r < h->n_ranks; r++) {
+        gsize n;
+        const MemsimEvent *ev = memsim_trace_events(trace, r, &n);
+        if (!memsim_replay_feed(rp, h, r, ev, n, error)) {
+            memsim_replay_abort(rp);
+            return NULL;
+        }
+    }
+    return memsim_replay_finish(rp);
+}

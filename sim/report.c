@@ -1,0 +1,243 @@
+/* Reports: the JSON every command shares, and the human-readable table. */
+#include <memsim/sim.h>
+
+#include <inttypes.h>
+#include <json-glib/json-glib.h>
+
+const char *memsim_format_bytes(memsim_size_t b, char *buf, gsize len)
+{
+    /* PyTorch's format_size: ≤1024 → bytes, ≤1 MiB → KiB, ≤1 GiB → MiB, else GiB. */
+    if (b <= 1024)
+        g_snprintf(buf, len, "%" PRIu64 " bytes", b);
+    else if (b <= ((memsim_size_t)1 << 20))
+        g_snprintf(buf, len, "%.2f KiB", (double)b / 1024.0);
+    else if (b <= ((memsim_size_t)1 << 30))
+        g_snprintf(buf, len, "%.2f MiB", (double)b / 1048576.0);
+    else
+        g_snprintf(buf, len, "%.2f GiB", (double)b / 1073741824.0);
+    return buf;
+}
+
+static void add_int(JsonBuilder *b, const char *key, int64_t v)
+{
+    json_builder_set_member_name(b, key);
+    json_builder_add_int_value(b, v);
+}
+
+static void add_oom(JsonBuilder *b, const char *key, const MemsimOomInfo *o, gboolean simulated,
+                    memsim_size_t capacity)
+{
+    json_builder_set_member_name(b, key);
+    if (!o->happened) {
+        json_builder_add_null_value(b);
+        return;
+    }
+    json_builder_begin_object(b);
+    add_int(b, "event", (int64_t)o->event_index);
+    add_int(b, "requested", (int64_t)o->requested);
+    add_int(b, "rounded", (int64_t)o->rounded);
+    add_int(b, "device_free", (int64_t)o->device_free);
+    /* How much more the device would have needed for this request to succeed. */
+    add_int(b, "shortfall",
+            o->rounded > o->device_free ? (int64_t)(o->rounded - o->device_free) : 0);
+    add_int(b, "allocated", (int64_t)o->allocated);
+    add_int(b, "reserved", (int64_t)o->reserved);
+    add_int(b, "stream", o->stream);
+    add_int(b, "op", o->op);
+    if (simulated && capacity)
+        add_int(b, "capacity", (int64_t)capacity);
+    json_builder_end_object(b);
+}
+
+char *memsim_report_to_json(const MemsimReport *rep)
+{
+    JsonBuilder *b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "source");
+    json_builder_add_string_value(b, rep->source ? rep->source : "");
+    json_builder_set_member_name(b, "allocator");
+    json_builder_add_string_value(b, rep->allocator ? rep->allocator : "");
+    json_builder_set_member_name(b, "alloc_conf");
+    if (rep->alloc_conf)
+        json_builder_add_string_value(b, rep->alloc_conf);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "capacity");
+    if (rep->capacity)
+        json_builder_add_int_value(b, (int64_t)rep->capacity);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "ranks");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        const MemsimAllocStats *s = &r->stats;
+        json_builder_begin_object(b);
+        add_int(b, "rank", r->rank);
+        add_int(b, "multiplicity", r->multiplicity);
+        if (r->role) {
+            json_builder_set_member_name(b, "role");
+            json_builder_add_string_value(b, r->role);
+        }
+        add_int(b, "peak_allocated", s->allocated.peak);
+        add_int(b, "peak_reserved", s->reserved.peak);
+        add_int(b, "peak_active", s->active.peak);
+        add_int(b, "peak_requested", s->requested.peak);
+        add_int(b, "final_allocated", s->allocated.current);
+        add_int(b, "final_reserved", s->reserved.current);
+        add_int(b, "final_active", s->active.current);
+        add_int(b, "final_requested", s->requested.current);
+        add_int(b, "n_events", (int64_t)r->n_events);
+        add_int(b, "peak_segments", s->segments.peak);
+        add_int(b, "n_device_alloc", (int64_t)s->n_device_alloc);
+        add_int(b, "n_device_free", (int64_t)s->n_device_free);
+        add_int(b, "n_alloc_retries", (int64_t)s->n_alloc_retries);
+        add_int(b, "n_ooms", (int64_t)s->n_ooms);
+
+        json_builder_set_member_name(b, "fragmentation_at_peak");
+        json_builder_begin_object(b);
+        add_int(b, "event", (int64_t)r->peak_reserved_event);
+        add_int(b, "reserved", s->reserved.peak);
+        add_int(b, "allocated", (int64_t)r->at_peak_reserved_allocated);
+        add_int(b, "requested", (int64_t)r->at_peak_reserved_requested);
+        /* rounding: what blocks hold beyond their requests; holes: free cached bytes */
+        add_int(b, "rounding",
+                (int64_t)r->at_peak_reserved_allocated - (int64_t)r->at_peak_reserved_requested);
+        add_int(b, "holes", s->reserved.peak - (int64_t)r->at_peak_reserved_allocated);
+        json_builder_end_object(b);
+
+        json_builder_set_member_name(b, "at_peak_allocated");
+        json_builder_begin_object(b);
+        add_int(b, "event", (int64_t)r->peak_allocated_event);
+        add_int(b, "op", r->peak_allocated_op);
+        json_builder_set_member_name(b, "by_category");
+        json_builder_begin_object(b);
+        for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
+            add_int(b, memsim_category_name(c), (int64_t)r->peak_by_category[c]);
+        json_builder_end_object(b);
+        json_builder_end_object(b);
+
+        json_builder_set_member_name(b, "final_shape");
+        json_builder_begin_object(b);
+        add_int(b, "largest_free", (int64_t)r->shape_final.largest_free);
+        add_int(b, "free_bytes", (int64_t)r->shape_final.free_bytes);
+        add_int(b, "n_free_blocks", (int64_t)r->shape_final.n_free_blocks);
+        add_int(b, "n_segments", (int64_t)r->shape_final.n_segments);
+        json_builder_end_object(b);
+
+        add_oom(b, "oom", &r->oom, TRUE, rep->capacity);
+        add_oom(b, "recorded_oom", &r->recorded_oom, FALSE, 0);
+        if (r->has_recorded_final) {
+            json_builder_set_member_name(b, "recorded_final");
+            json_builder_begin_object(b);
+            add_int(b, "reserved", (int64_t)r->recorded_final_reserved);
+            add_int(b, "allocated", (int64_t)r->recorded_final_allocated);
+            json_builder_end_object(b);
+        }
+        if (r->verified) {
+            json_builder_set_member_name(b, "verify");
+            json_builder_begin_object(b);
+            add_int(b, "checked", (int64_t)r->verify_checked);
+            add_int(b, "mismatches", (int64_t)r->verify_mismatches);
+            json_builder_set_member_name(b, "first_mismatch");
+            if (r->first_mismatch)
+                json_builder_add_string_value(b, r->first_mismatch);
+            else
+                json_builder_add_null_value(b);
+            json_builder_end_object(b);
+        }
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+
+    JsonGenerator *g = json_generator_new();
+    JsonNode *root = json_builder_get_root(b);
+    json_generator_set_root(g, root);
+    json_generator_set_pretty(g, TRUE);
+    char *out = json_generator_to_data(g, NULL);
+    json_node_unref(root);
+    g_object_unref(g);
+    g_object_unref(b);
+    return out;
+}
+
+/* Rotating buffers, so that one printf can format several sizes. */
+static const char *fb(int64_t v)
+{
+    static _Thread_local char bufs[8][32];
+    static _Thread_local unsigned n;
+    return memsim_format_bytes(v < 0 ? 0 : (memsim_size_t)v, bufs[n++ % 8], 32);
+}
+#define FB(v) fb((int64_t)(v))
+
+char *memsim_report_to_text(const MemsimReport *rep)
+{
+    GString *s = g_string_new(NULL);
+    g_string_append_printf(s, "source:    %s\n", rep->source ? rep->source : "");
+    g_string_append_printf(s, "allocator: %s\n", rep->allocator ? rep->allocator : "");
+    if (rep->capacity)
+        g_string_append_printf(s, "capacity:  %s\n", FB(rep->capacity));
+    g_string_append(s, "\n");
+    g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10s\n", "rank",
+                           "peak alloc", "peak reserv", "peak active", "peak request",
+                           "final alloc", "final reserv", "events");
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        const MemsimAllocStats *st = &r->stats;
+        g_autofree char *label = r->multiplicity > 1
+                                     ? g_strdup_printf("%u×%u", r->rank, r->multiplicity)
+                                     : g_strdup_printf("%u", r->rank);
+        g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10" PRIu64 "\n", label,
+                               FB(st->allocated.peak), FB(st->reserved.peak),
+                               FB(st->active.peak), FB(st->requested.peak),
+                               FB(st->allocated.current), FB(st->reserved.current),
+                               r->n_events);
+    }
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        const MemsimAllocStats *st = &r->stats;
+        g_string_append_printf(s, "\nrank %u:\n", r->rank);
+        int64_t holes = st->reserved.peak - (int64_t)r->at_peak_reserved_allocated;
+        int64_t rounding =
+            (int64_t)r->at_peak_reserved_allocated - (int64_t)r->at_peak_reserved_requested;
+        g_string_append_printf(s,
+                               "  fragmentation at peak reserved (event %" PRIu64 "): %s "
+                               "reserved but unallocated = %s free holes; plus %s rounding "
+                               "inside blocks\n",
+                               r->peak_reserved_event, FB(holes), FB(holes), FB(rounding));
+        g_string_append_printf(s, "  segments: peak %" PRId64 ", driver allocs %" PRIu64
+                               ", frees %" PRIu64 ", retries %" PRIu64 "\n",
+                               st->segments.peak, st->n_device_alloc, st->n_device_free,
+                               st->n_alloc_retries);
+        if (r->oom.happened)
+            g_string_append_printf(
+                s, "  OUT OF MEMORY at event %" PRIu64 ": tried to allocate %s (%s rounded) "
+                "with %s free on the device; short by %s; %s allocated, %s reserved\n",
+                r->oom.event_index, FB(r->oom.requested), FB(r->oom.rounded),
+                FB(r->oom.device_free),
+                FB(r->oom.rounded > r->oom.device_free ? r->oom.rounded - r->oom.device_free : 0),
+                FB(r->oom.allocated), FB(r->oom.reserved));
+        if (r->recorded_oom.happened)
+            g_string_append_printf(
+                s, "  recorded OOM at event %" PRIu64 ": %s requested (rounded) with %s free "
+                "on the device; short by %s; %s allocated, %s reserved at that point\n",
+                r->recorded_oom.event_index, FB(r->recorded_oom.rounded),
+                FB(r->recorded_oom.device_free),
+                FB(r->recorded_oom.rounded > r->recorded_oom.device_free
+                       ? r->recorded_oom.rounded - r->recorded_oom.device_free
+                       : 0),
+                FB(r->recorded_oom.allocated), FB(r->recorded_oom.reserved));
+        if (r->has_recorded_final)
+            g_string_append_printf(s, "  recorded final: %s allocated, %s reserved\n",
+                                   FB(r->recorded_final_allocated),
+                                   FB(r->recorded_final_reserved));
+        if (r->verified)
+            g_string_append_printf(s, "  verify: %" PRIu64 " checks, %" PRIu64
+                                   " mismatches%s%s\n",
+                                   r->verify_checked, r->verify_mismatches,
+                                   r->first_mismatch ? "; first: " : "",
+                                   r->first_mismatch ? r->first_mismatch : "");
+    }
+    return g_string_free(s, FALSE);
+}

@@ -1,0 +1,218 @@
+/* memsim-bench — speed figures measured on this machine (not a test).
+ *
+ *   memsim-bench replay [--events N] [--allocator SPEC] [--keep FILE.mst]
+ *       Writes a synthetic single-stream trace of N events (default 10 million) to a
+ *       temporary .mst, then times (1) reading it alone, (2) reading + simulating it through
+ *       the allocator (default torch). Prints events per second and the peak resident memory
+ *       of each phase, so that memory can be seen not to grow with the trace length.
+ *
+ * The synthetic program looks like training: activations pile up through a "forward" pass
+ * and are released in reverse through a "backward" pass, with short-lived temporaries in
+ * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
+ */
+#include <memsim/formats.h>
+#include <memsim/sim.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <glib/gstdio.h>
+#include <inttypes.h>
+
+static long peak_rss_kib(void)
+{
+    /* VmHWM of this process (the high-water mark; reset before each phase). */
+    FILE *f = fopen("/proc/self/status", "r");
+    long kib = -1;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0)
+            kib = strtol(line + 6, NULL, 10);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+static void reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static uint64_t synth_size(uint64_t *rng)
+{
+    /* log-uniform in [2^9, 2^28] */
+    double e = 9.0 + (double)(xorshift(rng) % 1000000) / 1000000.0 * 19.0;
+    return (uint64_t)__builtin_exp2(e);
+}
+
+static gboolean write_synthetic(const char *path, uint64_t n_events, GError **error)
+{
+    MemsimTrace *t = memsim_trace_new("synthetic training-like trace");
+    memsim_trace_add_rank(t, 0, 1);
+    MemsimTraceWriter *w =
+        memsim_trace_writer_new(path, MEMSIM_FORMAT_MST, memsim_trace_header(t), error);
+    memsim_trace_free(t);
+    if (!w)
+        return FALSE;
+    enum { CHUNK = 65536 };
+    MemsimEvent *buf = g_new0(MemsimEvent, CHUNK);
+    gsize nb = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull, next_id = 1, written = 0;
+    GArray *acts = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    gboolean ok = TRUE;
+#define PUT(...)                                                                               \
+    do {                                                                                       \
+        MemsimEvent e_ = {__VA_ARGS__};                                                        \
+        buf[nb++] = e_;                                                                        \
+        written++;                                                                             \
+        if (nb == CHUNK) {                                                                     \
+            if (!memsim_trace_writer_write(w, 0, buf, nb, error))                              \
+                ok = FALSE;                                                                    \
+            nb = 0;                                                                            \
+        }                                                                                      \
+    } while (0)
+    while (written < n_events && ok) {
+        /* forward: 200 layers, each keeps 4 activations and frees 2 temporaries */
+        for (int layer = 0; layer < 200 && written < n_events; layer++) {
+            for (int k = 0; k < 4; k++) {
+                uint64_t id = next_id++;
+                PUT(.kind = MEMSIM_EV_ALLOC, .id = id, .size = synth_size(&rng),
+                    .category = MEMSIM_CAT_ACTIVATION);
+                g_array_append_val(acts, id);
+            }
+            uint64_t t1 = next_id++, t2 = next_id++;
+            PUT(.kind = MEMSIM_EV_ALLOC, .id = t1, .size = synth_size(&rng),
+                .category = MEMSIM_CAT_TEMPORARY);
+            PUT(.kind = MEMSIM_EV_ALLOC, .id = t2, .size = synth_size(&rng),
+                .category = MEMSIM_CAT_TEMPORARY);
+            PUT(.kind = MEMSIM_EV_FREE, .id = t1);
+            PUT(.kind = MEMSIM_EV_FREE, .id = t2);
+        }
+        /* backward: gradients as temporaries, activations released in reverse */
+        while (acts->len && written < n_events) {
+            uint64_t g = next_id++;
+            PUT(.kind = MEMSIM_EV_ALLOC, .id = g, .size = synth_size(&rng),
+                .category = MEMSIM_CAT_GRADIENT);
+            PUT(.kind = MEMSIM_EV_FREE, .id = g_array_index(acts, uint64_t, acts->len - 1));
+            g_array_set_size(acts, acts->len - 1);
+            PUT(.kind = MEMSIM_EV_FREE, .id = g);
+        }
+    }
+    if (ok && nb)
+        ok = memsim_trace_writer_write(w, 0, buf, nb, error);
+    g_free(buf);
+    g_array_unref(acts);
+    if (!memsim_trace_writer_close(w, ok ? error : NULL))
+        ok = FALSE;
+    return ok;
+#undef PUT
+}
+
+int main(int argc, char **argv)
+{
+    gint64 n_events = 10000000;
+    char *allocator = NULL, *keep = NULL;
+    GOptionEntry entries[] = {
+        {"events", 0, 0, G_OPTION_ARG_INT64, &n_events, "Events in the synthetic trace", "N"},
+        {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator, "Policy (default torch)", "SPEC"},
+        {"keep", 0, 0, G_OPTION_ARG_FILENAME, &keep, "Write the trace here and keep it", "FILE"},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("replay");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
+        strcmp(argv[1], "replay") != 0) {
+        fprintf(stderr, "usage: memsim-bench replay [--events N] [--allocator SPEC] [--keep F]\n%s\n",
+                error ? error->message : "");
+        return 2;
+    }
+    g_option_context_free(ctx);
+
+    g_autofree char *dir = NULL;
+    g_autofree char *path = NULL;
+    if (keep) {
+        path = g_strdup(keep);
+    } else {
+        dir = g_dir_make_tmp("memsim-bench-XXXXXX", &error);
+        path = g_build_filename(dir, "synthetic.mst", NULL);
+    }
+    gint64 t0 = g_get_monotonic_time();
+    if (!write_synthetic(path, (uint64_t)n_events, &error)) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    gint64 t1 = g_get_monotonic_time();
+    GStatBuf sb;
+    g_stat(path, &sb);
+    printf("trace: %" G_GINT64_FORMAT " events, %.1f MiB on disk (%.2f bytes/event), written in "
+           "%.2f s\n",
+           n_events, (double)sb.st_size / 1048576.0, (double)sb.st_size / (double)n_events,
+           (double)(t1 - t0) / 1e6);
+
+    /* (1) reading alone */
+    reset_peak_rss();
+    t0 = g_get_monotonic_time();
+    MemsimTraceReader *r = memsim_trace_reader_open(path, &error);
+    if (!r) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    const MemsimEvent *ev;
+    guint32 rank;
+    gsize n, total = 0;
+    uint64_t sink = 0;
+    while ((n = memsim_trace_reader_next(r, &rank, &ev, &error)) > 0) {
+        total += n;
+        sink += ev[n - 1].size;
+    }
+    memsim_trace_reader_free(r);
+    t1 = g_get_monotonic_time();
+    if (error) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    double read_s = (double)(t1 - t0) / 1e6;
+    printf("read .mst:            %.3f s  %6.1f M events/s  peak RSS %ld KiB (checksum %" PRIu64
+           ")\n",
+           read_s, (double)total / read_s / 1e6, peak_rss_kib(), sink % 1000);
+
+    /* (2) reading + simulating */
+    reset_peak_rss();
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = allocator;
+    t0 = g_get_monotonic_time();
+    MemsimReport *rep = memsim_replay_path(path, &o, &error);
+    t1 = g_get_monotonic_time();
+    if (!rep) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    double sim_s = (double)(t1 - t0) / 1e6;
+    char a[32], b[32];
+    printf("read + simulate (%s): %.3f s  %6.1f M events/s  peak RSS %ld KiB  (peak allocated "
+           "%s, peak reserved %s)\n",
+           rep->allocator, sim_s, (double)rep->ranks[0].n_events / sim_s / 1e6, peak_rss_kib(),
+           memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.allocated.peak, a, 32),
+           memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.reserved.peak, b, 32));
+    memsim_report_free(rep);
+    if (!keep) {
+        g_remove(path);
+        g_rmdir(dir);
+    }
+    g_free(allocator);
+    g_free(keep);
+    return 0;
+}
