@@ -1,0 +1,10 @@
+#!/bin/sh
+# Installs what memsim needs to build and test, from Debian's archive (run as root).
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+    ca-certificates gcc clang libclang-rt-14-dev meson ninja-build pkg-config \
+    libglib2.0-dev libzstd-dev libprotobuf-c-dev protobuf-c-compiler \
+    libjson-glib-dev libcriterion-dev python3 python3-torch >/dev/null
+echo "memsim: build and test dependencies installed"
