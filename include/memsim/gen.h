@@ -1,0 +1,111 @@
+/* memsim — generating traces from a Hugging Face config and a run description.
+ *
+ *     MemsimModel *m = memsim_model_load("llama-3-8b", &err);      // preset or config.json
+ *     MemsimRun run = memsim_run_defaults();
+ *     memsim_run_set(&run, "batch", "2", &err);
+ *     memsim_run_set(&run, "precision", "bf16-mixed", &err);
+ *     MemsimTrace *t = memsim_generate(m, &run, &err);             // per-op allocations
+ *     MemsimReport *rep = memsim_replay_trace(t, &opts, &err);     // through an allocator
+ *     memsim_trace_free(t); memsim_model_free(m); memsim_run_clear(&run);
+ *
+ * Run settings have the same names as the command's flags and the keys of a run file
+ * (a GLib key file, group [run]): batch, seq, steps, grad-accum, precision, optimizer,
+ * optimizer-impl, zero-grad, attention, checkpointing, finetune, lora-rank, lora-targets,
+ * torch-version, use-cache, inference, prompt, generate, weights.
+ */
+#ifndef MEMSIM_GEN_H
+#define MEMSIM_GEN_H
+
+#include <memsim/error.h>
+#include <memsim/trace.h>
+
+G_BEGIN_DECLS
+
+typedef enum {
+    MEMSIM_PREC_FP32,
+    MEMSIM_PREC_BF16_MIXED, /* autocast bf16, fp32 master weights */
+    MEMSIM_PREC_FP16_MIXED, /* autocast fp16, fp32 master weights */
+    MEMSIM_PREC_BF16,       /* everything in bf16 */
+    MEMSIM_PREC_FP16,       /* everything in fp16 */
+} MemsimPrecision;
+
+typedef enum {
+    MEMSIM_OPTIM_ADAMW,
+    MEMSIM_OPTIM_SGD,
+    MEMSIM_OPTIM_SGD_MOMENTUM,
+    MEMSIM_OPTIM_ADAFACTOR,
+    MEMSIM_OPTIM_ADAMW_8BIT,
+} MemsimOptimizer;
+
+typedef enum {
+    MEMSIM_OPTIM_IMPL_DEFAULT, /* what the torch version picks (1.13: for-loop; 2.x: foreach) */
+    MEMSIM_OPTIM_IMPL_FOR_LOOP,
+    MEMSIM_OPTIM_IMPL_FOREACH,
+    MEMSIM_OPTIM_IMPL_FUSED,
+} MemsimOptimizerImpl;
+
+typedef enum {
+    MEMSIM_ATTN_SDPA, /* the default: SDPA picks flash / mem-efficient / math */
+    MEMSIM_ATTN_EAGER,
+    MEMSIM_ATTN_SDPA_MATH,
+    MEMSIM_ATTN_FLASH,
+    MEMSIM_ATTN_MEM_EFFICIENT,
+} MemsimAttention;
+
+typedef enum { MEMSIM_CKPT_NONE, MEMSIM_CKPT_FULL, MEMSIM_CKPT_SELECTIVE } MemsimCheckpointing;
+typedef enum { MEMSIM_FT_FULL, MEMSIM_FT_LORA, MEMSIM_FT_QLORA } MemsimFinetune;
+typedef enum { MEMSIM_WEIGHTS_DEFAULT, MEMSIM_WEIGHTS_INT8, MEMSIM_WEIGHTS_4BIT } MemsimWeights;
+
+typedef struct {
+    int64_t batch;
+    int64_t seq;
+    int steps;
+    int grad_accum;
+    MemsimPrecision precision;
+    MemsimOptimizer optimizer;
+    MemsimOptimizerImpl optimizer_impl;
+    gboolean zero_grad_to_none; /* zero_grad(set_to_none=True); default: the version's */
+    gboolean zero_grad_set;     /* whether zero_grad_to_none was given */
+    MemsimAttention attention;
+    MemsimCheckpointing checkpointing;
+    MemsimFinetune finetune;
+    int lora_rank;
+    char **lora_targets;        /* NULL = q_proj,v_proj style defaults of the family */
+    char *torch_version;        /* e.g. "2.8", "1.13"; NULL = newest modelled */
+    int use_cache;              /* -1 = the config's, 0 or 1 */
+    gboolean inference;
+    int64_t prompt;             /* inference: prompt tokens */
+    int64_t generate;           /* inference: generated tokens */
+    MemsimWeights weights;      /* inference weight quantisation */
+    gboolean keep_outputs;      /* the loop holds the model output until the next step's */
+} MemsimRun;
+
+/* The defaults a current PyTorch + Transformers user gets without asking. */
+MemsimRun memsim_run_defaults(void);
+void memsim_run_clear(MemsimRun *run);
+/* Sets one setting by name (flag spelling without "--"); FALSE with error for an unknown
+ * key or a bad value. */
+gboolean memsim_run_set(MemsimRun *run, const char *key, const char *value, GError **error);
+/* Reads the [run] group of a GLib key file with the same keys. */
+gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
+/* One line describing the run, including every default that applied. Newly allocated. */
+char *memsim_run_describe(const MemsimRun *run);
+
+typedef struct MemsimModel MemsimModel;
+
+/* A preset name (see memsim_model_presets) or the path of a config.json. */
+MemsimModel *memsim_model_load(const char *name_or_path, GError **error);
+void memsim_model_free(MemsimModel *model);
+const char *memsim_model_name(const MemsimModel *model);
+const char *memsim_model_family(const MemsimModel *model);
+/* Parameter count implied by the config (tied weights counted once). */
+int64_t memsim_model_n_params(const MemsimModel *model);
+/* NULL-terminated list of preset names; free with g_strfreev. */
+char **memsim_model_presets(void);
+
+/* Generates the single-GPU trace of `run` steps. Returns a new trace or NULL with error. */
+MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
+
+G_END_DECLS
+
+#endif

@@ -1,0 +1,603 @@
+/* The symbolic autograd engine (traces/autograd.h).
+ *
+ * Written from AUTOGRAD_MEMORY.md §1: nodes save tensors (holding their storages), the
+ * backward runs ready nodes highest sequence number first with AccumulateGrad always first
+ * (§1.2), gradients with several producers meet in input buffers (§1.3), each node's
+ * incoming gradients die when it returns and its saved tensors are released right after
+ * (§1.4), AccumulateGrad steals, clones or adds in place (§1.5). Nodes are reference-counted
+ * like PyTorch's shared_ptr<Node>: a node lives while a tensor has it as grad_fn or another
+ * node has an edge to it, and releases its saved tensors when it dies unreleased.
+ */
+#include "traces/autograd.h"
+
+#include <string.h>
+
+struct AgGraph {
+    MemsimTrace *trace;
+    guint32 rank;
+    AgRules rules;
+    AgContext ctx;
+    GArray *events;        /* MemsimEvent, flushed to the trace by gg_free */
+    uint64_t next_storage;
+    uint64_t next_seq;
+    GHashTable *op_index;  /* "name\x1fphase\x1flayer\x1fmb" → op index + 1 */
+    GPtrArray *heap;       /* ready nodes */
+};
+
+/* Node reference counts live beside the public fields. */
+typedef struct {
+    AgNode n;
+    int refs;
+} AgNodeBox;
+
+#define NODE_REFS(node) (((AgNodeBox *)(node))->refs)
+
+static void node_unref(AgGraph *g, AgNode *n);
+
+AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
+{
+    AgGraph *g = g_new0(AgGraph, 1);
+    g->trace = trace;
+    g->rank = rank;
+    g->rules = *rules;
+    g->ctx.phase = MEMSIM_PHASE_OTHER;
+    g->ctx.layer = -1;
+    g->ctx.microbatch = -1;
+    g->ctx.category = MEMSIM_CAT_TEMPORARY;
+    g->ctx.grad_enabled = true;
+    g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), 4096);
+    g->next_storage = 1;
+    g->next_seq = 1;
+    g->op_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g->heap = g_ptr_array_new();
+    return g;
+}
+
+void gg_free(AgGraph *g)
+{
+    if (!g)
+        return;
+    if (g->events->len)
+        memsim_trace_append(g->trace, g->rank, (MemsimEvent *)g->events->data, g->events->len);
+    g_array_unref(g->events);
+    g_hash_table_unref(g->op_index);
+    g_ptr_array_unref(g->heap);
+    g_free(g);
+}
+
+AgContext *gg_ctx(AgGraph *g)
+{
+    return &g->ctx;
+}
+
+const AgRules *gg_rules(AgGraph *g)
+{
+    return &g->rules;
+}
+
+MemsimTrace *gg_trace(AgGraph *g)
+{
+    return g->trace;
+}
+
+static void emit(AgGraph *g, const MemsimEvent *ev)
+{
+    g_array_append_val(g->events, *ev);
+}
+
+void gg_op(AgGraph *g, const char *name)
+{
+    char key[256];
+    g_snprintf(key, sizeof key, "%s\x1f%d\x1f%d\x1f%d", name, g->ctx.phase, g->ctx.layer,
+               g->ctx.microbatch);
+    gpointer v = g_hash_table_lookup(g->op_index, key);
+    guint32 idx;
+    if (v) {
+        idx = GPOINTER_TO_UINT(v) - 1;
+    } else {
+        MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
+                           .phase = (uint8_t)g->ctx.phase,
+                           .layer = g->ctx.layer,
+                           .microbatch = g->ctx.microbatch};
+        idx = memsim_trace_add_op(g->trace, &op);
+        g_hash_table_insert(g->op_index, g_strdup(key), GUINT_TO_POINTER(idx + 1));
+    }
+    MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx};
+    emit(g, &ev);
+}
+
+void gg_mark(AgGraph *g, const char *text)
+{
+    MemsimEvent ev = {.kind = MEMSIM_EV_MARK, .id = memsim_trace_intern(g->trace, text)};
+    emit(g, &ev);
+}
+
+uint64_t gg_next_storage_id(AgGraph *g)
+{
+    return g->next_storage++;
+}
+
+/* ---- tensors ---- */
+
+int64_t gt_numel(const AgTensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->nd; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+int64_t gt_nbytes(const AgTensor *t)
+{
+    return gt_numel(t) * dt_size(t->dt);
+}
+
+void gt_contiguous_strides(int nd, const int64_t *shape, int64_t *stride)
+{
+    int64_t s = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        stride[i] = s;
+        s *= shape[i] > 1 ? shape[i] : 1;
+    }
+}
+
+bool gt_is_contiguous(const AgTensor *t)
+{
+    int64_t s = 1;
+    for (int i = t->nd - 1; i >= 0; i--) {
+        if (t->shape[i] == 1)
+            continue;
+        if (t->stride[i] != s)
+            return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+bool gt_is_dense(const AgTensor *t)
+{
+    /* Non-overlapping and dense in some dimension order: sort dims by stride. */
+    int idx[GT_MAXDIM], n = 0;
+    for (int i = 0; i < t->nd; i++)
+        if (t->shape[i] != 1)
+            idx[n++] = i;
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && t->stride[idx[b]] < t->stride[idx[b - 1]]; b--) {
+            int tmp = idx[b];
+            idx[b] = idx[b - 1];
+            idx[b - 1] = tmp;
+        }
+    int64_t s = 1;
+    for (int k = 0; k < n; k++) {
+        if (t->stride[idx[k]] != s)
+            return false;
+        s *= t->shape[idx[k]];
+    }
+    return true;
+}
+
+bool gt_view_strides(const AgTensor *t, int nd, const int64_t *shape, int64_t *stride)
+{
+    /* PyTorch's computeStride: walk the old dims in chunks that are contiguous among
+     * themselves and map the new dims onto them. */
+    int64_t numel = gt_numel(t);
+    if (numel == 0) {
+        gt_contiguous_strides(nd, shape, stride);
+        return true;
+    }
+    int view_d = nd - 1;
+    int64_t chunk_base_stride = t->nd ? t->stride[t->nd - 1] : 1;
+    int64_t tensor_numel = 1, view_numel = 1;
+    for (int tensor_d = t->nd - 1; tensor_d >= 0; tensor_d--) {
+        tensor_numel *= t->shape[tensor_d];
+        if (tensor_d == 0 ||
+            (t->shape[tensor_d - 1] != 1 &&
+             t->stride[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+            while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+                stride[view_d] = view_numel * chunk_base_stride;
+                view_numel *= shape[view_d];
+                view_d--;
+            }
+            if (view_numel != tensor_numel)
+                return false;
+            if (tensor_d > 0) {
+                chunk_base_stride = t->stride[tensor_d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    return view_d == -1;
+}
+
+static AgTensor *tensor_alloc(int nd, const int64_t *shape, DType dt)
+{
+    g_assert(nd >= 0 && nd <= GT_MAXDIM);
+    AgTensor *t = g_slice_new0(AgTensor);
+    t->refs = 1;
+    t->nd = nd;
+    for (int i = 0; i < nd; i++) {
+        g_assert(shape[i] >= 0);
+        t->shape[i] = shape[i];
+    }
+    t->dt = dt;
+    gt_contiguous_strides(nd, t->shape, t->stride);
+    return t;
+}
+
+AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
+{
+    AgTensor *t = tensor_alloc(nd, shape, dt);
+    AgStorage *st = g_slice_new0(AgStorage);
+    st->id = g->next_storage++;
+    st->nbytes = (uint64_t)gt_nbytes(t);
+    st->refs = 1;
+    st->category = g->ctx.category;
+    t->st = st;
+    if (st->nbytes > 0) {
+        st->event = g->events->len;
+        MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = st->id, .size = st->nbytes,
+                          .category = st->category};
+        emit(g, &ev);
+    }
+    return t;
+}
+
+AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, const int64_t *stride)
+{
+    AgTensor *v = tensor_alloc(nd, shape, t->dt);
+    if (stride)
+        memcpy(v->stride, stride, sizeof(int64_t) * nd);
+    v->st = t->st;
+    if (v->st)
+        v->st->refs++;
+    return v;
+}
+
+AgTensor *gt_meta(AgTensor *t)
+{
+    AgTensor *m = tensor_alloc(t->nd, t->shape, t->dt);
+    memcpy(m->stride, t->stride, sizeof t->stride);
+    return m;
+}
+
+AgTensor *gt_ref(AgTensor *t)
+{
+    if (t)
+        t->refs++;
+    return t;
+}
+
+static void storage_unref(AgGraph *g, AgStorage *st)
+{
+    if (!st || --st->refs > 0)
+        return;
+    if (st->nbytes > 0) {
+        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id};
+        emit(g, &ev);
+    }
+    g_slice_free(AgStorage, st);
+}
+
+void gt_unref(AgGraph *g, AgTensor *t)
+{
+    if (!t || --t->refs > 0)
+        return;
+    storage_unref(g, t->st);
+    if (t->grad_fn)
+        node_unref(g, t->grad_fn);
+    if (t->acc)
+        node_unref(g, t->acc);
+    if (t->grad)
+        gt_unref(g, t->grad);
+    g_slice_free(AgTensor, t);
+}
+
+void gt_set_category(AgGraph *g, AgTensor *t, uint8_t cat)
+{
+    if (!t || !t->st || t->st->nbytes == 0)
+        return;
+    t->st->category = cat;
+    g_array_index(g->events, MemsimEvent, t->st->event).category = cat;
+}
+
+AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requires_grad,
+                 uint8_t category)
+{
+    uint8_t old = g->ctx.category;
+    g->ctx.category = category;
+    AgTensor *t = gt_empty(g, dt, nd, shape);
+    g->ctx.category = old;
+    t->is_leaf = true;
+    t->requires_grad = requires_grad;
+    return t;
+}
+
+/* ---- nodes ---- */
+
+AgNode *gn_new(AgGraph *g, const char *name, AgBackwardFn fn, int n_out)
+{
+    g_assert(n_out >= 1 && n_out <= GN_MAXOUT);
+    AgNodeBox *b = g_new0(AgNodeBox, 1);
+    b->n.seq = g->next_seq++;
+    b->n.name = name;
+    b->n.fn = fn;
+    b->n.n_out = n_out;
+    b->n.layer = g->ctx.layer;
+    b->refs = 0;
+    return &b->n;
+}
+
+static AgNode *accumulator(AgGraph *g, AgTensor *leaf)
+{
+    if (!leaf->acc) {
+        AgNodeBox *b = g_new0(AgNodeBox, 1);
+        b->n.seq = UINT64_MAX;
+        b->n.name = "AccumulateGrad";
+        b->n.n_out = 1;
+        b->n.leaf = leaf;
+        b->refs = 1; /* held by the leaf */
+        leaf->acc = &b->n;
+    }
+    return leaf->acc;
+}
+
+bool gn_add_input(AgGraph *g, AgNode *n, AgTensor *x)
+{
+    g_assert(n->n_next < GN_MAXNEXT);
+    int i = n->n_next++;
+    n->in_meta[i] = x ? gt_meta(x) : NULL;
+    if (!x || !x->requires_grad) {
+        n->next[i].node = NULL;
+        return false;
+    }
+    AgNode *to = x->is_leaf ? accumulator(g, x) : x->grad_fn;
+    if (!to) {
+        n->next[i].node = NULL;
+        return false;
+    }
+    n->next[i].node = to;
+    n->next[i].input_nr = x->is_leaf ? 0 : x->out_nr;
+    NODE_REFS(to)++;
+    return true;
+}
+
+void gn_save(AgGraph *g, AgNode *n, AgTensor *x)
+{
+    g_assert(n->n_saved < GN_MAXSAVED);
+    if (!x)
+        return;
+    n->saved[n->n_saved++] = gt_ref(x);
+    /* A storage an op keeps for backward is an activation unless it is something more
+     * specific already (a parameter, an input). */
+    if (x->st && x->st->category == MEMSIM_CAT_TEMPORARY)
+        gt_set_category(g, x, MEMSIM_CAT_ACTIVATION);
+}
+
+void gn_set_output(AgNode *n, AgTensor *out, int nr)
+{
+    out->grad_fn = n;
+    out->out_nr = nr;
+    out->requires_grad = true;
+    out->is_leaf = false;
+    NODE_REFS(n)++;
+}
+
+bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs)
+{
+    if (!g->ctx.grad_enabled)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (xs[i] && xs[i]->requires_grad)
+            return true;
+    return false;
+}
+
+static void node_release_saved(AgGraph *g, AgNode *n)
+{
+    for (int i = 0; i < n->n_saved; i++)
+        gt_unref(g, n->saved[i]);
+    n->n_saved = 0;
+}
+
+static void node_unref(AgGraph *g, AgNode *n)
+{
+    GPtrArray *stack = NULL;
+    for (;;) {
+        if (--NODE_REFS(n) == 0) {
+            node_release_saved(g, n);
+            for (int i = 0; i < n->n_out; i++)
+                if (n->buf[i]) {
+                    gt_unref(g, n->buf[i]);
+                    n->buf[i] = NULL;
+                }
+            for (int i = 0; i < n->n_next; i++) {
+                if (n->in_meta[i])
+                    g_slice_free(AgTensor, n->in_meta[i]);
+                if (n->next[i].node) {
+                    if (!stack)
+                        stack = g_ptr_array_new();
+                    g_ptr_array_add(stack, n->next[i].node);
+                }
+            }
+            if (n->extra_free)
+                n->extra_free(n->extra);
+            g_free((AgNodeBox *)n);
+        }
+        if (!stack || stack->len == 0)
+            break;
+        n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
+    }
+    if (stack)
+        g_ptr_array_unref(stack);
+}
+
+/* ---- backward ---- */
+
+static void heap_push(AgGraph *g, AgNode *n)
+{
+    GPtrArray *h = g->heap;
+    g_ptr_array_add(h, n);
+    guint i = h->len - 1;
+    while (i > 0) {
+        guint p = (i - 1) / 2;
+        AgNode *a = h->pdata[p], *b = h->pdata[i];
+        if (a->seq >= b->seq)
+            break;
+        h->pdata[p] = b;
+        h->pdata[i] = a;
+        i = p;
+    }
+}
+
+static AgNode *heap_pop(AgGraph *g)
+{
+    GPtrArray *h = g->heap;
+    AgNode *top = h->pdata[0];
+    h->pdata[0] = h->pdata[h->len - 1];
+    g_ptr_array_set_size(h, h->len - 1);
+    guint i = 0;
+    for (;;) {
+        guint l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->len && ((AgNode *)h->pdata[l])->seq > ((AgNode *)h->pdata[m])->seq)
+            m = l;
+        if (r < h->len && ((AgNode *)h->pdata[r])->seq > ((AgNode *)h->pdata[m])->seq)
+            m = r;
+        if (m == i)
+            break;
+        gpointer tmp = h->pdata[m];
+        h->pdata[m] = h->pdata[i];
+        h->pdata[i] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+/* The input buffer of a node: the first gradient is kept as is, later ones accumulated
+ * (§1.3): in place when the rules allow and the buffer holds the only reference to a dense
+ * tensor, else out of place (a new tensor, then both operands released). */
+static void buffer_add(AgGraph *g, AgNode *n, int slot, AgTensor *t)
+{
+    g_assert(slot < n->n_out);
+    AgTensor *old = n->buf[slot];
+    if (!old) {
+        n->buf[slot] = t;
+        return;
+    }
+    if (g->rules.accumulate_inplace && old->refs == 1 && old->st && old->st->refs == 1 &&
+        gt_is_dense(old) && old->st->nbytes == (uint64_t)gt_nbytes(old)) {
+        gt_unref(g, t);
+        return;
+    }
+    gg_op(g, "add");
+    AgTensor *sum = gt_empty(g, old->dt, old->nd, old->shape);
+    n->buf[slot] = sum;
+    gt_unref(g, old);
+    gt_unref(g, t);
+}
+
+static void accumulate_grad(AgGraph *g, AgNode *n, AgTensor *grad)
+{
+    AgTensor *p = n->leaf;
+    if (!grad)
+        return;
+    gg_op(g, "AccumulateGrad");
+    if (!p->grad) {
+        bool same_layout = grad->nd == p->nd;
+        for (int i = 0; same_layout && i < p->nd; i++)
+            same_layout = grad->shape[i] == p->shape[i] &&
+                          (p->shape[i] == 1 || grad->stride[i] == p->stride[i]);
+        if (grad->refs == 1 && grad->st && grad->st->refs == 1 &&
+            grad->st->nbytes == (uint64_t)gt_nbytes(grad) && same_layout) {
+            p->grad = grad; /* stolen */
+        } else {
+            p->grad = gt_empty(g, p->dt, p->nd, p->shape); /* layout-obeying clone */
+            gt_unref(g, grad);
+        }
+        gt_set_category(g, p->grad, MEMSIM_CAT_GRADIENT);
+    } else {
+        gt_unref(g, grad); /* .grad += grad in place */
+    }
+}
+
+static void mark_deps(AgGraph *g, AgNode *root, int delta_gen)
+{
+    /* Count, for each node reachable from root, the edges that point to it. */
+    GPtrArray *stack = g_ptr_array_new();
+    GHashTable *seen = g_hash_table_new(NULL, NULL);
+    g_ptr_array_add(stack, root);
+    g_hash_table_add(seen, root);
+    root->deps = 0;
+    while (stack->len) {
+        AgNode *n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
+        for (int i = 0; i < n->n_next; i++) {
+            AgNode *m = n->next[i].node;
+            if (!m)
+                continue;
+            if (!g_hash_table_contains(seen, m)) {
+                g_hash_table_add(seen, m);
+                m->deps = 0;
+                g_ptr_array_add(stack, m);
+            }
+            m->deps++;
+        }
+    }
+    (void)delta_gen;
+    g_hash_table_unref(seen);
+    g_ptr_array_unref(stack);
+}
+
+void gg_backward(AgGraph *g, AgTensor *loss)
+{
+    AgNode *root = loss->grad_fn;
+    if (!root)
+        return;
+    AgContext saved = g->ctx;
+    g->ctx.in_backward = true;
+    g->ctx.grad_enabled = false;
+    g->ctx.phase = MEMSIM_PHASE_BACKWARD;
+    g->ctx.category = MEMSIM_CAT_TEMPORARY;
+    g->ctx.layer = -1;
+    NODE_REFS(root)++; /* the engine holds the graph task's root */
+    mark_deps(g, root, 0);
+    gg_op(g, "ones_like");
+    AgTensor *go = gt_empty(g, loss->dt, loss->nd, loss->shape);
+    buffer_add(g, root, loss->out_nr, go);
+    heap_push(g, root);
+    while (g->heap->len) {
+        AgNode *n = heap_pop(g);
+        AgTensor *in[GN_MAXOUT] = {0};
+        for (int i = 0; i < n->n_out; i++) {
+            in[i] = n->buf[i];
+            n->buf[i] = NULL;
+        }
+        if (n->leaf) {
+            accumulate_grad(g, n, in[0]);
+            continue;
+        }
+        g->ctx.layer = n->layer;
+        gg_op(g, n->name);
+        AgTensor *out[GN_MAXNEXT] = {0};
+        bool any = false;
+        for (int i = 0; i < n->n_out; i++)
+            any |= in[i] != NULL;
+        if (any && n->fn)
+            n->fn(g, n, in, out);
+        for (int i = 0; i < n->n_out; i++)
+            gt_unref(g, in[i]);
+        node_release_saved(g, n);
+        for (int i = 0; i < n->n_next; i++) {
+            AgNode *m = n->next[i].node;
+            if (!m) {
+                gt_unref(g, out[i]);
+                continue;
+            }
+            if (out[i])
+                buffer_add(g, m, n->next[i].input_nr, out[i]);
+            if (--m->deps == 0)
+                heap_push(g, m);
+        }
+    }
+    node_unref(g, root);
+    g->ctx = saved;
+}

@@ -1,0 +1,174 @@
+/* Internal: a small symbolic autograd over shapes, emitting the allocation trace.
+ *
+ *     AgGraph *g = gg_new(trace, rank, &version_rules);
+ *     AgTensor *w = gg_param(g, "weight", DT_F32, 2, (int64_t[]){O, H}, TRUE);
+ *     AgTensor *x = gg_input(g, DT_F32, 3, (int64_t[]){B, S, H});
+ *     AgTensor *y = op_linear(g, x, w, NULL);          // allocs, saves, records a node
+ *     gt_unref(g, x);                                  // Python drops its reference
+ *     gg_backward(g, loss);                            // the engine of AUTOGRAD_MEMORY.md §1
+ *
+ * Tensors are reference-counted objects over reference-counted storages, exactly as Python
+ * variables, autograd's saved variables and gradient buffers hold them in PyTorch: a
+ * storage is allocated (ALLOC event) when an op creates it and freed (FREE event) when its
+ * last reference goes. Nothing about lifetimes is written per model: model code drops its
+ * Python references where the Python code would, and the engine releases saved tensors and
+ * gradient buffers where autograd does (AUTOGRAD_MEMORY.md §1.2–1.6).
+ *
+ * Shapes and strides are tracked (strides decide whether a reshape copies and whether a
+ * gradient can be stolen or accumulated in place), dtypes too (autocast, upcasts).
+ */
+#ifndef MEMSIM_TRACES_AUTOGRAD_H
+#define MEMSIM_TRACES_AUTOGRAD_H
+
+#include <memsim/trace.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_I64, DT_I32, DT_BOOL, DT_U8, DT_COUNT } DType;
+
+static inline int64_t dt_size(DType d)
+{
+    static const int64_t s[DT_COUNT] = {4, 2, 2, 8, 4, 1, 1};
+    return s[d];
+}
+
+#define GT_MAXDIM 6
+
+typedef struct AgStorage {
+    uint64_t id;
+    uint64_t nbytes;
+    int refs;
+    uint8_t category;
+    size_t event; /* index of its ALLOC event, to re-categorise it later */
+} AgStorage;
+
+struct AgNode;
+
+typedef struct AgTensor {
+    int refs;
+    AgStorage *st;
+    int nd;
+    int64_t shape[GT_MAXDIM];
+    int64_t stride[GT_MAXDIM];
+    DType dt;
+    bool requires_grad;
+    struct AgNode *grad_fn; /* producer (non-leaf) */
+    int out_nr;
+    struct AgNode *acc;     /* leaf that requires grad: its AccumulateGrad node */
+    struct AgTensor *grad;  /* leaf: .grad */
+    bool is_leaf;
+} AgTensor;
+
+/* What differs between PyTorch releases (AUTOGRAD_MEMORY.md §12). */
+typedef struct {
+    bool v113;                  /* torch 1.13 semantics */
+    bool mean_saves_input;      /* mean(dim) saves self */
+    bool embedding_saves_weight;
+    bool accumulate_inplace;    /* InputBuffer accumulates in place when allowed */
+    bool matmul_always_folds;
+    bool full_slices_recorded;  /* x[:, :, None] records SliceBackward nodes */
+    bool checkpoint_early_stop;
+    bool cuda;                  /* CUDA kernels (else CPU: e.g. dropout keeps a float noise) */
+} AgRules;
+
+typedef struct AgGraph AgGraph;
+
+/* A backward function: reads the node's saved tensors and incoming grads (grad_in[i] may be
+ * NULL when that output got no gradient), writes one new reference (or NULL) per next edge
+ * into grad_out. Temporaries it makes must be freed before it returns. */
+typedef void (*AgBackwardFn)(AgGraph *g, struct AgNode *n, AgTensor **grad_in, AgTensor **grad_out);
+
+#define GN_MAXNEXT 4
+#define GN_MAXSAVED 8
+#define GN_MAXOUT 4
+
+typedef struct AgEdge {
+    struct AgNode *node;
+    int input_nr;
+} AgEdge;
+
+typedef struct AgNode {
+    uint64_t seq;
+    const char *name;
+    AgBackwardFn fn;
+    int32_t layer; /* the layer whose forward made it, for reports */
+    int n_next;
+    AgEdge next[GN_MAXNEXT];
+    /* shape/dtype of each differentiable input, for the grads backward allocates */
+    AgTensor *in_meta[GN_MAXNEXT]; /* metadata copies (no storage) */
+    int n_saved;
+    AgTensor *saved[GN_MAXSAVED];
+    int n_out;
+    AgTensor *buf[GN_MAXOUT];
+    int deps;
+    bool queued;
+    AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
+    int64_t iarg[4];
+    double farg[2];
+    void *extra; /* op data owned by the node (freed with g_free) */
+    void (*extra_free)(void *);
+} AgNode;
+
+typedef struct {
+    MemsimPhase phase;
+    int32_t layer;
+    int32_t microbatch;
+    uint8_t category; /* category for the next allocations (MEMSIM_CAT_*) */
+    bool grad_enabled;
+    bool in_backward;
+    int autocast;     /* 0 off, else the DType of autocast (DT_BF16 / DT_F16) */
+    bool checkpoint_hold; /* inside a checkpointed region's first forward: saves are dropped */
+} AgContext;
+
+AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules);
+void gg_free(AgGraph *g);
+AgContext *gg_ctx(AgGraph *g);
+const AgRules *gg_rules(AgGraph *g);
+MemsimTrace *gg_trace(AgGraph *g);
+
+/* Ops and marks: OP events name the running op (its phase and layer from the context). */
+void gg_op(AgGraph *g, const char *name);
+void gg_mark(AgGraph *g, const char *text);
+
+/* New tensors. Shapes are given as arrays of nd sizes. The tensor has one reference. */
+AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape);
+/* A view of t (one new reference to a tensor sharing t's storage). */
+AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, const int64_t *stride);
+/* Metadata-only copy (no storage), for node in_meta. */
+AgTensor *gt_meta(AgTensor *t);
+AgTensor *gt_ref(AgTensor *t);
+void gt_unref(AgGraph *g, AgTensor *t);
+/* Sets the category of t's storage (and of its ALLOC event). */
+void gt_set_category(AgGraph *g, AgTensor *t, uint8_t cat);
+
+int64_t gt_numel(const AgTensor *t);
+int64_t gt_nbytes(const AgTensor *t);
+bool gt_is_contiguous(const AgTensor *t);
+bool gt_is_dense(const AgTensor *t); /* non-overlapping and dense, any order */
+void gt_contiguous_strides(int nd, const int64_t *shape, int64_t *stride);
+/* Strides of a view of t with a new shape, if one exists (PyTorch's computeStride). */
+bool gt_view_strides(const AgTensor *t, int nd, const int64_t *shape, int64_t *stride);
+
+/* Parameters and inputs (leaves). */
+AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requires_grad,
+                 uint8_t category);
+
+/* Nodes. */
+AgNode *gn_new(AgGraph *g, const char *name, AgBackwardFn fn, int n_out);
+/* Adds the edge for input x (to its producer or accumulator); returns FALSE and adds a null
+ * edge when x needs no gradient. */
+bool gn_add_input(AgGraph *g, AgNode *n, AgTensor *x);
+/* Saves x (a new reference; its storage then counts as an activation). */
+void gn_save(AgGraph *g, AgNode *n, AgTensor *x);
+/* Makes out the n-th output of node n. */
+void gn_set_output(AgNode *n, AgTensor *out, int nr);
+/* Whether any input needs a gradient (grad mode on and one input requires grad). */
+bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs);
+
+/* Runs backward from a scalar loss (allocates the root gradient, ones_like(loss)). */
+void gg_backward(AgGraph *g, AgTensor *loss);
+
+/* Emits ALLOC/FREE events for a storage made outside ops (e.g. optimizer state). */
+uint64_t gg_next_storage_id(AgGraph *g);
+
+#endif
