@@ -18,6 +18,7 @@
 #include <memsim/sim.h>
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "sim/idmap.h"
@@ -46,6 +47,8 @@ typedef struct {
     memsim_addr_t bump;
     MemsimAllocEvent last_oom;
     gboolean saw_oom;
+    GArray *steps;      /* MemsimStepPeaks */
+    uint8_t cur_phase;
 } RankSim;
 
 struct MemsimReplay {
@@ -130,6 +133,8 @@ static void rank_clear(RankSim *r)
         g_array_unref(r->emitted);
     if (r->segments)
         g_tree_unref(r->segments);
+    if (r->steps)
+        g_array_unref(r->steps);
     g_free(r->rep.role);
     g_free(r->rep.first_mismatch);
 }
@@ -187,6 +192,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->claimed = g_array_new(FALSE, TRUE, sizeof(gboolean));
         r->emitted = g_array_new(FALSE, FALSE, sizeof(MemsimAllocEvent));
         r->segments = g_tree_new_full(range_cmp, NULL, g_free, NULL);
+        r->steps = g_array_new(FALSE, TRUE, sizeof(MemsimStepPeaks));
         MemsimDevice d = MEMSIM_DEVICE_INIT;
         r->dev = d;
         r->dev.capacity = rp->capacity;
@@ -197,6 +203,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->rep.multiplicity = header->ranks[i].multiplicity;
         r->rep.role = g_strdup(header->ranks[i].role);
         r->rep.peak_allocated_op = -1;
+        r->rep.peak_op_layer = -1;
         r->rep.oom.op = -1;
         r->rep.recorded_oom.op = -1;
         r->rep.verified = rp->opt.verify;
@@ -323,7 +330,8 @@ static void verify_action(RankSim *r, uint64_t index, const MemsimEvent *ev)
 }
 
 /* After the categories were updated: note the peaks `st` shows. */
-static void track_peaks(RankSim *r, uint64_t index, const MemsimAllocStats *stp)
+static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                        const MemsimAllocStats *stp)
 {
     MemsimAllocStats st = *stp;
     if (st.allocated.current > r->best_allocated) {
@@ -331,6 +339,25 @@ static void track_peaks(RankSim *r, uint64_t index, const MemsimAllocStats *stp)
         memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
         r->rep.peak_allocated_event = index;
         r->rep.peak_allocated_op = r->cur_op;
+        if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
+            const MemsimOpInfo *op = &h->ops[r->cur_op];
+            g_strlcpy(r->rep.peak_op_name,
+                      op->name < h->n_strings ? h->strings[op->name] : "?",
+                      sizeof r->rep.peak_op_name);
+            r->rep.peak_op_layer = op->layer;
+            r->rep.peak_op_phase = op->phase;
+        }
+    }
+    if (r->steps->len) {
+        MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+        if (st.allocated.current > sp->peak_allocated)
+            sp->peak_allocated = st.allocated.current;
+        if (st.reserved.current > sp->peak_reserved)
+            sp->peak_reserved = st.reserved.current;
+        if (st.allocated.current > sp->phase_peak_allocated[r->cur_phase])
+            sp->phase_peak_allocated[r->cur_phase] = st.allocated.current;
+        if (st.reserved.current > sp->phase_peak_reserved[r->cur_phase])
+            sp->phase_peak_reserved[r->cur_phase] = st.reserved.current;
     }
     if (st.reserved.peak > r->best_reserved) {
         r->best_reserved = st.reserved.peak;
@@ -394,7 +421,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                    ev->stream};
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
-        track_peaks(r, index, &st);
+        track_peaks(r, h, index, &st);
         break;
     }
     case MEMSIM_EV_FREE: {
@@ -432,7 +459,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         g_tree_insert(r->segments, g, g);
         MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-        track_peaks(r, index, &st);
+        track_peaks(r, h, index, &st);
         action = FALSE;
         break;
     }
@@ -450,7 +477,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                    ev->stream};
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
-        track_peaks(r, index, &st);
+        track_peaks(r, h, index, &st);
         action = FALSE;
         break;
     }
@@ -459,6 +486,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
+        if (h->ops[ev->id].phase != r->cur_phase) {
+            r->cur_phase = h->ops[ev->id].phase < MEMSIM_PHASE_COUNT ? h->ops[ev->id].phase : 0;
+            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+            track_peaks(r, h, index, &st);
+        }
         action = FALSE;
         break;
     case MEMSIM_EV_SEG_ALLOC:
@@ -485,11 +517,21 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             o->op = r->cur_op;
         }
         return TRUE;
-    case MEMSIM_EV_MARK:
+    case MEMSIM_EV_MARK: {
         if (ev->id >= h->n_strings)
             return bad(error, h, rank, index, "mark %" PRIu64 " is not in the string table",
                        ev->id);
+        unsigned step;
+        if (sscanf(h->strings[ev->id], "step %u", &step) == 1) {
+            MemsimStepPeaks sp = {.step = step};
+            for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
+                sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;
+            g_array_append_val(r->steps, sp);
+            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+            track_peaks(r, h, index, &st);
+        }
         return TRUE;
+    }
     case MEMSIM_EV_WAIT:
     case MEMSIM_EV_COLLECTIVE:
         return TRUE;
@@ -562,8 +604,13 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
                          "final allocated %" PRId64 " bytes, the snapshot says %" PRIu64,
                          r->rep.stats.allocated.current, r->rep.recorded_final_allocated);
         }
+        r->rep.n_steps = r->steps->len;
+        r->rep.steps = (MemsimStepPeaks *)g_array_free(r->steps, FALSE);
+        r->steps = NULL;
+        r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
+        r->rep.fits = !r->rep.oom.happened;
         rep->ranks[i] = r->rep;
-        memset(&r->rep, 0, sizeof r->rep); /* ownership of role and first_mismatch moved */
+        memset(&r->rep, 0, sizeof r->rep); /* ownership of role, steps, first_mismatch moved */
     }
     memsim_replay_abort(rp);
     return rep;
@@ -576,7 +623,9 @@ void memsim_report_free(MemsimReport *rep)
     for (guint i = 0; i < rep->n_ranks; i++) {
         g_free(rep->ranks[i].role);
         g_free(rep->ranks[i].first_mismatch);
+        g_free(rep->ranks[i].steps);
     }
+    g_free(rep->run);
     g_free(rep->ranks);
     g_free(rep->source);
     g_free(rep->allocator);
@@ -627,4 +676,15 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
         }
     }
     return memsim_replay_finish(rp);
+}
+
+void memsim_report_set_device(MemsimReport *rep, memsim_size_t gpu_mem, memsim_size_t context)
+{
+    rep->gpu_mem = gpu_mem;
+    rep->context_bytes = context;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        MemsimRankReport *r = &rep->ranks[i];
+        r->device_total = (memsim_size_t)r->stats.reserved.peak + context;
+        r->fits = !r->oom.happened && (gpu_mem == 0 || r->device_total <= gpu_mem);
+    }
 }

@@ -67,6 +67,16 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_add_int_value(b, (int64_t)rep->capacity);
     else
         json_builder_add_null_value(b);
+    if (rep->run) {
+        json_builder_set_member_name(b, "run");
+        json_builder_add_string_value(b, rep->run);
+    }
+    json_builder_set_member_name(b, "gpu_mem");
+    if (rep->gpu_mem)
+        json_builder_add_int_value(b, (int64_t)rep->gpu_mem);
+    else
+        json_builder_add_null_value(b);
+    add_int(b, "context_bytes", (int64_t)rep->context_bytes);
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
     for (guint i = 0; i < rep->n_ranks; i++) {
@@ -106,10 +116,40 @@ char *memsim_report_to_json(const MemsimReport *rep)
         add_int(b, "holes", s->reserved.peak - (int64_t)r->at_peak_reserved_allocated);
         json_builder_end_object(b);
 
-        json_builder_set_member_name(b, "at_peak_allocated");
+        add_int(b, "device_total", (int64_t)r->device_total);
+        json_builder_set_member_name(b, "fits");
+        json_builder_add_boolean_value(b, r->fits);
+        json_builder_set_member_name(b, "steps");
+        json_builder_begin_array(b);
+        for (guint k = 0; k < r->n_steps; k++) {
+            const MemsimStepPeaks *sp = &r->steps[k];
+            json_builder_begin_object(b);
+            add_int(b, "step", sp->step);
+            add_int(b, "peak_allocated", sp->peak_allocated);
+            add_int(b, "peak_reserved", sp->peak_reserved);
+            json_builder_set_member_name(b, "phases");
+            json_builder_begin_object(b);
+            for (int p = 0; p < MEMSIM_PHASE_COUNT; p++) {
+                if (sp->phase_peak_allocated[p] < 0)
+                    continue;
+                json_builder_set_member_name(b, memsim_phase_name(p));
+                json_builder_begin_object(b);
+                add_int(b, "peak_allocated", sp->phase_peak_allocated[p]);
+                add_int(b, "peak_reserved", sp->phase_peak_reserved[p]);
+                json_builder_end_object(b);
+            }
+            json_builder_end_object(b);
+            json_builder_end_object(b);
+        }
+        json_builder_end_array(b);
+        json_builder_set_member_name(b, "at_peak");
         json_builder_begin_object(b);
         add_int(b, "event", (int64_t)r->peak_allocated_event);
-        add_int(b, "op", r->peak_allocated_op);
+        json_builder_set_member_name(b, "op");
+        json_builder_add_string_value(b, r->peak_op_name);
+        json_builder_set_member_name(b, "phase");
+        json_builder_add_string_value(b, memsim_phase_name(r->peak_op_phase));
+        add_int(b, "layer", r->peak_op_layer);
         json_builder_set_member_name(b, "by_category");
         json_builder_begin_object(b);
         for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
@@ -174,7 +214,10 @@ static const char *fb(int64_t v)
 char *memsim_report_to_text(const MemsimReport *rep)
 {
     GString *s = g_string_new(NULL);
-    g_string_append_printf(s, "source:    %s\n", rep->source ? rep->source : "");
+    if (rep->run)
+        g_string_append_printf(s, "run:       %s\n", rep->run);
+    else
+        g_string_append_printf(s, "source:    %s\n", rep->source ? rep->source : "");
     g_string_append_printf(s, "allocator: %s\n", rep->allocator ? rep->allocator : "");
     if (rep->capacity)
         g_string_append_printf(s, "capacity:  %s\n", FB(rep->capacity));
@@ -210,6 +253,43 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                ", frees %" PRIu64 ", retries %" PRIu64 "\n",
                                st->segments.peak, st->n_device_alloc, st->n_device_free,
                                st->n_alloc_retries);
+        if (r->peak_op_name[0]) {
+            g_string_append_printf(s, "  peak allocated %s at op %s (%s", FB(st->allocated.peak),
+                                   r->peak_op_name, memsim_phase_name(r->peak_op_phase));
+            if (r->peak_op_layer >= 0)
+                g_string_append_printf(s, ", layer %d", r->peak_op_layer);
+            g_string_append(s, "); live at that moment:\n");
+            for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
+                if (r->peak_by_category[c])
+                    g_string_append_printf(s, "    %-16s %12s  %5.1f%%\n", memsim_category_name(c),
+                                           FB(r->peak_by_category[c]),
+                                           100.0 * (double)r->peak_by_category[c] /
+                                               (double)(st->allocated.peak ? st->allocated.peak : 1));
+        }
+        for (guint k = 0; k < r->n_steps; k++) {
+            const MemsimStepPeaks *sp = &r->steps[k];
+            g_string_append_printf(s, "  step %u: peak allocated %s, reserved %s", sp->step,
+                                   FB(sp->peak_allocated), FB(sp->peak_reserved));
+            for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
+                if (sp->phase_peak_allocated[p] >= 0 && p != MEMSIM_PHASE_OTHER)
+                    g_string_append_printf(s, "; %s %s", memsim_phase_name(p),
+                                           FB(sp->phase_peak_allocated[p]));
+            g_string_append(s, "\n");
+        }
+        if (rep->context_bytes || rep->gpu_mem) {
+            g_string_append_printf(s, "  device total (nvidia-smi): %s = peak reserved + %s "
+                                   "CUDA context and libraries",
+                                   FB(r->device_total), FB(rep->context_bytes));
+            if (rep->gpu_mem) {
+                int64_t margin = (int64_t)rep->gpu_mem - (int64_t)r->device_total;
+                g_string_append_printf(s, "; %s in %s: %s %s\n",
+                                       r->fits ? "FITS" : "DOES NOT FIT", FB(rep->gpu_mem),
+                                       margin >= 0 ? "margin" : "short by",
+                                       FB(margin >= 0 ? margin : -margin));
+            } else {
+                g_string_append(s, "\n");
+            }
+        }
         if (r->oom.happened)
             g_string_append_printf(
                 s, "  OUT OF MEMORY at event %" PRIu64 ": tried to allocate %s (%s rounded) "

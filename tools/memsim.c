@@ -4,6 +4,7 @@
  * `replay --verify`, a mismatch; 2 bad input or usage. */
 #include <memsim/alloc.h>
 #include <memsim/formats.h>
+#include <memsim/gen.h>
 #include <memsim/sim.h>
 
 #include <stdio.h>
@@ -202,6 +203,235 @@ out:
     return rc;
 }
 
+/* ---- the run description, shared by estimate and gen ---- */
+
+static gboolean run_option(const gchar *name, const gchar *value, gpointer data, GError **error)
+{
+    MemsimRun *run = data;
+    while (*name == '-')
+        name++;
+    if (strcmp(name, "run") == 0)
+        return memsim_run_load_file(run, value, error);
+    return memsim_run_set(run, name, value ? value : "true", error);
+}
+
+#define RUN_OPT(name, arg, help) {name, 0, 0, G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option, help, arg}
+#define RUN_FLAG(name, help)                                                                     \
+    {name, 0, G_OPTION_FLAG_NO_ARG, G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option, help, NULL}
+
+static GOptionEntry run_entries[] = {
+    RUN_OPT("run", "FILE", "Read settings from the [run] group of a key file (same keys)"),
+    RUN_OPT("batch", "N", "Micro-batch size (default 1)"),
+    RUN_OPT("seq", "N", "Sequence length (default 2048)"),
+    RUN_OPT("steps", "N", "Optimizer steps simulated (default 2: step 1 creates the state)"),
+    RUN_OPT("grad-accum", "N", "Micro-batches per optimizer step (default 1)"),
+    RUN_OPT("precision", "P", "fp32, bf16-mixed (default), fp16-mixed, bf16, fp16"),
+    RUN_OPT("optimizer", "O", "adamw (default), sgd, sgd-momentum, adafactor, adamw-8bit"),
+    RUN_OPT("optimizer-impl", "I",
+            "default (1.13: for-loop; 2.x: foreach), for-loop, foreach, fused"),
+    RUN_OPT("zero-grad", "Z", "none (set_to_none=True; default in 2.x) or zero (in place)"),
+    RUN_OPT("attention", "A", "sdpa (default), eager, sdpa-math, flash, mem-efficient"),
+    RUN_OPT("checkpointing", "C", "none (default), full, selective"),
+    RUN_OPT("finetune", "F", "full (default), lora, qlora"),
+    RUN_OPT("lora-rank", "R", "LoRA rank (default 16)"),
+    RUN_OPT("lora-targets", "LIST", "LoRA target modules, comma-separated (default: peft's)"),
+    RUN_OPT("torch-version", "V", "PyTorch release whose semantics apply: 1.13, 2.0 … 2.9 "
+                                  "(default 2.8)"),
+    RUN_OPT("use-cache", "BOOL", "Override the config's use_cache (a KV cache in training)"),
+    RUN_FLAG("inference", "Inference: a prompt, then generated tokens with a KV cache"),
+    RUN_OPT("prompt", "N", "Inference prompt tokens (default 512)"),
+    RUN_OPT("generate", "N", "Inference generated tokens (default 128)"),
+    RUN_OPT("weights", "W", "Inference weights: default (the precision), int8, 4bit"),
+    RUN_OPT("keep-outputs", "BOOL",
+            "The loop keeps the model output until the next step (default false: Trainer)"),
+    RUN_OPT("device", "D", "cuda (default) or cpu kernels (to compare with CPU recordings)"),
+    {NULL}};
+
+static GOptionGroup *run_group(MemsimRun *run)
+{
+    GOptionGroup *grp = g_option_group_new("run", "Run description:", "Show the run options",
+                                           run, NULL);
+    g_option_group_add_entries(grp, run_entries);
+    return grp;
+}
+
+/* ---- estimate ---- */
+
+static int cmd_estimate(int argc, char **argv)
+{
+    char *model = NULL, *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL,
+         *context = NULL;
+    gboolean json = FALSE;
+    MemsimRun run = memsim_run_defaults();
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model,
+         "A preset (see memsim models) or a config.json", "MODEL"},
+        {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
+         "Device memory, e.g. 80GiB: says whether the run fits", "SIZE"},
+        {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
+         "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
+        {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator,
+         "Allocator policy (default torch)", "SPEC"},
+        {"alloc-conf", 0, 0, G_OPTION_ARG_STRING, &alloc_conf,
+         "PYTORCH_CUDA_ALLOC_CONF settings for the torch policy", "CONF"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {NULL}};
+    GOptionContext *ctx = make_context(
+        "estimate", "",
+        "Estimate one GPU's peak memory for a training (or inference) run of a Hugging Face "
+        "model: the run's per-operator allocations are generated from the config and replayed "
+        "through the allocator model.",
+        "Defaults are what a current PyTorch + Transformers user gets without asking: bf16 "
+        "mixed precision, AdamW (foreach), zero_grad to None, SDPA attention, no "
+        "checkpointing, full fine-tuning, torch 2.8, and the Trainer's loop.\n\n"
+        "Examples:\n"
+        "  memsim estimate --model llama-3-8b --batch 2 --seq 4096 --precision bf16-mixed \\\n"
+        "      --finetune lora --lora-rank 16 --checkpointing full --gpu-mem 80GiB\n"
+        "  memsim estimate --model ./config.json --batch 8 --seq 512 --optimizer adamw\n",
+        entries);
+    g_option_context_add_group(ctx, run_group(&run));
+    int rc = EXIT_BAD;
+    GError *error = NULL;
+    MemsimModel *m = NULL;
+    MemsimTrace *t = NULL;
+    MemsimReport *rep = NULL;
+    if (!parse(ctx, "estimate", &argc, &argv))
+        goto out;
+    if (argc != 1 || !model) {
+        fprintf(stderr, "memsim estimate: --model is required (see memsim estimate --help)\n");
+        goto out;
+    }
+    memsim_size_t gpu = 0, ctxb = (memsim_size_t)500 << 20;
+    if ((gpu_mem && !memsim_parse_size(gpu_mem, &gpu, &error)) ||
+        (context && !memsim_parse_size(context, &ctxb, &error))) {
+        rc = report_error("estimate", error);
+        goto out;
+    }
+    if (gpu && ctxb >= gpu) {
+        fprintf(stderr, "memsim estimate: --cuda-context %s leaves nothing of --gpu-mem %s\n",
+                context ? context : "500MiB", gpu_mem);
+        goto out;
+    }
+    if (!(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error))) {
+        rc = report_error("estimate", error);
+        goto out;
+    }
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = allocator;
+    o.alloc_conf = alloc_conf;
+    o.capacity = gpu ? gpu - ctxb : 0;
+    if (!(rep = memsim_replay_trace(t, &o, &error))) {
+        rc = report_error("estimate", error);
+        goto out;
+    }
+    g_free(rep->source);
+    rep->source = g_strdup(memsim_model_name(m));
+    rep->run = memsim_run_describe(&run);
+    memsim_report_set_device(rep, gpu, ctxb);
+    if (json) {
+        g_autofree char *j = memsim_report_to_json(rep);
+        printf("%s\n", j);
+    } else {
+        g_autofree char *txt = memsim_report_to_text(rep);
+        printf("model:     %s (%s, %.2f B parameters)\n", memsim_model_name(m),
+               memsim_model_family(m), (double)memsim_model_n_params(m) / 1e9);
+        fputs(txt, stdout);
+    }
+    rc = EXIT_OK;
+    for (guint i = 0; i < rep->n_ranks; i++)
+        if (!rep->ranks[i].fits)
+            rc = EXIT_NO;
+out:
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_model_free(m);
+    memsim_run_clear(&run);
+    g_option_context_free(ctx);
+    g_free(model);
+    g_free(allocator);
+    g_free(alloc_conf);
+    g_free(gpu_mem);
+    g_free(context);
+    return rc;
+}
+
+/* ---- gen ---- */
+
+static int cmd_gen(int argc, char **argv)
+{
+    char *model = NULL, *out_path = NULL;
+    MemsimRun run = memsim_run_defaults();
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model, "A preset or a config.json", "MODEL"},
+        {"output", 'o', 0, G_OPTION_ARG_FILENAME, &out_path,
+         "Where to write the trace (.mst or .txt)", "FILE"},
+        {NULL}};
+    GOptionContext *ctx = make_context(
+        "gen", "", "Generate the per-operator allocation trace of a run and write it to a file.",
+        "Example:\n  memsim gen --model opt-1.3b --batch 4 --seq 512 -o run.mst && memsim replay "
+        "run.mst\n",
+        entries);
+    g_option_context_add_group(ctx, run_group(&run));
+    int rc = EXIT_BAD;
+    GError *error = NULL;
+    MemsimModel *m = NULL;
+    MemsimTrace *t = NULL;
+    if (!parse(ctx, "gen", &argc, &argv))
+        goto out;
+    if (argc != 1 || !model || !out_path) {
+        fprintf(stderr, "memsim gen: --model and -o are required (see memsim gen --help)\n");
+        goto out;
+    }
+    if (!(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error)) ||
+        !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
+        rc = report_error("gen", error);
+        goto out;
+    }
+    rc = EXIT_OK;
+out:
+    memsim_trace_free(t);
+    memsim_model_free(m);
+    memsim_run_clear(&run);
+    g_option_context_free(ctx);
+    g_free(model);
+    g_free(out_path);
+    return rc;
+}
+
+/* ---- models ---- */
+
+static int cmd_models(int argc, char **argv)
+{
+    gboolean json = FALSE;
+    GOptionEntry entries[] = {{"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+                              {NULL}};
+    GOptionContext *ctx = make_context("models", "", "List the model presets.", NULL, entries);
+    int rc = EXIT_BAD;
+    if (!parse(ctx, "models", &argc, &argv))
+        goto out;
+    g_auto(GStrv) names = memsim_model_presets();
+    if (json)
+        printf("[");
+    for (char **n = names; *n; n++) {
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(*n, &error);
+        g_assert(m != NULL);
+        if (json)
+            printf("%s{\"name\": \"%s\", \"family\": \"%s\", \"parameters\": %" G_GINT64_FORMAT "}",
+                   n == names ? "" : ", ", *n, memsim_model_family(m), memsim_model_n_params(m));
+        else
+            printf("%-16s %-9s %8.2f B parameters\n", *n, memsim_model_family(m),
+                   (double)memsim_model_n_params(m) / 1e9);
+        memsim_model_free(m);
+    }
+    if (json)
+        printf("]\n");
+    rc = EXIT_OK;
+out:
+    g_option_context_free(ctx);
+    return rc;
+}
+
 /* ---- main ---- */
 
 typedef struct {
@@ -211,6 +441,9 @@ typedef struct {
 } Command;
 
 static const Command commands[] = {
+    {"estimate", cmd_estimate, "one run's peak memory on a GPU, from a model config"},
+    {"gen", cmd_gen, "write the generated trace of a run to a file"},
+    {"models", cmd_models, "list the model presets"},
     {"replay", cmd_replay, "replay a trace or a PyTorch snapshot through an allocator model"},
     {"convert", cmd_convert, "convert a trace between .mst, text and snapshot formats"},
 };
@@ -228,6 +461,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    g_set_prgname("memsim");
     if (argc < 2) {
         usage(stderr);
         return EXIT_BAD;

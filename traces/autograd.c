@@ -22,6 +22,8 @@ struct AgGraph {
     uint64_t next_seq;
     GHashTable *op_index;  /* "name\x1fphase\x1flayer\x1fmb" → op index + 1 */
     GPtrArray *heap;       /* ready nodes */
+    GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
+    bool teardown;
 };
 
 /* Node reference counts live beside the public fields. */
@@ -50,6 +52,7 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->next_seq = 1;
     g->op_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g->heap = g_ptr_array_new();
+    g->cast_cache = g_hash_table_new(NULL, NULL);
     return g;
 }
 
@@ -62,6 +65,8 @@ void gg_free(AgGraph *g)
     g_array_unref(g->events);
     g_hash_table_unref(g->op_index);
     g_ptr_array_unref(g->heap);
+    g_assert(g_hash_table_size(g->cast_cache) == 0);
+    g_hash_table_unref(g->cast_cache);
     g_free(g);
 }
 
@@ -272,7 +277,7 @@ static void storage_unref(AgGraph *g, AgStorage *st)
 {
     if (!st || --st->refs > 0)
         return;
-    if (st->nbytes > 0) {
+    if (st->nbytes > 0 && !g->teardown) {
         MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id};
         emit(g, &ev);
     }
@@ -362,11 +367,37 @@ bool gn_add_input(AgGraph *g, AgNode *n, AgTensor *x)
     return true;
 }
 
+typedef struct {
+    AgNode *node;
+    int slot;
+} Holder;
+
 void gn_save(AgGraph *g, AgNode *n, AgTensor *x)
 {
     g_assert(n->n_saved < GN_MAXSAVED);
     if (!x)
         return;
+    AgCkpt *ck = g->ctx.ckpt;
+    if (ck && !ck->recomputing) {
+        /* first forward of a checkpointed region: an empty holder */
+        Holder h = {n, n->n_saved};
+        n->saved[n->n_saved++] = NULL;
+        n->ckpt = ck;
+        g_array_append_val(ck->holders, h);
+        ck->live_holders++;
+        return;
+    }
+    if (ck && ck->recomputing) {
+        /* recomputation: the k-th save fills the k-th holder of the original forward */
+        if (ck->next_holder < ck->holders->len) {
+            Holder *h = &g_array_index(ck->holders, Holder, ck->next_holder++);
+            if (h->node)
+                h->node->saved[h->slot] = gt_ref(x);
+            if (x->st && x->st->category == MEMSIM_CAT_TEMPORARY)
+                gt_set_category(g, x, MEMSIM_CAT_ACTIVATION);
+        }
+        return;
+    }
     n->saved[n->n_saved++] = gt_ref(x);
     /* A storage an op keeps for backward is an activation unless it is something more
      * specific already (a parameter, an input). */
@@ -393,11 +424,74 @@ bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs)
     return false;
 }
 
+static void ckpt_holder_done(AgGraph *g, AgCkpt *ck)
+{
+    if (--ck->live_holders > 0)
+        return;
+    for (int i = 0; i < ck->n_inputs; i++)
+        gt_unref(g, ck->inputs[i]);
+    g_array_unref(ck->holders);
+    g_free(ck);
+}
+
 static void node_release_saved(AgGraph *g, AgNode *n)
 {
+    AgCkpt *ck = n->ckpt;
+    int holders = 0;
     for (int i = 0; i < n->n_saved; i++)
         gt_unref(g, n->saved[i]);
+    if (ck) {
+        for (guint k = 0; k < ck->holders->len; k++) {
+            Holder *h = &g_array_index(ck->holders, Holder, k);
+            if (h->node == n) {
+                h->node = NULL;
+                holders++;
+            }
+        }
+    }
     n->n_saved = 0;
+    n->ckpt = NULL;
+    while (ck && holders-- > 0)
+        ckpt_holder_done(g, ck);
+}
+
+static void recompute(AgGraph *g, AgCkpt *ck)
+{
+    AgContext saved = g->ctx;
+    g->ctx.ckpt = ck;
+    g->ctx.grad_enabled = true;
+    g->ctx.in_backward = false;
+    g->ctx.layer = ck->layer;
+    g->ctx.category = MEMSIM_CAT_TEMPORARY;
+    ck->recomputing = true;
+    ck->next_holder = 0;
+    AgTensor *out = ck->fn(g, ck->user, ck->inputs, ck->n_inputs);
+    gt_unref(g, out); /* the recomputed graph is discarded */
+    ck->recomputing = false;
+    ck->recomputed = true;
+    g->ctx = saved;
+}
+
+AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgTensor **inputs, int n)
+{
+    g_assert(n <= 4);
+    if (!g->ctx.grad_enabled)
+        return fn(g, user, inputs, n);
+    AgCkpt *ck = g_new0(AgCkpt, 1);
+    ck->fn = fn;
+    ck->user = user;
+    ck->n_inputs = n;
+    ck->layer = g->ctx.layer;
+    ck->holders = g_array_new(FALSE, FALSE, sizeof(Holder));
+    for (int i = 0; i < n; i++)
+        ck->inputs[i] = gt_ref(inputs[i]);
+    ck->live_holders = 1; /* the region itself, until its forward ends */
+    AgCkpt *outer = g->ctx.ckpt;
+    g->ctx.ckpt = ck;
+    AgTensor *out = fn(g, user, inputs, n);
+    g->ctx.ckpt = outer;
+    ckpt_holder_done(g, ck);
+    return out;
 }
 
 static void node_unref(AgGraph *g, AgNode *n)
@@ -581,6 +675,8 @@ void gg_backward(AgGraph *g, AgTensor *loss)
         bool any = false;
         for (int i = 0; i < n->n_out; i++)
             any |= in[i] != NULL;
+        if (n->ckpt && !n->ckpt->recomputed)
+            recompute(g, n->ckpt);
         if (any && n->fn)
             n->fn(g, n, in, out);
         for (int i = 0; i < n->n_out; i++)
@@ -600,4 +696,30 @@ void gg_backward(AgGraph *g, AgTensor *loss)
     }
     node_unref(g, root);
     g->ctx = saved;
+}
+
+AgTensor *gg_autocast_cached(AgGraph *g, AgTensor *leaf)
+{
+    return g_hash_table_lookup(g->cast_cache, leaf);
+}
+
+void gg_autocast_store(AgGraph *g, AgTensor *leaf, AgTensor *copy)
+{
+    g_hash_table_insert(g->cast_cache, leaf, gt_ref(copy));
+}
+
+void gg_autocast_clear(AgGraph *g)
+{
+    GHashTableIter it;
+    gpointer k, v;
+    g_hash_table_iter_init(&it, g->cast_cache);
+    while (g_hash_table_iter_next(&it, &k, &v)) {
+        g_hash_table_iter_steal(&it);
+        gt_unref(g, v);
+    }
+}
+
+void gg_teardown(AgGraph *g)
+{
+    g->teardown = true;
 }

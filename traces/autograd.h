@@ -105,6 +105,7 @@ typedef struct AgNode {
     AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
     int64_t iarg[4];
     double farg[2];
+    struct AgCkpt *ckpt; /* the region whose holders this node has */
     void *extra; /* op data owned by the node (freed with g_free) */
     void (*extra_free)(void *);
 } AgNode;
@@ -117,8 +118,27 @@ typedef struct {
     bool grad_enabled;
     bool in_backward;
     int autocast;     /* 0 off, else the DType of autocast (DT_BF16 / DT_F16) */
-    bool checkpoint_hold; /* inside a checkpointed region's first forward: saves are dropped */
+    struct AgCkpt *ckpt; /* the checkpointed region being run, if any */
 } AgContext;
+
+/* A checkpointed region (torch.utils.checkpoint, non-reentrant; AUTOGRAD_MEMORY.md §10.1):
+ * its first forward keeps no saved tensor (each save becomes an empty holder); the first
+ * backward node of the region that needs one reruns `fn` on the kept inputs, and each
+ * recomputed save fills its holder, to be freed when the consuming node releases it. */
+typedef struct AgTensor *(*AgRegionFn)(struct AgGraph *g, void *user, struct AgTensor **inputs,
+                                       int n_inputs);
+typedef struct AgCkpt {
+    AgRegionFn fn;
+    void *user;
+    struct AgTensor *inputs[4];
+    int n_inputs;
+    bool recomputing;
+    bool recomputed;
+    GArray *holders; /* (AgNode*, slot) in save order */
+    guint next_holder;
+    int live_holders;
+    int32_t layer;
+} AgCkpt;
 
 AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules);
 void gg_free(AgGraph *g);
@@ -167,6 +187,21 @@ bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs);
 
 /* Runs backward from a scalar loss (allocates the root gradient, ones_like(loss)). */
 void gg_backward(AgGraph *g, AgTensor *loss);
+
+/* Runs fn(inputs) as a checkpointed region; returns its output (a new reference). The
+ * region keeps references to the inputs until its holders are all consumed. */
+AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgTensor **inputs, int n);
+
+/* The autocast cast cache (AUTOGRAD_MEMORY.md §8.2): the low-precision copy of a trainable
+ * fp32 leaf, made at first use in the region. gg_autocast_clear drops the cache's references
+ * at the region's exit. */
+AgTensor *gg_autocast_cached(AgGraph *g, AgTensor *leaf);
+void gg_autocast_store(AgGraph *g, AgTensor *leaf, AgTensor *copy);
+void gg_autocast_clear(AgGraph *g);
+
+/* From now on storages die silently (the end of the program: what is alive stays in the
+ * trace's final state). */
+void gg_teardown(AgGraph *g);
 
 /* Emits ALLOC/FREE events for a storage made outside ops (e.g. optimizer state). */
 uint64_t gg_next_storage_id(AgGraph *g);

@@ -130,7 +130,17 @@ AgTensor *op_autocast(AgGraph *g, AgTensor *x)
     int ac = gg_ctx(g)->autocast;
     if (!ac || x->dt == (DType)ac || (x->dt != DT_F32 && x->dt != DT_F16 && x->dt != DT_BF16))
         return gt_ref(x);
-    return op_to(g, x, (DType)ac);
+    /* cached for trainable fp32 leaves only; everything else is cast at every use */
+    bool cacheable = x->dt == DT_F32 && x->requires_grad && x->is_leaf;
+    if (cacheable) {
+        AgTensor *c = gg_autocast_cached(g, x);
+        if (c)
+            return gt_ref(c);
+    }
+    AgTensor *c = op_to(g, x, (DType)ac);
+    if (cacheable)
+        gg_autocast_store(g, x, c);
+    return c;
 }
 
 /* ---- views and copies (§5) ---- */

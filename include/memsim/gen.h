@@ -78,6 +78,7 @@ typedef struct {
     int64_t generate;           /* inference: generated tokens */
     MemsimWeights weights;      /* inference weight quantisation */
     gboolean keep_outputs;      /* the loop holds the model output until the next step's */
+    gboolean device_cpu;        /* CPU kernels (for comparing with CPU recordings) */
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking. */

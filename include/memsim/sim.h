@@ -49,6 +49,15 @@ typedef struct {
     int64_t op;              /* the op running then, -1 if unknown */
 } MemsimOomInfo;
 
+/* Peaks between two "step N" marks, overall and per phase of the running op. */
+typedef struct {
+    uint32_t step;
+    int64_t peak_allocated;
+    int64_t peak_reserved;
+    int64_t phase_peak_allocated[MEMSIM_PHASE_COUNT]; /* -1 = the phase did not run */
+    int64_t phase_peak_reserved[MEMSIM_PHASE_COUNT];
+} MemsimStepPeaks;
+
 typedef struct {
     uint32_t rank;           /* device index */
     uint32_t multiplicity;
@@ -62,6 +71,9 @@ typedef struct {
     /* At the moment of peak allocated: */
     uint64_t peak_allocated_event;
     int64_t peak_allocated_op;                            /* op index or -1 */
+    char peak_op_name[96];                                /* that op's name ("" if none) */
+    int32_t peak_op_layer;
+    uint8_t peak_op_phase;                                /* MemsimPhase */
     memsim_size_t peak_by_category[MEMSIM_CAT_COUNT];     /* live bytes (rounded) */
     MemsimAllocShape shape_final;                         /* free-space shape at the end */
     MemsimOomInfo oom;          /* the first simulated OOM (the rank stops there) */
@@ -71,6 +83,11 @@ typedef struct {
     uint64_t verify_checked;
     uint64_t verify_mismatches;
     char *first_mismatch;
+    uint32_t n_steps;
+    MemsimStepPeaks *steps;
+    /* Device total = peak reserved + what the allocator does not see (report's overhead). */
+    memsim_size_t device_total;
+    gboolean fits;              /* no OOM and device_total ≤ the report's gpu_mem */
     /* The recording's own final figures (snapshots), when known. */
     gboolean has_recorded_final;
     memsim_size_t recorded_final_reserved;
@@ -82,6 +99,9 @@ typedef struct {
     char *allocator;    /* the policy spec used */
     char *alloc_conf;   /* the settings used (torch), or NULL */
     memsim_size_t capacity; /* 0 = unlimited */
+    memsim_size_t gpu_mem;        /* the device's memory, 0 = not given */
+    memsim_size_t context_bytes;  /* CUDA context and libraries outside the allocator */
+    char *run;                    /* the run description (generated traces) */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
 } MemsimReport;
@@ -100,6 +120,11 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, g
 /* Ends the replay, frees it and returns the report (free with memsim_report_free). */
 MemsimReport *memsim_replay_finish(MemsimReplay *rp);
 void memsim_replay_abort(MemsimReplay *rp);
+
+/* Sets the device figures of a report (gpu_mem may be 0) and recomputes device_total and
+ * fits of every rank. */
+void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,
+                              memsim_size_t context_bytes);
 
 /* Opens any trace file, replays it and returns the report, or NULL with error set. */
 MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,

@@ -1,0 +1,55 @@
+/* Internal: the model families' parameters and forward passes, written after the Hugging
+ * Face implementations (HF_MODELS.md §2–3), on the op library. */
+#ifndef MEMSIM_TRACES_MODELS_H
+#define MEMSIM_TRACES_MODELS_H
+
+#include "traces/model.h"
+#include "traces/ops.h"
+
+/* A linear layer: weight [out, in] (nn.Linear) or [in, out] (GPT-2 Conv1D), optional
+ * bias, optional LoRA adapters, optional 4-bit base weight. */
+typedef struct {
+    AgTensor *w, *b;
+    AgTensor *lora_a, *lora_b;
+    bool conv1d;
+    bool quant4;   /* QLoRA: w holds the packed 4-bit weight; dequantised per use */
+    int64_t out, in;
+    const char *name;
+} Lin;
+
+typedef struct {
+    Lin q, k, v, o, qkv;     /* qkv: fused projections (GPT-2, NeoX, BLOOM, Falcon) */
+    Lin gate, up, down;      /* MLP (Llama: gate/up/down; others: up = fc1, down = fc2) */
+    AgTensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    AgTensor *router;        /* MoE */
+    Lin *experts;            /* MoE: 3 per expert (gate, up, down) */
+} Layer;
+
+typedef struct {
+    AgGraph *g;
+    const MemsimModel *m;
+    const MemsimRun *run;
+    DType pdt;       /* parameter dtype */
+    DType adt;       /* dtype of the residual stream / module outputs */
+    GPtrArray *trainable; /* optimizer order */
+    GPtrArray *leaves;    /* every parameter and buffer (references) */
+    AgTensor *wte, *wpe, *lm_head, *lm_bias, *norm_w, *norm_b, *proj_in, *proj_out;
+    AgTensor *emb_ln_w, *emb_ln_b; /* BLOOM word_embeddings_layernorm */
+    AgTensor *inv_freq;   /* rotary buffer */
+    Layer *layers;
+    double lora_scaling;
+    int64_t B, S;
+} Model;
+
+/* Creates every parameter and buffer (in module registration order). FALSE with error for
+ * a bad LoRA target. */
+gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
+                     GError **error);
+/* One forward of the causal-LM with labels: returns the loss (new reference); *logits gets
+ * the logits the output object holds (new reference). */
+AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **logits);
+void model_clear(Model *md);
+/* peft's default LoRA target modules for a family (comma-separated). */
+const char *model_lora_default_targets(Family f);
+
+#endif

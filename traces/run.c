@@ -1,0 +1,584 @@
+/* Run semantics (include/memsim/gen.h): the run description, the training loop, the
+ * optimizers and the version rules (AUTOGRAD_MEMORY.md §9, §12), and memsim_generate.
+ *
+ * The loop is the one HF's Trainer runs for each optimizer step:
+ *     for each micro-batch: with autocast: loss = model(ids, labels=ids).loss
+ *                           loss.backward()            (outputs dropped before backward)
+ *     optimizer.step(); optimizer.zero_grad()
+ * With keep-outputs the model output object is held until the next step's forward has
+ * returned, as a hand-written `out = model(...)` loop does.
+ */
+#include <memsim/gen.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "traces/models.h"
+
+MemsimRun memsim_run_defaults(void)
+{
+    MemsimRun r = {0};
+    r.batch = 1;
+    r.seq = 2048;
+    r.steps = 2;
+    r.grad_accum = 1;
+    r.precision = MEMSIM_PREC_BF16_MIXED;
+    r.optimizer = MEMSIM_OPTIM_ADAMW;
+    r.optimizer_impl = MEMSIM_OPTIM_IMPL_DEFAULT;
+    r.attention = MEMSIM_ATTN_SDPA;
+    r.checkpointing = MEMSIM_CKPT_NONE;
+    r.finetune = MEMSIM_FT_FULL;
+    r.lora_rank = 16;
+    r.use_cache = -1;
+    r.prompt = 512;
+    r.generate = 128;
+    return r;
+}
+
+void memsim_run_clear(MemsimRun *r)
+{
+    g_strfreev(r->lora_targets);
+    g_free(r->torch_version);
+    r->lora_targets = NULL;
+    r->torch_version = NULL;
+}
+
+static gboolean pick(const char *key, const char *v, const char *const *names, int *out,
+                     GError **error)
+{
+    for (int i = 0; names[i]; i++)
+        if (g_ascii_strcasecmp(v, names[i]) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    g_autofree char *list = g_strjoinv(", ", (char **)names);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: '%s' is not one of %s", key, v,
+                list);
+    return FALSE;
+}
+
+static gboolean num(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                    GError **error)
+{
+    char *end = NULL;
+    gint64 x = g_ascii_strtoll(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not an integer in [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]",
+                    key, v, lo, hi);
+        return FALSE;
+    }
+    *out = x;
+    return TRUE;
+}
+
+static gboolean boolean(const char *key, const char *v, gboolean *out, GError **error)
+{
+    int i;
+    static const char *const names[] = {"false", "true", "no", "yes", "0", "1", NULL};
+    if (!pick(key, v, names, &i, error))
+        return FALSE;
+    *out = i % 2;
+    return TRUE;
+}
+
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **error)
+{
+    int i;
+    int64_t x;
+    if (strcmp(key, "batch") == 0) {
+        if (!num(key, v, 1, 1 << 20, &x, error))
+            return FALSE;
+        r->batch = x;
+    } else if (strcmp(key, "seq") == 0) {
+        if (!num(key, v, 1, 1 << 24, &x, error))
+            return FALSE;
+        r->seq = x;
+    } else if (strcmp(key, "steps") == 0) {
+        if (!num(key, v, 1, 1000, &x, error))
+            return FALSE;
+        r->steps = (int)x;
+    } else if (strcmp(key, "grad-accum") == 0) {
+        if (!num(key, v, 1, 4096, &x, error))
+            return FALSE;
+        r->grad_accum = (int)x;
+    } else if (strcmp(key, "precision") == 0) {
+        if (!pick(key, v, NAMES("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"), &i, error))
+            return FALSE;
+        r->precision = (MemsimPrecision)i;
+    } else if (strcmp(key, "optimizer") == 0) {
+        if (!pick(key, v, NAMES("adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"), &i,
+                  error))
+            return FALSE;
+        r->optimizer = (MemsimOptimizer)i;
+    } else if (strcmp(key, "optimizer-impl") == 0) {
+        if (!pick(key, v, NAMES("default", "for-loop", "foreach", "fused"), &i, error))
+            return FALSE;
+        r->optimizer_impl = (MemsimOptimizerImpl)i;
+    } else if (strcmp(key, "zero-grad") == 0) {
+        if (!pick(key, v, NAMES("zero", "none"), &i, error))
+            return FALSE;
+        r->zero_grad_to_none = i == 1;
+        r->zero_grad_set = TRUE;
+    } else if (strcmp(key, "attention") == 0) {
+        if (!pick(key, v, NAMES("sdpa", "eager", "sdpa-math", "flash", "mem-efficient"), &i,
+                  error))
+            return FALSE;
+        r->attention = (MemsimAttention)i;
+    } else if (strcmp(key, "checkpointing") == 0) {
+        if (!pick(key, v, NAMES("none", "full", "selective"), &i, error))
+            return FALSE;
+        r->checkpointing = (MemsimCheckpointing)i;
+    } else if (strcmp(key, "finetune") == 0) {
+        if (!pick(key, v, NAMES("full", "lora", "qlora"), &i, error))
+            return FALSE;
+        r->finetune = (MemsimFinetune)i;
+    } else if (strcmp(key, "lora-rank") == 0) {
+        if (!num(key, v, 1, 65536, &x, error))
+            return FALSE;
+        r->lora_rank = (int)x;
+    } else if (strcmp(key, "lora-targets") == 0) {
+        g_strfreev(r->lora_targets);
+        r->lora_targets = g_strsplit(v, ",", -1);
+        for (char **t = r->lora_targets; *t; t++)
+            g_strstrip(*t);
+    } else if (strcmp(key, "torch-version") == 0) {
+        int maj = 0, min = 0;
+        if (sscanf(v, "%d.%d", &maj, &min) != 2 || maj < 1 || (maj == 1 && min < 13) ||
+            maj > 2) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "torch-version: '%s' is not a modelled release (1.13, or 2.0 to 2.9)", v);
+            return FALSE;
+        }
+        g_free(r->torch_version);
+        r->torch_version = g_strdup(v);
+    } else if (strcmp(key, "use-cache") == 0) {
+        gboolean b;
+        if (!boolean(key, v, &b, error))
+            return FALSE;
+        r->use_cache = b;
+    } else if (strcmp(key, "inference") == 0) {
+        if (!boolean(key, v, &r->inference, error))
+            return FALSE;
+    } else if (strcmp(key, "prompt") == 0) {
+        if (!num(key, v, 1, 1 << 24, &x, error))
+            return FALSE;
+        r->prompt = x;
+    } else if (strcmp(key, "generate") == 0) {
+        if (!num(key, v, 0, 1 << 24, &x, error))
+            return FALSE;
+        r->generate = x;
+    } else if (strcmp(key, "weights") == 0) {
+        if (!pick(key, v, NAMES("default", "int8", "4bit"), &i, error))
+            return FALSE;
+        r->weights = (MemsimWeights)i;
+    } else if (strcmp(key, "keep-outputs") == 0) {
+        if (!boolean(key, v, &r->keep_outputs, error))
+            return FALSE;
+    } else if (strcmp(key, "device") == 0) {
+        if (!pick(key, v, NAMES("cuda", "cpu"), &i, error))
+            return FALSE;
+        r->device_cpu = i == 1;
+    } else {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "unknown run setting '%s'", key);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean memsim_run_load_file(MemsimRun *r, const char *path, GError **error)
+{
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    GError *e = NULL;
+    if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &e)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", path, e->message);
+        g_error_free(e);
+        return FALSE;
+    }
+    gsize n = 0;
+    g_auto(GStrv) keys = g_key_file_get_keys(kf, "run", &n, &e);
+    if (!keys) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", path, e->message);
+        g_error_free(e);
+        return FALSE;
+    }
+    for (gsize i = 0; i < n; i++) {
+        g_autofree char *v = g_key_file_get_string(kf, "run", keys[i], NULL);
+        GError *e2 = NULL;
+        if (!memsim_run_set(r, keys[i], v ? v : "", &e2)) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: [run] %s", path,
+                        e2->message);
+            g_error_free(e2);
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
+/* ---- versions ---- */
+
+static AgRules rules_for(const MemsimRun *run)
+{
+    int maj = 2, min = 8;
+    if (run->torch_version)
+        sscanf(run->torch_version, "%d.%d", &maj, &min);
+    bool v113 = maj == 1;
+    AgRules r = {0};
+    r.v113 = v113;
+    r.mean_saves_input = v113;
+    r.embedding_saves_weight = v113;
+    r.accumulate_inplace = !v113;
+    r.matmul_always_folds = v113;
+    r.full_slices_recorded = v113;
+    r.checkpoint_early_stop = !v113;
+    r.cuda = !run->device_cpu;
+    return r;
+}
+
+static const char *prec_names[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
+static const char *optim_names[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
+static const char *impl_names[] = {"default", "for-loop", "foreach", "fused"};
+static const char *attn_names[] = {"sdpa", "eager", "sdpa-math", "flash", "mem-efficient"};
+static const char *ckpt_names[] = {"none", "full", "selective"};
+static const char *ft_names[] = {"full", "lora", "qlora"};
+
+static MemsimOptimizerImpl effective_impl(const MemsimRun *run, const AgRules *rules)
+{
+    if (run->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
+        return run->optimizer_impl;
+    /* 1.13: for-loop; 2.x: foreach on CUDA (§9.1) */
+    return rules->v113 || !rules->cuda ? MEMSIM_OPTIM_IMPL_FOR_LOOP : MEMSIM_OPTIM_IMPL_FOREACH;
+}
+
+static gboolean effective_to_none(const MemsimRun *run, const AgRules *rules)
+{
+    return run->zero_grad_set ? run->zero_grad_to_none : !rules->v113;
+}
+
+char *memsim_run_describe(const MemsimRun *run)
+{
+    AgRules rules = rules_for(run);
+    GString *s = g_string_new(NULL);
+    if (run->inference) {
+        g_string_append_printf(s, "inference: batch %" G_GINT64_FORMAT ", prompt %" G_GINT64_FORMAT
+                               ", generate %" G_GINT64_FORMAT ", %s weights, attention %s",
+                               run->batch, run->prompt, run->generate,
+                               run->weights == MEMSIM_WEIGHTS_4BIT  ? "4-bit"
+                               : run->weights == MEMSIM_WEIGHTS_INT8 ? "int8"
+                                                                     : prec_names[run->precision],
+                               attn_names[run->attention]);
+    } else {
+        g_string_append_printf(
+            s, "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT ", %d step(s), grad-accum %d, %s, "
+            "%s (%s), zero_grad %s, attention %s, checkpointing %s, finetune %s",
+            run->batch, run->seq, run->steps, run->grad_accum, prec_names[run->precision],
+            optim_names[run->optimizer], impl_names[effective_impl(run, &rules)],
+            effective_to_none(run, &rules) ? "to None" : "in place", attn_names[run->attention],
+            ckpt_names[run->checkpointing], ft_names[run->finetune]);
+        if (run->finetune != MEMSIM_FT_FULL) {
+            g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
+            g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
+        }
+    }
+    g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
+                           run->device_cpu ? " (CPU kernels)" : "");
+    return g_string_free(s, FALSE);
+}
+
+/* ---- optimizers (§9) ---- */
+
+typedef struct {
+    GPtrArray *state; /* AgTensor* state tensors (kept) */
+    bool initialised;
+} Optim;
+
+static AgTensor *state_like(AgGraph *g, AgTensor *p, DType dt)
+{
+    AgContext *c = gg_ctx(g);
+    uint8_t old = c->category;
+    c->category = MEMSIM_CAT_OPTIMIZER_STATE;
+    AgTensor *t = op_new(g, "zeros_like", dt, p->nd, p->shape);
+    c->category = old;
+    return t;
+}
+
+static void optimizer_step(Model *md, Optim *o, const AgRules *rules)
+{
+    AgGraph *g = md->g;
+    const MemsimRun *run = md->run;
+    GPtrArray *ps = md->trainable;
+    MemsimOptimizerImpl impl = effective_impl(run, rules);
+    gg_ctx(g)->category = MEMSIM_CAT_TEMPORARY;
+    bool first = !o->initialised;
+    o->initialised = true;
+    switch (run->optimizer) {
+    case MEMSIM_OPTIM_ADAMW:
+        if (first) {
+            /* lazy state, all of it before any update (§9.2) */
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                if (!p->grad)
+                    continue;
+                if (!rules->cuda || impl == MEMSIM_OPTIM_IMPL_FUSED) /* step: CPU / device */
+                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 0}, DT_F32));
+                g_ptr_array_add(o->state, state_like(g, p, p->dt));
+                g_ptr_array_add(o->state, state_like(g, p, p->dt));
+            }
+        }
+        if (impl == MEMSIM_OPTIM_IMPL_FOR_LOOP) {
+            /* denom = (exp_avg_sq.sqrt() / bc2).add_(eps): sqrt and div alloc; the previous
+             * denom dies when the name is rebound */
+            AgTensor *denom = NULL;
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                if (!p->grad)
+                    continue;
+                AgTensor *sq = op_new(g, "sqrt", p->dt, p->nd, p->shape);
+                AgTensor *d = op_new(g, "div", p->dt, p->nd, p->shape);
+                gt_unref(g, sq);
+                gt_unref(g, denom);
+                denom = d;
+            }
+            gt_unref(g, denom);
+        } else if (impl == MEMSIM_OPTIM_IMPL_FOREACH) {
+            /* one list of sqrt per (device, dtype) group; 1.13 also a denom list */
+            GPtrArray *l1 = g_ptr_array_new(), *l2 = g_ptr_array_new();
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                if (p->grad)
+                    g_ptr_array_add(l1, op_new(g, "_foreach_sqrt", p->dt, p->nd, p->shape));
+            }
+            if (rules->v113)
+                for (guint i = 0; i < ps->len; i++) {
+                    AgTensor *p = ps->pdata[i];
+                    if (p->grad)
+                        g_ptr_array_add(l2, op_new(g, "_foreach_add", p->dt, p->nd, p->shape));
+                }
+            for (guint i = 0; i < l2->len; i++)
+                gt_unref(g, l2->pdata[i]);
+            for (guint i = 0; i < l1->len; i++)
+                gt_unref(g, l1->pdata[i]);
+            g_ptr_array_unref(l1);
+            g_ptr_array_unref(l2);
+        }
+        /* fused: in place, no temporaries */
+        break;
+    case MEMSIM_OPTIM_ADAMW_8BIT:
+        if (first)
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                if (!p->grad)
+                    continue;
+                int64_t n = 1;
+                for (int d = 0; d < p->nd; d++)
+                    n *= p->shape[d];
+                if (n < 4096) { /* bitsandbytes keeps small tensors in 32-bit state */
+                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
+                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
+                } else {
+                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
+                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
+                    int64_t blocks = (n + 2047) / 2048;
+                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
+                                                         DT_F32));
+                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
+                                                         DT_F32));
+                }
+            }
+        break;
+    case MEMSIM_OPTIM_SGD_MOMENTUM:
+        if (first) /* momentum_buffer = grad.clone() at the first step */
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                if (p->grad)
+                    g_ptr_array_add(o->state, state_like(g, p, p->dt));
+            }
+        break;
+    case MEMSIM_OPTIM_ADAFACTOR:
+        /* transformers' Adafactor: factored second moments for matrices (row and column
+         * means, fp32), a full one for vectors; update = grad**2 + eps and the approximated
+         * update are full-size fp32 temporaries per parameter */
+        for (guint i = 0; i < ps->len; i++) {
+            AgTensor *p = ps->pdata[i];
+            if (!p->grad)
+                continue;
+            if (first) {
+                if (p->nd >= 2) {
+                    g_ptr_array_add(o->state,
+                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[0]}},
+                                               DT_F32));
+                    g_ptr_array_add(o->state,
+                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[1]}},
+                                               DT_F32));
+                } else {
+                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
+                }
+            }
+            AgTensor *u = op_new(g, "pow", DT_F32, p->nd, p->shape);
+            AgTensor *a = op_new(g, "mul", DT_F32, p->nd, p->shape);
+            gt_unref(g, u);
+            gt_unref(g, a);
+        }
+        break;
+    case MEMSIM_OPTIM_SGD:
+        break;
+    }
+    /* zero_grad */
+    if (effective_to_none(run, rules))
+        for (guint i = 0; i < ps->len; i++) {
+            AgTensor *p = ps->pdata[i];
+            if (p->grad) {
+                AgTensor *gr = p->grad;
+                p->grad = NULL;
+                gt_unref(g, gr);
+            }
+        }
+}
+
+/* ---- inference ---- */
+
+static gboolean run_inference(Model *md, AgGraph *g, GError **error)
+{
+    /* prompt (prefill) then one token at a time with a growing KV cache; no grad */
+    AgContext *c = gg_ctx(g);
+    c->grad_enabled = false;
+    const MemsimModel *m = md->m;
+    int64_t B = md->run->batch, P = md->run->prompt, N = md->run->generate;
+    int64_t kvb = m->nkv * m->hd * dt_size(md->adt);
+    AgTensor **cache = g_new0(AgTensor *, 2 * m->L);
+    gg_mark(g, "prefill");
+    md->S = P;
+    AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(B, P), false, MEMSIM_CAT_INPUT);
+    c->phase = MEMSIM_PHASE_FORWARD;
+    AgTensor *logits = NULL;
+    AgTensor *none = model_forward(md, ids, NULL, &logits);
+    (void)none;
+    /* the DynamicCache keeps K and V of every layer: (B, nkv, P, hd) each */
+    c->category = MEMSIM_CAT_KV_CACHE;
+    for (int64_t l = 0; l < 2 * m->L; l++)
+        cache[l] = op_new(g, "cat", md->adt, SHAPE(B, m->nkv, P, m->hd));
+    c->category = MEMSIM_CAT_TEMPORARY;
+    gt_unref(g, logits);
+    gt_unref(g, ids);
+    (void)kvb;
+    for (int64_t t = 0; t < N; t++) {
+        if (t == 0)
+            gg_mark(g, "decode");
+        md->S = 1;
+        AgTensor *tok = gg_leaf(g, DT_I64, SHAPE(B, 1), false, MEMSIM_CAT_INPUT);
+        AgTensor *lg = NULL;
+        model_forward(md, tok, NULL, &lg);
+        /* each layer's cache.update: cat makes the longer copy, the old one dies */
+        c->category = MEMSIM_CAT_KV_CACHE;
+        for (int64_t l = 0; l < 2 * m->L; l++) {
+            AgTensor *n = op_new(g, "cat", md->adt, SHAPE(B, m->nkv, P + t + 1, m->hd));
+            gt_unref(g, cache[l]);
+            cache[l] = n;
+        }
+        c->category = MEMSIM_CAT_TEMPORARY;
+        gt_unref(g, lg);
+        gt_unref(g, tok);
+    }
+    for (int64_t l = 0; l < 2 * m->L; l++)
+        gt_unref(g, cache[l]);
+    g_free(cache);
+    (void)error;
+    return TRUE;
+}
+
+/* ---- the trace ---- */
+
+MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError **error)
+{
+    bool learned_pos = m->fam == FAM_GPT2 || m->fam == FAM_OPT || m->fam == FAM_GPTNEO;
+    int64_t len = run->inference ? run->prompt + run->generate : run->seq;
+    if (learned_pos && len > m->max_pos) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "seq: %" G_GINT64_FORMAT " tokens exceed the model's %" G_GINT64_FORMAT
+                    " learned positions (max_position_embeddings)",
+                    len, m->max_pos);
+        return NULL;
+    }
+    if (run->inference && run->finetune != MEMSIM_FT_FULL) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "finetune: inference takes no fine-tuning method");
+        return NULL;
+    }
+    AgRules rules = rules_for(run);
+    g_autofree char *desc = memsim_run_describe(run);
+    g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
+    MemsimTrace *t = memsim_trace_new(name);
+    memsim_trace_add_rank(t, 0, 1);
+    MemsimRun eff = *run;
+    g_auto(GStrv) split = NULL;
+    if (run->finetune != MEMSIM_FT_FULL && !run->lora_targets) {
+        split = g_strsplit(model_lora_default_targets(m->fam), ",", -1);
+        eff.lora_targets = split;
+    }
+    AgGraph *g = gg_new(t, 0, &rules);
+    Model md;
+    if (!model_build(&md, g, m, &eff, error)) {
+        model_clear(&md);
+        gg_free(g);
+        memsim_trace_free(t);
+        return NULL;
+    }
+    AgContext *c = gg_ctx(g);
+    if (eff.inference) {
+        run_inference(&md, g, error);
+    } else {
+        int ac = run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
+                 : run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
+                                                            : 0;
+        AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
+        Optim o = {g_ptr_array_new(), false};
+        AgTensor *held = NULL, *held_loss = NULL;
+        for (int step = 1; step <= run->steps; step++) {
+            char mark[32];
+            g_snprintf(mark, sizeof mark, "step %d", step);
+            gg_mark(g, mark);
+            for (int mb = 0; mb < run->grad_accum; mb++) {
+                c->phase = MEMSIM_PHASE_FORWARD;
+                c->microbatch = run->grad_accum > 1 ? mb : -1;
+                c->category = MEMSIM_CAT_TEMPORARY;
+                c->autocast = ac;
+                AgTensor *logits = NULL;
+                AgTensor *loss = model_forward(&md, ids, ids, &logits);
+                c->autocast = 0;
+                gg_autocast_clear(g); /* the autocast region ends */
+                if (run->keep_outputs) {
+                    /* out = model(...) rebinds: the previous output dies now */
+                    gt_unref(g, held);
+                    gt_unref(g, held_loss);
+                    held = logits;
+                    held_loss = gt_ref(loss);
+                } else {
+                    gt_unref(g, logits);
+                }
+                c->phase = MEMSIM_PHASE_BACKWARD;
+                gg_backward(g, loss);
+                gt_unref(g, loss);
+            }
+            c->microbatch = -1;
+            c->phase = MEMSIM_PHASE_OPTIMIZER;
+            gg_op(g, "optimizer.step");
+            optimizer_step(&md, &o, &rules);
+            c->phase = MEMSIM_PHASE_OTHER;
+        }
+        /* the end of the program: what is alive stays alive in the trace */
+        gg_teardown(g);
+        gt_unref(g, held);
+        gt_unref(g, held_loss);
+        for (guint i = 0; i < o.state->len; i++)
+            gt_unref(g, o.state->pdata[i]);
+        g_ptr_array_unref(o.state);
+        gt_unref(g, ids);
+    }
+    gg_teardown(g);
+    model_clear(&md);
+    gg_free(g);
+    return t;
+}
