@@ -20,11 +20,32 @@ struct AgGraph {
     GArray *events;        /* MemsimEvent, flushed to the trace by gg_free */
     uint64_t next_storage;
     uint64_t next_seq;
-    GHashTable *op_index;  /* "name\x1fphase\x1flayer\x1fmb" → op index + 1 */
+    GHashTable *op_index;  /* OpKey → op index + 1 */
     GPtrArray *heap;       /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     bool teardown;
 };
+
+/* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
+ * literals, so pointer identity is enough (a duplicate entry would only repeat a name). */
+typedef struct {
+    const char *name;
+    int32_t phase, layer, microbatch;
+} OpKey;
+
+static guint opkey_hash(gconstpointer p)
+{
+    const OpKey *k = p;
+    guint h = (guint)((guintptr)k->name >> 3);
+    h = h * 31u + (guint)k->phase;
+    h = h * 31u + (guint)k->layer;
+    return h * 31u + (guint)k->microbatch;
+}
+
+static gboolean opkey_equal(gconstpointer a, gconstpointer b)
+{
+    return memcmp(a, b, sizeof(OpKey)) == 0;
+}
 
 /* Node reference counts live beside the public fields. */
 typedef struct {
@@ -50,7 +71,7 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), 4096);
     g->next_storage = 1;
     g->next_seq = 1;
-    g->op_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g->op_index = g_hash_table_new_full(opkey_hash, opkey_equal, g_free, NULL);
     g->heap = g_ptr_array_new();
     g->cast_cache = g_hash_table_new(NULL, NULL);
     return g;
@@ -92,10 +113,13 @@ static void emit(AgGraph *g, const MemsimEvent *ev)
 
 void gg_op(AgGraph *g, const char *name)
 {
-    char key[256];
-    g_snprintf(key, sizeof key, "%s\x1f%d\x1f%d\x1f%d", name, g->ctx.phase, g->ctx.layer,
-               g->ctx.microbatch);
-    gpointer v = g_hash_table_lookup(g->op_index, key);
+    OpKey key;
+    memset(&key, 0, sizeof key);
+    key.name = name;
+    key.phase = g->ctx.phase;
+    key.layer = g->ctx.layer;
+    key.microbatch = g->ctx.microbatch;
+    gpointer v = g_hash_table_lookup(g->op_index, &key);
     guint32 idx;
     if (v) {
         idx = GPOINTER_TO_UINT(v) - 1;
@@ -105,7 +129,7 @@ void gg_op(AgGraph *g, const char *name)
                            .layer = g->ctx.layer,
                            .microbatch = g->ctx.microbatch};
         idx = memsim_trace_add_op(g->trace, &op);
-        g_hash_table_insert(g->op_index, g_strdup(key), GUINT_TO_POINTER(idx + 1));
+        g_hash_table_insert(g->op_index, g_memdup2(&key, sizeof key), GUINT_TO_POINTER(idx + 1));
     }
     MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx};
     emit(g, &ev);
