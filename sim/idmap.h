@@ -12,6 +12,7 @@
 typedef struct {
     uint64_t addr;
     uint64_t size; /* block bytes charged to the tensor */
+    uint64_t req;  /* bytes the program asked for */
     uint8_t category;
     uint16_t stream;
 } IdVal;

@@ -35,6 +35,8 @@ typedef struct {
     gboolean stopped;
     int64_t cur_op;
     int64_t live_cat[MEMSIM_CAT_COUNT];
+    int64_t live_req[MEMSIM_CAT_COUNT];
+    GArray *breakdowns; /* MemsimBreakdown */
     int64_t last_allocated;
     int64_t best_allocated;
     int64_t best_reserved;
@@ -135,6 +137,8 @@ static void rank_clear(RankSim *r)
         g_tree_unref(r->segments);
     if (r->steps)
         g_array_unref(r->steps);
+    if (r->breakdowns)
+        g_array_unref(r->breakdowns);
     g_free(r->rep.role);
     g_free(r->rep.first_mismatch);
 }
@@ -193,6 +197,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->emitted = g_array_new(FALSE, FALSE, sizeof(MemsimAllocEvent));
         r->segments = g_tree_new_full(range_cmp, NULL, g_free, NULL);
         r->steps = g_array_new(FALSE, TRUE, sizeof(MemsimStepPeaks));
+        r->breakdowns = g_array_new(FALSE, TRUE, sizeof(MemsimBreakdown));
         MemsimDevice d = MEMSIM_DEVICE_INIT;
         r->dev = d;
         r->dev.capacity = rp->capacity;
@@ -337,6 +342,7 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
     if (st.allocated.current > r->best_allocated) {
         r->best_allocated = st.allocated.current;
         memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
+        memcpy(r->rep.peak_by_category_requested, r->live_req, sizeof r->live_req);
         r->rep.peak_allocated_event = index;
         r->rep.peak_allocated_op = r->cur_op;
         if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
@@ -417,10 +423,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             break;
         }
         MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-        IdVal v = {addr, (uint64_t)(st.allocated.current - r->last_allocated), ev->category,
-                   ev->stream};
+        IdVal v = {addr, (uint64_t)(st.allocated.current - r->last_allocated), ev->size,
+                   ev->category, ev->stream};
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
+        r->live_req[ev->category] += (int64_t)v.req;
         track_peaks(r, h, index, &st);
         break;
     }
@@ -431,6 +438,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                        ev->id);
         memsim_alloc_free(r->alloc, v.addr);
         r->live_cat[v.category] -= (int64_t)v.size;
+        r->live_req[v.category] -= (int64_t)v.req;
         r->last_allocated -= (int64_t)v.size;
         break;
     }
@@ -473,10 +481,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (!memsim_alloc_seed_block(r->alloc, ev->addr, ev->aux, ev->size, ev->stream, error))
             return FALSE;
         MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-        IdVal v = {ev->addr, (uint64_t)(st.allocated.current - before), ev->category,
+        IdVal v = {ev->addr, (uint64_t)(st.allocated.current - before), ev->size, ev->category,
                    ev->stream};
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
+        r->live_req[ev->category] += (int64_t)v.req;
         track_peaks(r, h, index, &st);
         action = FALSE;
         break;
@@ -522,7 +531,15 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "mark %" PRIu64 " is not in the string table",
                        ev->id);
         unsigned step;
-        if (sscanf(h->strings[ev->id], "step %u", &step) == 1) {
+        const char *text = h->strings[ev->id];
+        if (g_str_has_prefix(text, "breakdown:")) {
+            MemsimBreakdown bd;
+            memset(&bd, 0, sizeof bd);
+            g_strlcpy(bd.name, text + strlen("breakdown:"), sizeof bd.name);
+            memcpy(bd.allocated, r->live_cat, sizeof r->live_cat);
+            memcpy(bd.requested, r->live_req, sizeof r->live_req);
+            g_array_append_val(r->breakdowns, bd);
+        } else if (sscanf(text, "step %u", &step) == 1) {
             MemsimStepPeaks sp = {.step = step};
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;
@@ -607,6 +624,9 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         r->rep.n_steps = r->steps->len;
         r->rep.steps = (MemsimStepPeaks *)g_array_free(r->steps, FALSE);
         r->steps = NULL;
+        r->rep.n_breakdowns = r->breakdowns->len;
+        r->rep.breakdowns = (MemsimBreakdown *)g_array_free(r->breakdowns, FALSE);
+        r->breakdowns = NULL;
         r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
         r->rep.fits = !r->rep.oom.happened;
         rep->ranks[i] = r->rep;
@@ -624,6 +644,7 @@ void memsim_report_free(MemsimReport *rep)
         g_free(rep->ranks[i].role);
         g_free(rep->ranks[i].first_mismatch);
         g_free(rep->ranks[i].steps);
+        g_free(rep->ranks[i].breakdowns);
     }
     g_free(rep->run);
     g_free(rep->ranks);

@@ -142,6 +142,21 @@ char *memsim_report_to_json(const MemsimReport *rep)
             json_builder_end_object(b);
         }
         json_builder_end_array(b);
+        json_builder_set_member_name(b, "breakdowns");
+        json_builder_begin_object(b);
+        for (guint k = 0; k < r->n_breakdowns; k++) {
+            json_builder_set_member_name(b, r->breakdowns[k].name);
+            json_builder_begin_object(b);
+            for (int c = 0; c < MEMSIM_CAT_COUNT; c++) {
+                json_builder_set_member_name(b, memsim_category_name(c));
+                json_builder_begin_object(b);
+                add_int(b, "allocated", r->breakdowns[k].allocated[c]);
+                add_int(b, "requested", r->breakdowns[k].requested[c]);
+                json_builder_end_object(b);
+            }
+            json_builder_end_object(b);
+        }
+        json_builder_end_object(b);
         json_builder_set_member_name(b, "at_peak");
         json_builder_begin_object(b);
         add_int(b, "event", (int64_t)r->peak_allocated_event);
@@ -265,6 +280,16 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                            FB(r->peak_by_category[c]),
                                            100.0 * (double)r->peak_by_category[c] /
                                                (double)(st->allocated.peak ? st->allocated.peak : 1));
+        }
+        for (guint k = 0; k < r->n_breakdowns; k++) {
+            const MemsimBreakdown *bd = &r->breakdowns[k];
+            g_string_append_printf(s, "  %s:", bd->name);
+            for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
+                if (bd->requested[c] && (c == MEMSIM_CAT_PARAMETER || c == MEMSIM_CAT_GRADIENT ||
+                                         c == MEMSIM_CAT_OPTIMIZER_STATE))
+                    g_string_append_printf(s, " %s %s", memsim_category_name(c),
+                                           FB(bd->requested[c]));
+            g_string_append(s, "\n");
         }
         for (guint k = 0; k < r->n_steps; k++) {
             const MemsimStepPeaks *sp = &r->steps[k];

@@ -407,9 +407,10 @@ static int cmd_models(int argc, char **argv)
                               {NULL}};
     GOptionContext *ctx = make_context("models", "", "List the model presets.", NULL, entries);
     int rc = EXIT_BAD;
+    char **names = NULL;
     if (!parse(ctx, "models", &argc, &argv))
         goto out;
-    g_auto(GStrv) names = memsim_model_presets();
+    names = memsim_model_presets();
     if (json)
         printf("[");
     for (char **n = names; *n; n++) {
@@ -428,6 +429,7 @@ static int cmd_models(int argc, char **argv)
         printf("]\n");
     rc = EXIT_OK;
 out:
+    g_strfreev(names);
     g_option_context_free(ctx);
     return rc;
 }

@@ -12,13 +12,25 @@
 
 /* ---- parameters ---- */
 
-static AgTensor *param(Model *md, DType dt, int nd, const int64_t *shape, bool trainable)
+static AgTensor *leaf(Model *md, DType dt, int nd, const int64_t *shape, bool trainable,
+                      uint8_t cat)
 {
-    AgTensor *p = gg_leaf(md->g, dt, nd, shape, trainable, MEMSIM_CAT_PARAMETER);
+    AgTensor *p = gg_leaf(md->g, dt, nd, shape, trainable, cat);
     g_ptr_array_add(md->leaves, p);
     if (trainable)
         g_ptr_array_add(md->trainable, p);
     return p;
+}
+
+static AgTensor *param(Model *md, DType dt, int nd, const int64_t *shape, bool trainable)
+{
+    return leaf(md, dt, nd, shape, trainable, MEMSIM_CAT_PARAMETER);
+}
+
+/* A registered buffer: not a parameter (rotary frequencies, causal tables). */
+static AgTensor *buffer(Model *md, DType dt, int nd, const int64_t *shape)
+{
+    return leaf(md, dt, nd, shape, false, MEMSIM_CAT_OTHER);
 }
 
 static bool full_ft(const Model *md)
@@ -1267,13 +1279,13 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
             lin_make(md, &ly->up, "fc_in", I, H, true, false);
             lin_make(md, &ly->down, "fc_out", H, I, true, false);
             /* per-layer sinusoid table buffer, fp32 */
-            param(md, DT_F32, SHAPE(m->max_pos, m->rotary_dim), false);
+            buffer(md, DT_F32, SHAPE(m->max_pos, m->rotary_dim));
             break;
         default:
             g_assert_not_reached();
         }
         if (m->fam == FAM_GPTNEO) /* per-layer causal bias buffer, bool (max_pos²) */
-            param(md, DT_BOOL, SHAPE(1, 1, m->max_pos, m->max_pos), false);
+            buffer(md, DT_BOOL, SHAPE(1, 1, m->max_pos, m->max_pos));
     }
     if (m->fam == FAM_OPT && !m->pre_ln) {
         /* no final norm */
@@ -1289,9 +1301,9 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
     if (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL || m->fam == FAM_NEOX ||
         m->fam == FAM_FALCON) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
-        md->inv_freq = param(md, DT_F32, SHAPE(rd / 2), false);
+        md->inv_freq = buffer(md, DT_F32, SHAPE(rd / 2));
         if (!gg_rules(g)->v113)
-            param(md, DT_F32, SHAPE(rd / 2), false); /* original_inv_freq clone */
+            buffer(md, DT_F32, SHAPE(rd / 2)); /* original_inv_freq clone */
     }
     return TRUE;
 }

@@ -305,7 +305,7 @@ static AgTensor *state_like(AgGraph *g, AgTensor *p, DType dt)
     return t;
 }
 
-static void optimizer_step(Model *md, Optim *o, const AgRules *rules)
+static void optimizer_step(Model *md, Optim *o, const AgRules *rules, bool last)
 {
     AgGraph *g = md->g;
     const MemsimRun *run = md->run;
@@ -426,6 +426,9 @@ static void optimizer_step(Model *md, Optim *o, const AgRules *rules)
     case MEMSIM_OPTIM_SGD:
         break;
     }
+    /* the model state after the update (the last step's), before zero_grad */
+    if (last)
+        gg_mark(g, "breakdown:model state at the optimizer step");
     /* zero_grad */
     if (effective_to_none(run, rules))
         for (guint i = 0; i < ps->len; i++) {
@@ -565,7 +568,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
             c->microbatch = -1;
             c->phase = MEMSIM_PHASE_OPTIMIZER;
             gg_op(g, "optimizer.step");
-            optimizer_step(&md, &o, &rules);
+            optimizer_step(&md, &o, &rules, step == run->steps);
             c->phase = MEMSIM_PHASE_OTHER;
         }
         /* the end of the program: what is alive stays alive in the trace */

@@ -58,6 +58,14 @@ typedef struct {
     int64_t phase_peak_reserved[MEMSIM_PHASE_COUNT];
 } MemsimStepPeaks;
 
+/* Live bytes by category at a "breakdown:NAME" mark (e.g. the model state at the
+ * optimizer step). */
+typedef struct {
+    char name[64];
+    int64_t allocated[MEMSIM_CAT_COUNT]; /* block bytes */
+    int64_t requested[MEMSIM_CAT_COUNT]; /* the program's bytes */
+} MemsimBreakdown;
+
 typedef struct {
     uint32_t rank;           /* device index */
     uint32_t multiplicity;
@@ -75,6 +83,7 @@ typedef struct {
     int32_t peak_op_layer;
     uint8_t peak_op_phase;                                /* MemsimPhase */
     memsim_size_t peak_by_category[MEMSIM_CAT_COUNT];     /* live bytes (rounded) */
+    memsim_size_t peak_by_category_requested[MEMSIM_CAT_COUNT];
     MemsimAllocShape shape_final;                         /* free-space shape at the end */
     MemsimOomInfo oom;          /* the first simulated OOM (the rank stops there) */
     MemsimOomInfo recorded_oom; /* an OOM the recording itself contains (snapshots) */
@@ -85,6 +94,8 @@ typedef struct {
     char *first_mismatch;
     uint32_t n_steps;
     MemsimStepPeaks *steps;
+    uint32_t n_breakdowns;
+    MemsimBreakdown *breakdowns;
     /* Device total = peak reserved + what the allocator does not see (report's overhead). */
     memsim_size_t device_total;
     gboolean fits;              /* no OOM and device_total ≤ the report's gpu_mem */

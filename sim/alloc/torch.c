@@ -1,3 +1,2026 @@
-/* Placeholder until the torch policy lands. */
+/* torch — an exact model of PyTorch's CUDA caching allocator ("native" backend) for one
+ * device, written from /work/shared/TORCH_ALLOCATOR.md (the behavioural spec, itself written
+ * from c10/cuda/CUDACachingAllocator.cpp; "§" below refers to its sections).
+ *
+ * Implemented:
+ *   §2    settings: PYTORCH_CUDA_ALLOC_CONF syntax (key:value, lists in [...], whitespace
+ *         ignored) and the key=value form; see parse_settings().
+ *   §3    malloc in the real order: process_events, round_size (with
+ *         roundup_power2_divisions), pool choice, get_allocation_size, get_free_block
+ *         (best fit keyed (stream, size, addr), expandable xsize walk, both oversize
+ *         rules), then GC, alloc_block, release_available_cached_blocks + retry,
+ *         release_cached_blocks + retry (num_alloc_retries), OOM; should_split and
+ *         alloc_found_block (carving at the low end, stale requested sizes, inactive_split).
+ *   §4    release_cached_blocks (empty_cache), release_available_cached_blocks,
+ *         release_block.
+ *   §5    free, record_stream, events (per-stream FIFOs, head-of-line), free_block merging.
+ *   §6    garbage_collection_threshold (age clock per pool, average-age passes).
+ *   §7    per_process_memory_fraction (newest semantics: active only if < 1; the fraction
+ *         is of MemsimDevice.capacity).
+ *   §8    expandable segments: VA reservations, find_expandable_block, map_block with page
+ *         rounding, merges, page-wise unmapping in release_cached_blocks, VA release.
+ *   §9    statistics (aggregate only, as MemsimAllocStats asks).
+ * Not implemented: private pools and graph capture (§10), runtime changes of settings.
+ *
+ * Device model: cudaMalloc(n) (or mapping n bytes of pages) fails iff the bytes held by the
+ * allocator plus n exceed MemsimDevice.capacity (when non-zero). The OOM event carries
+ * device free bytes = capacity - bytes held (0 when the capacity is unlimited).
+ *
+ * Determinism choices where PyTorch is not deterministic (§12.1):
+ *   - process_events and synchronize_and_free_events visit the per-stream event FIFOs in
+ *     increasing stream index (PyTorch walks a hash map);
+ *   - insert_events records the events of one block in increasing stream index (this cannot
+ *     change any result: each stream gets at most one event per block).
+ *   - segment and VA base addresses come from memsim_device_segment_addr(), so a replay can
+ *     feed the recorded ones.
+ *
+ * Data structures and costs (n = free blocks in a pool, m = live blocks):
+ *   - Block objects come from a slab (free list of fixed-size objects carved from 4096-object
+ *     chunks): no malloc per event. Stream-use nodes and segments use slabs too.
+ *   - Each pool keeps its free mapped blocks in an intrusive treap (randomized balanced
+ *     binary search tree with parent pointers) keyed (stream, size, addr): lower_bound,
+ *     insert and remove are O(log n) expected, successor/predecessor O(1) amortized. A second
+ *     treap per pool keyed (stream, addr) holds the unmapped ranges of expandable segments.
+ *   - Allocated blocks are found by address through an open-addressing hash map (linear
+ *     probing, backward-shift deletion, load <= 1/2): O(1) expected per free.
+ *   - Blocks of a segment form a doubly linked list in address order (merging is O(1)).
+ *   - Event FIFOs are ring buffers in an array sorted by stream.
+ * A malloc or free that hits the cache therefore costs a few treap operations and one hash
+ * operation. empty_cache and garbage collection walk the pools (O(n)). check() and shape()
+ * walk everything.
+ */
+#include <memsim/alloc.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "sim/alloc/policies.h"
-const MemsimAllocOps *memsim_alloc_torch_ops(void) { return memsim_alloc_exact_ops(); }
+
+#define MIB ((memsim_size_t)1 << 20)
+#define GIB ((memsim_size_t)1 << 30)
+
+/* §2 constants. */
+#define K_MIN_BLOCK ((memsim_size_t)512)
+#define K_SMALL_SIZE MIB
+#define K_SMALL_BUFFER (2 * MIB)
+#define K_MIN_LARGE_ALLOC (10 * MIB)
+#define K_ROUND_LARGE (2 * MIB)
+#define K_LARGE_BUFFER (20 * MIB)
+#define K_MAX_REQUEST ((memsim_size_t)1 << 60)
+#define K_DIV_INTERVALS 16
+#define UNLIMITED UINT64_MAX
+/* The device size assumed for an expandable VA reservation when the capacity is unlimited
+ * (an 80 GiB GPU, the commonest large one). */
+#define DEFAULT_VA_DEVICE (80 * GIB)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Objects */
+
+typedef struct TBlock TBlock;
+typedef struct TSegment TSegment;
+typedef struct UseNode UseNode;
+
+typedef enum {
+    ST_FREE = 0,   /* mapped, free, in its pool's tree */
+    ST_UNMAPPED,   /* unmapped range of an expandable segment, in the pool's unmapped tree */
+    ST_ALLOCATED,  /* handed out, in the address map */
+    ST_PENDING,    /* freed by the caller, waiting for stream events (still "active") */
+} BlockState;
+
+struct TBlock {
+    memsim_addr_t ptr;
+    memsim_size_t size;
+    memsim_size_t requested; /* last request served by this object (stale when free) */
+    TBlock *prev, *next;     /* address neighbours within the segment */
+    TBlock *left, *right, *parent; /* treap links (pool tree or unmapped tree) */
+    TSegment *seg;
+    UseNode *uses; /* record_stream set, sorted by stream */
+    uint64_t gc_base; /* pool clock when inserted into the pool (§6) */
+    uint32_t stream;
+    uint32_t prio;
+    uint32_t event_count;
+    uint8_t state;
+    uint8_t small; /* pool */
+    uint8_t exp;   /* lies in an expandable segment */
+};
+
+struct TSegment {
+    memsim_addr_t base;
+    memsim_size_t size; /* normal: segment bytes; expandable: VA reservation bytes */
+    memsim_size_t page; /* expandable page size; 0 for a normal segment */
+    TBlock *first;
+    TSegment *prev_seg, *next_seg;
+    uint32_t stream;
+    uint8_t small;
+    uint8_t exp;
+};
+
+struct UseNode {
+    UseNode *next;
+    uint32_t stream;
+};
+
+typedef struct {
+    TBlock *root;   /* free mapped blocks by (stream, size, ptr) */
+    TBlock *uroot;  /* unmapped ranges by (stream, ptr) */
+    uint64_t clock; /* get_free_blocks_call_count (§6) */
+    gboolean small;
+} TPool;
+
+typedef struct {
+    gsize obj_size;
+    void *free;
+    GPtrArray *chunks;
+} Slab;
+
+typedef struct {
+    memsim_addr_t key;
+    TBlock *val; /* NULL = empty slot */
+} HSlot;
+
+typedef struct {
+    HSlot *slots;
+    uint64_t mask;
+    uint64_t n;
+    int bits;
+} HMap;
+
+typedef struct {
+    uint64_t token;
+    TBlock *block;
+} TEvent;
+
+typedef struct {
+    uint32_t stream;
+    uint32_t head, len, cap;
+    TEvent *ring;
+} EvQueue;
+
+typedef struct {
+    memsim_size_t max_split_size;      /* UNLIMITED = default */
+    memsim_size_t max_non_split_rounding;
+    memsim_size_t large_segment;       /* kLargeBuffer unless large_segment_size_mb */
+    double gc_threshold;               /* 0 = off */
+    double fraction;                   /* per_process_memory_fraction; >= 1 = off */
+    gboolean expandable;
+    gboolean any_div;
+    uint64_t div[K_DIV_INTERVALS];
+} TorchConfig;
+
+typedef struct {
+    MemsimDevice *dev;
+    TorchConfig cfg;
+    TPool small, large;
+    HMap live;
+    Slab block_slab, seg_slab, use_slab;
+    TSegment *segs; /* every segment and VA reservation */
+    EvQueue *queues;
+    uint32_t n_queues, cap_queues;
+    uint64_t n_events; /* outstanding events, all streams */
+    memsim_size_t total; /* total_allocated_memory: bytes cudaMalloc'ed + mapped */
+    MemsimAllocStats st;
+    MemsimStat n_inactive_split; /* inactive_split (count); bytes are st.inactive_split */
+    uint32_t rng;
+    GPtrArray *scratch;
+} Torch;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Slabs */
+
+#define SLAB_CHUNK 4096
+
+static void slab_init(Slab *s, gsize obj_size)
+{
+    s->obj_size = obj_size < sizeof(void *) ? sizeof(void *) : obj_size;
+    s->free = NULL;
+    s->chunks = g_ptr_array_new_with_free_func(g_free);
+}
+
+static void slab_grow(Slab *s)
+{
+    char *chunk = g_malloc(s->obj_size * SLAB_CHUNK);
+    g_ptr_array_add(s->chunks, chunk);
+    for (gsize i = SLAB_CHUNK; i-- > 0;) {
+        void *o = chunk + i * s->obj_size;
+        *(void **)o = s->free;
+        s->free = o;
+    }
+}
+
+static inline void *slab_get(Slab *s)
+{
+    if (G_UNLIKELY(!s->free))
+        slab_grow(s);
+    void *o = s->free;
+    s->free = *(void **)o;
+    return o;
+}
+
+static inline void slab_put(Slab *s, void *o)
+{
+    *(void **)o = s->free;
+    s->free = o;
+}
+
+static void slab_clear(Slab *s)
+{
+    g_ptr_array_unref(s->chunks);
+    s->chunks = NULL;
+    s->free = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Treap with parent pointers. Pool trees order (stream, size, ptr); unmapped trees order
+ * (stream, ptr). Keys are unique because addresses are. Max-heap on prio. */
+
+static inline gboolean node_lt(const TBlock *a, const TBlock *b, gboolean by_addr)
+{
+    if (a->stream != b->stream)
+        return a->stream < b->stream;
+    if (!by_addr && a->size != b->size)
+        return a->size < b->size;
+    return a->ptr < b->ptr;
+}
+
+static inline void tree_rotate_up(TBlock **root, TBlock *x)
+{
+    TBlock *p = x->parent, *g = p->parent;
+    if (p->left == x) {
+        p->left = x->right;
+        if (x->right)
+            x->right->parent = p;
+        x->right = p;
+    } else {
+        p->right = x->left;
+        if (x->left)
+            x->left->parent = p;
+        x->left = p;
+    }
+    p->parent = x;
+    x->parent = g;
+    if (!g)
+        *root = x;
+    else if (g->left == p)
+        g->left = x;
+    else
+        g->right = x;
+}
+
+static inline void tree_insert(TBlock **root, TBlock *n, gboolean by_addr)
+{
+    TBlock *p = NULL, **link = root;
+    while (*link) {
+        p = *link;
+        link = node_lt(n, p, by_addr) ? &p->left : &p->right;
+    }
+    n->left = n->right = NULL;
+    n->parent = p;
+    *link = n;
+    while (n->parent && n->parent->prio < n->prio)
+        tree_rotate_up(root, n);
+}
+
+static inline void tree_remove(TBlock **root, TBlock *n)
+{
+    while (n->left && n->right)
+        tree_rotate_up(root, n->left->prio > n->right->prio ? n->left : n->right);
+    TBlock *c = n->left ? n->left : n->right, *p = n->parent;
+    if (c)
+        c->parent = p;
+    if (!p)
+        *root = c;
+    else if (p->left == n)
+        p->left = c;
+    else
+        p->right = c;
+    n->left = n->right = n->parent = NULL;
+}
+
+static TBlock *tree_first(TBlock *n)
+{
+    if (!n)
+        return NULL;
+    while (n->left)
+        n = n->left;
+    return n;
+}
+
+static TBlock *tree_last(TBlock *n)
+{
+    if (!n)
+        return NULL;
+    while (n->right)
+        n = n->right;
+    return n;
+}
+
+static TBlock *tree_next(TBlock *n)
+{
+    if (n->right)
+        return tree_first(n->right);
+    while (n->parent && n->parent->right == n)
+        n = n->parent;
+    return n->parent;
+}
+
+static TBlock *tree_prev(TBlock *n)
+{
+    if (n->left)
+        return tree_last(n->left);
+    while (n->parent && n->parent->left == n)
+        n = n->parent;
+    return n->parent;
+}
+
+/* First block with key >= (stream, size, 0) in a pool tree. */
+static inline TBlock *tree_lower_bound(TBlock *cur, uint32_t stream, memsim_size_t size)
+{
+    TBlock *res = NULL;
+    while (cur) {
+        if (cur->stream < stream || (cur->stream == stream && cur->size < size)) {
+            cur = cur->right;
+        } else {
+            res = cur;
+            cur = cur->left;
+        }
+    }
+    return res;
+}
+
+/* First block with stream >= `stream` in an unmapped tree. */
+static TBlock *utree_lower_bound(TBlock *cur, uint32_t stream)
+{
+    TBlock *res = NULL;
+    while (cur) {
+        if (cur->stream < stream) {
+            cur = cur->right;
+        } else {
+            res = cur;
+            cur = cur->left;
+        }
+    }
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Address map of allocated blocks */
+
+static inline uint64_t h_home(const HMap *h, memsim_addr_t key)
+{
+    return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - h->bits);
+}
+
+static void hmap_init(HMap *h, int bits)
+{
+    h->bits = bits;
+    h->mask = ((uint64_t)1 << bits) - 1;
+    h->n = 0;
+    h->slots = g_new0(HSlot, h->mask + 1);
+}
+
+static void hmap_put(HMap *h, TBlock *b);
+
+static void hmap_grow(HMap *h)
+{
+    HSlot *old = h->slots;
+    uint64_t old_n = h->mask + 1;
+    hmap_init(h, h->bits + 1);
+    for (uint64_t i = 0; i < old_n; i++)
+        if (old[i].val)
+            hmap_put(h, old[i].val);
+    g_free(old);
+}
+
+static void hmap_put(HMap *h, TBlock *b)
+{
+    if (G_UNLIKELY((h->n + 1) * 2 > h->mask + 1))
+        hmap_grow(h);
+    uint64_t i = h_home(h, b->ptr);
+    while (h->slots[i].val)
+        i = (i + 1) & h->mask;
+    h->slots[i].key = b->ptr;
+    h->slots[i].val = b;
+    h->n++;
+}
+
+static inline int64_t hmap_find_slot(const HMap *h, memsim_addr_t key)
+{
+    uint64_t i = h_home(h, key);
+    while (h->slots[i].val) {
+        if (h->slots[i].key == key)
+            return (int64_t)i;
+        i = (i + 1) & h->mask;
+    }
+    return -1;
+}
+
+static TBlock *hmap_get(const HMap *h, memsim_addr_t key)
+{
+    int64_t i = hmap_find_slot(h, key);
+    return i < 0 ? NULL : h->slots[i].val;
+}
+
+static TBlock *hmap_take(HMap *h, memsim_addr_t key)
+{
+    int64_t found = hmap_find_slot(h, key);
+    if (found < 0)
+        return NULL;
+    uint64_t i = (uint64_t)found;
+    TBlock *b = h->slots[i].val;
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & h->mask;
+        if (!h->slots[j].val)
+            break;
+        uint64_t k = h_home(h, h->slots[j].key);
+        gboolean movable = (j > i) ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            h->slots[i] = h->slots[j];
+            i = j;
+        }
+    }
+    h->slots[i].val = NULL;
+    h->n--;
+    return b;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small helpers */
+
+static inline void emit(Torch *t, MemsimAllocEventKind kind, memsim_addr_t addr,
+                        memsim_size_t size, uint32_t stream)
+{
+    if (t->dev->on_event)
+        memsim_device_emit(t->dev, kind, addr, size, stream);
+}
+
+static inline uint32_t next_prio(Torch *t)
+{
+    uint32_t x = t->rng;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    t->rng = x;
+    return x;
+}
+
+static inline TPool *pool_of(Torch *t, const TBlock *b)
+{
+    return b->small ? &t->small : &t->large;
+}
+
+static inline gboolean is_split(const TBlock *b)
+{
+    return b->prev || b->next;
+}
+
+static inline gboolean fraction_active(const Torch *t)
+{
+    return t->cfg.fraction < 1.0 && t->dev->capacity > 0;
+}
+
+static inline memsim_size_t allowed_maximum(const Torch *t)
+{
+    return (memsim_size_t)(t->cfg.fraction * (double)t->dev->capacity);
+}
+
+static inline gboolean gc_active(const Torch *t)
+{
+    return fraction_active(t) && t->cfg.gc_threshold > 0.0;
+}
+
+/* Whether the driver can provide n more bytes (the device capacity model). */
+static inline gboolean device_has(const Torch *t, memsim_size_t n)
+{
+    return t->dev->capacity == 0 || t->total + n <= t->dev->capacity;
+}
+
+static void stat_change(MemsimStat *s, int64_t delta)
+{
+    if (delta > 0)
+        memsim_stat_add(s, delta);
+    else if (delta < 0)
+        memsim_stat_sub(s, -delta);
+}
+
+static TBlock *new_block(Torch *t, TSegment *seg, memsim_addr_t ptr, memsim_size_t size,
+                         BlockState state)
+{
+    TBlock *b = slab_get(&t->block_slab);
+    b->ptr = ptr;
+    b->size = size;
+    b->requested = 0;
+    b->prev = b->next = NULL;
+    b->left = b->right = b->parent = NULL;
+    b->seg = seg;
+    b->uses = NULL;
+    b->gc_base = 0;
+    b->stream = seg->stream;
+    b->prio = next_prio(t);
+    b->event_count = 0;
+    b->state = (uint8_t)state;
+    b->small = seg->small;
+    b->exp = seg->exp;
+    return b;
+}
+
+static void drop_block(Torch *t, TBlock *b)
+{
+    slab_put(&t->block_slab, b);
+}
+
+static TSegment *new_segment(Torch *t, memsim_addr_t base, memsim_size_t size, uint32_t stream,
+                             gboolean small, memsim_size_t page)
+{
+    TSegment *s = slab_get(&t->seg_slab);
+    s->base = base;
+    s->size = size;
+    s->page = page;
+    s->first = NULL;
+    s->stream = stream;
+    s->small = (uint8_t)small;
+    s->exp = page != 0;
+    s->prev_seg = NULL;
+    s->next_seg = t->segs;
+    if (t->segs)
+        t->segs->prev_seg = s;
+    t->segs = s;
+    return s;
+}
+
+static void drop_segment(Torch *t, TSegment *s)
+{
+    if (s->prev_seg)
+        s->prev_seg->next_seg = s->next_seg;
+    else
+        t->segs = s->next_seg;
+    if (s->next_seg)
+        s->next_seg->prev_seg = s->prev_seg;
+    slab_put(&t->seg_slab, s);
+}
+
+/* Puts `n` just before `at` in at's segment. */
+static void link_before(TBlock *n, TBlock *at)
+{
+    n->prev = at->prev;
+    n->next = at;
+    if (at->prev)
+        at->prev->next = n;
+    else
+        at->seg->first = n;
+    at->prev = n;
+}
+
+/* Puts `n` just after `at`. */
+static void link_after(TBlock *n, TBlock *at)
+{
+    n->prev = at;
+    n->next = at->next;
+    if (at->next)
+        at->next->prev = n;
+    at->next = n;
+}
+
+/* insert_into_blocks: a free mapped block enters its pool; its GC age restarts. */
+static inline void pool_insert(TPool *pool, TBlock *b)
+{
+    b->state = ST_FREE;
+    b->gc_base = pool->clock;
+    tree_insert(&pool->root, b, FALSE);
+}
+
+static inline void upool_insert(TPool *pool, TBlock *b)
+{
+    b->state = ST_UNMAPPED;
+    tree_insert(&pool->uroot, b, TRUE);
+}
+
+/* try_merge_blocks: dst (not in any tree, mapped state `mapped`) absorbs src if src is a free
+ * block of the same mapped state. Returns the absorbed size (0 = no merge). */
+static memsim_size_t try_merge(Torch *t, TBlock *dst, TBlock *src, gboolean mapped)
+{
+    if (!src)
+        return 0;
+    if (mapped ? src->state != ST_FREE : src->state != ST_UNMAPPED)
+        return 0;
+    TPool *pool = pool_of(t, src);
+    tree_remove(mapped ? &pool->root : &pool->uroot, src);
+    if (dst->prev == src) {
+        dst->ptr = src->ptr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+        else
+            dst->seg->first = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    memsim_size_t sz = src->size;
+    dst->size += sz;
+    drop_block(t, src);
+    return sz;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §3.1 rounding, §3 step 3 segment size */
+
+static memsim_size_t round_size_cfg(const TorchConfig *c, memsim_size_t size)
+{
+    if (size < K_MIN_BLOCK)
+        return K_MIN_BLOCK;
+    if (c->any_div) {
+        int lg = 63 - __builtin_clzll(size);
+        int idx = lg - 20;
+        idx = idx < 0 ? 0 : idx > K_DIV_INTERVALS - 1 ? K_DIV_INTERVALS - 1 : idx;
+        uint64_t d = c->div[idx];
+        if (d > 1 && size > K_MIN_BLOCK * d) {
+            if ((size & (size - 1)) == 0)
+                return size;
+            memsim_size_t floor2 = (memsim_size_t)1 << lg;
+            memsim_size_t step = floor2 >> (63 - __builtin_clzll(d));
+            if (step == 0)
+                return floor2 << 1;
+            memsim_size_t down = size & ~(step - 1);
+            return down == size ? size : down + step;
+        }
+    }
+    return (size + K_MIN_BLOCK - 1) & ~(K_MIN_BLOCK - 1);
+}
+
+static memsim_size_t torch_round_size(void *state, memsim_size_t size)
+{
+    return round_size_cfg(&((Torch *)state)->cfg, size);
+}
+
+static inline memsim_size_t allocation_size(const Torch *t, memsim_size_t size)
+{
+    if (size <= K_SMALL_SIZE)
+        return K_SMALL_BUFFER;
+    if (size < K_MIN_LARGE_ALLOC)
+        return t->cfg.large_segment;
+    return (size + K_ROUND_LARGE - 1) / K_ROUND_LARGE * K_ROUND_LARGE;
+}
+
+static inline memsim_size_t page_size(const Torch *t, gboolean small)
+{
+    return small ? K_SMALL_BUFFER : t->cfg.large_segment;
+}
+
+/* VA reserved for one expandable segment: ceil((total + total/8) / page) pages (§8.1). */
+static memsim_size_t va_size(const Torch *t, memsim_size_t page)
+{
+    memsim_size_t total = t->dev->capacity ? t->dev->capacity : DEFAULT_VA_DEVICE;
+    return (total + total / 8 + page - 1) / page * page;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §5 events */
+
+static EvQueue *queue_for(Torch *t, uint32_t stream)
+{
+    uint32_t lo = 0, hi = t->n_queues;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (t->queues[mid].stream < stream)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < t->n_queues && t->queues[lo].stream == stream)
+        return &t->queues[lo];
+    if (t->n_queues == t->cap_queues) {
+        t->cap_queues = t->cap_queues ? 2 * t->cap_queues : 4;
+        t->queues = g_renew(EvQueue, t->queues, t->cap_queues);
+    }
+    memmove(&t->queues[lo + 1], &t->queues[lo], (t->n_queues - lo) * sizeof(EvQueue));
+    t->n_queues++;
+    EvQueue *q = &t->queues[lo];
+    memset(q, 0, sizeof *q);
+    q->stream = stream;
+    return q;
+}
+
+static void queue_push(EvQueue *q, uint64_t token, TBlock *b)
+{
+    if (q->len == q->cap) {
+        uint32_t cap = q->cap ? 2 * q->cap : 8;
+        TEvent *ring = g_new(TEvent, cap);
+        for (uint32_t i = 0; i < q->len; i++)
+            ring[i] = q->ring[(q->head + i) % q->cap];
+        g_free(q->ring);
+        q->ring = ring;
+        q->cap = cap;
+        q->head = 0;
+    }
+    q->ring[(q->head + q->len) % q->cap] = (TEvent){token, b};
+    q->len++;
+}
+
+static TEvent queue_pop(EvQueue *q)
+{
+    TEvent e = q->ring[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    return e;
+}
+
+static void free_block(Torch *t, TBlock *b);
+
+/* insert_events: one event per recorded stream; the block stays active until all complete. */
+static void insert_events(Torch *t, TBlock *b)
+{
+    UseNode *u = b->uses;
+    b->uses = NULL;
+    while (u) {
+        UseNode *next = u->next;
+        uint64_t token = memsim_device_record_event(t->dev, u->stream);
+        b->event_count++;
+        queue_push(queue_for(t, u->stream), token, b);
+        t->n_events++;
+        slab_put(&t->use_slab, u);
+        u = next;
+    }
+}
+
+/* process_events (§5.3): each FIFO is popped while its head event has completed. */
+static void process_events(Torch *t)
+{
+    for (uint32_t i = 0; i < t->n_queues; i++) {
+        EvQueue *q = &t->queues[i];
+        while (q->len) {
+            TEvent *e = &q->ring[q->head];
+            if (!memsim_device_event_done(t->dev, q->stream, e->token))
+                break;
+            TEvent ev = queue_pop(q);
+            t->n_events--;
+            if (--ev.block->event_count == 0)
+                free_block(t, ev.block);
+        }
+    }
+}
+
+/* synchronize_and_free_events (§4.1 step 1): wait for every event. */
+static void synchronize_and_free_events(Torch *t)
+{
+    t->st.n_sync_all_streams++;
+    for (uint32_t i = 0; i < t->n_queues; i++) {
+        EvQueue *q = &t->queues[i];
+        while (q->len) {
+            TEvent ev = queue_pop(q);
+            t->n_events--;
+            if (--ev.block->event_count == 0)
+                free_block(t, ev.block);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §5.2 free_block */
+
+static void free_block(Torch *t, TBlock *b)
+{
+    emit(t, MEMSIM_AEV_FREE_COMPLETED, b->ptr, b->requested, b->stream);
+    memsim_size_t original_size = b->size;
+    memsim_size_t requested = b->requested;
+    int64_t d_blocks = 0, d_bytes = 0;
+    TBlock *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        memsim_size_t sz = try_merge(t, b, cands[i], TRUE);
+        if (sz) {
+            d_blocks -= 1;
+            d_bytes -= (int64_t)sz;
+        }
+    }
+    pool_insert(pool_of(t, b), b);
+    if (is_split(b)) {
+        d_blocks += 1;
+        d_bytes += (int64_t)b->size;
+    }
+    if (!b->exp) {
+        stat_change(&t->n_inactive_split, d_blocks);
+        stat_change(&t->st.inactive_split, d_bytes);
+    }
+    memsim_stat_sub(&t->st.active, (int64_t)original_size);
+    memsim_stat_sub(&t->st.requested, (int64_t)requested);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §4 releasing memory */
+
+/* release_block: cudaFree of a whole, free, non-expandable segment. */
+static void release_block(Torch *t, TBlock *b)
+{
+    g_assert(!b->exp && !is_split(b) && b->state == ST_FREE);
+    t->st.n_device_free++;
+    emit(t, MEMSIM_AEV_SEG_FREE, b->ptr, b->size, b->stream);
+    t->total -= b->size;
+    memsim_stat_sub(&t->st.segments, 1);
+    memsim_stat_sub(&t->st.reserved, (int64_t)b->size);
+    tree_remove(&pool_of(t, b)->root, b);
+    drop_segment(t, b->seg);
+    drop_block(t, b);
+}
+
+/* unmap_block (§8.4): unmaps the whole pages inside a free expandable block. */
+static void unmap_block(Torch *t, TBlock *b)
+{
+    TSegment *seg = b->seg;
+    memsim_size_t page = seg->page;
+    memsim_size_t off = b->ptr - seg->base;
+    memsim_size_t begin = (off + page - 1) / page;
+    memsim_size_t end = (off + b->size) / page;
+    if (begin >= end)
+        return;
+    memsim_addr_t uptr = seg->base + begin * page;
+    memsim_size_t usize = (end - begin) * page;
+    TPool *pool = pool_of(t, b);
+    tree_remove(&pool->root, b);
+    memsim_size_t before = uptr - b->ptr;
+    if (before > 0) {
+        TBlock *f = new_block(t, seg, b->ptr, before, ST_FREE);
+        link_before(f, b);
+        pool_insert(pool, f);
+    }
+    memsim_size_t after = b->size - before - usize;
+    if (after > 0) {
+        TBlock *f = new_block(t, seg, uptr + usize, after, ST_FREE);
+        link_after(f, b);
+        pool_insert(pool, f);
+    }
+    b->ptr = uptr;
+    b->size = usize;
+    b->state = ST_UNMAPPED;
+    try_merge(t, b, b->prev, FALSE);
+    try_merge(t, b, b->next, FALSE);
+    upool_insert(pool, b);
+    t->total -= usize;
+    memsim_stat_sub(&t->st.reserved, (int64_t)usize);
+    t->st.n_device_free++;
+    emit(t, MEMSIM_AEV_SEG_UNMAP, uptr, usize, b->stream);
+}
+
+/* release_expandable_segment: the VA reservation is entirely unmapped; give it back. */
+static void release_va(Torch *t, TBlock *b)
+{
+    tree_remove(&pool_of(t, b)->uroot, b);
+    drop_segment(t, b->seg);
+    drop_block(t, b);
+}
+
+/* release_blocks: whole free segments in pool order, then page-wise unmapping of the free
+ * expandable blocks gathered in the same order. */
+static void release_blocks(Torch *t, TPool *pool)
+{
+    GPtrArray *to_unmap = t->scratch;
+    g_ptr_array_set_size(to_unmap, 0);
+    for (TBlock *b = tree_first(pool->root), *n; b; b = n) {
+        n = tree_next(b);
+        if (b->exp)
+            g_ptr_array_add(to_unmap, b);
+        else if (!is_split(b))
+            release_block(t, b);
+    }
+    for (guint i = 0; i < to_unmap->len; i++) {
+        TBlock *b = to_unmap->pdata[i];
+        unmap_block(t, b);
+        if (b->state == ST_UNMAPPED && !is_split(b))
+            release_va(t, b);
+    }
+    g_ptr_array_set_size(to_unmap, 0);
+}
+
+/* release_cached_blocks (§4.1): the body of empty_cache. */
+static void release_cached_blocks(Torch *t)
+{
+    synchronize_and_free_events(t);
+    release_blocks(t, &t->large);
+    release_blocks(t, &t->small);
+}
+
+/* release_available_cached_blocks (§4.2). */
+static gboolean release_available_cached_blocks(Torch *t, TPool *pool, uint32_t stream,
+                                                memsim_size_t size)
+{
+    memsim_size_t mss = t->cfg.max_split_size;
+    if (mss == UNLIMITED)
+        return FALSE;
+    memsim_size_t key = size < mss ? mss : size;
+    TBlock *it = tree_lower_bound(pool->root, stream, key);
+    if (!it || it->stream != stream || it->exp) {
+        /* No single block is large enough: free oversize blocks from the largest down. */
+        it = it ? tree_prev(it) : tree_last(pool->root);
+        if (!it)
+            return FALSE;
+        memsim_size_t released = 0;
+        while (it && released < key && it->size >= mss && it->stream == stream) {
+            TBlock *cur = it;
+            it = tree_prev(cur);
+            /* A free oversize block is a whole segment unless it is expandable (or a seeded
+             * state broke that rule): only whole segments can be cudaFree'd. */
+            if (!cur->exp && !is_split(cur)) {
+                released += cur->size;
+                release_block(t, cur);
+            }
+        }
+        return released >= key;
+    }
+    if (is_split(it))
+        return FALSE; /* only reachable from a seeded state; see above */
+    release_block(t, it);
+    return TRUE;
+}
+
+/* garbage_collect_cached_blocks (§6). */
+static void garbage_collect(Torch *t)
+{
+    memsim_size_t limit = (memsim_size_t)(t->cfg.gc_threshold * (double)allowed_maximum(t));
+    if (t->total <= limit)
+        return;
+    memsim_size_t target = t->total - limit;
+    TPool *pool = &t->large;
+    uint64_t total_age = 0;
+    int64_t count = 0;
+    for (TBlock *b = tree_first(pool->root); b; b = tree_next(b)) {
+        if (!is_split(b)) {
+            total_age += pool->clock - b->gc_base;
+            count++;
+        }
+    }
+    if (count == 0)
+        return;
+    memsim_size_t reclaimed = 0;
+    gboolean freed = TRUE;
+    while (reclaimed < target && freed && count > 0) {
+        double threshold = (double)total_age / (double)count;
+        freed = FALSE;
+        for (TBlock *b = tree_first(pool->root), *n; b; b = n) {
+            n = tree_next(b);
+            uint64_t age = pool->clock - b->gc_base;
+            if (!is_split(b) && !b->exp && (double)age >= threshold) {
+                freed = TRUE;
+                reclaimed += b->size;
+                total_age -= age;
+                count--;
+                release_block(t, b);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §8 expandable segments */
+
+/* map_block: maps the pages covering [b->ptr, b->ptr + size) of an unmapped block; the
+ * mapped part becomes a free block merged with its free neighbours. */
+static gboolean map_block(Torch *t, TBlock *b, memsim_size_t size)
+{
+    TSegment *seg = b->seg;
+    memsim_size_t page = seg->page;
+    memsim_size_t off = b->ptr - seg->base;
+    memsim_size_t msize = ((off + size + page - 1) / page - off / page) * page;
+    if (msize == 0 || !device_has(t, msize))
+        return FALSE;
+    TPool *pool = pool_of(t, b);
+    memsim_addr_t mptr = b->ptr;
+    tree_remove(&pool->uroot, b);
+    if (msize < b->size) {
+        TBlock *rest = new_block(t, seg, b->ptr + msize, b->size - msize, ST_UNMAPPED);
+        link_after(rest, b);
+        upool_insert(pool, rest);
+        b->size = msize;
+    }
+    b->state = ST_FREE;
+    try_merge(t, b, b->prev, TRUE);
+    try_merge(t, b, b->next, TRUE);
+    pool_insert(pool, b);
+    t->total += msize;
+    memsim_stat_add(&t->st.reserved, (int64_t)msize);
+    t->st.n_device_alloc++;
+    emit(t, MEMSIM_AEV_SEG_MAP, mptr, msize, b->stream);
+    return TRUE;
+}
+
+static inline gboolean allocatable(const TBlock *b)
+{
+    return b && (b->state == ST_FREE || b->state == ST_UNMAPPED);
+}
+
+/* find_expandable_block: the lowest-address run of free + unmapped space of this stream and
+ * pool that holds `size`, else a new VA reservation. */
+static TBlock *find_expandable_block(Torch *t, TPool *pool, uint32_t stream, memsim_size_t size)
+{
+    for (TBlock *c = utree_lower_bound(pool->uroot, stream); c && c->stream == stream;
+         c = tree_next(c)) {
+        TBlock *cand = allocatable(c->prev) ? c->prev : c;
+        memsim_size_t bytes = 0;
+        for (TBlock *x = cand; bytes < size && allocatable(x); x = x->next)
+            bytes += x->size;
+        if (bytes >= size)
+            return cand;
+    }
+    memsim_size_t page = page_size(t, pool->small);
+    memsim_size_t va = va_size(t, page);
+    memsim_addr_t base = memsim_device_segment_addr(t->dev, va, stream);
+    TSegment *seg = new_segment(t, base, va, stream, pool->small, page);
+    TBlock *b = new_block(t, seg, base, va, ST_UNMAPPED);
+    seg->first = b;
+    upool_insert(pool, b);
+    return b;
+}
+
+static TBlock *try_allocate_expandable_block(Torch *t, TPool *pool, uint32_t stream,
+                                             memsim_size_t size)
+{
+    TBlock *c = find_expandable_block(t, pool, stream, size);
+    if (c->state == ST_UNMAPPED && !map_block(t, c, MIN(c->size, size)))
+        return NULL;
+    while (c->size < size) {
+        TBlock *n = c->next;
+        /* Only when a request exceeds the whole VA reservation (unlimited capacity). */
+        if (!n || n->state != ST_UNMAPPED)
+            return NULL;
+        if (!map_block(t, n, MIN(size - c->size, n->size)))
+            return NULL;
+        c = n;
+    }
+    tree_remove(&pool->root, c);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §3 malloc */
+
+/* get_free_block (§3.2). The returned block has left its pool. */
+static TBlock *get_free_block(Torch *t, TPool *pool, uint32_t stream, memsim_size_t size)
+{
+    if (G_UNLIKELY(gc_active(t)))
+        pool->clock++;
+    TBlock *b = tree_lower_bound(pool->root, stream, size);
+    if (!b || b->stream != stream)
+        return NULL;
+    if (G_UNLIKELY(b->exp)) {
+        if (t->cfg.expandable) {
+            /* Prefer a block that does not border unmapped space when one fits. */
+#define XSIZE(x) ((x)->size + ((x)->next && (x)->next->state == ST_UNMAPPED ? (x)->next->size : 0))
+            TBlock *n = tree_next(b);
+            while (b->exp && n && n->stream == stream && XSIZE(n) < XSIZE(b)) {
+                b = n;
+                n = tree_next(n);
+            }
+#undef XSIZE
+        } else {
+            /* Expandable segments exist (seeded) but are disabled: skip them. */
+            do
+                b = tree_next(b);
+            while (b && b->exp && b->stream == stream);
+            if (!b || b->stream != stream)
+                return NULL;
+        }
+    }
+    memsim_size_t mss = t->cfg.max_split_size;
+    if (size < mss && b->size >= mss)
+        return NULL;
+    if (size >= mss && b->size >= size + t->cfg.max_non_split_rounding)
+        return NULL;
+    tree_remove(&pool->root, b);
+    return b;
+}
+
+/* alloc_block (§3.3): a new segment (or mapped pages). The block is in no pool. */
+static TBlock *alloc_block(Torch *t, TPool *pool, uint32_t stream, memsim_size_t size,
+                           memsim_size_t alloc_size, gboolean retry)
+{
+    if (retry)
+        t->st.n_alloc_retries++;
+    if (fraction_active(t) && t->total + alloc_size > allowed_maximum(t))
+        return NULL;
+    if (t->cfg.expandable)
+        return try_allocate_expandable_block(t, pool, stream, size);
+    if (!device_has(t, alloc_size))
+        return NULL;
+    memsim_addr_t base = memsim_device_segment_addr(t->dev, alloc_size, stream);
+    TSegment *seg = new_segment(t, base, alloc_size, stream, pool->small, 0);
+    TBlock *b = new_block(t, seg, base, alloc_size, ST_FREE);
+    seg->first = b;
+    t->total += alloc_size;
+    memsim_stat_add(&t->st.segments, 1);
+    memsim_stat_add(&t->st.reserved, (int64_t)alloc_size);
+    t->st.n_device_alloc++;
+    emit(t, MEMSIM_AEV_SEG_ALLOC, base, alloc_size, stream);
+    return b;
+}
+
+static inline gboolean should_split(const Torch *t, const TBlock *b, memsim_size_t size)
+{
+    memsim_size_t remaining = b->size - size;
+    if (b->small || t->cfg.expandable)
+        return remaining >= K_MIN_BLOCK;
+    return size < t->cfg.max_split_size && remaining > K_SMALL_SIZE;
+}
+
+/* alloc_found_block (§3.4): carve `size` bytes at the low end of b. */
+static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, memsim_size_t size,
+                                 memsim_size_t orig)
+{
+    gboolean already_split = is_split(b);
+    if (should_split(t, b, size)) {
+        TBlock *rem = b;
+        b = new_block(t, rem->seg, rem->ptr, size, ST_ALLOCATED);
+        link_before(b, rem);
+        rem->ptr += size;
+        rem->size -= size;
+        pool_insert(pool, rem);
+        if (!b->exp) {
+            if (already_split) {
+                memsim_stat_sub(&t->st.inactive_split, (int64_t)size);
+            } else {
+                memsim_stat_add(&t->st.inactive_split, (int64_t)rem->size);
+                memsim_stat_add(&t->n_inactive_split, 1);
+            }
+        }
+    } else if (already_split && !b->exp) {
+        memsim_stat_sub(&t->st.inactive_split, (int64_t)b->size);
+        memsim_stat_sub(&t->n_inactive_split, 1);
+    }
+    b->state = ST_ALLOCATED;
+    b->requested = orig;
+    hmap_put(&t->live, b);
+    emit(t, MEMSIM_AEV_ALLOC, b->ptr, orig, b->stream);
+    memsim_stat_add(&t->st.allocations, 1);
+    memsim_stat_add(&t->st.allocated, (int64_t)b->size);
+    memsim_stat_add(&t->st.active, (int64_t)b->size);
+    memsim_stat_add(&t->st.requested, (int64_t)orig);
+    return b;
+}
+
+static MemsimAllocResult torch_malloc(void *state, memsim_size_t orig, uint32_t stream,
+                                      memsim_addr_t *addr)
+{
+    Torch *t = state;
+    /* PyTorch answers a 0-byte request with a null pointer without entering the allocator,
+     * and throws for absurd sizes before doing anything. */
+    if (orig == 0) {
+        *addr = 0;
+        return MEMSIM_ALLOC_OK;
+    }
+    if (orig >= K_MAX_REQUEST)
+        return MEMSIM_ALLOC_OOM;
+    if (t->n_events)
+        process_events(t);
+    memsim_size_t size = round_size_cfg(&t->cfg, orig);
+    TPool *pool = size <= K_SMALL_SIZE ? &t->small : &t->large;
+    memsim_size_t alloc_size = allocation_size(t, size);
+    TBlock *b = get_free_block(t, pool, stream, size);
+    if (G_UNLIKELY(!b)) {
+        if (gc_active(t))
+            garbage_collect(t);
+        b = alloc_block(t, pool, stream, size, alloc_size, FALSE);
+        if (!b && release_available_cached_blocks(t, pool, stream, size))
+            b = alloc_block(t, pool, stream, size, alloc_size, FALSE);
+        if (!b) {
+            release_cached_blocks(t);
+            b = alloc_block(t, pool, stream, size, alloc_size, TRUE);
+        }
+        if (!b) {
+            memsim_size_t cap = t->dev->capacity;
+            emit(t, MEMSIM_AEV_OOM, cap > t->total ? cap - t->total : 0, size, stream);
+            t->st.n_ooms++;
+            return MEMSIM_ALLOC_OOM;
+        }
+    }
+    b = alloc_found_block(t, pool, b, size, orig);
+    *addr = b->ptr;
+    return MEMSIM_ALLOC_OK;
+}
+
+/* §5.1 */
+static void torch_free(void *state, memsim_addr_t addr)
+{
+    Torch *t = state;
+    if (addr == 0)
+        return;
+    TBlock *b = hmap_take(&t->live, addr);
+    if (!b) {
+        g_critical("torch: free of 0x%" G_GINT64_MODIFIER "x, which is not allocated", addr);
+        return;
+    }
+    b->state = ST_PENDING;
+    memsim_stat_sub(&t->st.allocations, 1);
+    memsim_stat_sub(&t->st.allocated, (int64_t)b->size);
+    if (b->uses)
+        insert_events(t, b);
+    else
+        free_block(t, b);
+}
+
+static void torch_record_stream(void *state, memsim_addr_t addr, uint32_t stream)
+{
+    Torch *t = state;
+    TBlock *b = hmap_get(&t->live, addr);
+    if (!b) {
+        g_critical("torch: record_stream on 0x%" G_GINT64_MODIFIER "x, which is not allocated",
+                   addr);
+        return;
+    }
+    if (stream == b->stream)
+        return;
+    UseNode **link = &b->uses;
+    while (*link && (*link)->stream < stream)
+        link = &(*link)->next;
+    if (*link && (*link)->stream == stream)
+        return;
+    UseNode *u = slab_get(&t->use_slab);
+    u->stream = stream;
+    u->next = *link;
+    *link = u;
+}
+
+static void torch_empty_cache(void *state)
+{
+    release_cached_blocks(state);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Stats, shape */
+
+static MemsimAllocStats torch_stats(void *state)
+{
+    return ((Torch *)state)->st;
+}
+
+static void reset_peaks(Torch *t)
+{
+    MemsimAllocStats *s = &t->st;
+    MemsimStat *all[] = {&s->allocated,      &s->reserved, &s->active,      &s->requested,
+                         &s->inactive_split, &s->segments, &s->allocations, &t->n_inactive_split};
+    for (gsize i = 0; i < G_N_ELEMENTS(all); i++)
+        all[i]->peak = all[i]->current;
+}
+
+static void torch_reset_peaks(void *state)
+{
+    reset_peaks(state);
+}
+
+static MemsimAllocShape torch_shape(void *state)
+{
+    Torch *t = state;
+    MemsimAllocShape sh = {0};
+    for (TSegment *s = t->segs; s; s = s->next_seg) {
+        gboolean in_run = FALSE;
+        if (!s->exp)
+            sh.n_segments++;
+        for (TBlock *b = s->first; b; b = b->next) {
+            if (b->state == ST_FREE) {
+                sh.free_bytes += b->size;
+                sh.n_free_blocks++;
+                if (b->size > sh.largest_free)
+                    sh.largest_free = b->size;
+            }
+            /* An expandable reservation counts one segment per mapped run, as snapshots
+             * show it (§8.5). */
+            if (s->exp) {
+                gboolean mapped = b->state != ST_UNMAPPED;
+                if (mapped && !in_run)
+                    sh.n_segments++;
+                in_run = mapped;
+            }
+        }
+    }
+    return sh;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* check() */
+
+#define FAIL(...)                                                                              \
+    do {                                                                                       \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "torch: " __VA_ARGS__);       \
+        return FALSE;                                                                          \
+    } while (0)
+
+static gboolean check_tree(TPool *pool, gboolean unmapped, uint64_t *count, GError **error)
+{
+    TBlock *root = unmapped ? pool->uroot : pool->root;
+    const char *what = unmapped ? "unmapped set" : "free set";
+    const char *pname = pool->small ? "small" : "large";
+    *count = 0;
+    if (root && root->parent)
+        FAIL("%s pool %s: root has a parent", pname, what);
+    TBlock *prev = NULL;
+    for (TBlock *b = tree_first(root); b; b = tree_next(b)) {
+        (*count)++;
+        if (b->left && (b->left->parent != b || b->left->prio > b->prio))
+            FAIL("%s pool %s: bad left link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+        if (b->right && (b->right->parent != b || b->right->prio > b->prio))
+            FAIL("%s pool %s: bad right link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+        if (prev && !node_lt(prev, b, unmapped))
+            FAIL("%s pool %s not sorted at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+        if (b->state != (unmapped ? ST_UNMAPPED : ST_FREE))
+            FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x in state %d", pname, what,
+                 b->ptr, b->state);
+        if ((gboolean)b->small != pool->small)
+            FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x of the other pool", pname,
+                 what, b->ptr);
+        prev = b;
+    }
+    return TRUE;
+}
+
+static gboolean in_tree(const TBlock *b, const TBlock *root)
+{
+    while (b->parent)
+        b = b->parent;
+    return b == root;
+}
+
+static gboolean torch_check(void *state, GError **error)
+{
+    Torch *t = state;
+    int64_t allocated = 0, active = 0, requested = 0, reserved = 0, split_bytes = 0;
+    int64_t split_count = 0, segments = 0, n_alloc = 0;
+    uint64_t free_count[2] = {0, 0}, unmapped_count[2] = {0, 0}, pending_events = 0;
+    for (TSegment *s = t->segs; s; s = s->next_seg) {
+        if (s->prev_seg ? s->prev_seg->next_seg != s : t->segs != s)
+            FAIL("segment list broken at 0x%" G_GINT64_MODIFIER "x", s->base);
+        if (!s->exp)
+            segments++;
+        memsim_addr_t expect = s->base;
+        TBlock *prev = NULL;
+        if (!s->first || s->first->prev)
+            FAIL("segment 0x%" G_GINT64_MODIFIER "x: bad first block", s->base);
+        for (TBlock *b = s->first; b; prev = b, b = b->next) {
+            if (b->prev != prev)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x: prev link broken", b->ptr);
+            if (b->seg != s || b->stream != s->stream || b->small != s->small ||
+                b->exp != s->exp)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x disagrees with its segment 0x%"
+                     G_GINT64_MODIFIER "x", b->ptr, s->base);
+            if (b->ptr != expect)
+                FAIL("segment 0x%" G_GINT64_MODIFIER "x: block at 0x%" G_GINT64_MODIFIER
+                     "x, expected 0x%" G_GINT64_MODIFIER "x (blocks must tile the segment)",
+                     s->base, b->ptr, expect);
+            if (b->size == 0)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x has size 0", b->ptr);
+            expect += b->size;
+            if (prev && ((prev->state == ST_FREE && b->state == ST_FREE) ||
+                         (prev->state == ST_UNMAPPED && b->state == ST_UNMAPPED)))
+                FAIL("adjacent free blocks 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
+                     "x were not merged", prev->ptr, b->ptr);
+            if (b->event_count && b->state != ST_PENDING)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x has events but is not pending", b->ptr);
+            if (b->uses && b->state != ST_ALLOCATED)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x has stream uses but is not allocated",
+                     b->ptr);
+            TPool *pool = pool_of(t, b);
+            switch (b->state) {
+            case ST_FREE:
+                free_count[b->small]++;
+                if (!in_tree(b, pool->root))
+                    FAIL("free block 0x%" G_GINT64_MODIFIER "x is not in its pool", b->ptr);
+                if (!s->exp && is_split(b)) {
+                    split_count++;
+                    split_bytes += (int64_t)b->size;
+                }
+                reserved += (int64_t)b->size;
+                break;
+            case ST_UNMAPPED:
+                if (!s->exp)
+                    FAIL("unmapped block 0x%" G_GINT64_MODIFIER "x in a normal segment",
+                         b->ptr);
+                unmapped_count[b->small]++;
+                if (!in_tree(b, pool->uroot))
+                    FAIL("unmapped block 0x%" G_GINT64_MODIFIER "x is not in its pool",
+                         b->ptr);
+                break;
+            case ST_ALLOCATED:
+                if (hmap_get(&t->live, b->ptr) != b)
+                    FAIL("allocated block 0x%" G_GINT64_MODIFIER "x missing from the address "
+                         "map", b->ptr);
+                n_alloc++;
+                allocated += (int64_t)b->size;
+                active += (int64_t)b->size;
+                requested += (int64_t)b->requested;
+                reserved += (int64_t)b->size;
+                break;
+            case ST_PENDING:
+                if (b->event_count == 0)
+                    FAIL("pending block 0x%" G_GINT64_MODIFIER "x has no events", b->ptr);
+                pending_events += b->event_count;
+                active += (int64_t)b->size;
+                requested += (int64_t)b->requested;
+                reserved += (int64_t)b->size;
+                break;
+            default:
+                FAIL("block 0x%" G_GINT64_MODIFIER "x in unknown state %d", b->ptr, b->state);
+            }
+            if (b->state == ST_UNMAPPED && ((b->ptr - s->base) % s->page || b->size % s->page))
+                FAIL("unmapped range 0x%" G_GINT64_MODIFIER "x is not made of whole pages",
+                     b->ptr);
+        }
+        if (expect != s->base + s->size)
+            FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT
+                 " bytes of %" G_GUINT64_FORMAT, s->base, expect - s->base, s->size);
+    }
+    TPool *pools[2] = {&t->large, &t->small};
+    for (int i = 0; i < 2; i++) {
+        uint64_t n;
+        if (!check_tree(pools[i], FALSE, &n, error))
+            return FALSE;
+        if (n != free_count[pools[i]->small])
+            FAIL("%s pool holds %" G_GUINT64_FORMAT " free blocks, segments have %"
+                 G_GUINT64_FORMAT, pools[i]->small ? "small" : "large", n,
+                 free_count[pools[i]->small]);
+        if (!check_tree(pools[i], TRUE, &n, error))
+            return FALSE;
+        if (n != unmapped_count[pools[i]->small])
+            FAIL("%s pool holds %" G_GUINT64_FORMAT " unmapped ranges, segments have %"
+                 G_GUINT64_FORMAT, pools[i]->small ? "small" : "large", n,
+                 unmapped_count[pools[i]->small]);
+    }
+    uint64_t queued = 0;
+    for (uint32_t i = 0; i < t->n_queues; i++) {
+        if (i && t->queues[i - 1].stream >= t->queues[i].stream)
+            FAIL("event queues not sorted by stream");
+        queued += t->queues[i].len;
+    }
+    if (queued != t->n_events || pending_events != t->n_events)
+        FAIL("%" G_GUINT64_FORMAT " events counted, %" G_GUINT64_FORMAT " queued, %"
+             G_GUINT64_FORMAT " awaited by blocks", t->n_events, queued, pending_events);
+    if ((uint64_t)n_alloc != t->live.n)
+        FAIL("address map holds %" G_GUINT64_FORMAT " blocks, segments %" G_GINT64_FORMAT,
+             t->live.n, n_alloc);
+    const MemsimAllocStats *st = &t->st;
+    struct {
+        const char *name;
+        int64_t recount, stat;
+    } cmp[] = {
+        {"allocated", allocated, st->allocated.current},
+        {"active", active, st->active.current},
+        {"requested", requested, st->requested.current},
+        {"reserved", reserved, st->reserved.current},
+        {"reserved (total_allocated_memory)", reserved, (int64_t)t->total},
+        {"inactive_split bytes", split_bytes, st->inactive_split.current},
+        {"inactive_split count", split_count, t->n_inactive_split.current},
+        {"segments", segments, st->segments.current},
+        {"allocations", n_alloc, st->allocations.current},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cmp); i++)
+        if (cmp[i].recount != cmp[i].stat)
+            FAIL("stat %s is %" G_GINT64_FORMAT " but a recount gives %" G_GINT64_FORMAT,
+                 cmp[i].name, cmp[i].stat, cmp[i].recount);
+    const MemsimStat *pk[] = {&st->allocated, &st->reserved,       &st->active,
+                              &st->requested, &st->inactive_split, &st->segments,
+                              &st->allocations};
+    for (gsize i = 0; i < G_N_ELEMENTS(pk); i++)
+        if (pk[i]->peak < pk[i]->current)
+            FAIL("a peak is below its current value");
+    if (!(allocated <= active && active <= reserved))
+        FAIL("allocated <= active <= reserved violated");
+    return TRUE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Seeding: the state at the start of a recording that begins mid-run */
+
+static TSegment *segment_containing(Torch *t, memsim_addr_t addr)
+{
+    for (TSegment *s = t->segs; s; s = s->next_seg)
+        if (addr >= s->base && addr - s->base < s->size)
+            return s;
+    return NULL;
+}
+
+static TSegment *segment_overlapping(Torch *t, memsim_addr_t addr, memsim_size_t size)
+{
+    for (TSegment *s = t->segs; s; s = s->next_seg)
+        if (addr < s->base + s->size && s->base < addr + size)
+            return s;
+    return NULL;
+}
+
+/* A seeded expandable VA reservation starts at its first seeded run and is as large as a
+ * real one, so it may cover space that later seeds show belongs to something else: give
+ * that space back when its tail is still unmapped. */
+static gboolean shrink_seeded_vas(Torch *t, memsim_addr_t addr, memsim_size_t size)
+{
+    for (TSegment *s = t->segs; s; s = s->next_seg) {
+        if (!s->exp || !(addr < s->base + s->size && s->base < addr + size))
+            continue;
+        if (addr <= s->base)
+            return FALSE;
+        memsim_size_t keep = (addr - s->base) / s->page * s->page;
+        TBlock *last = s->first;
+        while (last->next)
+            last = last->next;
+        if (last->state != ST_UNMAPPED || last->ptr > s->base + keep)
+            return FALSE;
+        TPool *pool = pool_of(t, last);
+        tree_remove(&pool->uroot, last);
+        if (last->ptr == s->base + keep) {
+            if (last->prev)
+                last->prev->next = NULL;
+            drop_block(t, last);
+        } else {
+            last->size = s->base + keep - last->ptr;
+            upool_insert(pool, last);
+        }
+        s->size = keep;
+    }
+    return TRUE;
+}
+
+static gboolean seed_expandable(Torch *t, memsim_addr_t addr, memsim_size_t size,
+                                uint32_t stream, gboolean small, GError **error)
+{
+    memsim_size_t page = page_size(t, small);
+    if (size % page) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch: expandable segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                    " bytes is not a whole number of %" G_GUINT64_FORMAT "-byte pages",
+                    addr, size, page);
+        return FALSE;
+    }
+    TSegment *seg = segment_containing(t, addr);
+    if (seg && !(seg->exp && seg->stream == stream && seg->small == small &&
+                 (addr - seg->base) % page == 0 && addr + size <= seg->base + seg->size)) {
+        if (!seg->exp || !shrink_seeded_vas(t, addr, size))
+            goto overlap;
+        seg = NULL;
+    }
+    if (!seg) {
+        if (!shrink_seeded_vas(t, addr, size) || segment_overlapping(t, addr, size))
+            goto overlap;
+        memsim_size_t va = va_size(t, page);
+        if (va < size)
+            va = size;
+        /* Stop below the next segment up, if any. */
+        for (TSegment *s = t->segs; s; s = s->next_seg)
+            if (s->base > addr && s->base - addr < va)
+                va = (s->base - addr) / page * page;
+        seg = new_segment(t, addr, va, stream, small, page);
+        TBlock *u = new_block(t, seg, addr, va, ST_UNMAPPED);
+        seg->first = u;
+        upool_insert(pool_of(t, u), u);
+    }
+    TBlock *u = seg->first;
+    while (u && !(u->ptr <= addr && addr + size <= u->ptr + u->size))
+        u = u->next;
+    if (!u || u->state != ST_UNMAPPED)
+        goto overlap;
+    TPool *pool = pool_of(t, u);
+    tree_remove(&pool->uroot, u);
+    if (u->ptr < addr) {
+        TBlock *f = new_block(t, seg, u->ptr, addr - u->ptr, ST_UNMAPPED);
+        link_before(f, u);
+        upool_insert(pool, f);
+    }
+    if (addr + size < u->ptr + u->size) {
+        TBlock *r = new_block(t, seg, addr + size, u->ptr + u->size - addr - size, ST_UNMAPPED);
+        link_after(r, u);
+        upool_insert(pool, r);
+    }
+    u->ptr = addr;
+    u->size = size;
+    u->state = ST_FREE;
+    try_merge(t, u, u->prev, TRUE);
+    try_merge(t, u, u->next, TRUE);
+    pool_insert(pool, u);
+    t->total += size;
+    memsim_stat_add(&t->st.reserved, (int64_t)size);
+    reset_peaks(t);
+    return TRUE;
+overlap:
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                "torch: seeded segment 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT
+                " bytes) overlaps another segment",
+                addr, size);
+    return FALSE;
+}
+
+static gboolean torch_seed_segment(void *state, memsim_addr_t addr, memsim_size_t size,
+                                   uint32_t stream, uint32_t flags, GError **error)
+{
+    Torch *t = state;
+    gboolean small = (flags & MEMSIM_SEGF_SMALL) != 0;
+    if (size == 0 || addr + size < addr) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch: seeded segment 0x%" G_GINT64_MODIFIER "x has an invalid size %"
+                    G_GUINT64_FORMAT, addr, size);
+        return FALSE;
+    }
+    if (flags & MEMSIM_SEGF_EXPANDABLE)
+        return seed_expandable(t, addr, size, stream, small, error);
+    if (!shrink_seeded_vas(t, addr, size) || segment_overlapping(t, addr, size)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch: seeded segment 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT
+                    " bytes) overlaps another segment", addr, size);
+        return FALSE;
+    }
+    TSegment *seg = new_segment(t, addr, size, stream, small, 0);
+    TBlock *b = new_block(t, seg, addr, size, ST_FREE);
+    seg->first = b;
+    pool_insert(pool_of(t, b), b);
+    t->total += size;
+    memsim_stat_add(&t->st.segments, 1);
+    memsim_stat_add(&t->st.reserved, (int64_t)size);
+    reset_peaks(t);
+    return TRUE;
+}
+
+static gboolean torch_seed_block(void *state, memsim_addr_t addr, memsim_size_t block_size,
+                                 memsim_size_t requested, uint32_t stream, GError **error)
+{
+    Torch *t = state;
+    TSegment *seg = block_size ? segment_containing(t, addr) : NULL;
+    TBlock *f = seg ? seg->first : NULL;
+    while (f && !(f->ptr <= addr && addr - f->ptr < f->size))
+        f = f->next;
+    if (!f || f->state != ST_FREE || addr + block_size > f->ptr + f->size) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch: seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT
+                    " bytes) does not lie inside one free block of a seeded segment",
+                    addr, block_size);
+        return FALSE;
+    }
+    if (seg->stream != stream) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch: seeded block 0x%" G_GINT64_MODIFIER "x is on stream %u but its "
+                    "segment 0x%" G_GINT64_MODIFIER "x is on stream %u",
+                    addr, stream, seg->base, seg->stream);
+        return FALSE;
+    }
+    TPool *pool = pool_of(t, f);
+    tree_remove(&pool->root, f);
+    if (!f->exp && is_split(f)) {
+        memsim_stat_sub(&t->n_inactive_split, 1);
+        memsim_stat_sub(&t->st.inactive_split, (int64_t)f->size);
+    }
+    TBlock *pieces[2] = {NULL, NULL};
+    if (f->ptr < addr) {
+        pieces[0] = new_block(t, seg, f->ptr, addr - f->ptr, ST_FREE);
+        link_before(pieces[0], f);
+    }
+    if (addr + block_size < f->ptr + f->size) {
+        pieces[1] = new_block(t, seg, addr + block_size, f->ptr + f->size - addr - block_size,
+                              ST_FREE);
+        link_after(pieces[1], f);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!pieces[i])
+            continue;
+        pool_insert(pool, pieces[i]);
+        if (!f->exp) {
+            memsim_stat_add(&t->n_inactive_split, 1);
+            memsim_stat_add(&t->st.inactive_split, (int64_t)pieces[i]->size);
+        }
+    }
+    f->ptr = addr;
+    f->size = block_size;
+    f->state = ST_ALLOCATED;
+    f->requested = requested;
+    hmap_put(&t->live, f);
+    memsim_stat_add(&t->st.allocations, 1);
+    memsim_stat_add(&t->st.allocated, (int64_t)block_size);
+    memsim_stat_add(&t->st.active, (int64_t)block_size);
+    memsim_stat_add(&t->st.requested, (int64_t)requested);
+    reset_peaks(t);
+    return TRUE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* §2 settings */
+
+static const char *const known_keys =
+    "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
+    "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
+    "large_segment_size_mb, backend, release_lock_on_cudamalloc, "
+    "graph_capture_record_stream_reuse, pinned_use_cuda_host_register, "
+    "pinned_num_register_threads, pinned_use_background_threads, "
+    "pinned_reserve_segment_size_mb";
+
+/* The tokens of a setting string: ',', ':', '[' and ']' are tokens of their own ('=' reads as
+ * ':'), whitespace is dropped everywhere, everything else accumulates into words. */
+static GPtrArray *tokenize(const char *s)
+{
+    GPtrArray *toks = g_ptr_array_new_with_free_func(g_free);
+    GString *word = g_string_new(NULL);
+    for (const char *p = s; *p; p++) {
+        char c = *p == '=' ? ':' : *p;
+        if (c == ',' || c == ':' || c == '[' || c == ']') {
+            if (word->len)
+                g_ptr_array_add(toks, g_strdup(word->str));
+            g_string_truncate(word, 0);
+            g_ptr_array_add(toks, g_strndup(&c, 1));
+        } else if (!g_ascii_isspace(c)) {
+            g_string_append_c(word, c);
+        }
+    }
+    if (word->len)
+        g_ptr_array_add(toks, g_strdup(word->str));
+    g_string_free(word, TRUE);
+    return toks;
+}
+
+static gboolean parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !g_ascii_isdigit(*s))
+        return FALSE;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (!g_ascii_isdigit(*s) || v > (UINT64_MAX - 9) / 10)
+            return FALSE;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *out = v;
+    return TRUE;
+}
+
+static gboolean parse_double(const char *s, double *out)
+{
+    if (!s || !*s)
+        return FALSE;
+    char *end = NULL;
+    double v = g_ascii_strtod(s, &end);
+    if (*end || !isfinite(v))
+        return FALSE;
+    *out = v;
+    return TRUE;
+}
+
+static gboolean is_pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+typedef struct {
+    GPtrArray *toks;
+    guint i;
+    GError **error;
+} Parser;
+
+static const char *tok(Parser *p, guint i)
+{
+    return i < p->toks->len ? p->toks->pdata[i] : NULL;
+}
+
+static gboolean tok_is(Parser *p, guint i, const char *s)
+{
+    const char *x = tok(p, i);
+    return x && strcmp(x, s) == 0;
+}
+
+#define BAD(p, ...)                                                                            \
+    do {                                                                                       \
+        g_set_error((p)->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,                          \
+                    "torch settings: " __VA_ARGS__);                                           \
+        return FALSE;                                                                          \
+    } while (0)
+
+static const char *const div_help =
+    "roundup_power2_divisions takes a power of two N (every size interval) or a list "
+    "[B:N, ..., >:N] where each boundary B is a power of two in MiB, '>' covers the "
+    "intervals after the last boundary, and each N is 0 or a power of two";
+
+static gboolean parse_divisions(Parser *p, TorchConfig *c)
+{
+    for (int k = 0; k < K_DIV_INTERVALS; k++)
+        c->div[k] = 0;
+    if (!tok_is(p, p->i, "[")) {
+        uint64_t v;
+        if (!parse_u64(tok(p, p->i), &v) || !is_pow2(v))
+            BAD(p, "%s (got '%s')", div_help, tok(p, p->i) ? tok(p, p->i) : "");
+        for (int k = 0; k < K_DIV_INTERVALS; k++)
+            c->div[k] = v;
+        return TRUE;
+    }
+    gboolean first = TRUE;
+    size_t last_index = 0;
+    p->i++;
+    while (!tok_is(p, p->i, "]")) {
+        const char *bound = tok(p, p->i);
+        uint64_t v;
+        if (!bound || !tok_is(p, p->i + 1, ":") || !parse_u64(tok(p, p->i + 2), &v) ||
+            (v && !is_pow2(v)))
+            BAD(p, "%s (bad entry at '%s')", div_help, bound ? bound : "end of settings");
+        if (strcmp(bound, ">") == 0) {
+            /* Newest PyTorch: '>' fills the intervals after the last boundary. */
+            for (size_t k = last_index + 1; k < K_DIV_INTERVALS; k++)
+                c->div[k] = v;
+        } else {
+            uint64_t b;
+            if (!parse_u64(bound, &b) || !is_pow2(b))
+                BAD(p, "%s (boundary '%s' is not a power of two)", div_help, bound);
+            size_t index = (size_t)(63 - __builtin_clzll(b));
+            if (index > K_DIV_INTERVALS - 1)
+                index = K_DIV_INTERVALS - 1;
+            if (first) {
+                for (size_t k = 0; k < index; k++)
+                    c->div[k] = v;
+                first = FALSE;
+            }
+            c->div[index] = v;
+            last_index = index;
+        }
+        p->i += 3;
+        if (tok_is(p, p->i, ","))
+            p->i++;
+        else if (!tok_is(p, p->i, "]"))
+            BAD(p, "%s (expected ',' or ']' after an entry)", div_help);
+    }
+    return TRUE;
+}
+
+static gboolean parse_bool(Parser *p, const char *key, gboolean *out)
+{
+    const char *v = tok(p, p->i);
+    if (v && strcmp(v, "True") == 0)
+        *out = TRUE;
+    else if (v && strcmp(v, "False") == 0)
+        *out = FALSE;
+    else
+        BAD(p, "%s must be True or False (got '%s')", key, v ? v : "");
+    return TRUE;
+}
+
+static gboolean parse_settings(const char *settings, TorchConfig *c, GError **error)
+{
+    memset(c, 0, sizeof *c);
+    c->max_split_size = UNLIMITED;
+    c->max_non_split_rounding = K_LARGE_BUFFER;
+    c->large_segment = K_LARGE_BUFFER;
+    c->fraction = 1.0;
+    g_autoptr(GPtrArray) toks = tokenize(settings ? settings : "");
+    Parser ps = {toks, 0, error}, *p = &ps;
+    uint64_t split_mb = 0;
+    for (; p->i < toks->len; p->i++) {
+        const char *key = tok(p, p->i);
+        if (!tok_is(p, p->i + 1, ":") || !tok(p, p->i + 2))
+            BAD(p, "expected key:value or key=value at '%s' (keys: %s)", key, known_keys);
+        p->i += 2;
+        const char *val = tok(p, p->i);
+        uint64_t u;
+        double d;
+        gboolean flag;
+        if (strcmp(key, "max_split_size_mb") == 0) {
+            if (!parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
+                BAD(p, "max_split_size_mb must be an integer number of MiB >= %" G_GUINT64_FORMAT
+                    " (got '%s')", K_LARGE_BUFFER / MIB, val);
+            split_mb = u;
+            c->max_split_size = u > UINT64_MAX / MIB ? UNLIMITED - 1 : u * MIB;
+        } else if (strcmp(key, "max_non_split_rounding_mb") == 0) {
+            if (!parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
+                BAD(p, "max_non_split_rounding_mb must be an integer number of MiB >= %"
+                    G_GUINT64_FORMAT " (got '%s')", K_LARGE_BUFFER / MIB, val);
+            c->max_non_split_rounding = u > UINT64_MAX / MIB ? UINT64_MAX / 2 : u * MIB;
+        } else if (strcmp(key, "large_segment_size_mb") == 0) {
+            if (!parse_u64(val, &u) || u <= K_MIN_LARGE_ALLOC / MIB || u > 1u << 20)
+                BAD(p, "large_segment_size_mb must be an integer number of MiB > %"
+                    G_GUINT64_FORMAT " (got '%s')", K_MIN_LARGE_ALLOC / MIB, val);
+            c->large_segment = u * MIB;
+        } else if (strcmp(key, "roundup_power2_divisions") == 0) {
+            if (!parse_divisions(p, c))
+                return FALSE;
+        } else if (strcmp(key, "garbage_collection_threshold") == 0) {
+            if (!parse_double(val, &d) || !(d > 0.0 && d < 1.0))
+                BAD(p, "garbage_collection_threshold must be a number in (0, 1) (got '%s')",
+                    val);
+            c->gc_threshold = d;
+        } else if (strcmp(key, "expandable_segments") == 0) {
+            if (!parse_bool(p, key, &c->expandable))
+                return FALSE;
+        } else if (strcmp(key, "per_process_memory_fraction") == 0) {
+            if (!parse_double(val, &d) || !(d >= 0.0 && d <= 1.0))
+                BAD(p, "per_process_memory_fraction must be a number in [0, 1] (got '%s')",
+                    val);
+            c->fraction = d;
+        } else if (strcmp(key, "backend") == 0) {
+            if (strcmp(val, "cudaMallocAsync") == 0) {
+                g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                            "torch settings: backend:cudaMallocAsync is a different allocator "
+                            "that this policy does not model (accepted: backend:native)");
+                return FALSE;
+            }
+            if (strcmp(val, "native") != 0)
+                BAD(p, "backend must be native or cudaMallocAsync (got '%s')", val);
+        } else if (strcmp(key, "release_lock_on_cudamalloc") == 0 ||
+                   strcmp(key, "graph_capture_record_stream_reuse") == 0 ||
+                   strcmp(key, "pinned_use_cuda_host_register") == 0 ||
+                   strcmp(key, "pinned_use_background_threads") == 0) {
+            if (!parse_bool(p, key, &flag))
+                return FALSE; /* accepted; no effect on a single-threaded simulation */
+        } else if (strcmp(key, "pinned_num_register_threads") == 0 ||
+                   strcmp(key, "pinned_reserve_segment_size_mb") == 0) {
+            if (!parse_u64(val, &u))
+                BAD(p, "%s must be an integer (got '%s')", key, val);
+        } else {
+            BAD(p, "unknown key '%s' (keys: %s)", key, known_keys);
+        }
+        if (p->i + 1 < toks->len) {
+            p->i++;
+            if (!tok_is(p, p->i, ","))
+                BAD(p, "expected ',' after the value of %s, got '%s'", key, tok(p, p->i));
+        }
+    }
+    if (split_mb && c->max_split_size < c->large_segment)
+        BAD(p, "max_split_size_mb must be >= large_segment_size_mb (%" G_GUINT64_FORMAT ")",
+            c->large_segment / MIB);
+    c->any_div = FALSE;
+    for (int k = 0; k < K_DIV_INTERVALS; k++)
+        if (c->div[k] > 1)
+            c->any_div = TRUE;
+    return TRUE;
+}
+
+static const char torch_settings_help[] =
+    "max_split_size_mb=N             blocks of N MiB or more are never split, and a smaller "
+    "request never takes one (N >= 20; default unlimited)\n"
+    "max_non_split_rounding_mb=N     a request >= max_split_size may take a cached block less "
+    "than N MiB larger (N >= 20; default 20)\n"
+    "roundup_power2_divisions=N      round requests up to one of N steps between powers of "
+    "two; also [B:N,...,>:N] per size interval starting at B MiB ('>' = the intervals after "
+    "the last boundary, newest PyTorch semantics)\n"
+    "garbage_collection_threshold=T  with a memory fraction, free old cached segments when "
+    "usage exceeds T of the allowed memory (0 < T < 1)\n"
+    "expandable_segments=True|False  grow per-stream virtual reservations by mapping pages "
+    "(20 MiB large, 2 MiB small) instead of cudaMalloc segments\n"
+    "per_process_memory_fraction=F   cap the allocator at F x device capacity (0 <= F <= 1; "
+    "active only when F < 1; needs a capacity)\n"
+    "large_segment_size_mb=N         segment size for 1-10 MiB requests and large page size "
+    "(N > 10; default 20)\n"
+    "backend=native                  cudaMallocAsync is not modelled\n"
+    "release_lock_on_cudamalloc=B, graph_capture_record_stream_reuse=B, pinned_*=...  "
+    "accepted, no effect\n"
+    "Both PYTORCH_CUDA_ALLOC_CONF's key:value and key=value are accepted.";
+
+/* ---------------------------------------------------------------------------------------- */
+/* Life cycle */
+
+static void *torch_create(const char *settings, MemsimDevice *dev, GError **error)
+{
+    TorchConfig cfg;
+    if (!parse_settings(settings, &cfg, error))
+        return NULL;
+    if (cfg.fraction < 1.0 && dev->capacity == 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "torch settings: per_process_memory_fraction:%g needs a device capacity "
+                    "(the device is unlimited)", cfg.fraction);
+        return NULL;
+    }
+    Torch *t = g_new0(Torch, 1);
+    t->dev = dev;
+    t->cfg = cfg;
+    t->small.small = TRUE;
+    t->large.small = FALSE;
+    hmap_init(&t->live, 10);
+    slab_init(&t->block_slab, sizeof(TBlock));
+    slab_init(&t->seg_slab, sizeof(TSegment));
+    slab_init(&t->use_slab, sizeof(UseNode));
+    t->rng = 0x9E3779B9u;
+    t->scratch = g_ptr_array_new();
+    return t;
+}
+
+static void torch_destroy(void *state)
+{
+    Torch *t = state;
+    if (!t)
+        return;
+    for (uint32_t i = 0; i < t->n_queues; i++)
+        g_free(t->queues[i].ring);
+    g_free(t->queues);
+    g_free(t->live.slots);
+    slab_clear(&t->block_slab);
+    slab_clear(&t->seg_slab);
+    slab_clear(&t->use_slab);
+    g_ptr_array_unref(t->scratch);
+    g_free(t);
+}
+
+static const MemsimAllocOps torch_ops = {
+    .name = "torch",
+    .description = "PyTorch's CUDA caching allocator (native backend), modelled exactly",
+    .settings_help = torch_settings_help,
+    .create = torch_create,
+    .destroy = torch_destroy,
+    .malloc = torch_malloc,
+    .free = torch_free,
+    .record_stream = torch_record_stream,
+    .empty_cache = torch_empty_cache,
+    .stats = torch_stats,
+    .shape = torch_shape,
+    .reset_peaks = torch_reset_peaks,
+    .check = torch_check,
+    .seed_segment = torch_seed_segment,
+    .seed_block = torch_seed_block,
+    .round_size = torch_round_size,
+};
+
+const MemsimAllocOps *memsim_alloc_torch_ops(void)
+{
+    return &torch_ops;
+}
