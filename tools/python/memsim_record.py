@@ -22,9 +22,10 @@ event into an op table with its name and phase), and MARK events at step and pha
 boundaries. Storages that exist when recording starts (parameters, buffers, gradients,
 optimizer state, inputs) appear first, as ALLOC events, so that live bytes are complete.
 Each allocation gets a category: parameter, gradient, optimizer_state or input for the
-tensors the recorder knows (and for storages seen as a `.grad` or as optimizer state at the
-end of any phase), activation for storages allocated in a forward phase and still alive at
-its end, temporary for everything else (`tag()` overrides).
+tensors the recorder knows and for storages seen as a `.grad` or as optimizer state at the
+end of any phase; "other" for model buffers; activation for storages allocated in a forward
+phase and still alive at its end (saved for backward, or outputs); temporary for everything
+else. `tag()` overrides all of these.
 
 How, and why it is exact (CPU, torch >= 1.13). The PyTorch profiler with
 `profile_memory=True` records one event for each allocation and each free that goes through
@@ -362,7 +363,9 @@ class Recorder:
                 params.extend(group["params"])
         out.extend((p, "parameter") for p in params)
         if self.model is not None:
-            out.extend((b, "parameter") for b in self.model.buffers())
+            # Buffers (rotary frequencies, causal tables) are model state but not parameters:
+            # "other", as memsim's generator has them.
+            out.extend((b, "other") for b in self.model.buffers())
         out.extend((p.grad, "gradient") for p in params if p.grad is not None)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
