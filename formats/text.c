@@ -533,6 +533,10 @@ static int read_line(TextReader *r, GError **error)
         r->llen += got;
     }
     r->line_no++;
+    if (r->line_len > MAX_LINE) {
+        text_fail(r, error, "line longer than %u bytes", MAX_LINE);
+        return -1;
+    }
     if (r->line_len && r->line[r->line_len - 1] == '\r')
         r->line_len--;
     if (memchr(r->line, 0, r->line_len)) {
@@ -702,11 +706,12 @@ static gboolean parse_u64(TextReader *r, const Item *it, const char *what, uint6
 {
     const char *s = it->val;
     gsize n = it->val_len;
+    const char *sep = g_str_has_suffix(what, "=") ? "" : " "; /* "size=5", "rank 5" */
     if (it->quoted || n == 0)
         goto bad;
     if (s[0] == '-') {
-        text_fail(r, error, "%s %.*s is negative (expected a number from 0 to %" PRIu64 ")",
-                  what, (int)MIN(n, (gsize)64), s, max);
+        text_fail(r, error, "%s%s%.*s is negative (expected a number from 0 to %" PRIu64 ")",
+                  what, sep, (int)MIN(n, (gsize)64), s, max);
         return FALSE;
     }
     unsigned base = 10;
@@ -721,15 +726,15 @@ static gboolean parse_u64(TextReader *r, const Item *it, const char *what, uint6
         if (d < 0)
             goto bad;
         if (v > (UINT64_MAX - (uint64_t)d) / base) {
-            text_fail(r, error, "%s %.*s does not fit in 64 bits (expected at most %" PRIu64 ")",
-                      what, (int)MIN(n, (gsize)64), s, max);
+            text_fail(r, error, "%s%s%.*s does not fit in 64 bits (expected at most %" PRIu64 ")",
+                      what, sep, (int)MIN(n, (gsize)64), s, max);
             return FALSE;
         }
         v = v * base + (uint64_t)d;
     }
     if (v > max) {
-        text_fail(r, error, "%s %" PRIu64 " out of range (expected at most %" PRIu64 ")", what, v,
-                  max);
+        text_fail(r, error, "%s%s%" PRIu64 " out of range (expected at most %" PRIu64 ")", what,
+                  sep, v, max);
         return FALSE;
     }
     *out = v;
