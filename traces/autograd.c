@@ -454,6 +454,8 @@ static void ckpt_holder_done(AgGraph *g, AgCkpt *ck)
         return;
     for (int i = 0; i < ck->n_inputs; i++)
         gt_unref(g, ck->inputs[i]);
+    if (ck->user_free)
+        ck->user_free(g, ck->user);
     g_array_unref(ck->holders);
     g_free(ck);
 }
@@ -496,14 +498,20 @@ static void recompute(AgGraph *g, AgCkpt *ck)
     g->ctx = saved;
 }
 
-AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgTensor **inputs, int n)
+AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user_free,
+                        AgTensor **inputs, int n)
 {
     g_assert(n <= 4);
-    if (!g->ctx.grad_enabled)
-        return fn(g, user, inputs, n);
+    if (!g->ctx.grad_enabled) {
+        AgTensor *out = fn(g, user, inputs, n);
+        if (user_free)
+            user_free(g, user);
+        return out;
+    }
     AgCkpt *ck = g_new0(AgCkpt, 1);
     ck->fn = fn;
     ck->user = user;
+    ck->user_free = user_free;
     ck->n_inputs = n;
     ck->layer = g->ctx.layer;
     ck->holders = g_array_new(FALSE, FALSE, sizeof(Holder));

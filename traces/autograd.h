@@ -78,7 +78,7 @@ typedef struct AgGraph AgGraph;
  * into grad_out. Temporaries it makes must be freed before it returns. */
 typedef void (*AgBackwardFn)(AgGraph *g, struct AgNode *n, AgTensor **grad_in, AgTensor **grad_out);
 
-#define GN_MAXNEXT 4
+#define GN_MAXNEXT 16
 #define GN_MAXSAVED 8
 #define GN_MAXOUT 4
 
@@ -127,9 +127,11 @@ typedef struct {
  * recomputed save fills its holder, to be freed when the consuming node releases it. */
 typedef struct AgTensor *(*AgRegionFn)(struct AgGraph *g, void *user, struct AgTensor **inputs,
                                        int n_inputs);
+typedef void (*AgRegionFree)(struct AgGraph *g, void *user);
 typedef struct AgCkpt {
     AgRegionFn fn;
     void *user;
+    AgRegionFree user_free; /* frees user when the region dies (it may hold references) */
     struct AgTensor *inputs[4];
     int n_inputs;
     bool recomputing;
@@ -189,8 +191,10 @@ bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs);
 void gg_backward(AgGraph *g, AgTensor *loss);
 
 /* Runs fn(inputs) as a checkpointed region; returns its output (a new reference). The
- * region keeps references to the inputs until its holders are all consumed. */
-AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgTensor **inputs, int n);
+ * region keeps references to the inputs, and `user` (the rest of the closure: masks,
+ * rotary tables), until its holders are all consumed; then user_free(user) runs. */
+AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user_free,
+                        AgTensor **inputs, int n);
 
 /* The autocast cast cache (AUTOGRAD_MEMORY.md §8.2): the low-precision copy of a trainable
  * fp32 leaf, made at first use in the region. gg_autocast_clear drops the cache's references

@@ -521,7 +521,17 @@ typedef struct {
     Model *md;
     Fwd *f;
     int layer;
+    Fwd own; /* a checkpointed region's copy of the forward's tensors (references) */
 } LayerArg;
+
+static void layer_arg_free(AgGraph *g, void *p)
+{
+    LayerArg *la = p;
+    gt_unref(g, la->own.mask);
+    gt_unref(g, la->own.cos4);
+    gt_unref(g, la->own.sin4);
+    g_free(la);
+}
 
 static AgTensor *split_heads(Model *md, AgTensor *x, int64_t heads)
 {
@@ -577,8 +587,8 @@ static AgTensor *llama_mlp(Model *md, Layer *ly, AgTensor *x)
     return out;
 }
 
-/* Mixtral's sparse MoE block, eager experts with routing assumed uniform (S·k/E slots per
- * expert); the grouped_mm path allocates the same per-slot tensors in one go. */
+/* Mixtral's sparse MoE block (HF_MODELS.md §3.9), eager experts, with routing assumed
+ * uniform: each expert gets S·k/E of the token slots. */
 static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
 {
     AgGraph *g = md->g;
@@ -590,18 +600,21 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
     AgTensor *l32 = op_to(g, logits, DT_F32);
     AgTensor *probs = op_softmax(g, l32, DT_F32);
     U(l32);
-    AgTensor *topv = op_new(g, "topk", DT_F32, SHAPE(T, K));
-    AgTensor *topi = op_new(g, "topk", DT_I64, SHAPE(T, K));
-    AgTensor *ssum = op_new(g, "sum", DT_F32, SHAPE(T, 1));
+    AgTensor *topv = op_topk(g, probs, K);
+    U(probs);
+    AgTensor *ssum = op_new(g, "sum", DT_F32, SHAPE(T, 1)); /* values /= sum, in place */
     U(ssum);
-    AgTensor *acc = op_new(g, "zeros_like", x2->dt, SHAPE(T, H));
+    AgTensor *wflat = op_view(g, topv, SHAPE(T * K, 1));
+    U(topv);
     int64_t slots = T * K;
+    AgTensor *outs[64];
+    int nout = 0;
+    g_assert(E <= 64);
     for (int64_t e = 0; e < E; e++) {
         int64_t ne = slots / E + (e < slots % E ? 1 : 0);
         if (ne == 0)
             continue;
-        AgTensor *idx = op_new(g, "where", DT_I64, SHAPE(ne));
-        AgTensor *xe = op_new(g, "index", x2->dt, SHAPE(ne, H));
+        AgTensor *xe = op_gather_rows(g, x2, ne);
         AgTensor *gte = lin(md, &ly->experts[3 * e], xe);
         AgTensor *a = act(md, gte);
         U(gte);
@@ -611,20 +624,32 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
         U(up);
         AgTensor *y = lin(md, &ly->experts[3 * e + 2], h);
         U(h);
-        AgTensor *w = op_new(g, "index", DT_F32, SHAPE(ne, 1));
-        AgTensor *yw = op_binary(g, BIN_MUL, y, w);
+        U(xe);
+        AgTensor *w = op_gather_rows(g, wflat, ne);
+        AgTensor *yw = op_binary(g, BIN_MUL, y, w); /* dt × f32 → f32 */
         U(y);
         U(w);
-        AgTensor *yc = op_to(g, yw, x2->dt);
+        outs[nout++] = op_to(g, yw, x2->dt);
         U(yw);
-        U(yc); /* index_add_ into acc, in place */
-        U(xe);
-        U(idx);
     }
-    U(topv);
-    U(topi);
-    U(probs);
+    U(wflat);
     U(logits);
+    /* final_hidden_states.index_add_ of every expert's rows */
+    AgTensor *acc = NULL;
+    for (int i = 0; i < nout; i += GN_MAXNEXT) {
+        int n = nout - i < GN_MAXNEXT ? nout - i : GN_MAXNEXT;
+        AgTensor *part = op_index_add(g, x2->dt, T, H, outs + i, n);
+        if (acc) {
+            AgTensor *s2 = op_binary(g, BIN_ADD, acc, part);
+            U(acc);
+            U(part);
+            acc = s2;
+        } else {
+            acc = part;
+        }
+    }
+    for (int i = 0; i < nout; i++)
+        U(outs[i]);
     U(x2);
     AgTensor *out = op_view(g, acc, SHAPE(md->B, md->S, H));
     U(acc);
@@ -912,15 +937,34 @@ static AgTensor *falcon_layer(AgGraph *g, void *user, AgTensor **in, int n)
     U(ha);
     AgTensor *q, *k, *v;
     if (m->falcon_new_arch) {
-        /* q, k, v flattened to nh heads: three copies (B,S,nh,hd) */
-        q = op_new(g, "flatten", qkv->dt, SHAPE(B, S, nh, hd));
-        k = op_new(g, "flatten", qkv->dt, SHAPE(B, S, nh, hd));
-        v = op_new(g, "flatten", qkv->dt, SHAPE(B, S, nh, hd));
+        /* view(B,S,nkv,g+2,hd); q = [..., :-2, :]; k, v = [..., [-2], :] (index copies),
+         * broadcast to q's shape; flatten(2,3) makes three (B,S,nh,hd) copies */
+        int64_t grp = nh / nkv;
+        AgTensor *v5 = op_view(g, qkv, SHAPE(B, S, nkv, grp + 2, hd));
+        AgTensor *qs = op_slice(g, v5, 3, 0, grp);
+        AgTensor *ks = op_slice(g, v5, 3, grp, grp + 1), *vs = op_slice(g, v5, 3, grp + 1, grp + 2);
+        U(v5);
+        AgTensor *kc = op_clone(g, ks), *vc = op_clone(g, vs);
+        U(ks);
+        U(vs);
+        AgTensor *ke = op_expand(g, kc, SHAPE(B, S, nkv, grp, hd));
+        AgTensor *ve = op_expand(g, vc, SHAPE(B, S, nkv, grp, hd));
+        U(kc);
+        U(vc);
+        q = op_reshape(g, qs, SHAPE(B, S, nh, hd));
+        k = op_reshape(g, ke, SHAPE(B, S, nh, hd));
+        v = op_reshape(g, ve, SHAPE(B, S, nh, hd));
+        U(qs);
+        U(ke);
+        U(ve);
     } else if (nkv == 1) {
         AgTensor *v4 = op_view(g, qkv, SHAPE(B, S, nh + 2, hd));
         q = op_slice(g, v4, 2, 0, nh);
-        k = op_new(g, "index", qkv->dt, SHAPE(B, S, 1, hd));
-        v = op_new(g, "index", qkv->dt, SHAPE(B, S, 1, hd));
+        AgTensor *ks = op_slice(g, v4, 2, nh, nh + 1), *vs = op_slice(g, v4, 2, nh + 1, nh + 2);
+        k = op_clone(g, ks); /* [..., [-2], :]: advanced indexing copies */
+        v = op_clone(g, vs);
+        U(ks);
+        U(vs);
         U(v4);
     } else {
         AgTensor *v5 = op_view(g, qkv, SHAPE(B, S, nh, 3 * hd));
@@ -1056,22 +1100,42 @@ static AgTensor *codegen_layer(AgGraph *g, void *user, AgTensor **in, int n)
     int64_t B = md->B, S = md->S, nh = m->nh, hd = m->hd, rd = m->rotary_dim;
     AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
     AgTensor *qkv = lin(md, &ly->qkv, h);
-    /* three head copies (dims not mergeable), q and k rotated in fp32 */
-    AgTensor *heads[3];
-    for (int i = 0; i < 3; i++)
-        heads[i] = op_new(g, "reshape", qkv->dt, SHAPE(B, S, nh, hd));
+    /* reshape(B,S,4,3H/4) and split(H/4) into q, v, k; each reshaped to (B,S,nh,hd): a copy,
+     * the dims do not merge */
+    AgTensor *r4 = op_view(g, qkv, SHAPE(B, S, 4, 3 * m->H / 4));
+    AgTensor *parts[3];
+    op_split(g, r4, 3, m->H / 4, parts, 3);
+    U(r4);
     U(qkv);
-    AgTensor *sincos = op_new(g, "index", DT_F32, SHAPE(1, S, rd));
-    AgTensor *rot[2];
-    for (int i = 0; i < 2; i++) {
-        AgTensor *r = op_new(g, "_to_copy", DT_F32, SHAPE(B, S, nh, hd)); /* promotes */
-        U(heads[i]);
-        rot[i] = op_transpose(g, r, 1, 2);
-        U(r);
+    AgTensor *heads[3];
+    for (int i = 0; i < 3; i++) {
+        heads[i] = op_reshape(g, parts[i], SHAPE(B, S, nh, hd));
+        U(parts[i]);
     }
+    /* sin/cos gathered from the layer's fp32 table, repeat_interleave'd to (1,S,1,rd) */
+    AgContext *c = gg_ctx(g);
+    bool ge = c->grad_enabled;
+    c->grad_enabled = false;
+    AgTensor *sincos = op_new(g, "index", DT_F32, SHAPE(1, S, rd));
+    AgTensor *sin4 = op_new(g, "repeat_interleave", DT_F32, SHAPE(1, S, 1, rd));
+    AgTensor *cos4 = op_new(g, "repeat_interleave", DT_F32, SHAPE(1, S, 1, rd));
+    c->grad_enabled = ge;
+    /* k then q: the rotated part is fp32 (dt × fp32), so the cat with the pass-through
+     * promotes the whole head to fp32 */
+    AgTensor *rot[2];
+    for (int i = 1; i >= 0; i--) {
+        AgTensor *hidx = heads[i == 0 ? 0 : 2]; /* split order: q, v, k */
+        AgTensor *rr = apply_rope_partial(md, hidx, rd, cos4, sin4);
+        rot[i] = op_permute(g, rr, (int[]){0, 2, 1, 3});
+        U(rr);
+    }
+    U(sin4);
+    U(cos4);
     U(sincos);
-    AgTensor *v = op_transpose(g, heads[2], 1, 2);
+    U(heads[0]);
     U(heads[2]);
+    AgTensor *v = op_permute(g, heads[1], (int[]){0, 2, 1, 3});
+    U(heads[1]);
     AgTensor *k = rot[1];
     cache_update(md, &k, &v);
     AgTensor *o = neo_attn_core(md, la->f, rot[0], k, v, true);
@@ -1400,7 +1464,7 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
         AgTensor *alibi = op_new(g, "build_alibi_tensor", md->adt, SHAPE(B * m->nh, 1, S));
         U(alibi);
     }
-    LayerArg la = {md, &f, 0};
+    LayerArg la = {md, &f, 0, {0}};
     AgRegionFn fn;
     switch (m->fam) {
     case FAM_GPT2:
@@ -1432,9 +1496,17 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
         c->layer = (int32_t)l;
         la.layer = (int)l;
         AgTensor *y;
-        if (md->run->checkpointing == MEMSIM_CKPT_FULL && c->grad_enabled)
-            y = gg_checkpoint(g, fn, &la, &x, 1);
-        else
+        if (md->run->checkpointing == MEMSIM_CKPT_FULL && c->grad_enabled) {
+            /* the checkpoint keeps the layer's arguments (mask, cos/sin) with its inputs */
+            LayerArg *ca = g_new0(LayerArg, 1);
+            *ca = la;
+            ca->own = f;
+            gt_ref(f.mask);
+            gt_ref(f.cos4);
+            gt_ref(f.sin4);
+            ca->f = &ca->own;
+            y = gg_checkpoint(g, fn, ca, layer_arg_free, &x, 1);
+        } else
             y = fn(g, &la, &x, 1);
         U(x);
         x = y;

@@ -1022,3 +1022,63 @@ AgTensor *op_cross_entropy(AgGraph *g, AgTensor *logits, AgTensor *labels)
     gt_unref(g, L);
     return loss;
 }
+
+/* ---- indexing (MoE dispatch, multi-query heads) ---- */
+
+static void bw_zeros_like_input(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    gg_op(g, n->name[0] == 'T' ? "value_selecting_reduction_backward" : "index_put_");
+    gout[0] = alloc_like_dt(g, n->in_meta[0], gin[0]->dt);
+}
+
+AgTensor *op_gather_rows(AgGraph *g, AgTensor *x, int64_t n)
+{
+    gg_op(g, "index");
+    AgTensor *out = gt_empty(g, x->dt, SHAPE(n, x->shape[x->nd - 1]));
+    AgNode *nd = node_for(g, "IndexBackward0", bw_zeros_like_input, 1, &x, 1);
+    if (nd) {
+        AgTensor *idx = gt_empty(g, DT_I64, SHAPE(n));
+        gn_save(g, nd, idx);
+        gt_unref(g, idx);
+        gn_set_output(nd, out, 0);
+    }
+    return out;
+}
+
+static void bw_index_add(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    for (int i = 0; i < n->n_next; i++)
+        if (needs(n, i)) {
+            gg_op(g, "index_select");
+            gout[i] = alloc_like_dt(g, n->in_meta[i], gin[0]->dt);
+        }
+}
+
+AgTensor *op_index_add(AgGraph *g, DType dt, int64_t rows, int64_t cols, AgTensor **srcs, int n)
+{
+    g_assert(n <= GN_MAXNEXT);
+    gg_op(g, "zeros");
+    AgTensor *out = gt_empty(g, dt, SHAPE(rows, cols));
+    gg_op(g, "index_add_");
+    AgNode *nd = node_for(g, "IndexAddBackward0", bw_index_add, n, srcs, 1);
+    if (nd)
+        gn_set_output(nd, out, 0);
+    return out;
+}
+
+AgTensor *op_topk(AgGraph *g, AgTensor *x, int64_t k)
+{
+    gg_op(g, "topk");
+    int64_t sh[GT_MAXDIM];
+    memcpy(sh, x->shape, sizeof sh);
+    sh[x->nd - 1] = k;
+    AgTensor *vals = gt_empty(g, x->dt, x->nd, sh);
+    AgTensor *idx = gt_empty(g, DT_I64, x->nd, sh);
+    AgNode *nd = node_for(g, "TopkBackward0", bw_zeros_like_input, 1, &x, 1);
+    if (nd) {
+        gn_save(g, nd, idx);
+        gn_set_output(nd, vals, 0);
+    }
+    gt_unref(g, idx);
+    return vals;
+}

@@ -60,6 +60,16 @@ AgTensor *op_layer_norm(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b);
 /* cross_entropy(logits [N,V], labels [N]) = log_softmax + nll_loss; returns the 0-d loss */
 AgTensor *op_cross_entropy(AgGraph *g, AgTensor *logits, AgTensor *labels);
 
+/* x[idx] for n row indices of a 2-D x: a copy (n, cols); backward: zeros of x's size with
+ * the rows put back (index_put). */
+AgTensor *op_gather_rows(AgGraph *g, AgTensor *x, int64_t n);
+/* zeros(rows, cols).index_add_(0, idx_i, srcs[i]) for each i; backward: index_select per
+ * source. */
+AgTensor *op_index_add(AgGraph *g, DType dt, int64_t rows, int64_t cols, AgTensor **srcs, int n);
+/* torch.topk(x, k, dim=-1): values (and int64 indices, not returned) allocated; backward:
+ * zeros of x's size with the values scattered back. */
+AgTensor *op_topk(AgGraph *g, AgTensor *x, int64_t k);
+
 /* Plain allocations with no autograd (arange, ones, zeros, full, comparisons, ...). */
 AgTensor *op_new(AgGraph *g, const char *name, DType dt, int nd, const int64_t *shape);
 

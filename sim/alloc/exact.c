@@ -67,7 +67,7 @@ static void account(Exact *e, int64_t size, int64_t requested)
         memsim_stat_sub(&e->st.reserved, -size);
         memsim_stat_sub(&e->st.allocated, -size);
         memsim_stat_sub(&e->st.active, -size);
-        memsim_stat_sub(&e->st.requested, -requested);
+        memsim_stat_sub(&e->st.requested, requested);
         memsim_stat_sub(&e->st.allocations, 1);
         memsim_stat_sub(&e->st.segments, 1);
         e->st.n_device_free++;

@@ -1,0 +1,261 @@
+/* The generator: presets against published parameter counts, the model-state bytes those
+ * counts imply, run settings, and bad configs. */
+#include <criterion/criterion.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* Parameter counts as published for each checkpoint (Hugging Face model cards and
+ * repository metadata; the Llama 2 / Mixtral / GPT-2 figures are also those quoted in
+ * HF_MODELS.md). Tied embeddings count once. */
+static const struct {
+    const char *preset;
+    int64_t params;
+} published[] = {
+    {"bloom-560m", 559214592},      {"bloom-1b7", 1722408960},
+    {"bloom-7b1", 7069016064},      {"falcon-7b", 6921720704},
+    {"falcon-40b", 41303293952},    {"gpt-neo-125m", 125198592},
+    {"gpt-neo-1.3b", 1315575808},   {"gpt-neo-2.7b", 2651307520},
+    {"gpt-neox-20b", 20554567680},  {"gpt2", 124439808},
+    {"gpt2-medium", 354823168},     {"gpt2-large", 774030080},
+    {"gpt2-xl", 1557611200},        {"llama-7b", 6738415616},
+    {"llama-2-7b", 6738415616},     {"llama-2-13b", 13015864320},
+    {"llama-2-70b", 68976648192},   {"llama-3-8b", 8030261248},
+    {"llama-3-70b", 70553706496},   {"mistral-7b", 7241732096},
+    {"mixtral-8x7b", 46702792704},  {"opt-125m", 125239296},
+    {"opt-350m", 331196416},        {"opt-1.3b", 1315758080},
+    {"opt-2.7b", 2651596800},       {"opt-6.7b", 6658473984},
+    {"opt-13b", 12853473280},       {"pythia-410m", 405334016},
+    {"pythia-1.4b", 1414647808},    {"pythia-6.9b", 6857302016},
+    {"qwen2-7b", 7615616512},
+};
+
+/* CodeGen has no exact published count; its checkpoints are fp16 files of 5.69 GB (2B) and
+ * 14.3 GB (6B) that also hold one 2048×2048 bool mask buffer per layer, and the 350M one is
+ * named for its size. The counts must agree with those files within their rounding. */
+static const struct {
+    const char *preset;
+    double file_bytes, buffer_bytes, tolerance;
+} approx[] = {
+    {"codegen-2b", 5.69e9, 32 * 4194304.0, 0.01},
+    {"codegen-6b", 14.3e9, 33 * 4194304.0, 0.01},
+};
+
+Test(generator, presets_match_published_counts)
+{
+    g_auto(GStrv) names = memsim_model_presets();
+    int checked = 0;
+    for (char **n = names; *n; n++) {
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(*n, &error);
+        cr_assert(m, "%s: %s", *n, error ? error->message : "?");
+        int64_t got = memsim_model_n_params(m);
+        gboolean known = FALSE;
+        for (gsize i = 0; i < G_N_ELEMENTS(published); i++)
+            if (strcmp(published[i].preset, *n) == 0) {
+                cr_expect_eq(got, published[i].params, "%s: %" G_GINT64_FORMAT
+                             " parameters, published %" G_GINT64_FORMAT,
+                             *n, got, published[i].params);
+                known = TRUE;
+                checked++;
+            }
+        for (gsize i = 0; i < G_N_ELEMENTS(approx); i++)
+            if (strcmp(approx[i].preset, *n) == 0) {
+                double want = (approx[i].file_bytes - approx[i].buffer_bytes) / 2.0;
+                cr_expect(got > want * (1 - approx[i].tolerance) &&
+                              got < want * (1 + approx[i].tolerance),
+                          "%s: %" G_GINT64_FORMAT " parameters, the checkpoint implies %.0f", *n,
+                          got, want);
+                known = TRUE;
+                checked++;
+            }
+        if (strcmp(*n, "codegen-350m") == 0) {
+            cr_expect(got > 340e6 && got < 360e6, "codegen-350m: %" G_GINT64_FORMAT, got);
+            known = TRUE;
+            checked++;
+        }
+        cr_expect(known, "preset %s has no published parameter count in this test", *n);
+        memsim_model_free(m);
+    }
+    cr_expect_eq(checked, (int)g_strv_length(names));
+}
+
+static MemsimReport *estimate(const char *model, const char *const *settings, GError **error)
+{
+    MemsimModel *m = memsim_model_load(model, error);
+    if (!m)
+        return NULL;
+    MemsimRun run = memsim_run_defaults();
+    for (const char *const *s = settings; s && *s; s += 2) {
+        gboolean ok = memsim_run_set(&run, s[0], s[1], error);
+        cr_assert(ok, "%s=%s: %s", s[0], s[1], ok ? "" : (*error)->message);
+    }
+    MemsimTrace *t = memsim_generate(m, &run, error);
+    MemsimReport *rep = NULL;
+    if (t) {
+        rep = memsim_replay_trace(t, NULL, error);
+        memsim_trace_free(t);
+    }
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return rep;
+}
+
+static const MemsimBreakdown *model_state(const MemsimRankReport *r)
+{
+    for (guint i = 0; i < r->n_breakdowns; i++)
+        if (strstr(r->breakdowns[i].name, "model state"))
+            return &r->breakdowns[i];
+    return NULL;
+}
+
+/* Every preset at batch 1, seq 2048 (or the model's learned positions, if fewer),
+ * bf16-mixed, AdamW, full fine-tuning: fp32 master parameters (4 bytes each), fp32
+ * gradients (4) and two fp32 Adam moments (8) — exactly what the count implies. */
+Test(generator, model_state_bytes_of_every_preset, .timeout = 240)
+{
+    g_auto(GStrv) names = memsim_model_presets();
+    for (char **n = names; *n; n++) {
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(*n, &error);
+        cr_assert(m);
+        int64_t N = memsim_model_n_params(m);
+        memsim_model_free(m);
+        const char *seq = g_str_has_prefix(*n, "gpt2") ? "1024" : "2048";
+        const char *settings[] = {"batch", "1", "seq", seq, "precision", "bf16-mixed",
+                                  "optimizer", "adamw", "finetune", "full", NULL};
+        MemsimReport *rep = estimate(*n, settings, &error);
+        cr_assert(rep, "%s: %s", *n, error ? error->message : "?");
+        const MemsimBreakdown *bd = model_state(&rep->ranks[0]);
+        cr_assert(bd, "%s: no model-state breakdown", *n);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_PARAMETER], 4 * N, "%s parameters", *n);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_GRADIENT], 4 * N, "%s gradients", *n);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_OPTIMIZER_STATE], 8 * N, "%s optimizer state", *n);
+        /* and the peak holds at least the model state */
+        cr_expect_geq(rep->ranks[0].stats.allocated.peak, 16 * N, "%s peak", *n);
+        memsim_report_free(rep);
+    }
+}
+
+/* Other precisions and optimizers change the implied bytes as they should. */
+Test(generator, model_state_follows_precision_and_optimizer)
+{
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load("opt-125m", &error);
+    int64_t N = memsim_model_n_params(m);
+    memsim_model_free(m);
+    struct {
+        const char *prec, *opt;
+        int64_t p, g, o;
+    } cases[] = {
+        {"bf16", "adamw", 2, 2, 4},          /* state in the parameter dtype */
+        {"fp32", "sgd-momentum", 4, 4, 4},   /* one momentum buffer */
+        {"fp32", "sgd", 4, 4, 0},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const char *settings[] = {"precision", cases[i].prec, "optimizer", cases[i].opt,
+                                  "seq", "256", NULL};
+        MemsimReport *rep = estimate("opt-125m", settings, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        const MemsimBreakdown *bd = model_state(&rep->ranks[0]);
+        cr_assert(bd);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_PARAMETER], cases[i].p * N, "%s/%s", cases[i].prec,
+                     cases[i].opt);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_GRADIENT], cases[i].g * N);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_OPTIMIZER_STATE], cases[i].o * N);
+        memsim_report_free(rep);
+    }
+}
+
+/* Step 1 creates the optimizer state, so step 2's forward starts higher. */
+Test(generator, step_two_is_the_steady_state)
+{
+    GError *error = NULL;
+    const char *settings[] = {"seq", "512", NULL};
+    MemsimReport *rep = estimate("gpt2", settings, &error);
+    cr_assert(rep, "%s", error ? error->message : "?");
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_assert_eq(r->n_steps, 2);
+    cr_expect_gt(r->steps[1].phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 r->steps[0].phase_peak_allocated[MEMSIM_PHASE_FORWARD]);
+    cr_expect(r->peak_op_name[0] != '\0', "the op at the peak is named");
+    memsim_report_free(rep);
+}
+
+Test(generator, lora_and_checkpointing_lower_the_peak)
+{
+    GError *error = NULL;
+    const char *full[] = {"seq", "1024", "batch", "2", NULL};
+    const char *lora[] = {"seq", "1024", "batch", "2", "finetune", "lora", "lora-rank", "8", NULL};
+    const char *ckpt[] = {"seq", "1024", "batch", "2", "checkpointing", "full", NULL};
+    MemsimReport *a = estimate("opt-350m", full, &error);
+    MemsimReport *b = estimate("opt-350m", lora, &error);
+    MemsimReport *c = estimate("opt-350m", ckpt, &error);
+    cr_assert(a && b && c, "%s", error ? error->message : "?");
+    cr_expect_lt(b->ranks[0].stats.allocated.peak, a->ranks[0].stats.allocated.peak);
+    cr_expect_lt(c->ranks[0].stats.allocated.peak, a->ranks[0].stats.allocated.peak);
+    memsim_report_free(a);
+    memsim_report_free(b);
+    memsim_report_free(c);
+}
+
+static void expect_bad_config(const char *json, const char *field)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *path = g_build_filename(dir, "config.json", NULL);
+    cr_assert(g_file_set_contents(path, json, -1, NULL));
+    const char *argv[] = {"estimate", "--model", path, NULL};
+    g_autofree char *err = NULL;
+    int rc = tu_run_memsim(argv, NULL, &err);
+    cr_expect_eq(rc, 2, "%s: exit %d (%s)", json, rc, err);
+    cr_expect(strstr(err, field) != NULL, "the message names '%s': %s", field, err);
+}
+
+Test(generator, bad_configs_name_the_field)
+{
+    expect_bad_config("{\"model_type\": \"llama\", \"hidden_size\": 100, \"num_attention_heads\": 7}",
+                      "num_attention_heads");
+    expect_bad_config("{\"model_type\": \"llama\", \"num_attention_heads\": 32, "
+                      "\"num_key_value_heads\": 5}",
+                      "num_key_value_heads");
+    expect_bad_config("{\"model_type\": \"transformer-xl\"}", "model_type");
+    expect_bad_config("{\"model_type\": \"gpt2\", \"n_embd\": -768}", "hidden_size");
+    expect_bad_config("{\"model_type\": \"opt\", \"num_hidden_layers\": \"twelve\"}",
+                      "num_hidden_layers");
+    expect_bad_config("[1, 2, 3]", "config.json");
+    expect_bad_config("{\"model_type\": ", "config.json");
+    /* a LoRA target that does not exist */
+    const char *argv[] = {"estimate", "--model", "llama-2-7b", "--finetune", "lora",
+                          "--lora-targets", "c_attn", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(tu_run_memsim(argv, NULL, &err), 2);
+    cr_expect(strstr(err, "lora-targets") && strstr(err, "c_attn"), "%s", err);
+    /* a sequence longer than the learned positions */
+    const char *argv2[] = {"estimate", "--model", "gpt2", "--seq", "2048", NULL};
+    g_autofree char *err2 = NULL;
+    cr_expect_eq(tu_run_memsim(argv2, NULL, &err2), 2);
+    cr_expect(strstr(err2, "max_position_embeddings"), "%s", err2);
+    const char *argv3[] = {"estimate", "--model", "gpt2", "--precision", "fp8", NULL};
+    g_autofree char *err3 = NULL;
+    cr_expect_eq(tu_run_memsim(argv3, NULL, &err3), 2);
+    cr_expect(strstr(err3, "precision"), "%s", err3);
+}
+
+/* The JSON of estimate extends the replay JSON. */
+Test(generator, estimate_json_shape)
+{
+    const char *argv[] = {"estimate", "--model", "opt-125m", "--seq", "256", "--gpu-mem", "8GiB",
+                          "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, &err), 0, "%s", err);
+    const char *keys[] = {"\"ranks\"", "\"peak_allocated\"", "\"peak_reserved\"", "\"steps\"",
+                          "\"at_peak\"", "\"by_category\"", "\"fits\" : true", "\"device_total\""};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++)
+        cr_expect(strstr(out, keys[i]), "missing %s", keys[i]);
+    const char *small[] = {"estimate", "--model", "opt-1.3b", "--gpu-mem", "4GiB", NULL};
+    g_autofree char *out2 = NULL;
+    cr_expect_eq(tu_run_memsim(small, &out2, NULL), 1, "does not fit: exit 1");
+    cr_expect(strstr(out2, "DOES NOT FIT") || strstr(out2, "OUT OF MEMORY"), "%s", out2);
+}
