@@ -1228,6 +1228,7 @@ static gsize mst_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent 
             if (rc > 0) {
                 r->record++;
                 r->record_offset = r->buf_offset + r->pos;
+                r->body = 0;
                 mst_fail(r, error, "data after the end record");
                 return 0;
             }

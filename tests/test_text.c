@@ -9,34 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Writes a trace to memory in `format`; returns the bytes (newly allocated). */
-static char *save_to_memory(MemsimTrace *t, MemsimFormat format, gsize *len)
-{
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    GError *err = NULL;
-    MemsimTraceWriter *w = memsim_trace_writer_new_stream(f, TRUE, "mem", format,
-                                                          memsim_trace_header(t), &err);
-    TG_CHECK(w != NULL, "%s", err ? err->message : "?");
-    for (guint32 r = 0; r < memsim_trace_header(t)->n_ranks; r++) {
-        gsize ne;
-        const MemsimEvent *ev = memsim_trace_events(t, r, &ne);
-        TG_CHECK(memsim_trace_writer_write(w, r, ev, ne, &err), "%s", err ? err->message : "?");
-    }
-    TG_CHECK(memsim_trace_writer_close(w, &err), "%s", err ? err->message : "?");
-    *len = n;
-    return buf;
-}
-
-static MemsimTraceReader *open_memory(const char *data, gsize len, const char *name,
-                                      GError **err)
-{
-    MemsimSource src;
-    memsim_source_init_memory(&src, (const guint8 *)data, len);
-    return memsim_trace_reader_open_source(&src, name, MEMSIM_FORMAT_AUTO, err);
-}
-
 /* Reads a whole trace from memory into a MemsimTrace (the same way memsim_trace_load does,
  * via a temporary file). */
 static MemsimTrace *load_memory(const char *data, gsize len, const char *ext)
@@ -58,7 +30,7 @@ static MemsimTrace *load_memory(const char *data, gsize len, const char *ext)
 static char *text_error(const char *text)
 {
     GError *err = NULL;
-    MemsimTraceReader *r = open_memory(text, strlen(text), "in.txt", &err);
+    MemsimTraceReader *r = tg_open_memory(text, strlen(text), "in.txt", &err);
     if (r) {
         tg_drain(r, NULL, &err);
         memsim_trace_reader_free(r);
@@ -166,13 +138,13 @@ Test(text, random_round_trips)
     for (guint32 seed = 1; seed <= 60; seed++) {
         MemsimTrace *t = tg_random_trace(seed, seed % 4, seed * 37);
         gsize n1, n2, n3;
-        char *text = save_to_memory(t, MEMSIM_FORMAT_TEXT, &n1);
+        char *text = tg_save_memory(t, MEMSIM_FORMAT_TEXT, &n1);
         MemsimTrace *back = load_memory(text, n1, ".txt");
         tg_assert_same_trace(t, back);
-        char *mst = save_to_memory(back, MEMSIM_FORMAT_MST, &n2);
+        char *mst = tg_save_memory(back, MEMSIM_FORMAT_MST, &n2);
         MemsimTrace *back2 = load_memory(mst, n2, ".mst");
         tg_assert_same_trace(t, back2);
-        char *text2 = save_to_memory(back2, MEMSIM_FORMAT_TEXT, &n3);
+        char *text2 = tg_save_memory(back2, MEMSIM_FORMAT_TEXT, &n3);
         TG_CHECK(n1 == n3 && memcmp(text, text2, n1) == 0, "seed %u: text differs", seed);
         memsim_trace_free(t);
         memsim_trace_free(back);
@@ -230,7 +202,7 @@ Test(text, empty_traces)
     expect_ok("memsim-trace 1\nrank 0\n");
     MemsimTrace *t = memsim_trace_new("empty");
     gsize n;
-    char *text = save_to_memory(t, MEMSIM_FORMAT_TEXT, &n);
+    char *text = tg_save_memory(t, MEMSIM_FORMAT_TEXT, &n);
     cr_assert_str_eq(text, "memsim-trace 1\nname \"empty\"\ncapacity 0\n");
     MemsimTrace *back = load_memory(text, n, ".txt");
     tg_assert_same_trace(t, back);
@@ -342,7 +314,7 @@ Test(text, bad_lines)
     expect_error("memsim-trace 1\nopinfo 0 name=\"x\" phase=sideways\n", 2, "unknown phase");
     char nul[] = "memsim-trace 1\nrank 0\n@rank 0\nfree t=1\0\n";
     GError *err = NULL;
-    MemsimTraceReader *r = open_memory(nul, sizeof nul - 1, "in.txt", &err);
+    MemsimTraceReader *r = tg_open_memory(nul, sizeof nul - 1, "in.txt", &err);
     cr_assert(r != NULL);
     cr_assert(!tg_drain(r, NULL, &err));
     cr_expect(strstr(err->message, "in.txt:4: NUL byte") != NULL, "%s", err->message);
@@ -372,7 +344,7 @@ Test(text, raw_fields)
     };
     memsim_trace_append(t, 0, ev, G_N_ELEMENTS(ev));
     gsize n;
-    char *text = save_to_memory(t, MEMSIM_FORMAT_TEXT, &n);
+    char *text = tg_save_memory(t, MEMSIM_FORMAT_TEXT, &n);
     cr_assert(strstr(text, "free t=1 size=2 addr=0x3 aux=0x4 cat=temporary flags=0x6\n"),
               "%s", text);
     cr_assert(strstr(text, "alloc t=1 size=2 stream=0 cat=other addr=0x3 flags=0x0\n"), "%s",

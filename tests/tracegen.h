@@ -9,6 +9,8 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* An assertion that reaches Criterion only when it fails: Criterion reports every passing
@@ -337,6 +339,34 @@ static inline void tg_assert_same_trace(MemsimTrace *a, MemsimTrace *b)
                       ea[i].addr, eb[i].addr, ea[i].aux, eb[i].aux, ea[i].flags, eb[i].flags,
                       ea[i].category, eb[i].category, ea[i].stream, eb[i].stream);
     }
+}
+
+/* Writes a trace to memory in `format`; returns the bytes (newly allocated). */
+static inline char *tg_save_memory(MemsimTrace *t, MemsimFormat format, gsize *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    GError *err = NULL;
+    MemsimTraceWriter *w = memsim_trace_writer_new_stream(f, TRUE, "mem", format,
+                                                          memsim_trace_header(t), &err);
+    TG_CHECK(w != NULL, "%s", err ? err->message : "?");
+    for (guint32 r = 0; r < memsim_trace_header(t)->n_ranks; r++) {
+        gsize ne;
+        const MemsimEvent *ev = memsim_trace_events(t, r, &ne);
+        TG_CHECK(memsim_trace_writer_write(w, r, ev, ne, &err), "%s", err ? err->message : "?");
+    }
+    TG_CHECK(memsim_trace_writer_close(w, &err), "%s", err ? err->message : "?");
+    *len = n;
+    return buf;
+}
+
+static inline MemsimTraceReader *tg_open_memory(const char *data, gsize len, const char *name,
+                                      GError **err)
+{
+    MemsimSource src;
+    memsim_source_init_memory(&src, (const guint8 *)data, len);
+    return memsim_trace_reader_open_source(&src, name, MEMSIM_FORMAT_AUTO, err);
 }
 
 static inline char *tg_read_file(const char *path, gsize *len)
