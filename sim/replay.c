@@ -531,6 +531,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "mark %" PRIu64 " is not in the string table",
                        ev->id);
         unsigned step;
+        int used = 0;
         const char *text = h->strings[ev->id];
         if (g_str_has_prefix(text, "breakdown:")) {
             MemsimBreakdown bd;
@@ -539,7 +540,9 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             memcpy(bd.allocated, r->live_cat, sizeof r->live_cat);
             memcpy(bd.requested, r->live_req, sizeof r->live_req);
             g_array_append_val(r->breakdowns, bd);
-        } else if (sscanf(text, "step %u", &step) == 1) {
+        } else if (sscanf(text, "step %u%n", &step, &used) == 1 &&
+                   (text[used] == '\0' || strcmp(text + used, " begin") == 0)) {
+            /* "step N" (or "step N begin") opens a step; other "step N ..." marks do not */
             MemsimStepPeaks sp = {.step = step};
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;

@@ -509,6 +509,9 @@ static void cache_update(Model *md, AgTensor **k, AgTensor **v)
     AgTensor *kk[1] = {*k}, *vv[1] = {*v};
     AgTensor *kc = op_cat(g, kk, 1, -2), *vc = op_cat(g, vv, 1, -2);
     gg_ctx(g)->category = old;
+    /* the cache object (in the output's past_key_values) holds them */
+    g_ptr_array_add(md->cache, gt_ref(kc));
+    g_ptr_array_add(md->cache, gt_ref(vc));
     U(*k);
     U(*v);
     *k = kc;
@@ -1251,6 +1254,7 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
         md->lora_scaling = 2.0;
     }
     md->trainable = g_ptr_array_new();
+    md->cache = g_ptr_array_new();
     int64_t V = m->V, H = m->H, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
     bool tr = full_ft(md);
     md->wte = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
@@ -1372,8 +1376,19 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
     return TRUE;
 }
 
+void model_drop_output(Model *md)
+{
+    for (guint i = 0; i < md->cache->len; i++)
+        gt_unref(md->g, md->cache->pdata[i]);
+    g_ptr_array_set_size(md->cache, 0);
+}
+
 void model_clear(Model *md)
 {
+    if (md->cache) {
+        model_drop_output(md);
+        g_ptr_array_unref(md->cache);
+    }
     if (md->leaves) {
         for (guint i = 0; i < md->leaves->len; i++)
             gt_unref(md->g, md->leaves->pdata[i]);
@@ -1544,7 +1559,6 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
     AgTensor *lf = op_to(g, logits, DT_F32);
     AgTensor *lp = op_new(g, "constant_pad_nd", DT_I64, SHAPE(B, S + 1));
     AgTensor *sl = op_new(g, "clone", DT_I64, SHAPE(B, S)); /* [..., 1:].contiguous() */
-    U(lp);
     AgTensor *l2 = op_view(g, lf, SHAPE(B * S, V));
     U(lf);
     AgTensor *t1 = op_view(g, sl, SHAPE(B * S));
@@ -1552,6 +1566,7 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
     AgTensor *loss = op_cross_entropy(g, l2, t1);
     U(l2);
     U(t1);
+    U(lp); /* the padded labels live until the loss function returns */
     (void)H;
     return loss;
 }

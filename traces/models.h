@@ -38,6 +38,7 @@ typedef struct {
     AgTensor *inv_freq;   /* rotary buffer */
     Layer *layers;
     double lora_scaling;
+    GPtrArray *cache;     /* the DynamicCache of the last forward: K/V per layer (references) */
     int64_t B, S;
 } Model;
 
@@ -49,6 +50,8 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
  * the logits the output object holds (new reference). */
 AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **logits);
 void model_clear(Model *md);
+/* Drops the model output object's references: the KV cache it holds. */
+void model_drop_output(Model *md);
 /* peft's default LoRA target modules for a family (comma-separated). */
 const char *model_lora_default_targets(Family f);
 

@@ -539,6 +539,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
         AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
         Optim o = {g_ptr_array_new(), false};
         AgTensor *held = NULL, *held_loss = NULL;
+        GPtrArray *held_cache = g_ptr_array_new();
         for (int step = 1; step <= run->steps; step++) {
             char mark[32];
             g_snprintf(mark, sizeof mark, "step %d", step);
@@ -556,10 +557,17 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
                     /* out = model(...) rebinds: the previous output dies now */
                     gt_unref(g, held);
                     gt_unref(g, held_loss);
+                    for (guint i = 0; i < held_cache->len; i++)
+                        gt_unref(g, held_cache->pdata[i]);
+                    g_ptr_array_set_size(held_cache, 0);
                     held = logits;
                     held_loss = gt_ref(loss);
+                    for (guint i = 0; i < md.cache->len; i++)
+                        g_ptr_array_add(held_cache, md.cache->pdata[i]);
+                    g_ptr_array_set_size(md.cache, 0);
                 } else {
                     gt_unref(g, logits);
+                    model_drop_output(&md);
                 }
                 c->phase = MEMSIM_PHASE_BACKWARD;
                 gg_backward(g, loss);
@@ -575,6 +583,9 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
         gg_teardown(g);
         gt_unref(g, held);
         gt_unref(g, held_loss);
+        for (guint i = 0; i < held_cache->len; i++)
+            gt_unref(g, held_cache->pdata[i]);
+        g_ptr_array_unref(held_cache);
         for (guint i = 0; i < o.state->len; i++)
             gt_unref(g, o.state->pdata[i]);
         g_ptr_array_unref(o.state);

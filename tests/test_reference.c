@@ -1,0 +1,183 @@
+/* The generator against real PyTorch: training steps of small Hugging Face-style models
+ * (tests/reference/hf_models.py: Llama with GQA, GPT-2, OPT, GPT-NeoX; checkpointing and
+ * LoRA on Llama) are recorded at test time with tools/python/memsim_record.py and Debian's
+ * python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW, two steps each). The
+ * generator's trace for the same config and run (--torch-version 1.13, CPU kernels), replayed
+ * through `exact`, must match the recording replayed through `exact`: each step's peak
+ * allocated within 2%, each phase's within 3%. */
+#include <criterion/criterion.h>
+#include <json-glib/json-glib.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define PYTHON "/usr/bin/python3"
+
+static char *record_all(void)
+{
+    if (!g_file_test(PYTHON, G_FILE_TEST_IS_EXECUTABLE)) {
+        cr_skip_test("%s is absent: cannot record the PyTorch reference", PYTHON);
+        return NULL;
+    }
+    const char *probe[] = {PYTHON, "-c", "import torch", NULL};
+    int st = 0;
+    g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL, NULL, NULL,
+                 &st, NULL);
+    if (!g_spawn_check_wait_status(st, NULL)) {
+        cr_skip_test("python3-torch is not installed (apt-get install python3-torch): the "
+                     "PyTorch reference cannot be recorded");
+        return NULL;
+    }
+    char *dir = tu_tmpdir();
+    g_autofree char *script =
+        g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests", "reference",
+                         "record_reference.py", NULL);
+    const char *argv[] = {PYTHON, script, dir, NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    GError *error = NULL;
+    gboolean ok = g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err,
+                               &st, &error);
+    cr_assert(ok && g_spawn_check_wait_status(st, NULL), "recording failed: %s\n%s",
+              error ? error->message : "", err);
+    return dir;
+}
+
+static const char *str_member(JsonObject *o, const char *k)
+{
+    return json_object_has_member(o, k) && !json_object_get_null_member(o, k)
+               ? json_object_get_string_member(o, k)
+               : NULL;
+}
+
+static void set(MemsimRun *run, const char *k, const char *v)
+{
+    GError *e = NULL;
+    gboolean ok = memsim_run_set(run, k, v, &e);
+    cr_assert(ok, "%s=%s: %s", k, v, ok ? "" : e->message);
+}
+
+static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
+{
+    for (guint i = 0; i < r->n_steps; i++)
+        if (r->steps[i].step == step)
+            return &r->steps[i];
+    return NULL;
+}
+
+static int compare_case(const char *dir, const char *json_path)
+{
+    GError *error = NULL;
+    g_autoptr(JsonParser) p = json_parser_new();
+    cr_assert(json_parser_load_from_file(p, json_path, &error), "%s", json_path);
+    JsonObject *c = json_node_get_object(json_parser_get_root(p));
+    const char *name = json_object_get_string_member(c, "case");
+    JsonObject *run_o = json_object_get_object_member(c, "run");
+
+    /* the model's config.json, as the generator reads it */
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_root(gen, json_object_get_member(c, "config"));
+    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", dir, name);
+    cr_assert(json_generator_to_file(gen, cfg, NULL));
+
+    MemsimModel *m = memsim_model_load(cfg, &error);
+    cr_assert(m, "%s: %s", name, error ? error->message : "?");
+    MemsimRun run = memsim_run_defaults();
+    char buf[32];
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
+    set(&run, "batch", buf);
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
+    set(&run, "seq", buf);
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
+    set(&run, "steps", buf);
+    set(&run, "precision", "fp32");
+    set(&run, "optimizer", "adamw");
+    set(&run, "optimizer-impl", str_member(run_o, "optimizer_impl"));
+    set(&run, "zero-grad", str_member(run_o, "zero_grad"));
+    set(&run, "attention", str_member(run_o, "attention"));
+    set(&run, "checkpointing", str_member(run_o, "checkpointing"));
+    set(&run, "finetune", str_member(run_o, "finetune"));
+    set(&run, "torch-version", "1.13");
+    set(&run, "device", "cpu");
+    if (json_object_has_member(run_o, "lora") && !json_object_get_null_member(run_o, "lora")) {
+        JsonObject *l = json_object_get_object_member(run_o, "lora");
+        g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(l, "r"));
+        set(&run, "lora-rank", buf);
+        JsonArray *t = json_object_get_array_member(l, "target_modules");
+        GString *ts = g_string_new(NULL);
+        for (guint i = 0; i < json_array_get_length(t); i++)
+            g_string_append_printf(ts, "%s%s", i ? "," : "", json_array_get_string_element(t, i));
+        set(&run, "lora-targets", ts->str);
+        g_string_free(ts, TRUE);
+    }
+    MemsimTrace *t = memsim_generate(m, &run, &error);
+    cr_assert(t, "%s: %s", name, error ? error->message : "?");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = "exact";
+    MemsimReport *ours = memsim_replay_trace(t, &o, &error);
+    cr_assert(ours, "%s: %s", name, error ? error->message : "?");
+    g_autofree char *trace = g_build_filename(dir, json_object_get_string_member(c, "trace"), NULL);
+    MemsimReport *real = memsim_replay_path(trace, &o, &error);
+    cr_assert(real, "%s: %s", name, error ? error->message : "?");
+
+    const MemsimRankReport *a = &ours->ranks[0], *b = &real->ranks[0];
+    int checks = 0;
+    for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
+        const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
+        cr_assert(sa && sb, "%s: step %u missing", name, s);
+        double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
+                   (double)sb->peak_allocated;
+        cr_expect(e > -0.02 && e < 0.02, "%s step %u: generated %" G_GINT64_FORMAT
+                  ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
+                  name, s, sa->peak_allocated, sb->peak_allocated, 100 * e);
+        cr_log_info("%s step %u: %+.3f%%", name, s, 100 * e);
+        checks++;
+        for (int ph = MEMSIM_PHASE_FORWARD; ph <= MEMSIM_PHASE_OPTIMIZER; ph++) {
+            cr_assert(sb->phase_peak_allocated[ph] > 0, "%s step %u: recording lacks %s", name, s,
+                      memsim_phase_name(ph));
+            double pe = ((double)sa->phase_peak_allocated[ph] - (double)sb->phase_peak_allocated[ph]) /
+                        (double)sb->phase_peak_allocated[ph];
+            cr_expect(pe > -0.03 && pe < 0.03, "%s step %u %s: generated %" G_GINT64_FORMAT
+                      ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
+                      name, s, memsim_phase_name(ph), sa->phase_peak_allocated[ph],
+                      sb->phase_peak_allocated[ph], 100 * pe);
+            checks++;
+        }
+    }
+    memsim_report_free(ours);
+    memsim_report_free(real);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return checks;
+}
+
+Test(reference, generator_matches_pytorch_1_13, .timeout = 900)
+{
+    g_autofree char *dir = record_all();
+    GDir *d = g_dir_open(dir, 0, NULL);
+    cr_assert(d);
+    const char *f;
+    int cases = 0, checks = 0;
+    gboolean families[4] = {FALSE};
+    gboolean ckpt = FALSE, lora = FALSE;
+    while ((f = g_dir_read_name(d))) {
+        if (!g_str_has_suffix(f, ".json") || g_str_has_suffix(f, ".config.json"))
+            continue;
+        g_autofree char *path = g_build_filename(dir, f, NULL);
+        checks += compare_case(dir, path);
+        cases++;
+        families[0] |= g_str_has_prefix(f, "llama");
+        families[1] |= g_str_has_prefix(f, "gpt2");
+        families[2] |= g_str_has_prefix(f, "opt");
+        families[3] |= g_str_has_prefix(f, "gpt_neox");
+        ckpt |= strstr(f, "ckpt") != NULL;
+        lora |= strstr(f, "lora") != NULL;
+    }
+    g_dir_close(d);
+    cr_expect_geq(cases, 12, "only %d recorded cases", cases);
+    cr_expect(families[0] && families[1] && families[2] && families[3] && ckpt && lora,
+              "every family, checkpointing and LoRA are covered");
+    cr_log_info("%d cases, %d peak comparisons", cases, checks);
+}
