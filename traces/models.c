@@ -472,7 +472,8 @@ static AgTensor *attn_sdpa_math(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgT
 }
 
 /* Attention core for q [B,nh,S,hd], k/v [B,nkv,S,hd]: returns [B,S,nh,hd] contiguous. */
-static AgTensor *attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v, bool scale)
+static AgTensor *attention_core(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v,
+                                bool scale)
 {
     MemsimAttention a = md->run->attention;
     if (f->eager || a == MEMSIM_ATTN_EAGER || !gg_rules(md->g)->cuda)
@@ -495,6 +496,42 @@ static AgTensor *attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor
         return o;
     }
     return attn_sdpa_fused(md, q, k, v, SDPA_EFFICIENT);
+}
+
+typedef struct {
+    Model *md;
+    Fwd f;     /* its own references to the mask */
+    bool scale;
+} AttnArg;
+
+static AgTensor *attn_region(AgGraph *g, void *user, AgTensor **in, int n)
+{
+    AttnArg *a = user;
+    return attention_core(a->md, &a->f, in[0], in[1], in[2], a->scale);
+}
+
+static void attn_arg_free(AgGraph *g, void *p)
+{
+    AttnArg *a = p;
+    gt_unref(g, a->f.mask);
+    g_free(a);
+}
+
+/* Selective checkpointing (Korthikanti et al. 2022): only the attention core — scores,
+ * softmax, dropout, the product with V — is recomputed in backward; its inputs q, k, v are
+ * kept. */
+static AgTensor *attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v, bool scale)
+{
+    if (md->run->checkpointing != MEMSIM_CKPT_SELECTIVE || !gg_ctx(md->g)->grad_enabled)
+        return attention_core(md, f, q, k, v, scale);
+    AttnArg *a = g_new0(AttnArg, 1);
+    a->md = md;
+    a->f = *f;
+    a->f.mask = gt_ref(f->mask);
+    a->f.cos4 = a->f.sin4 = NULL;
+    a->scale = scale;
+    AgTensor *in[3] = {q, k, v};
+    return gg_checkpoint(md->g, attn_region, a, attn_arg_free, in, 3);
 }
 
 /* The KV cache during training (§2.2): cat(empty, k) copies K and V. */
