@@ -1,5 +1,10 @@
 /* memsim-bench — speed figures measured on this machine (not a test).
  *
+ *   memsim-bench estimate [--model M] [--seq N] [--repeat R] [--allocator SPEC]
+ *       Times `memsim estimate` for a preset (default llama-2-70b at seq 4096, two steps,
+ *       through torch): generating the trace, replaying it, in total; best of R runs (default
+ *       5); reports generated events per second. CPU time of this process, one core.
+ *
  *   memsim-bench replay [--events N] [--allocator SPEC] [--keep FILE.mst]
  *       Writes a synthetic single-stream trace of N events (default 10 million) to a
  *       temporary .mst, then times (1) reading it alone, (2) reading + simulating it through
@@ -11,11 +16,13 @@
  * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
  */
 #include <memsim/formats.h>
+#include <memsim/gen.h>
 #include <memsim/sim.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <glib/gstdio.h>
 #include <inttypes.h>
 
@@ -121,8 +128,80 @@ static gboolean write_synthetic(const char *path, uint64_t n_events, GError **er
 #undef PUT
 }
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int bench_estimate(int argc, char **argv)
+{
+    char *model = NULL, *allocator = NULL;
+    gint64 seq = 4096;
+    gint repeat = 5;
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Preset (default llama-2-70b)", "M"},
+        {"seq", 0, 0, G_OPTION_ARG_INT64, &seq, "Sequence length (default 4096)", "N"},
+        {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs; the best is reported (default 5)", "R"},
+        {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator, "Policy (default torch)", "SPEC"},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("estimate");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    MemsimModel *m = memsim_model_load(model ? model : "llama-2-70b", &error);
+    if (!m) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    MemsimRun run = memsim_run_defaults();
+    char sq[32];
+    g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
+    memsim_run_set(&run, "seq", sq, NULL);
+    double best_gen = 1e9, best_sim = 1e9, best_total = 1e9;
+    gsize n_events = 0;
+    for (int i = 0; i < repeat; i++) {
+        double t0 = cpu_seconds();
+        MemsimTrace *t = memsim_generate(m, &run, &error);
+        double t1 = cpu_seconds();
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.allocator = allocator;
+        MemsimReport *rep = memsim_replay_trace(t, &o, &error);
+        double t2 = cpu_seconds();
+        memsim_trace_events(t, 0, &n_events);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        double t3 = cpu_seconds();
+        if (t1 - t0 < best_gen)
+            best_gen = t1 - t0;
+        if (t2 - t1 < best_sim)
+            best_sim = t2 - t1;
+        if (t3 - t0 < best_total)
+            best_total = t3 - t0;
+    }
+    printf("estimate %s seq %" G_GINT64_FORMAT ", 2 steps, %s: %zu events\n",
+           memsim_model_name(m), seq, allocator ? allocator : "torch", n_events);
+    printf("  generate: %7.1f ms  (%.1f M events/s)\n", best_gen * 1e3,
+           (double)n_events / best_gen / 1e6);
+    printf("  simulate: %7.1f ms  (%.1f M events/s)\n", best_sim * 1e3,
+           (double)n_events / best_sim / 1e6);
+    printf("  total:    %7.1f ms  (best of %d, CPU time of one core)\n", best_total * 1e3, repeat);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    g_free(model);
+    g_free(allocator);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
+        return bench_estimate(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
     GOptionEntry entries[] = {
