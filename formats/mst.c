@@ -219,7 +219,7 @@ typedef struct {
     guint8 *zout;
     gsize zout_cap;
     MemsimEvent *pend; /* the chunk being filled: events of pend_rank */
-    gsize n_pend, chunk_events;
+    gsize n_pend, pend_cap, chunk_events;
     guint32 pend_rank;
     /* The header's table sizes when the pending chunk got its first event: the strings and
      * ops below them go with that chunk, those declared later with the next one. */
@@ -477,6 +477,10 @@ static gboolean mst_write(MemsimTraceWriter *base, guint32 rank, const MemsimEve
             w->pend_ops = h->n_ops;
         }
         gsize m = MIN(n, w->chunk_events - w->n_pend);
+        if (w->n_pend + m > w->pend_cap) { /* small traces stay small */
+            w->pend_cap = MIN(MAX(w->n_pend + m, 2 * w->pend_cap), w->chunk_events);
+            w->pend = g_renew(MemsimEvent, w->pend, w->pend_cap);
+        }
         memcpy(w->pend + w->n_pend, events, m * sizeof *events);
         w->n_pend += m;
         events += m;
@@ -536,7 +540,6 @@ MemsimTraceWriter *memsim_mst_writer_new(FILE *file, gboolean close_file, const 
     w->zout_cap = ZSTD_CStreamOutSize();
     w->zout = g_malloc(w->zout_cap);
     w->chunk_events = MEMSIM_CHUNK_EVENTS;
-    w->pend = g_new(MemsimEvent, w->chunk_events);
     guint8 pre[MST_PREAMBLE];
     memcpy(pre, MST_MAGIC, 8);
     pre[8] = MST_MAJOR & 0xff;
@@ -930,6 +933,10 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             goto bad_message;
         }
     }
+    static const guint8 nothing[1];
+    for (int c = 0; c < N_COLUMNS; c++)
+        if (!col[c].p)
+            col[c].p = nothing; /* no arithmetic on NULL below */
     if (rank64 >= h->n_ranks) {
         mst_fail(r, error, "rank %" PRIu64 " out of range (the header has %" PRIu32 " ranks)",
                  rank64, h->n_ranks);
@@ -977,7 +984,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
 
     if (n > r->events_cap) {
         g_free(r->events);
-        r->events_cap = MAX(n, (gsize)MEMSIM_CHUNK_EVENTS);
+        r->events_cap = MAX(n, 2 * r->events_cap);
         r->events = g_new(MemsimEvent, r->events_cap);
     }
     MemsimEvent *ev = r->events;

@@ -469,9 +469,11 @@ typedef struct {
     gsize line_len;
     gboolean pending; /* `line` is still to be processed */
     char *scratch;    /* decoded quoted strings of the current line */
+    gsize scratch_cap;
     Item items[MAX_ITEMS];
     gsize n_items;
     MemsimEvent *events;
+    gsize events_cap;
     guint32 rank;
     gboolean events_started, seen_name, seen_alloc_conf, seen_capacity;
     GHashTable *string_index; /* string → index + 1, for quoted mark and op names */
@@ -619,6 +621,11 @@ static const char *parse_quoted(TextReader *r, const char *p, const char *end, c
 static gboolean tokenize(TextReader *r, GError **error)
 {
     const char *p = r->line, *end = r->line + r->line_len;
+    if (r->scratch_cap < r->line_len + 1) { /* decoding never lengthens a line */
+        r->scratch_cap = MAX(r->line_len + 1, 2 * r->scratch_cap);
+        g_free(r->scratch);
+        r->scratch = g_malloc(r->scratch_cap);
+    }
     char *out = r->scratch;
     r->n_items = 0;
     for (;;) {
@@ -1327,6 +1334,10 @@ static gsize text_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent
             return 0;
         }
         r->events_started = TRUE;
+        if (n == r->events_cap) {
+            r->events_cap = MIN(MAX(2 * r->events_cap, (gsize)256), (gsize)MEMSIM_CHUNK_EVENTS);
+            r->events = g_renew(MemsimEvent, r->events, r->events_cap);
+        }
         MemsimEvent *e = &r->events[n];
         if (!parse_event(r, kind, e, error))
             return 0;
@@ -1359,7 +1370,7 @@ static void text_reader_clear(MemsimTraceReader *base)
 static gsize text_buffer_bytes(MemsimTraceReader *base)
 {
     TextReader *r = (TextReader *)base;
-    return r->lcap + MAX_LINE + 1 + MEMSIM_CHUNK_EVENTS * sizeof(MemsimEvent);
+    return r->lcap + r->scratch_cap + r->events_cap * sizeof(MemsimEvent);
 }
 
 static const MemsimReaderOps text_reader_ops = {
@@ -1372,8 +1383,8 @@ MemsimTraceReader *memsim_text_reader_new(MemsimSource *src, const char *name, G
 {
     TextReader *r = (TextReader *)memsim_trace_reader_alloc(sizeof(TextReader), &text_reader_ops,
                                                             MEMSIM_FORMAT_TEXT, src, name);
-    r->scratch = g_malloc(MAX_LINE + 1);
-    r->events = g_new(MemsimEvent, MEMSIM_CHUNK_EVENTS);
+    r->lcap = 65536;
+    r->lbuf = g_malloc(r->lcap);
     r->string_index = g_hash_table_new(g_str_hash, g_str_equal);
     MemsimTraceHeader *h = &r->base.header;
     h->name = g_strdup("");
