@@ -70,8 +70,8 @@ static const Golden goldens[] = {
 
 static void check_golden(const Golden *g, gboolean invariants)
 {
-    g_autofree char *path =
-        tu_shared_path_or_skip(g_build_filename("torch-snapshots", g->file, NULL));
+    g_autofree char *rel = g_build_filename("torch-snapshots", g->file, NULL);
+    g_autofree char *path = tu_shared_path_or_skip(rel);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.verify = TRUE;
     o.check_invariants = invariants;
@@ -163,8 +163,8 @@ Test(snapshots, mst_round_trip_same_results, .timeout = 300)
 {
     g_autofree char *dir = tu_tmpdir();
     for (gsize i = 0; i < G_N_ELEMENTS(goldens); i++) {
-        g_autofree char *path =
-            tu_shared_path_or_skip(g_build_filename("torch-snapshots", goldens[i].file, NULL));
+        g_autofree char *rel = g_build_filename("torch-snapshots", goldens[i].file, NULL);
+        g_autofree char *path = tu_shared_path_or_skip(rel);
         g_autofree char *mst = g_build_filename(dir, "t.mst", NULL);
         GError *error = NULL;
         cr_assert(memsim_convert(path, mst, &error), "%s: %s", goldens[i].file,
