@@ -344,6 +344,8 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
         memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
         memcpy(r->rep.peak_by_category_requested, r->live_req, sizeof r->live_req);
         r->rep.peak_allocated_event = index;
+        r->rep.at_peak_allocated_reserved = (memsim_size_t)st.reserved.current;
+        r->rep.at_peak_allocated_requested = (memsim_size_t)st.requested.current;
         r->rep.peak_allocated_op = r->cur_op;
         if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
             const MemsimOpInfo *op = &h->ops[r->cur_op];

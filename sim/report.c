@@ -104,16 +104,23 @@ char *memsim_report_to_json(const MemsimReport *rep)
         add_int(b, "n_alloc_retries", (int64_t)s->n_alloc_retries);
         add_int(b, "n_ooms", (int64_t)s->n_ooms);
 
+        /* At the peak of allocated bytes: rounding = what blocks hold beyond their requests;
+         * holes = cached bytes in free blocks (reserved − allocated). */
         json_builder_set_member_name(b, "fragmentation_at_peak");
+        json_builder_begin_object(b);
+        add_int(b, "event", (int64_t)r->peak_allocated_event);
+        add_int(b, "reserved", (int64_t)r->at_peak_allocated_reserved);
+        add_int(b, "allocated", s->allocated.peak);
+        add_int(b, "requested", (int64_t)r->at_peak_allocated_requested);
+        add_int(b, "rounding", s->allocated.peak - (int64_t)r->at_peak_allocated_requested);
+        add_int(b, "holes", (int64_t)r->at_peak_allocated_reserved - s->allocated.peak);
+        json_builder_end_object(b);
+        json_builder_set_member_name(b, "at_peak_reserved");
         json_builder_begin_object(b);
         add_int(b, "event", (int64_t)r->peak_reserved_event);
         add_int(b, "reserved", s->reserved.peak);
         add_int(b, "allocated", (int64_t)r->at_peak_reserved_allocated);
         add_int(b, "requested", (int64_t)r->at_peak_reserved_requested);
-        /* rounding: what blocks hold beyond their requests; holes: free cached bytes */
-        add_int(b, "rounding",
-                (int64_t)r->at_peak_reserved_allocated - (int64_t)r->at_peak_reserved_requested);
-        add_int(b, "holes", s->reserved.peak - (int64_t)r->at_peak_reserved_allocated);
         json_builder_end_object(b);
 
         add_int(b, "device_total", (int64_t)r->device_total);
@@ -256,14 +263,20 @@ char *memsim_report_to_text(const MemsimReport *rep)
         const MemsimRankReport *r = &rep->ranks[i];
         const MemsimAllocStats *st = &r->stats;
         g_string_append_printf(s, "\nrank %u:\n", r->rank);
-        int64_t holes = st->reserved.peak - (int64_t)r->at_peak_reserved_allocated;
-        int64_t rounding =
-            (int64_t)r->at_peak_reserved_allocated - (int64_t)r->at_peak_reserved_requested;
+        int64_t holes = (int64_t)r->at_peak_allocated_reserved - st->allocated.peak;
+        int64_t rounding = st->allocated.peak - (int64_t)r->at_peak_allocated_requested;
         g_string_append_printf(s,
-                               "  fragmentation at peak reserved (event %" PRIu64 "): %s "
-                               "reserved but unallocated = %s free holes; plus %s rounding "
-                               "inside blocks\n",
-                               r->peak_reserved_event, FB(holes), FB(holes), FB(rounding));
+                               "  fragmentation at the peak (event %" PRIu64 "): %s reserved, "
+                               "%s allocated: %s in free holes, %s of rounding inside "
+                               "blocks\n",
+                               r->peak_allocated_event, FB(r->at_peak_allocated_reserved),
+                               FB(st->allocated.peak), FB(holes), FB(rounding));
+        if (r->peak_reserved_event != r->peak_allocated_event)
+            g_string_append_printf(s,
+                                   "  at peak reserved (event %" PRIu64 "): %s reserved, %s "
+                                   "allocated\n",
+                                   r->peak_reserved_event, FB(st->reserved.peak),
+                                   FB(r->at_peak_reserved_allocated));
         g_string_append_printf(s, "  segments: peak %" PRId64 ", driver allocs %" PRIu64
                                ", frees %" PRIu64 ", retries %" PRIu64 "\n",
                                st->segments.peak, st->n_device_alloc, st->n_device_free,

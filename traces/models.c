@@ -1257,6 +1257,10 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
     md->run = run;
     md->B = run->batch;
     md->S = run->seq;
+    /* Mixed precision keeps fp32 master weights for what is trained; a frozen model (LoRA,
+     * QLoRA, inference) is loaded in the low-precision dtype, as peft and current
+     * Transformers (dtype="auto") do, and only the adapters are fp32. */
+    bool frozen = run->finetune != MEMSIM_FT_FULL || run->inference;
     switch (run->precision) {
     case MEMSIM_PREC_BF16:
         md->pdt = md->adt = DT_BF16;
@@ -1264,13 +1268,16 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
     case MEMSIM_PREC_FP16:
         md->pdt = md->adt = DT_F16;
         break;
+    case MEMSIM_PREC_BF16_MIXED:
+        md->pdt = md->adt = frozen ? DT_BF16 : DT_F32;
+        break;
+    case MEMSIM_PREC_FP16_MIXED:
+        md->pdt = md->adt = frozen ? DT_F16 : DT_F32;
+        break;
     default:
         md->pdt = md->adt = DT_F32;
         break;
     }
-    if (run->finetune == MEMSIM_FT_QLORA && md->pdt == DT_F32 &&
-        run->precision == MEMSIM_PREC_FP32)
-        md->adt = DT_F32;
     /* LoRA targets must exist */
     if (run->finetune != MEMSIM_FT_FULL && !run->inference) {
         g_auto(GStrv) known = g_strsplit(module_names(m->fam), ",", -1);

@@ -76,8 +76,10 @@ typedef struct {
     memsim_size_t at_peak_reserved_allocated;
     memsim_size_t at_peak_reserved_requested;
     uint64_t peak_reserved_event; /* event index */
-    /* At the moment of peak allocated: */
+    /* At the moment of peak allocated (where fragmentation is reported): */
     uint64_t peak_allocated_event;
+    memsim_size_t at_peak_allocated_reserved;
+    memsim_size_t at_peak_allocated_requested;
     int64_t peak_allocated_op;                            /* op index or -1 */
     char peak_op_name[96];                                /* that op's name ("" if none) */
     int32_t peak_op_layer;

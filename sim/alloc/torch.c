@@ -88,21 +88,23 @@ typedef enum {
     ST_PENDING,    /* freed by the caller, waiting for stream events (still "active") */
 } BlockState;
 
+/* The fields a tree search touches come first: with 64-byte aligned objects they share one
+ * cache line. */
 struct TBlock {
     memsim_addr_t ptr;
     memsim_size_t size;
-    memsim_size_t requested; /* last request served by this object (stale when free) */
-    TBlock *prev, *next;     /* address neighbours within the segment */
-    TBlock *left, *right, *parent; /* treap links (pool tree or unmapped tree) */
-    TSegment *seg;
-    UseNode *uses; /* record_stream set, sorted by stream */
-    uint64_t gc_base; /* pool clock when inserted into the pool (§6) */
+    TBlock *left, *right, *parent; /* treap links (a pool bin or the unmapped tree) */
     uint32_t stream;
     uint32_t prio;
-    uint32_t event_count;
     uint8_t state;
     uint8_t small; /* pool */
     uint8_t exp;   /* lies in an expandable segment */
+    TBlock *prev, *next;     /* address neighbours within the segment */
+    memsim_size_t requested; /* last request served by this object (stale when free) */
+    TSegment *seg;
+    UseNode *uses;    /* record_stream set, sorted by stream */
+    uint64_t gc_base; /* pool clock when inserted into the pool (§6) */
+    uint32_t event_count;
 };
 
 struct TSegment {
@@ -121,10 +123,29 @@ struct UseNode {
     uint32_t stream;
 };
 
+/* The free mapped blocks of one stream in one pool, ordered (size, ptr): size classes that
+ * are monotone in the size, a treap per class, and a two-level bitmap of non-empty classes
+ * (jemalloc's eset idea). Classes: exact for sizes below 32 KiB (in 512-byte units), then 32
+ * per power of two. */
+#define N_CLASSES 1664
+#define N_WORDS (N_CLASSES / 64)
+
 typedef struct {
-    TBlock *root;   /* free mapped blocks by (stream, size, ptr) */
-    TBlock *uroot;  /* unmapped ranges by (stream, ptr) */
-    uint64_t clock; /* get_free_blocks_call_count (§6) */
+    uint32_t stream;
+    uint64_t n;       /* blocks */
+    uint64_t summary; /* bit w: bits[w] != 0 */
+    uint64_t bits[N_WORDS];
+    TBlock *bins[N_CLASSES];
+} StreamBins;
+
+typedef struct {
+    StreamBins **sets; /* sorted by stream; never removed */
+    uint32_t n_sets, cap_sets;
+    StreamBins *direct[64]; /* the sets of streams 0..63, for a lookup without search */
+    StreamBins *last;  /* the set of a stream >= 64 looked up last */
+    TBlock *uroot;     /* unmapped ranges by (stream, ptr) */
+    uint64_t clock;    /* get_free_blocks_call_count (§6) */
+    uint64_t n_free;
     gboolean small;
 } TPool;
 
@@ -171,7 +192,7 @@ typedef struct {
 typedef struct {
     MemsimDevice *dev;
     TorchConfig cfg;
-    TPool small, large;
+    TPool pools[2]; /* [0] large, [1] small: indexed by TBlock.small */
     HMap live;
     Slab block_slab, seg_slab, use_slab;
     TSegment *segs; /* every segment and VA reservation */
@@ -192,14 +213,19 @@ typedef struct {
 
 static void slab_init(Slab *s, gsize obj_size)
 {
+    /* Whole cache lines per object for the big ones (blocks). */
     s->obj_size = obj_size < sizeof(void *) ? sizeof(void *) : obj_size;
+    if (s->obj_size > 64)
+        s->obj_size = (s->obj_size + 63) / 64 * 64;
     s->free = NULL;
-    s->chunks = g_ptr_array_new_with_free_func(g_free);
+    s->chunks = g_ptr_array_new_with_free_func(free);
 }
 
 static void slab_grow(Slab *s)
 {
-    char *chunk = g_malloc(s->obj_size * SLAB_CHUNK);
+    char *chunk = aligned_alloc(64, (s->obj_size * SLAB_CHUNK + 63) / 64 * 64);
+    if (!chunk)
+        g_error("torch: out of host memory");
     g_ptr_array_add(s->chunks, chunk);
     for (gsize i = SLAB_CHUNK; i-- > 0;) {
         void *o = chunk + i * s->obj_size;
@@ -267,6 +293,16 @@ static inline void tree_rotate_up(TBlock **root, TBlock *x)
         g->right = x;
 }
 
+/* Hangs n at `link` under p, then restores the heap order. */
+static inline void tree_attach(TBlock **root, TBlock *p, TBlock **link, TBlock *n)
+{
+    n->left = n->right = NULL;
+    n->parent = p;
+    *link = n;
+    while (n->parent && n->parent->prio < n->prio)
+        tree_rotate_up(root, n);
+}
+
 static inline void tree_insert(TBlock **root, TBlock *n, gboolean by_addr)
 {
     TBlock *p = NULL, **link = root;
@@ -274,11 +310,36 @@ static inline void tree_insert(TBlock **root, TBlock *n, gboolean by_addr)
         p = *link;
         link = node_lt(n, p, by_addr) ? &p->left : &p->right;
     }
-    n->left = n->right = NULL;
-    n->parent = p;
-    *link = n;
-    while (n->parent && n->parent->prio < n->prio)
-        tree_rotate_up(root, n);
+    tree_attach(root, p, link, n);
+}
+
+/* Inside a pool bin all blocks share the stream: the key is (size, ptr), compared without
+ * branches. */
+static inline int bin_lt(const TBlock *a, const TBlock *b)
+{
+    return (a->size < b->size) | ((a->size == b->size) & (a->ptr < b->ptr));
+}
+
+static inline void bin_insert(TBlock **root, TBlock *n)
+{
+    TBlock *p = NULL, **link = root;
+    while (*link) {
+        p = *link;
+        link = bin_lt(n, p) ? &p->left : &p->right;
+    }
+    tree_attach(root, p, link, n);
+}
+
+/* First block of a bin with size >= size. */
+static inline TBlock *bin_lower_bound(TBlock *cur, memsim_size_t size)
+{
+    TBlock *res = NULL;
+    while (cur) {
+        int lt = cur->size < size;
+        res = lt ? res : cur;
+        cur = lt ? cur->right : cur->left;
+    }
+    return res;
 }
 
 static inline void tree_remove(TBlock **root, TBlock *n)
@@ -333,21 +394,6 @@ static TBlock *tree_prev(TBlock *n)
     return n->parent;
 }
 
-/* First block with key >= (stream, size, 0) in a pool tree. */
-static inline TBlock *tree_lower_bound(TBlock *cur, uint32_t stream, memsim_size_t size)
-{
-    TBlock *res = NULL;
-    while (cur) {
-        if (cur->stream < stream || (cur->stream == stream && cur->size < size)) {
-            cur = cur->right;
-        } else {
-            res = cur;
-            cur = cur->left;
-        }
-    }
-    return res;
-}
-
 /* First block with stream >= `stream` in an unmapped tree. */
 static TBlock *utree_lower_bound(TBlock *cur, uint32_t stream)
 {
@@ -361,6 +407,190 @@ static TBlock *utree_lower_bound(TBlock *cur, uint32_t stream)
         }
     }
     return res;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Pool free sets: the (stream, size, ptr) order as per-stream size-class bins */
+
+/* q = size / 512; with sh = max(0, floor(log2 q) - 5), class = 32 sh + (q >> sh): the
+ * identity below 64, then [32 (sh + 1), 32 (sh + 2)) for q in [2^(sh+5), 2^(sh+6)). */
+static inline unsigned size_class(memsim_size_t size)
+{
+    uint64_t q = size >> 9;
+    unsigned sh = 58 - (unsigned)__builtin_clzll(q | 32); /* floor(log2(q | 32)) - 5 */
+    return (sh << 5) + (unsigned)(q >> sh);
+}
+
+/* q < 2^55 → sh <= 49 → class < 32 x 51. */
+G_STATIC_ASSERT(32 * 51 <= N_CLASSES && N_WORDS <= 63);
+
+/* First non-empty class >= c, or -1. */
+static inline int class_from(const StreamBins *sb, unsigned c)
+{
+    if (c >= N_CLASSES)
+        return -1;
+    unsigned w = c >> 6;
+    uint64_t m = sb->bits[w] & (~0ull << (c & 63));
+    if (m)
+        return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
+    uint64_t sm = sb->summary & (~0ull << (w + 1));
+    if (!sm)
+        return -1;
+    w = (unsigned)__builtin_ctzll(sm);
+    return (int)(w * 64 + (unsigned)__builtin_ctzll(sb->bits[w]));
+}
+
+/* Last non-empty class < c, or -1. */
+static inline int class_before(const StreamBins *sb, unsigned c)
+{
+    if (c == 0)
+        return -1;
+    c--;
+    unsigned w = c >> 6, bit = c & 63;
+    uint64_t m = sb->bits[w] & (bit == 63 ? ~0ull : (2ull << bit) - 1);
+    if (m)
+        return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(m));
+    uint64_t sm = sb->summary & ((1ull << w) - 1);
+    if (!sm)
+        return -1;
+    w = 63 - (unsigned)__builtin_clzll(sm);
+    return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(sb->bits[w]));
+}
+
+static inline StreamBins *bins_find(TPool *pool, uint32_t stream)
+{
+    if (G_LIKELY(stream < G_N_ELEMENTS(pool->direct)))
+        return pool->direct[stream];
+    if (pool->last && pool->last->stream == stream)
+        return pool->last;
+    uint32_t lo = 0, hi = pool->n_sets;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (pool->sets[mid]->stream < stream)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < pool->n_sets && pool->sets[lo]->stream == stream)
+        return pool->last = pool->sets[lo];
+    return NULL;
+}
+
+static StreamBins *bins_get(TPool *pool, uint32_t stream)
+{
+    StreamBins *sb = bins_find(pool, stream);
+    if (G_LIKELY(sb))
+        return sb;
+    uint32_t lo = 0;
+    while (lo < pool->n_sets && pool->sets[lo]->stream < stream)
+        lo++;
+    if (pool->n_sets == pool->cap_sets) {
+        pool->cap_sets = pool->cap_sets ? 2 * pool->cap_sets : 4;
+        pool->sets = g_renew(StreamBins *, pool->sets, pool->cap_sets);
+    }
+    memmove(&pool->sets[lo + 1], &pool->sets[lo], (pool->n_sets - lo) * sizeof *pool->sets);
+    pool->n_sets++;
+    sb = g_new0(StreamBins, 1);
+    sb->stream = stream;
+    pool->sets[lo] = sb;
+    if (stream < G_N_ELEMENTS(pool->direct))
+        pool->direct[stream] = sb;
+    return pool->last = sb;
+}
+
+static inline void fs_insert(TPool *pool, TBlock *b)
+{
+    StreamBins *sb = bins_get(pool, b->stream);
+    unsigned c = size_class(b->size);
+    bin_insert(&sb->bins[c], b);
+    sb->bits[c >> 6] |= 1ull << (c & 63);
+    sb->summary |= 1ull << (c >> 6);
+    sb->n++;
+    pool->n_free++;
+}
+
+static inline void fs_remove(TPool *pool, TBlock *b)
+{
+    StreamBins *sb = bins_find(pool, b->stream);
+    unsigned c = size_class(b->size);
+    tree_remove(&sb->bins[c], b);
+    if (!sb->bins[c]) {
+        sb->bits[c >> 6] &= ~(1ull << (c & 63));
+        if (!sb->bits[c >> 6])
+            sb->summary &= ~(1ull << (c >> 6));
+    }
+    sb->n--;
+    pool->n_free--;
+}
+
+/* The first block of `stream` with size >= size, or NULL. */
+static inline TBlock *fs_lower_bound(TPool *pool, uint32_t stream, memsim_size_t size)
+{
+    StreamBins *sb = bins_find(pool, stream);
+    if (!sb || !sb->n)
+        return NULL;
+    unsigned c = size_class(size);
+    if (sb->bins[c]) {
+        TBlock *b = bin_lower_bound(sb->bins[c], size);
+        if (b)
+            return b;
+    }
+    int c2 = class_from(sb, c + 1);
+    return c2 < 0 ? NULL : tree_first(sb->bins[c2]);
+}
+
+static TBlock *fs_next_in_stream(TPool *pool, TBlock *b)
+{
+    TBlock *n = tree_next(b);
+    if (n)
+        return n;
+    StreamBins *sb = bins_find(pool, b->stream);
+    int c = class_from(sb, size_class(b->size) + 1);
+    return c < 0 ? NULL : tree_first(sb->bins[c]);
+}
+
+static TBlock *fs_prev_in_stream(TPool *pool, TBlock *b)
+{
+    TBlock *n = tree_prev(b);
+    if (n)
+        return n;
+    StreamBins *sb = bins_find(pool, b->stream);
+    int c = class_before(sb, size_class(b->size));
+    return c < 0 ? NULL : tree_last(sb->bins[c]);
+}
+
+static TBlock *fs_last_in_stream(TPool *pool, uint32_t stream)
+{
+    StreamBins *sb = bins_find(pool, stream);
+    int c = sb ? class_before(sb, N_CLASSES) : -1;
+    return c < 0 ? NULL : tree_last(sb->bins[c]);
+}
+
+static TBlock *fs_first_from_set(TPool *pool, uint32_t i)
+{
+    for (; i < pool->n_sets; i++) {
+        int c = class_from(pool->sets[i], 0);
+        if (c >= 0)
+            return tree_first(pool->sets[i]->bins[c]);
+    }
+    return NULL;
+}
+
+/* The whole pool in (stream, size, ptr) order. */
+static TBlock *fs_first(TPool *pool)
+{
+    return fs_first_from_set(pool, 0);
+}
+
+static TBlock *fs_next(TPool *pool, TBlock *b)
+{
+    TBlock *n = fs_next_in_stream(pool, b);
+    if (n)
+        return n;
+    uint32_t i = 0;
+    while (pool->sets[i]->stream != b->stream)
+        i++;
+    return fs_first_from_set(pool, i + 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -468,12 +698,12 @@ static inline uint32_t next_prio(Torch *t)
 
 static inline TPool *pool_of(Torch *t, const TBlock *b)
 {
-    return b->small ? &t->small : &t->large;
+    return &t->pools[b->small];
 }
 
 static inline gboolean is_split(const TBlock *b)
 {
-    return b->prev || b->next;
+    return (b->prev != NULL) | (b->next != NULL);
 }
 
 static inline gboolean fraction_active(const Torch *t)
@@ -588,7 +818,7 @@ static inline void pool_insert(TPool *pool, TBlock *b)
 {
     b->state = ST_FREE;
     b->gc_base = pool->clock;
-    tree_insert(&pool->root, b, FALSE);
+    fs_insert(pool, b);
 }
 
 static inline void upool_insert(TPool *pool, TBlock *b)
@@ -606,7 +836,10 @@ static memsim_size_t try_merge(Torch *t, TBlock *dst, TBlock *src, gboolean mapp
     if (mapped ? src->state != ST_FREE : src->state != ST_UNMAPPED)
         return 0;
     TPool *pool = pool_of(t, src);
-    tree_remove(mapped ? &pool->root : &pool->uroot, src);
+    if (mapped)
+        fs_remove(pool, src);
+    else
+        tree_remove(&pool->uroot, src);
     if (dst->prev == src) {
         dst->ptr = src->ptr;
         dst->prev = src->prev;
@@ -820,7 +1053,7 @@ static void release_block(Torch *t, TBlock *b)
     t->total -= b->size;
     memsim_stat_sub(&t->st.segments, 1);
     memsim_stat_sub(&t->st.reserved, (int64_t)b->size);
-    tree_remove(&pool_of(t, b)->root, b);
+    fs_remove(pool_of(t, b), b);
     drop_segment(t, b->seg);
     drop_block(t, b);
 }
@@ -838,7 +1071,7 @@ static void unmap_block(Torch *t, TBlock *b)
     memsim_addr_t uptr = seg->base + begin * page;
     memsim_size_t usize = (end - begin) * page;
     TPool *pool = pool_of(t, b);
-    tree_remove(&pool->root, b);
+    fs_remove(pool, b);
     memsim_size_t before = uptr - b->ptr;
     if (before > 0) {
         TBlock *f = new_block(t, seg, b->ptr, before, ST_FREE);
@@ -877,8 +1110,8 @@ static void release_blocks(Torch *t, TPool *pool)
 {
     GPtrArray *to_unmap = t->scratch;
     g_ptr_array_set_size(to_unmap, 0);
-    for (TBlock *b = tree_first(pool->root), *n; b; b = n) {
-        n = tree_next(b);
+    for (TBlock *b = fs_first(pool), *n; b; b = n) {
+        n = fs_next(pool, b);
         if (b->exp)
             g_ptr_array_add(to_unmap, b);
         else if (!is_split(b))
@@ -897,8 +1130,8 @@ static void release_blocks(Torch *t, TPool *pool)
 static void release_cached_blocks(Torch *t)
 {
     synchronize_and_free_events(t);
-    release_blocks(t, &t->large);
-    release_blocks(t, &t->small);
+    release_blocks(t, &t->pools[0]);
+    release_blocks(t, &t->pools[1]);
 }
 
 /* release_available_cached_blocks (§4.2). */
@@ -909,16 +1142,18 @@ static gboolean release_available_cached_blocks(Torch *t, TPool *pool, uint32_t 
     if (mss == UNLIMITED)
         return FALSE;
     memsim_size_t key = size < mss ? mss : size;
-    TBlock *it = tree_lower_bound(pool->root, stream, key);
-    if (!it || it->stream != stream || it->exp) {
-        /* No single block is large enough: free oversize blocks from the largest down. */
-        it = it ? tree_prev(it) : tree_last(pool->root);
+    TBlock *it = fs_lower_bound(pool, stream, key);
+    if (!it || it->exp) {
+        /* No single block is large enough: free oversize blocks from the largest down. (The
+         * walk stops at the stream's first block: PyTorch's set iterator would step into the
+         * previous stream, whose blocks fail its stream test.) */
+        it = it ? fs_prev_in_stream(pool, it) : fs_last_in_stream(pool, stream);
         if (!it)
             return FALSE;
         memsim_size_t released = 0;
-        while (it && released < key && it->size >= mss && it->stream == stream) {
+        while (it && released < key && it->size >= mss) {
             TBlock *cur = it;
-            it = tree_prev(cur);
+            it = fs_prev_in_stream(pool, cur);
             /* A free oversize block is a whole segment unless it is expandable (or a seeded
              * state broke that rule): only whole segments can be cudaFree'd. */
             if (!cur->exp && !is_split(cur)) {
@@ -941,10 +1176,10 @@ static void garbage_collect(Torch *t)
     if (t->total <= limit)
         return;
     memsim_size_t target = t->total - limit;
-    TPool *pool = &t->large;
+    TPool *pool = &t->pools[0];
     uint64_t total_age = 0;
     int64_t count = 0;
-    for (TBlock *b = tree_first(pool->root); b; b = tree_next(b)) {
+    for (TBlock *b = fs_first(pool); b; b = fs_next(pool, b)) {
         if (!is_split(b)) {
             total_age += pool->clock - b->gc_base;
             count++;
@@ -957,8 +1192,8 @@ static void garbage_collect(Torch *t)
     while (reclaimed < target && freed && count > 0) {
         double threshold = (double)total_age / (double)count;
         freed = FALSE;
-        for (TBlock *b = tree_first(pool->root), *n; b; b = n) {
-            n = tree_next(b);
+        for (TBlock *b = fs_first(pool), *n; b; b = n) {
+            n = fs_next(pool, b);
             uint64_t age = pool->clock - b->gc_base;
             if (!is_split(b) && !b->exp && (double)age >= threshold) {
                 freed = TRUE;
@@ -1047,37 +1282,36 @@ static TBlock *try_allocate_expandable_block(Torch *t, TPool *pool, uint32_t str
             return NULL;
         c = n;
     }
-    tree_remove(&pool->root, c);
-    return c;
+    return c; /* still in the pool */
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* §3 malloc */
 
-/* get_free_block (§3.2). The returned block has left its pool. */
+/* get_free_block (§3.2). */
 static TBlock *get_free_block(Torch *t, TPool *pool, uint32_t stream, memsim_size_t size)
 {
     if (G_UNLIKELY(gc_active(t)))
         pool->clock++;
-    TBlock *b = tree_lower_bound(pool->root, stream, size);
-    if (!b || b->stream != stream)
+    TBlock *b = fs_lower_bound(pool, stream, size);
+    if (!b)
         return NULL;
     if (G_UNLIKELY(b->exp)) {
         if (t->cfg.expandable) {
             /* Prefer a block that does not border unmapped space when one fits. */
 #define XSIZE(x) ((x)->size + ((x)->next && (x)->next->state == ST_UNMAPPED ? (x)->next->size : 0))
-            TBlock *n = tree_next(b);
-            while (b->exp && n && n->stream == stream && XSIZE(n) < XSIZE(b)) {
+            TBlock *n = fs_next_in_stream(pool, b);
+            while (b->exp && n && XSIZE(n) < XSIZE(b)) {
                 b = n;
-                n = tree_next(n);
+                n = fs_next_in_stream(pool, n);
             }
 #undef XSIZE
         } else {
             /* Expandable segments exist (seeded) but are disabled: skip them. */
             do
-                b = tree_next(b);
-            while (b && b->exp && b->stream == stream);
-            if (!b || b->stream != stream)
+                b = fs_next_in_stream(pool, b);
+            while (b && b->exp);
+            if (!b)
                 return NULL;
         }
     }
@@ -1086,11 +1320,11 @@ static TBlock *get_free_block(Torch *t, TPool *pool, uint32_t stream, memsim_siz
         return NULL;
     if (size >= mss && b->size >= size + t->cfg.max_non_split_rounding)
         return NULL;
-    tree_remove(&pool->root, b);
-    return b;
+    return b; /* still in the pool: alloc_found_block takes it out */
 }
 
-/* alloc_block (§3.3): a new segment (or mapped pages). The block is in no pool. */
+/* alloc_block (§3.3): a new segment (in no pool) or mapped pages (a block still in the
+ * pool). */
 static TBlock *alloc_block(Torch *t, TPool *pool, uint32_t stream, memsim_size_t size,
                            memsim_size_t alloc_size, gboolean retry)
 {
@@ -1123,14 +1357,17 @@ static inline gboolean should_split(const Torch *t, const TBlock *b, memsim_size
 }
 
 /* alloc_found_block (§3.4): carve `size` bytes at the low end of b. */
-static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, memsim_size_t size,
-                                 memsim_size_t orig)
+static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, gboolean in_pool,
+                                 memsim_size_t size, memsim_size_t orig)
 {
     gboolean already_split = is_split(b);
     if (should_split(t, b, size)) {
         TBlock *rem = b;
         b = new_block(t, rem->seg, rem->ptr, size, ST_ALLOCATED);
         link_before(b, rem);
+        /* The remainder goes back to the pool with a fresh GC age. */
+        if (in_pool)
+            fs_remove(pool, rem);
         rem->ptr += size;
         rem->size -= size;
         pool_insert(pool, rem);
@@ -1142,9 +1379,13 @@ static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, memsim_size_t
                 memsim_stat_add(&t->n_inactive_split, 1);
             }
         }
-    } else if (already_split && !b->exp) {
-        memsim_stat_sub(&t->st.inactive_split, (int64_t)b->size);
-        memsim_stat_sub(&t->n_inactive_split, 1);
+    } else {
+        if (in_pool)
+            fs_remove(pool, b);
+        if (already_split && !b->exp) {
+            memsim_stat_sub(&t->st.inactive_split, (int64_t)b->size);
+            memsim_stat_sub(&t->n_inactive_split, 1);
+        }
     }
     b->state = ST_ALLOCATED;
     b->requested = orig;
@@ -1172,9 +1413,10 @@ static MemsimAllocResult torch_malloc(void *state, memsim_size_t orig, uint32_t 
     if (t->n_events)
         process_events(t);
     memsim_size_t size = round_size_cfg(&t->cfg, orig);
-    TPool *pool = size <= K_SMALL_SIZE ? &t->small : &t->large;
+    TPool *pool = &t->pools[size <= K_SMALL_SIZE];
     memsim_size_t alloc_size = allocation_size(t, size);
     TBlock *b = get_free_block(t, pool, stream, size);
+    gboolean in_pool = TRUE;
     if (G_UNLIKELY(!b)) {
         if (gc_active(t))
             garbage_collect(t);
@@ -1191,8 +1433,9 @@ static MemsimAllocResult torch_malloc(void *state, memsim_size_t orig, uint32_t 
             t->st.n_ooms++;
             return MEMSIM_ALLOC_OOM;
         }
+        in_pool = b->seg->exp; /* mapped pages are in the pool, a new segment is not */
     }
-    b = alloc_found_block(t, pool, b, size, orig);
+    b = alloc_found_block(t, pool, b, in_pool, size, orig);
     *addr = b->ptr;
     return MEMSIM_ALLOC_OK;
 }
@@ -1303,31 +1546,72 @@ static MemsimAllocShape torch_shape(void *state)
         return FALSE;                                                                          \
     } while (0)
 
-static gboolean check_tree(TPool *pool, gboolean unmapped, uint64_t *count, GError **error)
+static gboolean check_node(TPool *pool, const char *what, TBlock *b, TBlock *prev,
+                           gboolean unmapped, GError **error)
 {
-    TBlock *root = unmapped ? pool->uroot : pool->root;
-    const char *what = unmapped ? "unmapped set" : "free set";
     const char *pname = pool->small ? "small" : "large";
-    *count = 0;
-    if (root && root->parent)
-        FAIL("%s pool %s: root has a parent", pname, what);
+    if (b->left && (b->left->parent != b || b->left->prio > b->prio))
+        FAIL("%s pool %s: bad left link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+    if (b->right && (b->right->parent != b || b->right->prio > b->prio))
+        FAIL("%s pool %s: bad right link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+    if (prev && !node_lt(prev, b, unmapped))
+        FAIL("%s pool %s not sorted at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
+    if (b->state != (unmapped ? ST_UNMAPPED : ST_FREE))
+        FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x in state %d", pname, what,
+             b->ptr, b->state);
+    if ((gboolean)b->small != pool->small)
+        FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x of the other pool", pname, what,
+             b->ptr);
+    return TRUE;
+}
+
+/* The unmapped tree, then the free set: links, heap order, bins, bitmaps, global order. */
+static gboolean check_pool(TPool *pool, uint64_t *n_free, uint64_t *n_unmapped, GError **error)
+{
+    const char *pname = pool->small ? "small" : "large";
+    *n_free = *n_unmapped = 0;
+    if (pool->uroot && pool->uroot->parent)
+        FAIL("%s pool unmapped set: root has a parent", pname);
     TBlock *prev = NULL;
-    for (TBlock *b = tree_first(root); b; b = tree_next(b)) {
-        (*count)++;
-        if (b->left && (b->left->parent != b || b->left->prio > b->prio))
-            FAIL("%s pool %s: bad left link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
-        if (b->right && (b->right->parent != b || b->right->prio > b->prio))
-            FAIL("%s pool %s: bad right link at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
-        if (prev && !node_lt(prev, b, unmapped))
-            FAIL("%s pool %s not sorted at 0x%" G_GINT64_MODIFIER "x", pname, what, b->ptr);
-        if (b->state != (unmapped ? ST_UNMAPPED : ST_FREE))
-            FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x in state %d", pname, what,
-                 b->ptr, b->state);
-        if ((gboolean)b->small != pool->small)
-            FAIL("%s pool %s holds block 0x%" G_GINT64_MODIFIER "x of the other pool", pname,
-                 what, b->ptr);
-        prev = b;
+    for (TBlock *b = tree_first(pool->uroot); b; prev = b, b = tree_next(b)) {
+        (*n_unmapped)++;
+        if (!check_node(pool, "unmapped set", b, prev, TRUE, error))
+            return FALSE;
     }
+    for (uint32_t i = 0; i < pool->n_sets; i++) {
+        StreamBins *sb = pool->sets[i];
+        if (i && pool->sets[i - 1]->stream >= sb->stream)
+            FAIL("%s pool: stream sets not sorted", pname);
+        uint64_t n = 0;
+        for (unsigned c = 0; c < N_CLASSES; c++) {
+            gboolean bit = (sb->bits[c >> 6] >> (c & 63)) & 1;
+            if (bit != (sb->bins[c] != NULL))
+                FAIL("%s pool stream %u: bitmap disagrees with class %u", pname, sb->stream, c);
+            if (sb->bins[c] && sb->bins[c]->parent)
+                FAIL("%s pool stream %u: class %u root has a parent", pname, sb->stream, c);
+            for (TBlock *b = tree_first(sb->bins[c]); b; b = tree_next(b)) {
+                n++;
+                if (b->stream != sb->stream || size_class(b->size) != c)
+                    FAIL("%s pool: block 0x%" G_GINT64_MODIFIER "x filed under stream %u class "
+                         "%u", pname, b->ptr, sb->stream, c);
+            }
+        }
+        for (unsigned w = 0; w < N_WORDS; w++)
+            if (((sb->summary >> w) & 1) != (sb->bits[w] != 0))
+                FAIL("%s pool stream %u: summary bitmap wrong", pname, sb->stream);
+        if (n != sb->n)
+            FAIL("%s pool stream %u counts %" G_GUINT64_FORMAT " blocks, holds %"
+                 G_GUINT64_FORMAT, pname, sb->stream, sb->n, n);
+    }
+    prev = NULL;
+    for (TBlock *b = fs_first(pool); b; prev = b, b = fs_next(pool, b)) {
+        (*n_free)++;
+        if (!check_node(pool, "free set", b, prev, FALSE, error))
+            return FALSE;
+    }
+    if (*n_free != pool->n_free)
+        FAIL("%s pool counts %" G_GUINT64_FORMAT " free blocks, holds %" G_GUINT64_FORMAT,
+             pname, pool->n_free, *n_free);
     return TRUE;
 }
 
@@ -1336,6 +1620,12 @@ static gboolean in_tree(const TBlock *b, const TBlock *root)
     while (b->parent)
         b = b->parent;
     return b == root;
+}
+
+static gboolean in_free_set(TPool *pool, const TBlock *b)
+{
+    StreamBins *sb = bins_find(pool, b->stream);
+    return sb && in_tree(b, sb->bins[size_class(b->size)]);
 }
 
 static gboolean torch_check(void *state, GError **error)
@@ -1380,7 +1670,7 @@ static gboolean torch_check(void *state, GError **error)
             switch (b->state) {
             case ST_FREE:
                 free_count[b->small]++;
-                if (!in_tree(b, pool->root))
+                if (!in_free_set(pool, b))
                     FAIL("free block 0x%" G_GINT64_MODIFIER "x is not in its pool", b->ptr);
                 if (!s->exp && is_split(b)) {
                     split_count++;
@@ -1426,20 +1716,18 @@ static gboolean torch_check(void *state, GError **error)
             FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT
                  " bytes of %" G_GUINT64_FORMAT, s->base, expect - s->base, s->size);
     }
-    TPool *pools[2] = {&t->large, &t->small};
+    TPool *pools[2] = {&t->pools[0], &t->pools[1]};
     for (int i = 0; i < 2; i++) {
-        uint64_t n;
-        if (!check_tree(pools[i], FALSE, &n, error))
+        uint64_t n, nu;
+        if (!check_pool(pools[i], &n, &nu, error))
             return FALSE;
         if (n != free_count[pools[i]->small])
             FAIL("%s pool holds %" G_GUINT64_FORMAT " free blocks, segments have %"
                  G_GUINT64_FORMAT, pools[i]->small ? "small" : "large", n,
                  free_count[pools[i]->small]);
-        if (!check_tree(pools[i], TRUE, &n, error))
-            return FALSE;
-        if (n != unmapped_count[pools[i]->small])
+        if (nu != unmapped_count[pools[i]->small])
             FAIL("%s pool holds %" G_GUINT64_FORMAT " unmapped ranges, segments have %"
-                 G_GUINT64_FORMAT, pools[i]->small ? "small" : "large", n,
+                 G_GUINT64_FORMAT, pools[i]->small ? "small" : "large", nu,
                  unmapped_count[pools[i]->small]);
     }
     uint64_t queued = 0;
@@ -1655,7 +1943,7 @@ static gboolean torch_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
         return FALSE;
     }
     TPool *pool = pool_of(t, f);
-    tree_remove(&pool->root, f);
+    fs_remove(pool, f);
     if (!f->exp && is_split(f)) {
         memsim_stat_sub(&t->n_inactive_split, 1);
         memsim_stat_sub(&t->st.inactive_split, (int64_t)f->size);
@@ -1974,8 +2262,8 @@ static void *torch_create(const char *settings, MemsimDevice *dev, GError **erro
     Torch *t = g_new0(Torch, 1);
     t->dev = dev;
     t->cfg = cfg;
-    t->small.small = TRUE;
-    t->large.small = FALSE;
+    t->pools[1].small = TRUE;
+    t->pools[0].small = FALSE;
     hmap_init(&t->live, 10);
     slab_init(&t->block_slab, sizeof(TBlock));
     slab_init(&t->seg_slab, sizeof(TSegment));
@@ -1994,6 +2282,12 @@ static void torch_destroy(void *state)
         g_free(t->queues[i].ring);
     g_free(t->queues);
     g_free(t->live.slots);
+    TPool *pools[2] = {&t->pools[0], &t->pools[1]};
+    for (int i = 0; i < 2; i++) {
+        for (uint32_t k = 0; k < pools[i]->n_sets; k++)
+            g_free(pools[i]->sets[k]);
+        g_free(pools[i]->sets);
+    }
     slab_clear(&t->block_slab);
     slab_clear(&t->seg_slab);
     slab_clear(&t->use_slab);
