@@ -51,7 +51,15 @@ typedef struct {
     gboolean saw_oom;
     GArray *steps;      /* MemsimStepPeaks */
     uint8_t cur_phase;
+    /* time: the host issues ops (LAUNCH_US each); each stream runs them in order */
+    double cpu_us;
+    GArray *gpu_free;   /* double per stream: when the stream is idle */
+    GArray *last_end;   /* double per stream: end of the last op issued on it */
+    GArray *wait_until; /* double per stream: pending waits on other streams */
 } RankSim;
+
+/* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
+#define LAUNCH_US 10.0
 
 struct MemsimReplay {
     MemsimTraceHeader header;
@@ -123,8 +131,36 @@ static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t strea
     return a;
 }
 
+static double *stream_slot(GArray *a, uint32_t stream)
+{
+    if (stream >= a->len)
+        g_array_set_size(a, stream + 1);
+    return &g_array_index(a, double, stream);
+}
+
+/* A cross-stream event recorded now on `stream` completes when that stream has finished the
+ * work issued before it: the token is that end time (ns). */
+static uint64_t record_event(void *user, uint32_t stream)
+{
+    RankSim *r = user;
+    return (uint64_t)(*stream_slot(r->last_end, stream) * 1000.0);
+}
+
+/* Queried by the allocator at the host's current time. */
+static gboolean event_done(void *user, uint32_t stream, uint64_t token)
+{
+    RankSim *r = user;
+    return (uint64_t)(r->cpu_us * 1000.0) >= token;
+}
+
 static void rank_clear(RankSim *r)
 {
+    if (r->gpu_free)
+        g_array_unref(r->gpu_free);
+    if (r->last_end)
+        g_array_unref(r->last_end);
+    if (r->wait_until)
+        g_array_unref(r->wait_until);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -204,6 +240,11 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->dev.user = r;
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
+        r->dev.record_event = record_event;
+        r->dev.event_done = event_done;
+        r->gpu_free = g_array_new(FALSE, TRUE, sizeof(double));
+        r->last_end = g_array_new(FALSE, TRUE, sizeof(double));
+        r->wait_until = g_array_new(FALSE, TRUE, sizeof(double));
         r->rep.rank = header->ranks[i].device;
         r->rep.multiplicity = header->ranks[i].multiplicity;
         r->rep.role = g_strdup(header->ranks[i].role);
@@ -492,11 +533,24 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         action = FALSE;
         break;
     }
-    case MEMSIM_EV_OP:
+    case MEMSIM_EV_OP: {
         if (ev->id >= h->n_ops)
             return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
+        double dur = h->ops[ev->id].duration_us;
+        if (dur > 0.0) {
+            r->cpu_us += LAUNCH_US;
+            double start = r->cpu_us;
+            double *fr = stream_slot(r->gpu_free, ev->stream);
+            double *wu = stream_slot(r->wait_until, ev->stream);
+            if (*fr > start)
+                start = *fr;
+            if (*wu > start)
+                start = *wu;
+            *fr = start + dur;
+            *stream_slot(r->last_end, ev->stream) = start + dur;
+        }
         if (h->ops[ev->id].phase != r->cur_phase) {
             r->cur_phase = h->ops[ev->id].phase < MEMSIM_PHASE_COUNT ? h->ops[ev->id].phase : 0;
             MemsimAllocStats st = memsim_alloc_stats(r->alloc);
@@ -504,6 +558,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         action = FALSE;
         break;
+    }
     case MEMSIM_EV_SEG_ALLOC:
     case MEMSIM_EV_SEG_FREE:
     case MEMSIM_EV_SEG_MAP:
@@ -554,8 +609,24 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         return TRUE;
     }
-    case MEMSIM_EV_WAIT:
+    case MEMSIM_EV_WAIT: {
+        if (ev->id >= 65536)
+            return bad(error, h, rank, index, "wait on stream %" PRIu64 " (out of range)", ev->id);
+        double end = *stream_slot(r->last_end, (uint32_t)ev->id);
+        if (ev->flags & MEMSIM_EVF_HOST) {
+            if (end > r->cpu_us)
+                r->cpu_us = end; /* the host blocks (synchronize) */
+        } else {
+            double *wu = stream_slot(r->wait_until, ev->stream);
+            if (end > *wu)
+                *wu = end;
+        }
+        return TRUE;
+    }
     case MEMSIM_EV_COLLECTIVE:
+        if (ev->aux >= MEMSIM_COLL_COUNT)
+            return bad(error, h, rank, index, "collective kind %" PRIu64 " is out of range",
+                       ev->aux);
         return TRUE;
     default:
         return bad(error, h, rank, index, "unknown event kind %u", ev->kind);
@@ -633,6 +704,10 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         r->rep.breakdowns = (MemsimBreakdown *)g_array_free(r->breakdowns, FALSE);
         r->breakdowns = NULL;
         r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
+        r->rep.time_us = r->cpu_us;
+        for (guint k = 0; k < r->last_end->len; k++)
+            if (g_array_index(r->last_end, double, k) > r->rep.time_us)
+                r->rep.time_us = g_array_index(r->last_end, double, k);
         r->rep.fits = !r->rep.oom.happened;
         rep->ranks[i] = r->rep;
         memset(&r->rep, 0, sizeof r->rep); /* ownership of role, steps, first_mismatch moved */

@@ -124,6 +124,8 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_end_object(b);
 
         add_int(b, "device_total", (int64_t)r->device_total);
+        json_builder_set_member_name(b, "time_us");
+        json_builder_add_double_value(b, r->time_us);
         json_builder_set_member_name(b, "fits");
         json_builder_add_boolean_value(b, r->fits);
         json_builder_set_member_name(b, "steps");

@@ -24,6 +24,8 @@ struct AgGraph {
     GPtrArray *heap;       /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     bool teardown;
+    AgHooks hooks;
+    int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
 };
 
 /* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
@@ -262,11 +264,13 @@ AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
     st->nbytes = (uint64_t)gt_nbytes(t);
     st->refs = 1;
     st->category = g->ctx.category;
+    st->resident = true;
+    st->stream = g->ctx.stream;
     t->st = st;
     if (st->nbytes > 0) {
         st->event = g->events->len;
         MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = st->id, .size = st->nbytes,
-                          .category = st->category};
+                          .category = st->category, .stream = st->stream};
         emit(g, &ev);
     }
     return t;
@@ -301,8 +305,8 @@ static void storage_unref(AgGraph *g, AgStorage *st)
 {
     if (!st || --st->refs > 0)
         return;
-    if (st->nbytes > 0 && !g->teardown) {
-        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id};
+    if (st->nbytes > 0 && st->resident && !g->teardown) {
+        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
         emit(g, &ev);
     }
     g_slice_free(AgStorage, st);
@@ -644,6 +648,8 @@ static void accumulate_grad(AgGraph *g, AgNode *n, AgTensor *grad)
     } else {
         gt_unref(g, grad); /* .grad += grad in place */
     }
+    if (g->hooks.post_accumulate)
+        g->hooks.post_accumulate(g, g->hooks.user, p);
 }
 
 static void mark_deps(AgGraph *g, AgNode *root, int delta_gen)
@@ -685,6 +691,7 @@ void gg_backward(AgGraph *g, AgTensor *loss)
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     g->ctx.layer = -1;
     NODE_REFS(root)++; /* the engine holds the graph task's root */
+    g->bw_layer = -2;
     mark_deps(g, root, 0);
     gg_op(g, "ones_like");
     AgTensor *go = gt_empty(g, loss->dt, loss->nd, loss->shape);
@@ -700,6 +707,11 @@ void gg_backward(AgGraph *g, AgTensor *loss)
         if (n->leaf) {
             accumulate_grad(g, n, in[0]);
             continue;
+        }
+        if (n->layer != g->bw_layer) {
+            if (n->layer >= 0 && g->hooks.pre_backward_layer)
+                g->hooks.pre_backward_layer(g, g->hooks.user, n->layer);
+            g->bw_layer = n->layer;
         }
         g->ctx.layer = n->layer;
         gg_op(g, n->name);
@@ -754,4 +766,67 @@ void gg_autocast_clear(AgGraph *g)
 void gg_teardown(AgGraph *g)
 {
     g->teardown = true;
+}
+
+void gg_set_hooks(AgGraph *g, const AgHooks *hooks)
+{
+    g->hooks = *hooks;
+}
+
+void gg_storage_release(AgGraph *g, AgStorage *st)
+{
+    if (!st->resident)
+        return;
+    if (st->nbytes > 0) {
+        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
+        emit(g, &ev);
+    }
+    st->resident = false;
+}
+
+void gg_storage_restore(AgGraph *g, AgStorage *st)
+{
+    if (st->resident)
+        return;
+    st->resident = true;
+    st->id = g->next_storage++;
+    st->stream = g->ctx.stream;
+    if (st->nbytes > 0) {
+        st->event = g->events->len;
+        MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = st->id, .size = st->nbytes,
+                          .category = st->category, .stream = st->stream};
+        emit(g, &ev);
+    }
+}
+
+void gg_record_stream(AgGraph *g, AgTensor *t, uint16_t stream)
+{
+    if (!t || !t->st || !t->st->resident || t->st->nbytes == 0 || t->st->stream == stream)
+        return;
+    MemsimEvent ev = {.kind = MEMSIM_EV_USE, .id = t->st->id, .stream = stream};
+    emit(g, &ev);
+}
+
+void gg_wait_stream(AgGraph *g, uint16_t stream, uint16_t on)
+{
+    if (stream == on)
+        return;
+    MemsimEvent ev = {.kind = MEMSIM_EV_WAIT, .stream = stream, .id = on};
+    emit(g, &ev);
+}
+
+void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
+                   double duration_us)
+{
+    MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, memsim_collective_name(kind)),
+                       .phase = MEMSIM_PHASE_COMMUNICATION,
+                       .layer = g->ctx.layer,
+                       .microbatch = g->ctx.microbatch,
+                       .duration_us = duration_us};
+    guint32 idx = memsim_trace_add_op(g->trace, &op);
+    MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
+    emit(g, &oe);
+    MemsimEvent ev = {.kind = MEMSIM_EV_COLLECTIVE, .stream = g->ctx.stream, .size = bytes,
+                      .id = group, .aux = kind};
+    emit(g, &ev);
 }

@@ -39,6 +39,8 @@ typedef struct AgStorage {
     uint64_t nbytes;
     int refs;
     uint8_t category;
+    bool resident;  /* FALSE while its memory is released (a resharded FlatParameter) */
+    uint16_t stream;
     size_t event; /* index of its ALLOC event, to re-categorise it later */
 } AgStorage;
 
@@ -119,7 +121,18 @@ typedef struct {
     bool in_backward;
     int autocast;     /* 0 off, else the DType of autocast (DT_BF16 / DT_F16) */
     struct AgCkpt *ckpt; /* the checkpointed region being run, if any */
+    uint16_t stream;     /* the current stream: where new storages are allocated */
 } AgContext;
+
+/* Hooks of a distributed method (all optional). */
+typedef struct {
+    /* after AccumulateGrad has updated leaf->grad */
+    void (*post_accumulate)(struct AgGraph *g, void *user, struct AgTensor *leaf);
+    /* the backward engine is about to run the first node of `layer` (pre-backward of the
+     * layer's module), and has finished the backward of the layer before it */
+    void (*pre_backward_layer)(struct AgGraph *g, void *user, int32_t layer);
+    void *user;
+} AgHooks;
 
 /* A checkpointed region (torch.utils.checkpoint, non-reentrant; AUTOGRAD_MEMORY.md §10.1):
  * its first forward keeps no saved tensor (each save becomes an empty holder); the first
@@ -202,6 +215,23 @@ AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user
 AgTensor *gg_autocast_cached(AgGraph *g, AgTensor *leaf);
 void gg_autocast_store(AgGraph *g, AgTensor *leaf, AgTensor *copy);
 void gg_autocast_clear(AgGraph *g);
+
+void gg_set_hooks(AgGraph *g, const AgHooks *hooks);
+
+/* Releases a storage's memory while the tensors over it live on (FlatParameter resharding,
+ * Megatron's deallocate_output_tensor): a FREE event now. */
+void gg_storage_release(AgGraph *g, AgStorage *st);
+/* Gives a released storage memory again (a new ALLOC, on the current stream). */
+void gg_storage_restore(AgGraph *g, AgStorage *st);
+/* record_stream(t, stream): t's memory is reusable only once `stream` has passed this
+ * point (a USE event). */
+void gg_record_stream(AgGraph *g, AgTensor *t, uint16_t stream);
+/* `stream` waits for `on`'s work so far (wait_stream / events). */
+void gg_wait_stream(AgGraph *g, uint16_t stream, uint16_t on);
+/* A collective of `bytes` on the current stream among `group` (an id shared by the ranks
+ * that meet), with an estimated duration. */
+void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
+                   double duration_us);
 
 /* From now on storages die silently (the end of the program: what is alive stays in the
  * trace's final state). */

@@ -17,6 +17,7 @@
 #define MEMSIM_SIM_H
 
 #include <memsim/alloc.h>
+#include <memsim/timeline.h>
 #include <memsim/trace.h>
 
 G_BEGIN_DECLS
@@ -33,9 +34,11 @@ typedef struct {
     gboolean verify;
     /* Run the policy's invariant checker after every event (slow; for tests). */
     gboolean check_invariants;
+    /* (optional) Records the memory over the replay (memsim/timeline.h); not owned. */
+    MemsimTimeline *timeline;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL}
 
 typedef struct {
     gboolean happened;
@@ -100,6 +103,7 @@ typedef struct {
     MemsimBreakdown *breakdowns;
     /* Device total = peak reserved + what the allocator does not see (report's overhead). */
     memsim_size_t device_total;
+    double time_us;             /* simulated time at the end (0 without op durations) */
     gboolean fits;              /* no OOM and device_total ≤ the report's gpu_mem */
     /* The recording's own final figures (snapshots), when known. */
     gboolean has_recorded_final;

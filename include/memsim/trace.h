@@ -59,6 +59,7 @@ typedef enum {
 typedef enum {
     MEMSIM_EVF_ADDR = 1u << 0,     /* ALLOC: `addr` holds the recorded address */
     MEMSIM_EVF_INFERRED = 1u << 1, /* EMPTY_CACHE: inferred from recorded segment frees */
+    MEMSIM_EVF_HOST = 1u << 2,     /* WAIT: the host blocks until stream `id` is done */
 } MemsimEventFlags;
 
 typedef enum {
