@@ -15,6 +15,7 @@
  * diverging model can never corrupt the policy's state.
  */
 #include <memsim/formats.h>
+#include <memsim/gen.h>
 #include <memsim/sim.h>
 
 #include <inttypes.h>
@@ -262,6 +263,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
             return NULL;
         }
     }
+    if (rp->opt.timeline)
+        memsim_timeline_begin(rp->opt.timeline, header, rp->allocator, rp->capacity);
     return rp;
 }
 
@@ -430,6 +433,24 @@ static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, ui
     g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: rank %u, event %" PRIu64 ": %s",
                 h->name ? h->name : "trace", rank, index, msg);
     return FALSE;
+}
+
+/* The timeline (opt.timeline): an op starts, or the figures after an action. */
+static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                          const MemsimEvent *ev)
+{
+    MemsimTimeline *tl = r->rp->opt.timeline;
+    if (ev->kind == MEMSIM_EV_OP) {
+        memsim_timeline_op(tl, h, rank, index, r->cur_op, ev->stream);
+    } else if (ev->kind == MEMSIM_EV_ALLOC && r->stopped) {
+        const MemsimOomInfo *o = &r->rep.oom;
+        memsim_timeline_oom(tl, h, rank, index, r->cur_op, o->requested, (int64_t)o->allocated,
+                            (int64_t)o->reserved, r->live_cat);
+    } else if (ev->kind != MEMSIM_EV_USE) {
+        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+        memsim_timeline_sample(tl, h, rank, index, r->cur_op, st.allocated.current,
+                               st.reserved.current, r->live_cat);
+    }
 }
 
 static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
@@ -631,6 +652,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     default:
         return bad(error, h, rank, index, "unknown event kind %u", ev->kind);
     }
+    if (G_UNLIKELY(r->rp->opt.timeline))
+        timeline_note(r, h, rank, index, ev);
     if (action && r->rp->opt.verify) {
         verify_action(r, index, ev);
         g_array_set_size(r->emitted, 0);
@@ -709,6 +732,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
         r->rep.fits = !r->rep.oom.happened;
+        if (rp->opt.timeline)
+            memsim_timeline_end(rp->opt.timeline, i, r->rep.n_events);
         rep->ranks[i] = r->rep;
         memset(&r->rep, 0, sizeof r->rep); /* ownership of role, steps, first_mismatch moved */
     }
@@ -788,4 +813,35 @@ void memsim_report_set_device(MemsimReport *rep, memsim_size_t gpu_mem, memsim_s
         r->device_total = (memsim_size_t)r->stats.reserved.peak + context;
         r->fits = !r->oom.happened && (gpu_mem == 0 || r->device_total <= gpu_mem);
     }
+}
+
+MemsimReport *memsim_estimate(const MemsimModel *m, const MemsimRun *run,
+                              const MemsimEstimateOptions *opt, GError **error)
+{
+    static const MemsimEstimateOptions defaults = MEMSIM_ESTIMATE_OPTIONS_INIT;
+    if (!opt)
+        opt = &defaults;
+    if (opt->gpu_mem && opt->context_bytes >= opt->gpu_mem) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
+                    " bytes of CUDA context and libraries",
+                    opt->gpu_mem, opt->context_bytes);
+        return NULL;
+    }
+    MemsimTrace *t = memsim_generate(m, run, error);
+    if (!t)
+        return NULL;
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = opt->allocator;
+    o.alloc_conf = opt->alloc_conf;
+    o.capacity = opt->gpu_mem ? opt->gpu_mem - opt->context_bytes : 0;
+    MemsimReport *rep = memsim_replay_trace(t, &o, error);
+    memsim_trace_free(t);
+    if (!rep)
+        return NULL;
+    g_free(rep->source);
+    rep->source = g_strdup(memsim_model_name(m));
+    rep->run = memsim_run_describe(run);
+    memsim_report_set_device(rep, opt->gpu_mem, opt->context_bytes);
+    return rep;
 }

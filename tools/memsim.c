@@ -293,7 +293,6 @@ static int cmd_estimate(int argc, char **argv)
     int rc = EXIT_BAD;
     GError *error = NULL;
     MemsimModel *m = NULL;
-    MemsimTrace *t = NULL;
     MemsimReport *rep = NULL;
     if (!parse(ctx, "estimate", &argc, &argv))
         goto out;
@@ -301,33 +300,16 @@ static int cmd_estimate(int argc, char **argv)
         fprintf(stderr, "memsim estimate: --model is required (see memsim estimate --help)\n");
         goto out;
     }
-    memsim_size_t gpu = 0, ctxb = (memsim_size_t)500 << 20;
-    if ((gpu_mem && !memsim_parse_size(gpu_mem, &gpu, &error)) ||
-        (context && !memsim_parse_size(context, &ctxb, &error))) {
+    MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
+    eo.allocator = allocator;
+    eo.alloc_conf = alloc_conf;
+    if ((gpu_mem && !memsim_parse_size(gpu_mem, &eo.gpu_mem, &error)) ||
+        (context && !memsim_parse_size(context, &eo.context_bytes, &error)) ||
+        !(m = memsim_model_load(model, &error)) ||
+        !(rep = memsim_estimate(m, &run, &eo, &error))) {
         rc = report_error("estimate", error);
         goto out;
     }
-    if (gpu && ctxb >= gpu) {
-        fprintf(stderr, "memsim estimate: --cuda-context %s leaves nothing of --gpu-mem %s\n",
-                context ? context : "500MiB", gpu_mem);
-        goto out;
-    }
-    if (!(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error))) {
-        rc = report_error("estimate", error);
-        goto out;
-    }
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.allocator = allocator;
-    o.alloc_conf = alloc_conf;
-    o.capacity = gpu ? gpu - ctxb : 0;
-    if (!(rep = memsim_replay_trace(t, &o, &error))) {
-        rc = report_error("estimate", error);
-        goto out;
-    }
-    g_free(rep->source);
-    rep->source = g_strdup(memsim_model_name(m));
-    rep->run = memsim_run_describe(&run);
-    memsim_report_set_device(rep, gpu, ctxb);
     if (json) {
         g_autofree char *j = memsim_report_to_json(rep);
         printf("%s\n", j);
@@ -343,7 +325,6 @@ static int cmd_estimate(int argc, char **argv)
             rc = EXIT_NO;
 out:
     memsim_report_free(rep);
-    memsim_trace_free(t);
     memsim_model_free(m);
     memsim_run_clear(&run);
     g_option_context_free(ctx);

@@ -107,6 +107,25 @@ char **memsim_model_presets(void);
 /* Generates the single-GPU trace of `run` steps. Returns a new trace or NULL with error. */
 MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
 
+/* How an estimate is replayed and judged. */
+typedef struct {
+    const char *allocator;      /* policy spec; NULL = "torch" */
+    const char *alloc_conf;     /* PYTORCH_CUDA_ALLOC_CONF for the torch policy, or NULL */
+    memsim_size_t gpu_mem;      /* device memory; 0 = not given (nothing is judged) */
+    memsim_size_t context_bytes;/* outside the allocator: CUDA context, libraries */
+} MemsimEstimateOptions;
+
+#define MEMSIM_ESTIMATE_CONTEXT_DEFAULT ((memsim_size_t)500 << 20)
+#define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT}
+
+struct MemsimReport;
+
+/* Generates the run's trace and replays it: the allocator sees gpu_mem − context_bytes.
+ * Returns a new report (memsim_report_free) with the run described and each rank's device
+ * total and fits set, or NULL with error. Thread-safe: distinct calls share nothing. */
+struct MemsimReport *memsim_estimate(const MemsimModel *model, const MemsimRun *run,
+                                     const MemsimEstimateOptions *opt, GError **error);
+
 G_END_DECLS
 
 #endif

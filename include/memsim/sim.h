@@ -111,7 +111,7 @@ typedef struct {
     memsim_size_t recorded_final_allocated;
 } MemsimRankReport;
 
-typedef struct {
+typedef struct MemsimReport {
     char *source;       /* trace name */
     char *allocator;    /* the policy spec used */
     char *alloc_conf;   /* the settings used (torch), or NULL */
