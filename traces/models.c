@@ -83,7 +83,19 @@ static void lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t i
 
 /* ---- layers ---- */
 
+static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x);
+
+/* A tensor-parallel row-parallel layer's output is all-reduced in place (no buffer). */
 static AgTensor *lin(Model *md, Lin *l, AgTensor *x)
+{
+    AgTensor *out = lin_local(md, l, x);
+    if (md->tp > 1 && l->row_parallel)
+        gg_collective(md->g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out), 1,
+                      md->comm_us_per_byte * (double)gt_nbytes(out));
+    return out;
+}
+
+static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x)
 {
     AgGraph *g = md->g;
     AgTensor *out;
@@ -727,7 +739,7 @@ static AgTensor *gpt2_layer(AgGraph *g, void *user, AgTensor **in, int n)
     AgTensor *qkv = lin(md, &ly->qkv, h);
     U(h);
     AgTensor *parts[3];
-    op_split(g, qkv, 2, m->H, parts, 3);
+    op_split(g, qkv, 2, m->nh * m->hd, parts, 3);
     U(qkv);
     AgTensor *q = split_heads(md, parts[0], m->nh), *k = split_heads(md, parts[1], m->nh);
     AgTensor *v = split_heads(md, parts[2], m->nh);
@@ -1142,9 +1154,9 @@ static AgTensor *codegen_layer(AgGraph *g, void *user, AgTensor **in, int n)
     AgTensor *qkv = lin(md, &ly->qkv, h);
     /* reshape(B,S,4,3H/4) and split(H/4) into q, v, k; each reshaped to (B,S,nh,hd): a copy,
      * the dims do not merge */
-    AgTensor *r4 = op_view(g, qkv, SHAPE(B, S, 4, 3 * m->H / 4));
+    AgTensor *r4 = op_view(g, qkv, SHAPE(B, S, 4, 3 * m->nh * m->hd / 4));
     AgTensor *parts[3];
-    op_split(g, r4, 3, m->H / 4, parts, 3);
+    op_split(g, r4, 3, m->nh * m->hd / 4, parts, 3);
     U(r4);
     U(qkv);
     AgTensor *heads[3];
@@ -1250,9 +1262,30 @@ static AgTensor *vec(Model *md, int64_t n)
 gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
                      GError **error)
 {
+    return model_build_part(md, g, m, run, 1, 0, m->L, error);
+}
+
+gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const MemsimRun *run,
+                          int tp, int64_t l0, int64_t l1, GError **error)
+{
     memset(md, 0, sizeof *md);
     md->g = g;
     md->leaves = g_ptr_array_new();
+    md->tp = tp;
+    md->l0 = l0;
+    md->l1 = l1;
+    md->first = l0 == 0;
+    md->last = l1 == full->L;
+    /* Megatron splits heads, the MLP width and the (padded) vocabulary over the TP ranks */
+    md->local = *full;
+    if (tp > 1) {
+        md->local.nh /= tp;
+        md->local.nkv = full->nkv == 1 ? 1 : full->nkv / tp;
+        md->local.I /= tp;
+        int64_t mult = 128 * (int64_t)tp;
+        md->local.V = (full->V + mult - 1) / mult * mult / tp;
+    }
+    const MemsimModel *m = &md->local;
     md->m = m;
     md->run = run;
     md->B = run->batch;
@@ -1300,23 +1333,27 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
     md->trainable = g_ptr_array_new();
     md->cache = g_ptr_array_new();
     int64_t V = m->V, H = m->H, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int64_t A = nh * hd; /* attention width on this rank (H, or H/tp) */
     bool tr = full_ft(md);
-    md->wte = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
-    if (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO)
+    /* the first stage holds the embedding; with tied weights the last stage holds its own
+     * copy for the output layer */
+    if (md->first || (md->last && m->tie))
+        md->wte = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
+    if (md->first && (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO))
         md->wpe = param(md, md->pdt, SHAPE(m->max_pos, H), tr);
-    if (m->fam == FAM_OPT) {
+    if (md->first && m->fam == FAM_OPT) {
         md->wpe = param(md, md->pdt, SHAPE(m->max_pos + 2, H), tr);
         if (m->wep != H) {
             md->proj_out = param(md, md->pdt, SHAPE(m->wep, H), tr);
             md->proj_in = param(md, md->pdt, SHAPE(H, m->wep), tr);
         }
     }
-    if (m->fam == FAM_BLOOM) {
+    if (md->first && m->fam == FAM_BLOOM) {
         md->emb_ln_w = vec(md, H); /* word_embeddings_layernorm */
         md->emb_ln_b = vec(md, H);
     }
     md->layers = g_new0(Layer, L);
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = l0; l < l1; l++) {
         Layer *ly = &md->layers[l];
         switch (m->fam) {
         case FAM_LLAMA:
@@ -1344,8 +1381,8 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
         case FAM_GPT2:
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
-            lin_make(md, &ly->qkv, "c_attn", 3 * H, H, true, true);
-            lin_make(md, &ly->o, "c_proj", H, H, true, true);
+            lin_make(md, &ly->qkv, "c_attn", 3 * A, H, true, true);
+            lin_make(md, &ly->o, "c_proj", H, A, true, true);
             ly->ln2_w = vec(md, H);
             ly->ln2_b = vec(md, H);
             lin_make(md, &ly->up, "c_fc", I, H, true, true);
@@ -1353,10 +1390,10 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
             break;
         case FAM_OPT:
         case FAM_GPTNEO:
-            lin_make(md, &ly->k, "k_proj", H, H, m->qkv_bias, false);
-            lin_make(md, &ly->v, "v_proj", H, H, m->qkv_bias, false);
-            lin_make(md, &ly->q, "q_proj", H, H, m->qkv_bias, false);
-            lin_make(md, &ly->o, "out_proj", H, H, m->o_bias, false);
+            lin_make(md, &ly->k, "k_proj", A, H, m->qkv_bias, false);
+            lin_make(md, &ly->v, "v_proj", A, H, m->qkv_bias, false);
+            lin_make(md, &ly->q, "q_proj", A, H, m->qkv_bias, false);
+            lin_make(md, &ly->o, "out_proj", H, A, m->o_bias, false);
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
             lin_make(md, &ly->up, m->fam == FAM_OPT ? "fc1" : "c_fc", I, H, m->mlp_bias, false);
@@ -1368,9 +1405,9 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
         case FAM_BLOOM:
         case FAM_NEOX:
         case FAM_FALCON: {
-            int64_t qkv_out = 3 * H;
+            int64_t qkv_out = 3 * A;
             if (m->fam == FAM_FALCON)
-                qkv_out = m->falcon_new_arch ? (2 * nkv + nh) * hd : nkv == 1 ? H + 2 * hd : 3 * H;
+                qkv_out = m->falcon_new_arch ? (2 * nkv + nh) * hd : nkv == 1 ? A + 2 * hd : 3 * A;
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
             if (m->fam != FAM_FALCON || m->falcon_new_arch || !m->parallel_residual) {
@@ -1378,7 +1415,7 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
                 ly->ln2_b = vec(md, H);
             }
             lin_make(md, &ly->qkv, "query_key_value", qkv_out, H, m->qkv_bias, false);
-            lin_make(md, &ly->o, "dense", H, H, m->o_bias, false);
+            lin_make(md, &ly->o, "dense", H, A, m->o_bias, false);
             lin_make(md, &ly->up, "dense_h_to_4h", I, H, m->mlp_bias, false);
             lin_make(md, &ly->down, "dense_4h_to_h", H, I, m->mlp_bias, false);
             break;
@@ -1386,8 +1423,8 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
         case FAM_CODEGEN:
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
-            lin_make(md, &ly->qkv, "qkv_proj", 3 * H, H, false, false);
-            lin_make(md, &ly->o, "out_proj", H, H, false, false);
+            lin_make(md, &ly->qkv, "qkv_proj", 3 * A, H, false, false);
+            lin_make(md, &ly->o, "out_proj", H, A, false, false);
             lin_make(md, &ly->up, "fc_in", I, H, true, false);
             lin_make(md, &ly->down, "fc_out", H, I, true, false);
             /* per-layer sinusoid table buffer, fp32 */
@@ -1399,17 +1436,22 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
         if (m->fam == FAM_GPTNEO) /* per-layer causal bias buffer, bool (max_pos²) */
             buffer(md, DT_BOOL, SHAPE(1, 1, m->max_pos, m->max_pos));
     }
-    if (m->fam == FAM_OPT && !m->pre_ln) {
-        /* no final norm */
+    if (!md->last || (m->fam == FAM_OPT && !m->pre_ln)) {
+        /* no final norm here */
     } else {
         md->norm_w = vec(md, H);
         if (m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL)
             md->norm_b = vec(md, H);
     }
-    if (!m->tie)
+    if (md->last && !m->tie)
         md->lm_head = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
-    if (m->fam == FAM_CODEGEN)
+    if (md->last && m->fam == FAM_CODEGEN)
         md->lm_bias = param(md, md->pdt, SHAPE(V), tr);
+    if (tp > 1)
+        for (int64_t l = l0; l < l1; l++) {
+            Layer *ly = &md->layers[l];
+            ly->o.row_parallel = ly->down.row_parallel = true;
+        }
     if (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL || m->fam == FAM_NEOX ||
         m->fam == FAM_FALCON) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
@@ -1441,7 +1483,7 @@ void model_clear(Model *md)
     if (md->trainable)
         g_ptr_array_unref(md->trainable);
     if (md->layers) {
-        for (int64_t l = 0; l < md->m->L; l++)
+        for (int64_t l = md->l0; l < md->l1; l++)
             g_free(md->layers[l].experts);
         g_free(md->layers);
     }
@@ -1450,6 +1492,40 @@ void model_clear(Model *md)
 /* ---- the model forward ---- */
 
 AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **logits_out)
+{
+    return model_stage_forward(md, ids, NULL, labels, logits_out, NULL);
+}
+
+/* Megatron's vocab-parallel cross entropy (DISTRIBUTED.md §5.2) on logits [N, V/t]: an fp32
+ * copy, normalised in place and saved; backward writes the gradient into it and returns it. */
+static void bw_vocab_ce(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    gout[0] = gt_ref(n->saved[0]); /* in place into the saved softmax */
+}
+
+static AgTensor *vocab_parallel_ce(Model *md, AgTensor *logits)
+{
+    AgGraph *g = md->g;
+    int64_t N = logits->shape[0];
+    AgTensor *l32 = op_to(g, logits, DT_F32);
+    gg_op(g, "vocab_parallel_cross_entropy");
+    AgTensor *small[4];
+    for (int i = 0; i < 4; i++) /* max, masked target, predicted logits, sum-exp: [N] */
+        small[i] = gt_empty(g, DT_F32, SHAPE(N));
+    gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3, 1, 0.0);
+    AgTensor *loss = gt_empty(g, DT_F32, SHAPE(N));
+    for (int i = 0; i < 4; i++)
+        gt_unref(g, small[i]);
+    AgNode *n = gn_new(g, "_VocabParallelCrossEntropyBackward", bw_vocab_ce, 1);
+    gn_add_input(g, n, l32);
+    gn_save(g, n, l32);
+    gn_set_output(n, loss, 0);
+    gt_unref(g, l32);
+    return loss; /* per token; its mean's backward is an expand (no allocation) */
+}
+
+AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor *labels,
+                              AgTensor **logits_out, AgTensor **hidden_out)
 {
     AgGraph *g = md->g;
     const MemsimModel *m = md->m;
@@ -1461,8 +1537,19 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
     f.eager = eager && (m->fam == FAM_BLOOM || m->fam == FAM_GPTNEO || m->fam == FAM_CODEGEN ||
                         md->run->attention == MEMSIM_ATTN_EAGER || !gg_rules(g)->cuda);
     c->layer = -1;
+    if (logits_out)
+        *logits_out = NULL;
+    if (hidden_out)
+        *hidden_out = NULL;
 
-    AgTensor *x = op_embedding(g, md->wte, ids);
+    AgTensor *x;
+    if (md->first) {
+        x = op_embedding(g, md->wte, ids);
+        if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1, 0.0);
+    } else {
+        x = gt_ref(x_in);
+    }
     /* position ids: arange(S) + past (0) → (1, S) */
     AgTensor *ar = op_new(g, "arange", DT_I64, SHAPE(S));
     AgTensor *pos = op_new(g, "add", DT_I64, SHAPE(1, S));
@@ -1484,7 +1571,9 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
         f.cos4 = op_unsqueeze(g, cos, 1);
         f.sin4 = op_unsqueeze(g, sin, 1);
     }
-    if (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO) {
+    if (!md->first) {
+        /* later pipeline stages start from the received activation */
+    } else if (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO) {
         AgTensor *pe = op_embedding(g, md->wpe, pos);
         AgTensor *s = op_binary(g, BIN_ADD, x, pe);
         U(pe);
@@ -1551,7 +1640,7 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
         fn = llama_layer;
         break;
     }
-    for (int64_t l = 0; l < m->L; l++) {
+    for (int64_t l = md->l0; l < md->l1; l++) {
         c->layer = (int32_t)l;
         la.layer = (int)l;
         AgTensor *y;
@@ -1571,6 +1660,16 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
         x = y;
     }
     c->layer = -1;
+    if (!md->last) {
+        U(f.mask);
+        U(f.cos4);
+        U(f.sin4);
+        U(cos);
+        U(sin);
+        U(pos);
+        *hidden_out = x;
+        return NULL;
+    }
     if (md->norm_w) {
         AgTensor *t = (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? rmsnorm(md, x, md->norm_w)
@@ -1599,6 +1698,12 @@ AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **l
     *logits_out = logits;
     if (!labels)
         return NULL;
+    if (md->tp > 1) {
+        AgTensor *l2 = op_view(g, logits, SHAPE(B * S, V));
+        AgTensor *loss = vocab_parallel_ce(md, l2);
+        U(l2);
+        return loss;
+    }
     /* ForCausalLMLoss (§2.11): logits.float(), labels padded and shifted, cross entropy */
     AgTensor *lf = op_to(g, logits, DT_F32);
     AgTensor *lp = op_new(g, "constant_pad_nd", DT_I64, SHAPE(B, S + 1));

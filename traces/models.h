@@ -13,6 +13,7 @@ typedef struct {
     AgTensor *lora_a, *lora_b;
     bool conv1d;
     bool quant4;   /* QLoRA: w holds the packed 4-bit weight; dequantised per use */
+    bool row_parallel; /* tensor parallelism: input split, output all-reduced */
     int64_t out, in;
     const char *name;
 } Lin;
@@ -38,6 +39,12 @@ typedef struct {
     AgTensor *inv_freq;   /* rotary buffer */
     Layer *layers;
     double lora_scaling;
+    /* this rank's part of the model (pipeline stage, tensor-parallel shard) */
+    int tp;               /* tensor-parallel degree (1 = none) */
+    int64_t l0, l1;       /* layers [l0, l1) */
+    bool first, last;     /* holds the embedding / the head and loss */
+    double comm_us_per_byte;
+    MemsimModel local;    /* the config with heads, widths and vocabulary divided by tp */
     GPtrArray *cache;     /* the DynamicCache of the last forward: K/V per layer (references) */
     int64_t B, S;
 } Model;
@@ -49,6 +56,14 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
 /* One forward of the causal-LM with labels: returns the loss (new reference); *logits gets
  * the logits the output object holds (new reference). */
 AgTensor *model_forward(Model *md, AgTensor *ids, AgTensor *labels, AgTensor **logits);
+/* One forward of this rank's part: the first stage embeds `ids`, the others start from
+ * `x_in`; the last stage returns the loss (and *logits), the others return NULL and set
+ * *hidden_out (the activation to send on). */
+AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor *labels,
+                              AgTensor **logits_out, AgTensor **hidden_out);
+/* Like model_build for one pipeline stage and tensor-parallel rank. */
+gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
+                          int tp, int64_t l0, int64_t l1, GError **error);
 void model_clear(Model *md);
 /* Drops the model output object's references: the KV cache it holds. */
 void model_drop_output(Model *md);
