@@ -410,11 +410,12 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
         Segment *s = &g_array_index(segs, Segment, i);
         if (s->device != device)
             continue;
-        if (s->expandable) {
+        if (s->expandable && entries->len > 0) {
             any_expandable = TRUE;
             mapped += (int64_t)s->size;
         } else {
-            StartSeg ss = {s->addr, s->size, s->stream, s->small, FALSE};
+            /* (a state-only snapshot seeds expandable runs as they are) */
+            StartSeg ss = {s->addr, s->size, s->stream, s->small, s->expandable};
             g_hash_table_insert(seg_at, g_memdup2(&s->addr, 8), g_memdup2(&ss, sizeof ss));
         }
         for (guint j = 0; j < s->blocks->len; j++) {
@@ -510,7 +511,8 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                               .stream = stream_index(handles, s->stream),
                               .addr = s->addr,
                               .size = s->size,
-                              .aux = s->small ? MEMSIM_SEGF_SMALL : 0};
+                              .aux = (s->small ? MEMSIM_SEGF_SMALL : 0) |
+                                     (s->expandable ? MEMSIM_SEGF_EXPANDABLE : 0)};
             g_array_append_val(events, ev);
             uint64_t end = s->addr + s->size;
             if (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < s->addr) {
@@ -530,7 +532,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                 if (size == 0) {
                     uint64_t r = memsim_alloc_round_size(rounder, l->requested ? l->requested : 1);
                     size = r;
-                    if (!s->small && next - a >= r &&
+                    if (!s->small && !s->expandable && next - a >= r &&
                         (next - a - r <= ONE_MIB || r >= max_split))
                         size = next - a;
                 }
