@@ -55,9 +55,8 @@ gboolean memsim_source_peek(MemsimSource *s, const guint8 **head, gsize *len, co
 void memsim_source_clear(MemsimSource *s);
 
 typedef struct {
-    gsize (*next)(MemsimTraceReader *r, guint32 *rank, const MemsimEvent **events,
-                  GError **error);
-    void (*clear)(MemsimTraceReader *r); /* frees the format's state, not the base */
+    gsize (*next)(MemsimTraceReader *r, guint32 *rank, const MemsimEvent **events, GError **error);
+    void (*clear)(MemsimTraceReader *r);         /* frees the format's state, not the base */
     gsize (*buffer_bytes)(MemsimTraceReader *r); /* bytes held for the current chunk */
 } MemsimReaderOps;
 
@@ -107,10 +106,9 @@ gsize memsim_trace_reader_buffer_bytes(MemsimTraceReader *r);
 
 /* A writer to an open stream (format MST or TEXT); closes `file` on close when close_file.
  */
-MemsimTraceWriter *memsim_trace_writer_new_stream(FILE *file, gboolean close_file,
-                                                  const char *name, MemsimFormat format,
-                                                  const MemsimTraceHeader *header,
-                                                  GError **error);
+MemsimTraceWriter *memsim_trace_writer_new_stream(FILE *file, gboolean close_file, const char *name,
+                                                  MemsimFormat format,
+                                                  const MemsimTraceHeader *header, GError **error);
 
 /* Format implementations (mst.c, text.c). A reader takes the source over (also on failure),
  * reads the header and returns NULL with error set on bad input. */
@@ -127,9 +125,8 @@ MemsimTraceReader *memsim_trace_reader_alloc(gsize size, const MemsimReaderOps *
                                              MemsimFormat format, MemsimSource *src,
                                              const char *name);
 MemsimTraceWriter *memsim_trace_writer_alloc(gsize size, const MemsimWriterOps *ops,
-                                             MemsimFormat format, FILE *file,
-                                             gboolean close_file, const char *name,
-                                             const MemsimTraceHeader *header);
+                                             MemsimFormat format, FILE *file, gboolean close_file,
+                                             const char *name, const MemsimTraceHeader *header);
 
 /* Checks shared by all formats. They return NULL when fine, else a newly allocated
  * description of what is wrong ("stream 3 is not below the rank's 2 streams"). */

@@ -56,8 +56,8 @@ enum {
 #define COL(field) ((field)-CH_KIND)
 
 static const char *const column_names[N_COLUMNS] = {
-    "kind", "stream", "flags", "category", "id", "size", "addr", "aux",
-    "extra_event", "extra_field", "extra_value",
+    "kind", "stream", "flags",       "category",    "id",          "size",
+    "addr", "aux",    "extra_event", "extra_field", "extra_value",
 };
 
 /* Which kinds carry which fields in the columns; anything else non-zero is an extra. An
@@ -100,7 +100,7 @@ static inline uint64_t zigzag(uint64_t delta)
 
 static inline uint64_t unzigzag(uint64_t v)
 {
-    return (v >> 1) ^ (uint64_t)-(int64_t)(v & 1);
+    return (v >> 1) ^ (uint64_t) - (int64_t)(v & 1);
 }
 
 /* ---- varints ---- */
@@ -127,7 +127,7 @@ static inline gsize varint_len(uint64_t v)
 
 /* NULL when the varint runs past `end` or is longer than 64 bits. */
 static __attribute__((noinline)) const guint8 *get_varint_slow(const guint8 *p, const guint8 *end,
-                                                     uint64_t *out)
+                                                               uint64_t *out)
 {
     uint64_t x = 0;
     for (unsigned shift = 0; shift < 64; shift += 7) {
@@ -243,8 +243,8 @@ static gboolean compress_bytes(MstWriter *w, const void *data, gsize len, ZSTD_E
         }
         if (out.pos && fwrite(w->zout, 1, out.pos, w->base.file) != out.pos) {
             int e = errno;
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: write error: %s",
-                        w->base.name, g_strerror(e ? e : EIO));
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: write error: %s", w->base.name,
+                        g_strerror(e ? e : EIO));
             return FALSE;
         }
         if (mode == ZSTD_e_continue ? in.pos == in.size : ret == 0)
@@ -358,11 +358,11 @@ static gboolean flush_chunk(MstWriter *w, guint32 n_strings, guint32 n_ops, GErr
              any_aux = 0;
     Buf *xe = &w->col[COL(CH_EXTRA_EVENT)], *xf = &w->col[COL(CH_EXTRA_FIELD)],
         *xv = &w->col[COL(CH_EXTRA_VALUE)];
-#define EXTRA(field, value)                                                                    \
-    do {                                                                                       \
-        buf_varint(xe, i);                                                                     \
-        buf_varint(xf, field);                                                                 \
-        buf_varint(xv, value);                                                                 \
+#define EXTRA(field, value)                                                                        \
+    do {                                                                                           \
+        buf_varint(xe, i);                                                                         \
+        buf_varint(xf, field);                                                                     \
+        buf_varint(xv, value);                                                                     \
     } while (0)
     for (gsize i = 0; i < n; i++) {
         const MemsimEvent *e = &ev[i];
@@ -455,8 +455,8 @@ static gboolean defs_pending(MstWriter *w)
            w->base.written_ops < w->base.header.n_ops;
 }
 
-static gboolean mst_write(MemsimTraceWriter *base, guint32 rank, const MemsimEvent *events,
-                          gsize n, GError **error)
+static gboolean mst_write(MemsimTraceWriter *base, guint32 rank, const MemsimEvent *events, gsize n,
+                          GError **error)
 {
     MstWriter *w = (MstWriter *)base;
     if (!base->header_written && !write_header(w, error))
@@ -465,8 +465,8 @@ static gboolean mst_write(MemsimTraceWriter *base, guint32 rank, const MemsimEve
      * the events written after the declaration: close the chunk on either change, so the
      * file keeps the order in which events and declarations were given. */
     const MemsimTraceHeader *h = &base->header;
-    if (w->n_pend && (rank != w->pend_rank || h->n_strings != w->pend_strings ||
-                      h->n_ops != w->pend_ops)) {
+    if (w->n_pend &&
+        (rank != w->pend_rank || h->n_strings != w->pend_strings || h->n_ops != w->pend_ops)) {
         if (!flush_chunk(w, w->pend_strings, w->pend_ops, error))
             return FALSE;
     }
@@ -498,8 +498,7 @@ static gboolean mst_finish(MemsimTraceWriter *base, GError **error)
         return FALSE;
     if (w->n_pend && !flush_chunk(w, w->pend_strings, w->pend_ops, error))
         return FALSE;
-    if (defs_pending(w) &&
-        !flush_chunk(w, base->header.n_strings, base->header.n_ops, error))
+    if (defs_pending(w) && !flush_chunk(w, base->header.n_strings, base->header.n_ops, error))
         return FALSE;
     Memsim__Mst__End end = MEMSIM__MST__END__INIT;
     end.has_n_chunks = end.has_n_events = TRUE;
@@ -590,7 +589,7 @@ static void mst_fail(MstReader *r, GError **error, const char *fmt, ...)
     va_start(ap, fmt);
     char *msg = g_strdup_vprintf(fmt, ap);
     va_end(ap);
-    char *what = r->body == REC_CHUNK ? g_strdup_printf("chunk %" G_GUINT64_FORMAT, r->n_chunks)
+    char *what = r->body == REC_CHUNK    ? g_strdup_printf("chunk %" G_GUINT64_FORMAT, r->n_chunks)
                  : r->body == REC_HEADER ? g_strdup("header")
                  : r->body == REC_END    ? g_strdup("end record")
                                          : g_strdup("record");
@@ -653,8 +652,8 @@ static int fill(MstReader *r, gsize need, GError **error)
             if (r->last_ret != 0) {
                 memsim_set_bad_input(error,
                                      "%s: truncated: the zstd stream ends inside a frame (while "
-                                     "reading record %" G_GUINT64_FORMAT ", after %" G_GUINT64_FORMAT
-                                     " decompressed bytes)",
+                                     "reading record %" G_GUINT64_FORMAT
+                                     ", after %" G_GUINT64_FORMAT " decompressed bytes)",
                                      r->base.name, r->record, r->buf_offset + r->len);
                 return -1;
             }
@@ -704,7 +703,8 @@ static int read_record(MstReader *r, unsigned *field, const guint8 **body, gsize
         return -1;
     if (rc == 0) {
         mst_fail(r, error,
-                 "truncated: the record is %" PRIu64 " bytes but the stream ends after %" G_GSIZE_FORMAT,
+                 "truncated: the record is %" PRIu64
+                 " bytes but the stream ends after %" G_GSIZE_FORMAT,
                  len, r->len - r->pos - hdr);
         return -1;
     }
@@ -741,8 +741,7 @@ bad:
     return -1;
 }
 
-static gboolean op_from_pb(MstReader *r, const Memsim__Mst__Op *m, MemsimOpInfo *op,
-                           GError **error)
+static gboolean op_from_pb(MstReader *r, const Memsim__Mst__Op *m, MemsimOpInfo *op, GError **error)
 {
     if (m->phase >= MEMSIM_PHASE_COUNT) {
         mst_fail(r, error, "op phase %" PRIu32 " out of range (expected 0 .. %d)", m->phase,
@@ -798,8 +797,7 @@ static gboolean read_header(MstReader *r, GError **error)
         count[MIN(tag >> 3, 6u)]++;
         p = skip_field(p, end, tag & 7);
     }
-    if (count[4] > MEMSIM_MAX_RANKS || count[5] > MEMSIM_MAX_STRINGS ||
-        count[6] > MEMSIM_MAX_OPS) {
+    if (count[4] > MEMSIM_MAX_RANKS || count[5] > MEMSIM_MAX_STRINGS || count[6] > MEMSIM_MAX_OPS) {
         mst_fail(r, error,
                  "%" G_GUINT64_FORMAT " ranks, %" G_GUINT64_FORMAT " strings, %" G_GUINT64_FORMAT
                  " ops (expected at most %u, %u, %u)",
@@ -863,14 +861,14 @@ static gboolean read_header(MstReader *r, GError **error)
 }
 
 /* The column loop's varint read: the one-byte case inline, the rest out of line. */
-#define READ(p, end, v, col)                                                                   \
-    do {                                                                                       \
-        if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                            \
-            (v) = *(p)++;                                                                      \
-        } else if (!((p) = get_varint_slow((p), (end), &(v)))) {                               \
-            bad_col = (col);                                                                   \
-            goto bad_column;                                                                   \
-        }                                                                                      \
+#define READ(p, end, v, col)                                                                       \
+    do {                                                                                           \
+        if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
+            (v) = *(p)++;                                                                          \
+        } else if (!((p) = get_varint_slow((p), (end), &(v)))) {                                   \
+            bad_col = (col);                                                                       \
+            goto bad_column;                                                                       \
+        }                                                                                          \
     } while (0)
 
 /* Decodes a chunk's body into r->events; returns the number of events or -1. */
@@ -992,8 +990,8 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
     int bad_col = 0;
     gsize i = 0;
     /* Absent columns read as zeros: their pointer is NULL and they are skipped. */
-#define COLUMN(name, field)                                                                    \
-    const guint8 *name = col[COL(field)].len ? col[COL(field)].p : NULL;                       \
+#define COLUMN(name, field)                                                                        \
+    const guint8 *name = col[COL(field)].len ? col[COL(field)].p : NULL;                           \
     const guint8 *const name##_end = col[COL(field)].p + col[COL(field)].len
     COLUMN(pk, CH_KIND);
     COLUMN(ps, CH_STREAM);
@@ -1014,8 +1012,8 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         MemsimEvent e = {0};
         READ(pk, pk_end, v, COL(CH_KIND));
         if (G_UNLIKELY(v - 1 >= MEMSIM_EV_KIND_MAX)) {
-            mst_fail(r, error, "event %" G_GSIZE_FORMAT ": kind %" PRIu64
-                               " out of range (expected 1 .. %d)",
+            mst_fail(r, error,
+                     "event %" G_GSIZE_FORMAT ": kind %" PRIu64 " out of range (expected 1 .. %d)",
                      i, v, MEMSIM_EV_KIND_MAX);
             return -1;
         }
@@ -1024,8 +1022,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         if (ps) {
             READ(ps, ps_end, v, COL(CH_STREAM));
             if (G_UNLIKELY(v >= n_streams)) {
-                mst_fail(r, error, "event %" G_GSIZE_FORMAT ": stream %" PRIu64
-                                   " is not one of rank %" PRIu32 "'s %" PRIu32 " streams",
+                mst_fail(r, error,
+                         "event %" G_GSIZE_FORMAT ": stream %" PRIu64 " is not one of rank %" PRIu32
+                         "'s %" PRIu32 " streams",
                          i, v, rk, n_streams);
                 return -1;
             }
@@ -1035,9 +1034,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         if ((m & C_FLAGS) && pf) {
             READ(pf, pf_end, v, COL(CH_FLAGS));
             if (G_UNLIKELY(v > G_MAXUINT32)) {
-                mst_fail(r, error, "event %" G_GSIZE_FORMAT ": flags 0x%" PRIx64
-                                   " do not fit in 32 bits",
-                         i, v);
+                mst_fail(r, error,
+                         "event %" G_GSIZE_FORMAT ": flags 0x%" PRIx64 " do not fit in 32 bits", i,
+                         v);
                 return -1;
             }
             e.flags = (uint32_t)v;
@@ -1045,8 +1044,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         if ((m & C_CAT) && pc) {
             READ(pc, pc_end, v, COL(CH_CATEGORY));
             if (G_UNLIKELY(v >= MEMSIM_CAT_COUNT)) {
-                mst_fail(r, error, "event %" G_GSIZE_FORMAT ": category %" PRIu64
-                                   " out of range (expected 0 .. %d)",
+                mst_fail(r, error,
+                         "event %" G_GSIZE_FORMAT ": category %" PRIu64
+                         " out of range (expected 0 .. %d)",
                          i, v, MEMSIM_CAT_COUNT - 1);
                 return -1;
             }
@@ -1088,12 +1088,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
 
     /* Extras: (event, field, value) triples, strictly increasing in (event, field). */
     if (seen[COL(CH_EXTRA_EVENT)] || seen[COL(CH_EXTRA_FIELD)] || seen[COL(CH_EXTRA_VALUE)]) {
-        const guint8 *xe = col[COL(CH_EXTRA_EVENT)].p,
-                     *xe_end = xe + col[COL(CH_EXTRA_EVENT)].len;
-        const guint8 *xf = col[COL(CH_EXTRA_FIELD)].p,
-                     *xf_end = xf + col[COL(CH_EXTRA_FIELD)].len;
-        const guint8 *xv = col[COL(CH_EXTRA_VALUE)].p,
-                     *xv_end = xv + col[COL(CH_EXTRA_VALUE)].len;
+        const guint8 *xe = col[COL(CH_EXTRA_EVENT)].p, *xe_end = xe + col[COL(CH_EXTRA_EVENT)].len;
+        const guint8 *xf = col[COL(CH_EXTRA_FIELD)].p, *xf_end = xf + col[COL(CH_EXTRA_FIELD)].len;
+        const guint8 *xv = col[COL(CH_EXTRA_VALUE)].p, *xv_end = xv + col[COL(CH_EXTRA_VALUE)].len;
         uint64_t last_key = 0;
         gboolean first = TRUE;
         while (xe < xe_end) {
@@ -1102,16 +1099,17 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             READ(xf, xf_end, field, COL(CH_EXTRA_FIELD));
             READ(xv, xv_end, val, COL(CH_EXTRA_VALUE));
             if (idx >= n || field < X_ID || field > X_FLAGS) {
-                mst_fail(r, error, "extra value for event %" PRIu64 ", field %" PRIu64
-                                   " (expected an event below %" G_GSIZE_FORMAT
-                                   " and a field 1 .. 6)",
+                mst_fail(r, error,
+                         "extra value for event %" PRIu64 ", field %" PRIu64
+                         " (expected an event below %" G_GSIZE_FORMAT " and a field 1 .. 6)",
                          idx, field, n);
                 return -1;
             }
             uint64_t key = idx * 8 + field;
             if (!first && key <= last_key) {
-                mst_fail(r, error, "extra values out of order at event %" PRIu64
-                                   " (expected increasing event and field)",
+                mst_fail(r, error,
+                         "extra values out of order at event %" PRIu64
+                         " (expected increasing event and field)",
                          idx);
                 return -1;
             }
@@ -1119,8 +1117,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             last_key = key;
             MemsimEvent *e = &ev[idx];
             if (carried(e) & extra_column_bit[field]) {
-                mst_fail(r, error, "event %" PRIu64 ": extra value for field %" PRIu64
-                                   ", which a %s event stores in its column",
+                mst_fail(r, error,
+                         "event %" PRIu64 ": extra value for field %" PRIu64
+                         ", which a %s event stores in its column",
                          idx, field, memsim_event_kind_name(e->kind));
                 return -1;
             }
@@ -1139,8 +1138,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                 break;
             case X_CATEGORY:
                 if (val >= MEMSIM_CAT_COUNT) {
-                    mst_fail(r, error, "event %" PRIu64 ": category %" PRIu64
-                                       " out of range (expected 0 .. %d)",
+                    mst_fail(r, error,
+                             "event %" PRIu64 ": category %" PRIu64
+                             " out of range (expected 0 .. %d)",
                              idx, val, MEMSIM_CAT_COUNT - 1);
                     return -1;
                 }
@@ -1148,9 +1148,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                 break;
             default:
                 if (val > G_MAXUINT32) {
-                    mst_fail(r, error, "event %" PRIu64 ": flags 0x%" PRIx64
-                                       " do not fit in 32 bits",
-                             idx, val);
+                    mst_fail(r, error,
+                             "event %" PRIu64 ": flags 0x%" PRIx64 " do not fit in 32 bits", idx,
+                             val);
                     return -1;
                 }
                 e->flags = (uint32_t)val;
@@ -1158,8 +1158,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             }
         }
         if (xf != xf_end || xv != xv_end) {
-            mst_fail(r, error, "the extra_event, extra_field and extra_value columns differ "
-                               "in length (columns of inconsistent lengths)");
+            mst_fail(r, error,
+                     "the extra_event, extra_field and extra_value columns differ "
+                     "in length (columns of inconsistent lengths)");
             return -1;
         }
     }
@@ -1224,8 +1225,7 @@ static gsize mst_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent 
             if (!match) {
                 mst_fail(r, error,
                          "the end record counts %" PRIu64 " chunks and %" PRIu64
-                         " events, but the file holds %" G_GUINT64_FORMAT
-                         " and %" G_GUINT64_FORMAT,
+                         " events, but the file holds %" G_GUINT64_FORMAT " and %" G_GUINT64_FORMAT,
                          mc, me, r->n_chunks, r->n_events);
                 return 0;
             }

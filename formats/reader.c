@@ -178,14 +178,13 @@ char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const Memsim
         switch (e->kind) {
         case MEMSIM_EV_WAIT:
             if (e->id >= n_streams)
-                return g_strdup_printf("wait on stream %" PRIu64
-                                       ", not one of the rank's %" PRIu32 " streams",
+                return g_strdup_printf("wait on stream %" PRIu64 ", not one of the rank's %" PRIu32
+                                       " streams",
                                        e->id, n_streams);
             break;
         case MEMSIM_EV_OP:
             if (e->id >= h->n_ops)
-                return g_strdup_printf("op %" PRIu64 " is not in the op table (%" PRIu32
-                                       " ops)",
+                return g_strdup_printf("op %" PRIu64 " is not in the op table (%" PRIu32 " ops)",
                                        e->id, h->n_ops);
             break;
         case MEMSIM_EV_MARK:
@@ -212,8 +211,7 @@ char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const Memsim
             break;
         case MEMSIM_EV_INIT_BLOCK:
             if (e->addr + e->aux < e->addr)
-                return g_strdup_printf("block at 0x%" PRIx64 " of %" PRIu64
-                                       " bytes ends past 2^64",
+                return g_strdup_printf("block at 0x%" PRIx64 " of %" PRIu64 " bytes ends past 2^64",
                                        e->addr, e->aux);
             break;
         default:
@@ -311,8 +309,7 @@ static gboolean is_zstd(const guint8 *p, gsize n)
 {
     if (n < 4)
         return FALSE;
-    uint32_t m = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                 (uint32_t)p[3] << 24;
+    uint32_t m = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     return m == 0xFD2FB528u || (m & 0xFFFFFFF0u) == 0x184D2A50u; /* frame or skippable frame */
 }
 
@@ -403,8 +400,8 @@ typedef struct {
     gsize pos;
 } TraceReader;
 
-static gsize trace_reader_next(MemsimTraceReader *base, guint32 *rank,
-                               const MemsimEvent **events, GError **error)
+static gsize trace_reader_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
+                               GError **error)
 {
     TraceReader *r = (TraceReader *)base;
     while (r->rank < base->header.n_ranks) {
@@ -415,8 +412,7 @@ static gsize trace_reader_next(MemsimTraceReader *base, guint32 *rank,
             gsize bad;
             char *why = memsim_events_check(&base->header, r->rank, ev + r->pos, m, &bad);
             if (why) {
-                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT
-                                            ": %s",
+                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
                                      base->name, r->rank, r->pos + bad, why);
                 g_free(why);
                 return 0;
@@ -485,8 +481,7 @@ MemsimTrace *memsim_trace_load(const char *path, GError **error)
             const MemsimEvent *ev = memsim_trace_events(t, k, &n);
             why = memsim_events_check(&r->header, k, ev, n, &bad);
             if (why)
-                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT
-                                            ": %s",
+                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
                                      path, k, bad, why);
         }
         memsim_trace_reader_free(r);
@@ -508,9 +503,9 @@ MemsimTrace *memsim_trace_load(const char *path, GError **error)
         MemsimRankInfo *d = &h->ranks[i];
         d->role = g_strdup(s->role);
         d->n_streams = s->n_streams;
-        d->stream_handles =
-            s->stream_handles ? g_memdup2(s->stream_handles, sizeof(uint64_t) * s->n_streams)
-                              : NULL;
+        d->stream_handles = s->stream_handles
+                                ? g_memdup2(s->stream_handles, sizeof(uint64_t) * s->n_streams)
+                                : NULL;
         d->has_final = s->has_final;
         d->final_reserved = s->final_reserved;
         d->final_allocated = s->final_allocated;
@@ -548,9 +543,8 @@ MemsimFormat memsim_format_from_path(const char *path)
 /* ---- writers ---- */
 
 MemsimTraceWriter *memsim_trace_writer_alloc(gsize size, const MemsimWriterOps *ops,
-                                             MemsimFormat format, FILE *file,
-                                             gboolean close_file, const char *name,
-                                             const MemsimTraceHeader *header)
+                                             MemsimFormat format, FILE *file, gboolean close_file,
+                                             const char *name, const MemsimTraceHeader *header)
 {
     g_assert(size >= sizeof(MemsimTraceWriter));
     MemsimTraceWriter *w = g_malloc0(size);
@@ -563,10 +557,9 @@ MemsimTraceWriter *memsim_trace_writer_alloc(gsize size, const MemsimWriterOps *
     return w;
 }
 
-MemsimTraceWriter *memsim_trace_writer_new_stream(FILE *file, gboolean close_file,
-                                                  const char *name, MemsimFormat format,
-                                                  const MemsimTraceHeader *header,
-                                                  GError **error)
+MemsimTraceWriter *memsim_trace_writer_new_stream(FILE *file, gboolean close_file, const char *name,
+                                                  MemsimFormat format,
+                                                  const MemsimTraceHeader *header, GError **error)
 {
     char *why = memsim_header_check(header);
     if (why) {
@@ -632,11 +625,9 @@ gboolean memsim_trace_writer_update_header(MemsimTraceWriter *w, const MemsimTra
         return FALSE;
     }
     if (header->n_strings > MEMSIM_MAX_STRINGS || header->n_ops > MEMSIM_MAX_OPS) {
-        memsim_set_bad_input(error,
-                             "%s: header: %" PRIu32 " strings, %" PRIu32
-                             " ops (expected at most %u, %u)",
-                             w->name, header->n_strings, header->n_ops, MEMSIM_MAX_STRINGS,
-                             MEMSIM_MAX_OPS);
+        memsim_set_bad_input(
+            error, "%s: header: %" PRIu32 " strings, %" PRIu32 " ops (expected at most %u, %u)",
+            w->name, header->n_strings, header->n_ops, MEMSIM_MAX_STRINGS, MEMSIM_MAX_OPS);
         return FALSE;
     }
     guint32 first_op = h->n_ops;
@@ -658,13 +649,12 @@ gboolean memsim_trace_writer_write(MemsimTraceWriter *w, guint32 rank, const Mem
                                    gsize n, GError **error)
 {
     if (w->failed) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: an earlier write failed",
-                    w->name);
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: an earlier write failed", w->name);
         return FALSE;
     }
     if (rank >= w->header.n_ranks) {
-        memsim_set_bad_input(error, "%s: rank %" PRIu32 " out of range (the header has %" PRIu32
-                                    " ranks)",
+        memsim_set_bad_input(error,
+                             "%s: rank %" PRIu32 " out of range (the header has %" PRIu32 " ranks)",
                              w->name, rank, w->header.n_ranks);
         return FALSE;
     }
@@ -674,8 +664,7 @@ gboolean memsim_trace_writer_write(MemsimTraceWriter *w, guint32 rank, const Mem
     char *why = memsim_events_check(&w->header, rank, events, n, &bad);
     if (why) {
         memsim_set_bad_input(error,
-                             "%s: rank %" PRIu32 ", event %" G_GUINT64_FORMAT
-                             " of the file: %s",
+                             "%s: rank %" PRIu32 ", event %" G_GUINT64_FORMAT " of the file: %s",
                              w->name, rank, w->n_events + bad, why);
         g_free(why);
         return FALSE;
@@ -694,8 +683,7 @@ gboolean memsim_trace_writer_close(MemsimTraceWriter *w, GError **error)
         return TRUE;
     gboolean ok = !w->failed;
     if (!ok)
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: an earlier write failed",
-                    w->name);
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: an earlier write failed", w->name);
     if (ok)
         ok = w->ops->finish(w, error);
     if (ok && fflush(w->file) != 0) {
@@ -761,8 +749,8 @@ gboolean memsim_convert(const char *in, const char *out, GError **error)
         ok = memsim_trace_writer_update_header(w, memsim_trace_reader_header(r), &local) &&
              memsim_trace_writer_write(w, rank, ev, n, &local);
     }
-    ok = ok && !local &&
-         memsim_trace_writer_update_header(w, memsim_trace_reader_header(r), &local);
+    ok =
+        ok && !local && memsim_trace_writer_update_header(w, memsim_trace_reader_header(r), &local);
     memsim_trace_reader_free(r);
     if (!ok) {
         memsim_trace_writer_close(w, NULL);

@@ -37,7 +37,7 @@
 /* ==================================================================== kind syntax ==== */
 
 enum { F_ID, F_SIZE, F_ADDR, F_AUX, F_CAT, F_STREAM, F_FLAGS, F_COUNT };
-static const char *const raw_keys[F_COUNT] = {"id", "size", "addr", "aux",
+static const char *const raw_keys[F_COUNT] = {"id",  "size",   "addr", "aux",
                                               "cat", "stream", "flags"};
 
 enum { SHOW_NONZERO, SHOW_ALWAYS, REQUIRED };
@@ -65,6 +65,8 @@ typedef struct {
     Word words[2];
 } KindSyntax;
 
+/* The table reads best one kind to a block. */
+// clang-format off
 #define STREAM_OPT {"stream", F_STREAM, SHOW_NONZERO, 0, 0}
 #define STREAM_SHOW {"stream", F_STREAM, SHOW_ALWAYS, 0, 0}
 #define STREAM_REQ {"stream", F_STREAM, REQUIRED, 0, 0}
@@ -133,6 +135,7 @@ static const KindSyntax syntax[MEMSIM_EV_KIND_MAX + 1] = {
                                {"cat", F_CAT, SHOW_ALWAYS, 0, 0}},
                               {{0}}},
 };
+// clang-format on
 
 static uint64_t field_get(const MemsimEvent *e, unsigned f)
 {
@@ -246,7 +249,8 @@ static void put_quoted(GString *g, const char *s)
 static void put_u64(GString *g, uint64_t v, gboolean hex)
 {
     char tmp[24];
-    int n = hex ? snprintf(tmp, sizeof tmp, "0x%" PRIx64, v) : snprintf(tmp, sizeof tmp, "%" PRIu64, v);
+    int n =
+        hex ? snprintf(tmp, sizeof tmp, "0x%" PRIx64, v) : snprintf(tmp, sizeof tmp, "%" PRIu64, v);
     g_string_append_len(g, tmp, n);
 }
 
@@ -285,8 +289,9 @@ static void put_string_def(GString *g, guint32 i, const char *s)
 
 static void put_op_def(GString *g, guint32 i, const MemsimOpInfo *op)
 {
-    g_string_append_printf(g, "opinfo %" PRIu32 " name=%" PRIu32 " phase=%s layer=%" PRId32
-                              " microbatch=%" PRId32 " duration_us=",
+    g_string_append_printf(g,
+                           "opinfo %" PRIu32 " name=%" PRIu32 " phase=%s layer=%" PRId32
+                           " microbatch=%" PRId32 " duration_us=",
                            i, op->name, memsim_phase_name(op->phase), op->layer, op->microbatch);
     put_double(g, op->duration_us);
     g_string_append_c(g, '\n');
@@ -307,9 +312,9 @@ static void put_header(TextWriter *w)
     g_string_append_printf(g, "capacity %" PRIu64 "\n", h->capacity);
     for (guint32 i = 0; i < h->n_ranks; i++) {
         const MemsimRankInfo *r = &h->ranks[i];
-        g_string_append_printf(g, "rank %" PRIu32 " device=%" PRIu32 " multiplicity=%" PRIu32
-                                  " streams=%" PRIu32,
-                               i, r->device, r->multiplicity, r->n_streams);
+        g_string_append_printf(
+            g, "rank %" PRIu32 " device=%" PRIu32 " multiplicity=%" PRIu32 " streams=%" PRIu32, i,
+            r->device, r->multiplicity, r->n_streams);
         if (r->role) {
             g_string_append(g, " role=");
             put_quoted(g, r->role);
@@ -589,8 +594,9 @@ static const char *parse_quoted(TextReader *r, const char *p, const char *end, c
                 int hi = end - p > 2 ? g_ascii_xdigit_value(p[1]) : -1;
                 int lo = end - p > 2 ? g_ascii_xdigit_value(p[2]) : -1;
                 if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
-                    text_fail(r, error, "bad escape in string (expected \\xHH with two hex "
-                                        "digits, not \\x00)");
+                    text_fail(r, error,
+                              "bad escape in string (expected \\xHH with two hex "
+                              "digits, not \\x00)");
                     return NULL;
                 }
                 *o++ = (char)(hi << 4 | lo);
@@ -598,16 +604,18 @@ static const char *parse_quoted(TextReader *r, const char *p, const char *end, c
                 break;
             }
             default:
-                text_fail(r, error, "unknown escape \\%c in string (expected \\\\, \\\", \\n, "
-                                    "\\t, \\r or \\xHH)",
+                text_fail(r, error,
+                          "unknown escape \\%c in string (expected \\\\, \\\", \\n, "
+                          "\\t, \\r or \\xHH)",
                           g_ascii_isprint(*p) ? *p : '?');
                 return NULL;
             }
             continue;
         }
         if (c < 0x20 || c == 0x7f) {
-            text_fail(r, error, "control character 0x%02x in string (expected it escaped as "
-                                "\\xHH)",
+            text_fail(r, error,
+                      "control character 0x%02x in string (expected it escaped as "
+                      "\\xHH)",
                       c);
             return NULL;
         }
@@ -717,8 +725,8 @@ static gboolean parse_u64(TextReader *r, const Item *it, const char *what, uint6
     if (it->quoted || n == 0)
         goto bad;
     if (s[0] == '-') {
-        text_fail(r, error, "%s%s%.*s is negative (expected a number from 0 to %" PRIu64 ")",
-                  what, sep, (int)MIN(n, (gsize)64), s, max);
+        text_fail(r, error, "%s%s%.*s is negative (expected a number from 0 to %" PRIu64 ")", what,
+                  sep, (int)MIN(n, (gsize)64), s, max);
         return FALSE;
     }
     unsigned base = 10;
@@ -829,9 +837,9 @@ static gboolean parse_string_ref(TextReader *r, const Item *it, const char *what
         if (!parse_u64(r, it, what, G_MAXUINT32, out, error))
             return FALSE;
         if (*out >= h->n_strings) {
-            text_fail(r, error, "%s: string %" PRIu64 " is not defined (%" PRIu32
-                                " strings so far)",
-                      what, *out, h->n_strings);
+            text_fail(r, error,
+                      "%s: string %" PRIu64 " is not defined (%" PRIu32 " strings so far)", what,
+                      *out, h->n_strings);
             return FALSE;
         }
         return TRUE;
@@ -960,8 +968,9 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
     MemsimTraceHeader *h = &r->base.header;
     uint64_t idx;
     if (r->n_items < 2 || r->items[1].key) {
-        text_fail(r, error, "expected rank INDEX device=D multiplicity=M streams=S [role=\"..\"] "
-                            "[handles=H,H,..] [final_reserved=B final_allocated=B]");
+        text_fail(r, error,
+                  "expected rank INDEX device=D multiplicity=M streams=S [role=\"..\"] "
+                  "[handles=H,H,..] [final_reserved=B final_allocated=B]");
         return FALSE;
     }
     if (!parse_u64(r, &r->items[1], "rank", UINT64_MAX, &idx, error))
@@ -979,7 +988,7 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
     const Item *handles = NULL;
     gboolean has_res = FALSE, has_alloc = FALSE;
     unsigned given = 0;
-    static const char *const keys[] = {"device", "multiplicity", "streams", "role",
+    static const char *const keys[] = {"device",  "multiplicity",   "streams",        "role",
                                        "handles", "final_reserved", "final_allocated"};
     for (gsize i = 2; i < r->n_items; i++) {
         const Item *it = &r->items[i];
@@ -988,9 +997,10 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
             if (key_is(it, keys[k]))
                 break;
         if (k == G_N_ELEMENTS(keys)) {
-            text_fail(r, error, "unexpected '%.*s' in a rank line (expected device=, "
-                                "multiplicity=, streams=, role=, handles=, final_reserved=, "
-                                "final_allocated=)",
+            text_fail(r, error,
+                      "unexpected '%.*s' in a rank line (expected device=, "
+                      "multiplicity=, streams=, role=, handles=, final_reserved=, "
+                      "final_allocated=)",
                       (int)MIN(it->key ? it->key_len : it->val_len, (gsize)64),
                       it->key ? it->key : it->val);
             g_free(ri.role);
@@ -1066,9 +1076,9 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
             p = comma + 1;
         }
         if (ok && n != ri.n_streams) {
-            text_fail(r, error, "%" PRIu32 " handles for %" PRIu32
-                                " streams (expected one per stream)",
-                      n, ri.n_streams);
+            text_fail(r, error,
+                      "%" PRIu32 " handles for %" PRIu32 " streams (expected one per stream)", n,
+                      ri.n_streams);
             ok = FALSE;
         }
         if (!ok) {
@@ -1089,8 +1099,9 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
     MemsimTraceHeader *h = &r->base.header;
     uint64_t idx;
     if (r->n_items < 2 || r->items[1].key) {
-        text_fail(r, error, "expected opinfo INDEX name=STRING phase=PHASE layer=L "
-                            "microbatch=M duration_us=D");
+        text_fail(r, error,
+                  "expected opinfo INDEX name=STRING phase=PHASE layer=L "
+                  "microbatch=M duration_us=D");
         return FALSE;
     }
     if (!parse_u64(r, &r->items[1], "opinfo", UINT64_MAX, &idx, error))
@@ -1115,8 +1126,9 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
             if (key_is(it, keys[k]))
                 break;
         if (k == G_N_ELEMENTS(keys)) {
-            text_fail(r, error, "unexpected '%.*s' in an opinfo line (expected name=, phase=, "
-                                "layer=, microbatch=, duration_us=)",
+            text_fail(r, error,
+                      "unexpected '%.*s' in an opinfo line (expected name=, phase=, "
+                      "layer=, microbatch=, duration_us=)",
                       (int)MIN(it->key ? it->key_len : it->val_len, (gsize)64),
                       it->key ? it->key : it->val);
             return FALSE;
@@ -1140,8 +1152,8 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 names[p] = memsim_phase_name(p);
             int v;
-            if (!parse_name(r, it, "phase", memsim_phase_from_name, names, MEMSIM_PHASE_COUNT,
-                            &v, error))
+            if (!parse_name(r, it, "phase", memsim_phase_from_name, names, MEMSIM_PHASE_COUNT, &v,
+                            error))
                 return FALSE;
             op.phase = (uint8_t)v;
             break;
@@ -1273,8 +1285,9 @@ static gsize text_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent
         }
         const Item *kw = &r->items[0];
         if (kw->key || kw->quoted) {
-            text_fail(r, error, "expected a keyword first (an event kind, @rank, string or "
-                                "opinfo)");
+            text_fail(r, error,
+                      "expected a keyword first (an event kind, @rank, string or "
+                      "opinfo)");
             return 0;
         }
         if (item_is(kw, "@rank")) {
@@ -1286,9 +1299,9 @@ static gsize text_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent
             if (!parse_u64(r, &r->items[1], "@rank", UINT64_MAX, &v, error))
                 return 0;
             if (v >= h->n_ranks) {
-                text_fail(r, error, "rank %" PRIu64 " out of range (the header has %" PRIu32
-                                    " ranks)",
-                          v, h->n_ranks);
+                text_fail(r, error,
+                          "rank %" PRIu64 " out of range (the header has %" PRIu32 " ranks)", v,
+                          h->n_ranks);
                 return 0;
             }
             if (n && v != r->rank)
@@ -1329,8 +1342,9 @@ static gsize text_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent
             return 0;
         }
         if (h->n_ranks == 0) {
-            text_fail(r, error, "an event, but the header declares no rank (expected a "
-                                "'rank 0 ...' line before the events)");
+            text_fail(r, error,
+                      "an event, but the header declares no rank (expected a "
+                      "'rank 0 ...' line before the events)");
             return 0;
         }
         r->events_started = TRUE;
@@ -1401,16 +1415,18 @@ MemsimTraceReader *memsim_text_reader_new(MemsimSource *src, const char *name, G
     if (rc < 0 || !tokenize(r, error))
         goto fail;
     if (r->n_items != 2 || !item_is(&r->items[0], "memsim-trace") || r->items[1].key) {
-        text_fail(r, error, "not a memsim text trace (expected \"memsim-trace %d\" as the first "
-                            "line)",
+        text_fail(r, error,
+                  "not a memsim text trace (expected \"memsim-trace %d\" as the first "
+                  "line)",
                   TEXT_VERSION);
         goto fail;
     }
     if (!parse_u64(r, &r->items[1], "version", UINT64_MAX, &version, error))
         goto fail;
     if (version != TEXT_VERSION) {
-        text_fail(r, error, "text trace version %" PRIu64 " is not supported (this reader reads "
-                            "version %d)",
+        text_fail(r, error,
+                  "text trace version %" PRIu64 " is not supported (this reader reads "
+                  "version %d)",
                   version, TEXT_VERSION);
         goto fail;
     }

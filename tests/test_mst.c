@@ -693,12 +693,24 @@ Test(mst, chunks_conform_to_schema_and_spec)
                     while (ce < c->n_extra_event && c->extra_event[ce] == i) {
                         uint64_t v = c->extra_value[ce];
                         switch (c->extra_field[ce]) {
-                        case 1: e.id = v; break;
-                        case 2: e.size = v; break;
-                        case 3: e.addr = v; break;
-                        case 4: e.aux = v; break;
-                        case 5: e.category = (uint8_t)v; break;
-                        default: e.flags = (uint32_t)v; break;
+                        case 1:
+                            e.id = v;
+                            break;
+                        case 2:
+                            e.size = v;
+                            break;
+                        case 3:
+                            e.addr = v;
+                            break;
+                        case 4:
+                            e.aux = v;
+                            break;
+                        case 5:
+                            e.category = (uint8_t)v;
+                            break;
+                        default:
+                            e.flags = (uint32_t)v;
+                            break;
                         }
                         ce++;
                     }
@@ -710,8 +722,7 @@ Test(mst, chunks_conform_to_schema_and_spec)
                 TG_CHECK((!c->n_id || ci == c->n_id) && (!c->n_size || cs == c->n_size) &&
                              (!c->n_addr || ca == c->n_addr) && (!c->n_aux || cx == c->n_aux) &&
                              (!c->n_flags || cf == c->n_flags) &&
-                             (!c->n_category || cc == c->n_category) &&
-                             ce == c->n_extra_event,
+                             (!c->n_category || cc == c->n_category) && ce == c->n_extra_event,
                          "column lengths");
                 n_chunks++;
                 n_events += c->n_events;
@@ -801,8 +812,7 @@ Test(mst, header_growth_and_interleaved_ranks)
     }
     cr_assert(err == NULL, "%s", err ? err->message : "?");
     cr_assert_eq(at, all->len);
-    cr_assert_eq(memsim_trace_reader_header(r)->n_strings,
-                 memsim_trace_header(t)->n_strings);
+    cr_assert_eq(memsim_trace_reader_header(r)->n_strings, memsim_trace_header(t)->n_strings);
     cr_assert_str_eq(memsim_trace_reader_header(r)->strings[memsim_trace_header(t)->n_strings - 1],
                      "after the last event");
     memsim_trace_reader_free(r);
@@ -941,8 +951,7 @@ Test(mst, writer_refuses_bad_events_and_headers)
     char *dir = tu_tmpdir();
     char *pk = g_build_filename(dir, "x.pickle", NULL);
     cr_assert(!memsim_trace_save(t, pk, MEMSIM_FORMAT_AUTO, &err));
-    cr_assert(strstr(err->message, "writing snapshots is not supported yet"), "%s",
-              err->message);
+    cr_assert(strstr(err->message, "writing snapshots is not supported yet"), "%s", err->message);
     g_clear_error(&err);
     /* A bad header is refused. */
     memsim_trace_header(t)->ranks[0].n_streams = 0;

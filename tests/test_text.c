@@ -335,7 +335,12 @@ Test(text, raw_fields)
     MemsimTrace *t = memsim_trace_new("raw");
     memsim_trace_add_rank(t, 0, 1);
     MemsimEvent ev[] = {
-        {.kind = MEMSIM_EV_FREE, .id = 1, .size = 2, .addr = 3, .aux = 4, .category = 5,
+        {.kind = MEMSIM_EV_FREE,
+         .id = 1,
+         .size = 2,
+         .addr = 3,
+         .aux = 4,
+         .category = 5,
          .flags = 6},
         {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = 2, .addr = 3, .flags = 0},
         {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = 2, .addr = 0, .flags = MEMSIM_EVF_ADDR},
@@ -345,14 +350,12 @@ Test(text, raw_fields)
     memsim_trace_append(t, 0, ev, G_N_ELEMENTS(ev));
     gsize n;
     char *text = tg_save_memory(t, MEMSIM_FORMAT_TEXT, &n);
-    cr_assert(strstr(text, "free t=1 size=2 addr=0x3 aux=0x4 cat=temporary flags=0x6\n"),
-              "%s", text);
-    cr_assert(strstr(text, "alloc t=1 size=2 stream=0 cat=other addr=0x3 flags=0x0\n"), "%s",
+    cr_assert(strstr(text, "free t=1 size=2 addr=0x3 aux=0x4 cat=temporary flags=0x6\n"), "%s",
               text);
+    cr_assert(strstr(text, "alloc t=1 size=2 stream=0 cat=other addr=0x3 flags=0x0\n"), "%s", text);
     cr_assert(strstr(text, "alloc t=1 size=2 stream=0 cat=other addr=0x0\n"), "%s", text);
     cr_assert(strstr(text, "empty_cache inferred flags=0xa\n"), "%s", text);
-    cr_assert(strstr(text, "init_segment addr=0x10 size=16 stream=0 small aux=0x11\n"), "%s",
-              text);
+    cr_assert(strstr(text, "init_segment addr=0x10 size=16 stream=0 small aux=0x11\n"), "%s", text);
     MemsimTrace *back = load_memory(text, n, ".txt");
     tg_assert_same_trace(t, back);
     memsim_trace_free(t);

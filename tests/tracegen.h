@@ -15,10 +15,10 @@
 
 /* An assertion that reaches Criterion only when it fails: Criterion reports every passing
  * assertion to its runner under --full-stats, which costs milliseconds each. */
-#define TG_CHECK(cond, ...)                                                                    \
-    do {                                                                                       \
-        if (!(cond))                                                                           \
-            cr_assert_fail(__VA_ARGS__);                                                       \
+#define TG_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            cr_assert_fail(__VA_ARGS__);                                                           \
     } while (0)
 
 /* A 64-bit value drawn to hit edges: 0, 1, small, 32-bit, 64-bit, 2^63, 2^64-1. */
@@ -274,8 +274,11 @@ static inline MemsimTrace *tg_realistic_trace_header(guint32 n_ranks)
     }
     static const char *const names[] = {"linear", "softmax", "matmul", "all_gather"};
     for (int i = 0; i < 4; i++) {
-        MemsimOpInfo op = {.name = memsim_trace_intern(t, names[i]), .phase = 1, .layer = i,
-                           .microbatch = -1, .duration_us = 10};
+        MemsimOpInfo op = {.name = memsim_trace_intern(t, names[i]),
+                           .phase = 1,
+                           .layer = i,
+                           .microbatch = -1,
+                           .duration_us = 10};
         memsim_trace_add_op(t, &op);
     }
     return t;
@@ -298,11 +301,11 @@ static inline void tg_assert_same_header(const MemsimTraceHeader *a, const Memsi
         if (x->role)
             TG_CHECK(strcmp(x->role, y->role) == 0, "rank %u role", i);
         TG_CHECK((x->stream_handles == NULL) == (y->stream_handles == NULL),
-                     "rank %u handles presence", i);
+                 "rank %u handles presence", i);
         if (x->stream_handles)
-            TG_CHECK(memcmp(x->stream_handles, y->stream_handles,
-                             sizeof(uint64_t) * x->n_streams) == 0,
-                      "rank %u handles", i);
+            TG_CHECK(
+                memcmp(x->stream_handles, y->stream_handles, sizeof(uint64_t) * x->n_streams) == 0,
+                "rank %u handles", i);
         TG_CHECK(!!x->has_final == !!y->has_final, "rank %u has_final", i);
         TG_CHECK(x->final_reserved == y->final_reserved, "%s differs", "x->final_reserved");
         TG_CHECK(x->final_allocated == y->final_allocated, "%s differs", "x->final_allocated");
@@ -332,12 +335,12 @@ static inline void tg_assert_same_trace(MemsimTrace *a, MemsimTrace *b)
         /* Assertions are counted one by one (--full-stats): compare first. */
         for (gsize i = 0; i < na; i++)
             if (memcmp(&ea[i], &eb[i], sizeof ea[i]) != 0)
-                cr_assert_fail(
-                      "rank %u event %zu differs: kind %u/%u id %lu/%lu size %lu/%lu addr "
-                      "%lu/%lu aux %lu/%lu flags %x/%x cat %u/%u stream %u/%u",
-                      r, i, ea[i].kind, eb[i].kind, ea[i].id, eb[i].id, ea[i].size, eb[i].size,
-                      ea[i].addr, eb[i].addr, ea[i].aux, eb[i].aux, ea[i].flags, eb[i].flags,
-                      ea[i].category, eb[i].category, ea[i].stream, eb[i].stream);
+                cr_assert_fail("rank %u event %zu differs: kind %u/%u id %lu/%lu size %lu/%lu addr "
+                               "%lu/%lu aux %lu/%lu flags %x/%x cat %u/%u stream %u/%u",
+                               r, i, ea[i].kind, eb[i].kind, ea[i].id, eb[i].id, ea[i].size,
+                               eb[i].size, ea[i].addr, eb[i].addr, ea[i].aux, eb[i].aux,
+                               ea[i].flags, eb[i].flags, ea[i].category, eb[i].category,
+                               ea[i].stream, eb[i].stream);
     }
 }
 
@@ -348,8 +351,8 @@ static inline char *tg_save_memory(MemsimTrace *t, MemsimFormat format, gsize *l
     size_t n = 0;
     FILE *f = open_memstream(&buf, &n);
     GError *err = NULL;
-    MemsimTraceWriter *w = memsim_trace_writer_new_stream(f, TRUE, "mem", format,
-                                                          memsim_trace_header(t), &err);
+    MemsimTraceWriter *w =
+        memsim_trace_writer_new_stream(f, TRUE, "mem", format, memsim_trace_header(t), &err);
     TG_CHECK(w != NULL, "%s", err ? err->message : "?");
     for (guint32 r = 0; r < memsim_trace_header(t)->n_ranks; r++) {
         gsize ne;
@@ -362,7 +365,7 @@ static inline char *tg_save_memory(MemsimTrace *t, MemsimFormat format, gsize *l
 }
 
 static inline MemsimTraceReader *tg_open_memory(const char *data, gsize len, const char *name,
-                                      GError **err)
+                                                GError **err)
 {
     MemsimSource src;
     memsim_source_init_memory(&src, (const guint8 *)data, len);

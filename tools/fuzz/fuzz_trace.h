@@ -62,8 +62,8 @@ static gboolean pump(MemsimTraceReader *r, MemsimFormat out, Pumped *p, GError *
     if (out != MEMSIM_FORMAT_AUTO) {
         f = open_memstream(&p->out, &p->out_len);
         GError *werr = NULL;
-        w = memsim_trace_writer_new_stream(f, TRUE, "roundtrip", out,
-                                           memsim_trace_reader_header(r), &werr);
+        w = memsim_trace_writer_new_stream(f, TRUE, "roundtrip", out, memsim_trace_reader_header(r),
+                                           &werr);
         if (!w) /* a header a reader accepted must be writable */
             abort();
     }
