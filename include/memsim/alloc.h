@@ -98,6 +98,27 @@ typedef struct {
     uint64_t n_segments;
 } MemsimAllocShape;
 
+/* A block as a policy's foreach_block lists it (the layout a snapshot's `segments` show). */
+typedef enum {
+    MEMSIM_BLOCK_FREE = 0,     /* cached, reusable */
+    MEMSIM_BLOCK_ALLOCATED,    /* handed out */
+    MEMSIM_BLOCK_PENDING_FREE, /* freed by the program, waiting for stream events */
+    MEMSIM_BLOCK_UNMAPPED,     /* a range of an expandable segment with no pages mapped */
+} MemsimBlockState;
+
+typedef struct {
+    memsim_addr_t segment;      /* its segment's base (expandable: the VA reservation's) */
+    memsim_size_t segment_size; /* (expandable: the whole reservation) */
+    uint32_t stream;            /* the segment's stream */
+    uint32_t segment_flags;     /* MemsimSegmentFlags */
+    memsim_addr_t addr;
+    memsim_size_t size;
+    memsim_size_t requested;    /* the last request it served (stale when free, 0 if none) */
+    uint32_t state;             /* MemsimBlockState */
+} MemsimBlockInfo;
+
+typedef void (*MemsimBlockFunc)(void *user, const MemsimBlockInfo *block);
+
 typedef struct MemsimAllocOps {
     const char *name;
     const char *description;
@@ -129,6 +150,10 @@ typedef struct MemsimAllocOps {
                            memsim_size_t requested, uint32_t stream, GError **error);
     /* (optional) The size a request is rounded to. Default: up to a multiple of 512. */
     memsim_size_t (*round_size)(void *state, memsim_size_t size);
+    /* (optional) Calls fn for every block: the blocks of one segment one after another, in
+     * address order, covering it; segments in any order. Default: the policy cannot list
+     * its blocks (memsim_alloc_foreach_block returns FALSE). */
+    void (*foreach_block)(void *state, MemsimBlockFunc fn, void *user);
 } MemsimAllocOps;
 
 /* The registry: a NULL-terminated array of every policy. */
@@ -160,6 +185,8 @@ gboolean memsim_alloc_seed_segment(MemsimAlloc *a, memsim_addr_t addr, memsim_si
 gboolean memsim_alloc_seed_block(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t block_size,
                                  memsim_size_t requested, uint32_t stream, GError **error);
 memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size);
+/* Lists the blocks (see MemsimAllocOps.foreach_block); FALSE if the policy cannot. */
+gboolean memsim_alloc_foreach_block(MemsimAlloc *a, MemsimBlockFunc fn, void *user);
 
 /* Helpers for policies: ask the device for an address, report an event. */
 memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, uint32_t stream);

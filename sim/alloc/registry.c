@@ -161,6 +161,14 @@ memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size)
     return size < 512 ? 512 : (size + 511) & ~(memsim_size_t)511;
 }
 
+gboolean memsim_alloc_foreach_block(MemsimAlloc *a, MemsimBlockFunc fn, void *user)
+{
+    if (!a->ops->foreach_block)
+        return FALSE;
+    a->ops->foreach_block(a->state, fn, user);
+    return TRUE;
+}
+
 /* ---- device ---- */
 
 /* Far above any real 48-bit virtual address, so that simulated segments never meet the
