@@ -245,6 +245,20 @@ static GOptionEntry run_entries[] = {
     RUN_OPT("keep-outputs", "BOOL",
             "The loop keeps the model output until the next step (default false: Trainer)"),
     RUN_OPT("device", "D", "cuda (default) or cpu kernels (to compare with CPU recordings)"),
+    RUN_OPT("gpus", "N", "GPUs in all (default 1)"),
+    RUN_OPT("method", "M",
+            "ddp, zero1, zero2, zero3, fsdp, fsdp-grad-op, hsdp, megatron (default: megatron "
+            "when --tp/--pp are given, else none)"),
+    RUN_OPT("tp", "T", "Tensor-parallel degree (Megatron)"),
+    RUN_OPT("pp", "P", "Pipeline-parallel degree (Megatron)"),
+    RUN_OPT("dp", "D", "Data-parallel degree (default gpus / (tp × pp))"),
+    RUN_OPT("pp-schedule", "S", "1f1b (default), gpipe, interleaved"),
+    RUN_OPT("microbatches", "M", "Micro-batches per step for pipelines (default pp)"),
+    RUN_OPT("virtual-stages", "V", "Model chunks per stage for the interleaved schedule"),
+    RUN_FLAG("sequence-parallel", "Megatron sequence parallelism"),
+    RUN_OPT("fsdp-wrap", "W", "layer (default: one unit per decoder layer) or model"),
+    RUN_OPT("gpus-per-node", "N", "GPUs per node (HSDP's shard group; default 8)"),
+    RUN_OPT("gpu", "NAME", "GPU profile for op durations (default a100-80gb)"),
     {NULL}};
 
 static GOptionGroup *run_group(MemsimRun *run)

@@ -681,9 +681,16 @@ static void mark_deps(AgGraph *g, AgNode *root, int delta_gen)
 
 void gg_backward(AgGraph *g, AgTensor *loss)
 {
+    gg_backward_with(g, loss, NULL);
+}
+
+void gg_backward_with(AgGraph *g, AgTensor *loss, AgTensor *grad)
+{
     AgNode *root = loss->grad_fn;
-    if (!root)
+    if (!root) {
+        gt_unref(g, grad);
         return;
+    }
     AgContext saved = g->ctx;
     g->ctx.in_backward = true;
     g->ctx.grad_enabled = false;
@@ -693,8 +700,11 @@ void gg_backward(AgGraph *g, AgTensor *loss)
     NODE_REFS(root)++; /* the engine holds the graph task's root */
     g->bw_layer = -2;
     mark_deps(g, root, 0);
-    gg_op(g, "ones_like");
-    AgTensor *go = gt_empty(g, loss->dt, loss->nd, loss->shape);
+    AgTensor *go = grad;
+    if (!go) {
+        gg_op(g, "ones_like");
+        go = gt_empty(g, loss->dt, loss->nd, loss->shape);
+    }
     buffer_add(g, root, loss->out_nr, go);
     heap_push(g, root);
     while (g->heap->len) {
@@ -829,4 +839,61 @@ void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64
     MemsimEvent ev = {.kind = MEMSIM_EV_COLLECTIVE, .stream = g->ctx.stream, .size = bytes,
                       .id = group, .aux = kind};
     emit(g, &ev);
+}
+
+AgStorage *gg_storage_new(AgGraph *g, uint64_t nbytes, bool resident)
+{
+    AgStorage *st = g_slice_new0(AgStorage);
+    st->id = g->next_storage++;
+    st->nbytes = nbytes;
+    st->refs = 1;
+    st->category = g->ctx.category;
+    st->stream = g->ctx.stream;
+    st->resident = false;
+    if (resident)
+        gg_storage_restore(g, st);
+    return st;
+}
+
+void gg_storage_unref(AgGraph *g, AgStorage *st)
+{
+    storage_unref(g, st);
+}
+
+AgTensor *gg_leaf_in(AgGraph *g, AgStorage *st, DType dt, int nd, const int64_t *shape,
+                     bool requires_grad)
+{
+    AgTensor *t = tensor_alloc(nd, shape, dt);
+    t->st = st;
+    st->refs++;
+    t->is_leaf = true;
+    t->requires_grad = requires_grad;
+    return t;
+}
+
+void gg_record_stream_storage(AgGraph *g, AgStorage *st, uint16_t stream)
+{
+    if (!st || !st->resident || st->nbytes == 0 || st->stream == stream)
+        return;
+    MemsimEvent ev = {.kind = MEMSIM_EV_USE, .id = st->id, .stream = stream};
+    emit(g, &ev);
+}
+
+void gg_host_wait(AgGraph *g, uint16_t on)
+{
+    MemsimEvent ev = {.kind = MEMSIM_EV_WAIT, .stream = g->ctx.stream, .id = on,
+                      .flags = MEMSIM_EVF_HOST};
+    emit(g, &ev);
+}
+
+void gg_op_timed(AgGraph *g, const char *name, double duration_us)
+{
+    MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
+                       .phase = (uint8_t)g->ctx.phase,
+                       .layer = g->ctx.layer,
+                       .microbatch = g->ctx.microbatch,
+                       .duration_us = duration_us};
+    guint32 idx = memsim_trace_add_op(g->trace, &op);
+    MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
+    emit(g, &oe);
 }

@@ -202,6 +202,21 @@ bool gg_needs_grad(AgGraph *g, int n, AgTensor *const *xs);
 
 /* Runs backward from a scalar loss (allocates the root gradient, ones_like(loss)). */
 void gg_backward(AgGraph *g, AgTensor *loss);
+/* Runs backward from `out` with the given gradient (a reference it takes; NULL = ones). */
+void gg_backward_with(AgGraph *g, AgTensor *out, AgTensor *grad);
+
+/* A storage made directly (flat buffers of distributed methods); resident or not yet. One
+ * reference; gg_storage_unref drops it. */
+AgStorage *gg_storage_new(AgGraph *g, uint64_t nbytes, bool resident);
+void gg_storage_unref(AgGraph *g, AgStorage *st);
+/* A leaf tensor viewing a given storage (parameters inside a flat buffer). */
+AgTensor *gg_leaf_in(AgGraph *g, AgStorage *st, DType dt, int nd, const int64_t *shape,
+                     bool requires_grad);
+void gg_record_stream_storage(AgGraph *g, AgStorage *st, uint16_t stream);
+/* The host blocks until stream `on` has finished its work so far. */
+void gg_host_wait(AgGraph *g, uint16_t on);
+/* An op with an estimated duration on the current stream. */
+void gg_op_timed(AgGraph *g, const char *name, double duration_us);
 
 /* Runs fn(inputs) as a checkpointed region; returns its output (a new reference). The
  * region keeps references to the inputs, and `user` (the rest of the closure: masks,

@@ -1643,6 +1643,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     for (int64_t l = md->l0; l < md->l1; l++) {
         c->layer = (int32_t)l;
         la.layer = (int)l;
+        if (md->layer_hook)
+            md->layer_hook(md, (int32_t)l, true);
         AgTensor *y;
         if (md->run->checkpointing == MEMSIM_CKPT_FULL && c->grad_enabled) {
             /* the checkpoint keeps the layer's arguments (mask, cos/sin) with its inputs */
@@ -1658,6 +1660,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             y = fn(g, &la, &x, 1);
         U(x);
         x = y;
+        if (md->layer_hook)
+            md->layer_hook(md, (int32_t)l, false);
     }
     c->layer = -1;
     if (!md->last) {

@@ -26,7 +26,7 @@ typedef struct {
     Lin *experts;            /* MoE: 3 per expert (gate, up, down) */
 } Layer;
 
-typedef struct {
+typedef struct Model {
     AgGraph *g;
     const MemsimModel *m;
     const MemsimRun *run;
@@ -45,6 +45,8 @@ typedef struct {
     bool first, last;     /* holds the embedding / the head and loss */
     double comm_us_per_byte;
     MemsimModel local;    /* the config with heads, widths and vocabulary divided by tp */
+    /* (optional) called before and after each layer's forward (distributed methods) */
+    void (*layer_hook)(struct Model *md, int32_t layer, bool pre);
     GPtrArray *cache;     /* the DynamicCache of the last forward: K/V per layer (references) */
     int64_t B, S;
 } Model;
@@ -67,6 +69,10 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *m, const Mem
 void model_clear(Model *md);
 /* Drops the model output object's references: the KV cache it holds. */
 void model_drop_output(Model *md);
+/* The per-rank programs of a distributed run (traces/distributed.c). */
+gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                                     const AgRules *rules, GError **error);
+
 /* peft's default LoRA target modules for a family (comma-separated). */
 const char *model_lora_default_targets(Family f);
 

@@ -33,6 +33,9 @@ MemsimRun memsim_run_defaults(void)
     r.use_cache = -1;
     r.prompt = 512;
     r.generate = 128;
+    r.gpus = 1;
+    r.virtual_stages = 1;
+    r.gpus_per_node = 8;
     return r;
 }
 
@@ -40,8 +43,10 @@ void memsim_run_clear(MemsimRun *r)
 {
     g_strfreev(r->lora_targets);
     g_free(r->torch_version);
+    g_free(r->gpu);
     r->lora_targets = NULL;
     r->torch_version = NULL;
+    r->gpu = NULL;
 }
 
 static gboolean pick(const char *key, const char *v, const char *const *names, int *out,
@@ -178,6 +183,47 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
     } else if (strcmp(key, "keep-outputs") == 0) {
         if (!boolean(key, v, &r->keep_outputs, error))
             return FALSE;
+    } else if (strcmp(key, "gpus") == 0) {
+        if (!num(key, v, 1, 1 << 20, &x, error))
+            return FALSE;
+        r->gpus = (int)x;
+    } else if (strcmp(key, "method") == 0) {
+        if (!pick(key, v,
+                  NAMES("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp",
+                        "megatron"),
+                  &i, error))
+            return FALSE;
+        r->method = (MemsimMethod)i;
+    } else if (strcmp(key, "tp") == 0 || strcmp(key, "pp") == 0 || strcmp(key, "dp") == 0) {
+        if (!num(key, v, 1, 1 << 20, &x, error))
+            return FALSE;
+        *(key[0] == 't' ? &r->tp : key[1] == 'p' && key[0] == 'p' ? &r->pp : &r->dp) = (int)x;
+    } else if (strcmp(key, "pp-schedule") == 0) {
+        if (!pick(key, v, NAMES("1f1b", "gpipe", "interleaved"), &i, error))
+            return FALSE;
+        r->pp_schedule = (MemsimPipeSchedule)i;
+    } else if (strcmp(key, "microbatches") == 0) {
+        if (!num(key, v, 1, 1 << 16, &x, error))
+            return FALSE;
+        r->microbatches = (int)x;
+    } else if (strcmp(key, "virtual-stages") == 0) {
+        if (!num(key, v, 1, 1024, &x, error))
+            return FALSE;
+        r->virtual_stages = (int)x;
+    } else if (strcmp(key, "sequence-parallel") == 0) {
+        if (!boolean(key, v, &r->sequence_parallel, error))
+            return FALSE;
+    } else if (strcmp(key, "fsdp-wrap") == 0) {
+        if (!pick(key, v, NAMES("layer", "model"), &i, error))
+            return FALSE;
+        r->fsdp_wrap_model = i == 1;
+    } else if (strcmp(key, "gpus-per-node") == 0) {
+        if (!num(key, v, 1, 1024, &x, error))
+            return FALSE;
+        r->gpus_per_node = (int)x;
+    } else if (strcmp(key, "gpu") == 0) {
+        g_free(r->gpu);
+        r->gpu = g_ascii_strdown(v, -1);
     } else if (strcmp(key, "device") == 0) {
         if (!pick(key, v, NAMES("cuda", "cpu"), &i, error))
             return FALSE;
@@ -514,6 +560,13 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
     MemsimTrace *t = memsim_trace_new(name);
+    if (run->gpus > 1 || run->method != MEMSIM_METHOD_NONE || run->tp > 1 || run->pp > 1) {
+        if (!memsim_generate_distributed(m, run, t, &rules, error)) {
+            memsim_trace_free(t);
+            return NULL;
+        }
+        return t;
+    }
     memsim_trace_add_rank(t, 0, 1);
     MemsimRun eff = *run;
     g_auto(GStrv) split = NULL;

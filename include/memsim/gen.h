@@ -53,6 +53,20 @@ typedef enum {
 } MemsimAttention;
 
 typedef enum { MEMSIM_CKPT_NONE, MEMSIM_CKPT_FULL, MEMSIM_CKPT_SELECTIVE } MemsimCheckpointing;
+
+typedef enum {
+    MEMSIM_METHOD_NONE,     /* one GPU, or Megatron-style tp/pp/dp given as degrees */
+    MEMSIM_METHOD_DDP,
+    MEMSIM_METHOD_ZERO1,
+    MEMSIM_METHOD_ZERO2,
+    MEMSIM_METHOD_ZERO3,
+    MEMSIM_METHOD_FSDP,     /* FULL_SHARD */
+    MEMSIM_METHOD_FSDP_GRAD_OP, /* SHARD_GRAD_OP */
+    MEMSIM_METHOD_HSDP,     /* HYBRID_SHARD */
+    MEMSIM_METHOD_MEGATRON, /* TP × PP × DP, distributed optimizer on the DP axis */
+} MemsimMethod;
+
+typedef enum { MEMSIM_PP_1F1B, MEMSIM_PP_GPIPE, MEMSIM_PP_INTERLEAVED } MemsimPipeSchedule;
 typedef enum { MEMSIM_FT_FULL, MEMSIM_FT_LORA, MEMSIM_FT_QLORA } MemsimFinetune;
 typedef enum { MEMSIM_WEIGHTS_DEFAULT, MEMSIM_WEIGHTS_INT8, MEMSIM_WEIGHTS_4BIT } MemsimWeights;
 
@@ -79,6 +93,17 @@ typedef struct {
     MemsimWeights weights;      /* inference weight quantisation */
     gboolean keep_outputs;      /* the loop holds the model output until the next step's */
     gboolean device_cpu;        /* CPU kernels (for comparing with CPU recordings) */
+    /* distribution (DISTRIBUTED.md): gpus = tp × pp × dp */
+    int gpus;                   /* 1 = one GPU */
+    MemsimMethod method;
+    int tp, pp, dp;             /* 0 = derived */
+    MemsimPipeSchedule pp_schedule;
+    int microbatches;           /* pipeline micro-batches per step (0 = pp) */
+    int virtual_stages;         /* interleaved 1F1B: chunks per stage */
+    gboolean sequence_parallel;
+    gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
+    int gpus_per_node;          /* HSDP and link speeds (default 8) */
+    char *gpu;                  /* GPU profile name (default a100-80gb) */
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking. */
@@ -125,6 +150,10 @@ struct MemsimReport;
  * total and fits set, or NULL with error. Thread-safe: distinct calls share nothing. */
 struct MemsimReport *memsim_estimate(const MemsimModel *model, const MemsimRun *run,
                                      const MemsimEstimateOptions *opt, GError **error);
+/* The same, recording the replay into `timeline` (memsim/timeline.h; may be NULL). */
+struct MemsimReport *memsim_estimate_recorded(const MemsimModel *model, const MemsimRun *run,
+                                              const MemsimEstimateOptions *opt,
+                                              struct MemsimTimeline *timeline, GError **error);
 
 G_END_DECLS
 

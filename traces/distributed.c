@@ -1,0 +1,906 @@
+/* Distributed methods: one program per rank role (DISTRIBUTED.md).
+ *
+ * Data-parallel methods run the whole model on every rank, so all ranks share one role:
+ *   ddp          §1: full parameters, gradients, buckets (one bucket of all gradients in the
+ *                first iteration, ≤ 25 MiB buckets in ready order afterwards; first 1 MiB),
+ *                all-reduced on a communication stream; full optimizer state.
+ *   zero1/zero2  §2.3 (DeepSpeed, bf16): one flat bf16 parameter buffer padded to a multiple
+ *                of 2N elements, fp32 master and Adam state for this rank's 1/N partition;
+ *                stage 2 reduces gradients through the ipg bucket into a 1/N gradient
+ *                partition, stage 1 keeps the full bf16 gradients through backward.
+ *   zero3        §2.4: bf16 partitions of ⌈numel/N⌉ per parameter, gathered per layer on an
+ *                all-gather stream before its forward and its backward (the next layer
+ *                prefetched) and released after; persistent ipg bucket and flat gradient
+ *                partitions; reduce-scatter through a flattened copy of the bucket.
+ *   fsdp, fsdp-grad-op, hsdp   §3 (FSDP1, MixedPrecision bf16): one FlatParameter per decoder
+ *                layer plus the root; fp32 local shard of ⌈numel/N⌉; the bf16 unsharded
+ *                buffer allocated on the unshard stream and freed (record_stream on the
+ *                compute stream) after forward (not the root; not with SHARD_GRAD_OP) and after
+ *                backward; at most two all-gathers in flight (the host waits); backward
+ *                prefetch of the next unit; gradients reduce-scattered on the post-backward
+ *                stream into an fp32 gradient shard.
+ * Megatron (tp × pp × dp) runs one role per pipeline stage (§5): heads, widths and vocabulary
+ * split over tp, layers over pp; bf16 parameters, an fp32 main-grad buffer, fp32 main
+ * parameters and Adam state split over dp by the distributed optimizer (over all of them
+ * when dp = 1); micro-batches scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
+ * stage input received into a fresh buffer and the output freed once sent.
+ *
+ * Simplifications, stated: ZeRO-3's reuse-distance and persistence-threshold rules keep no
+ * parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
+ * padded parameters; collectives of symmetric ranks need no meeting (all ranks of a role
+ * reach them together).
+ */
+#include <memsim/gen.h>
+
+#include <string.h>
+
+#include "traces/models.h"
+
+enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
+
+#define RB_ELEMENTS 500000000LL   /* DeepSpeed reduce_bucket_size (elements) */
+#define DDP_BUCKET (25LL << 20)   /* bytes */
+#define DDP_FIRST_BUCKET (1LL << 20)
+
+typedef struct {
+    const char *name;
+    double bf16_tflops, fp32_tflops, hbm_gbs, link_gbs, mem_gib;
+} GpuProfile;
+
+/* Public figures: dense tensor-core peak, HBM bandwidth, NVLink per direction (PCIe for
+ * cards without it), memory. Durations use half the peak and 80% of the bandwidths. */
+static const GpuProfile gpus[] = {
+    {"a100-40gb", 312, 19.5, 1555, 300, 40},   {"a100-80gb", 312, 19.5, 2039, 300, 80},
+    {"h100-80gb", 989, 67, 3350, 450, 80},     {"h200", 989, 67, 4800, 450, 141},
+    {"h200-141gb", 989, 67, 4800, 450, 141},   {"v100-16gb", 125, 15.7, 900, 150, 16},
+    {"v100-32gb", 125, 15.7, 900, 150, 32},    {"a10g", 70, 31.2, 600, 25, 24},
+    {"l4", 121, 30.3, 300, 25, 24},            {"rtx4090", 165, 82.6, 1008, 25, 24},
+    {"rtx3090", 71, 35.6, 936, 25, 24},
+};
+
+static const GpuProfile *gpu_profile(const char *name)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(gpus); i++)
+        if (strcmp(gpus[i].name, name ? name : "a100-80gb") == 0)
+            return &gpus[i];
+    return NULL;
+}
+
+/* ---- the per-rank state of a method ---- */
+
+typedef struct {
+    AgStorage *full;      /* the unsharded (bf16) buffer of the unit's parameters */
+    AgTensor *shard;      /* fp32 local shard (FSDP) */
+    AgTensor *grad_shard; /* fp32 gradient shard (FSDP) */
+    GPtrArray *params;    /* the unit's parameter tensors (not references) */
+    int64_t numel, shard_numel;
+    int pending;          /* gradients not yet produced in this backward */
+    bool root;
+} Unit;
+
+typedef struct {
+    Model md;
+    AgGraph *g;
+    const MemsimRun *run;
+    MemsimMethod method;
+    int N;                 /* sharding (data-parallel) degree */
+    int64_t psi, psi_pad;  /* trainable elements on this rank, padded */
+    /* DDP */
+    GPtrArray *buckets;    /* AgTensor* */
+    int64_t ddp_pending;
+    bool ddp_rebuilt;
+    /* ZeRO */
+    AgTensor *flat;        /* ZeRO-1/2: the flat bf16 parameters; ZeRO-3: the partitions */
+    AgTensor *master, *exp_avg, *exp_avg_sq; /* fp32 partitions */
+    AgTensor *ipg;         /* ipg bucket */
+    int64_t ipg_fill;
+    AgTensor *grad_part;   /* gradient partition */
+    /* FSDP / ZeRO-3 units */
+    Unit *units;
+    int n_units;
+    GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
+    double comm_us_per_byte;
+} Dist;
+
+static AgTensor *alloc_cat(AgGraph *g, uint8_t cat, DType dt, int64_t n)
+{
+    AgContext *c = gg_ctx(g);
+    uint8_t old = c->category;
+    c->category = cat;
+    AgTensor *t = op_new(g, "empty", dt, 1, (int64_t[]){n});
+    c->category = old;
+    return t;
+}
+
+static double coll_us(Dist *d, uint64_t bytes)
+{
+    return d->comm_us_per_byte * (double)bytes;
+}
+
+/* ---- units (FSDP FlatParameters, ZeRO-3 layer gathers) ---- */
+
+static int unit_of(Dist *d, int32_t layer)
+{
+    if (d->n_units == 1 || layer < 0)
+        return d->n_units - 1; /* the root */
+    return layer;
+}
+
+static void unshard(Dist *d, int u)
+{
+    Unit *un = &d->units[u];
+    AgGraph *g = d->g;
+    AgContext *c = gg_ctx(g);
+    if (un->full->resident)
+        return;
+    uint16_t old = c->stream;
+    uint8_t oldcat = c->category;
+    if (d->method != MEMSIM_METHOD_ZERO3) {
+        /* rate limiter: at most two all-gathers in flight; the host waits for the oldest */
+        if (g_queue_get_length(d->inflight) >= 2) {
+            g_queue_pop_head(d->inflight);
+            gg_host_wait(g, S_COMPUTE);
+        }
+        /* _mp_shard: the bf16 cast of the fp32 shard, on the pre-unshard stream */
+        c->stream = S_PRE;
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        AgTensor *mp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
+        c->stream = S_COMM;
+        gg_wait_stream(g, S_COMM, S_PRE);
+        c->category = MEMSIM_CAT_PARAMETER;
+        gg_storage_restore(g, un->full);
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, un->full->nbytes));
+        gg_record_stream(g, mp, S_COMM);
+        gt_unref(g, mp);
+        g_queue_push_tail(d->inflight, un);
+    } else {
+        c->stream = S_COMM;
+        gg_wait_stream(g, S_COMM, S_COMPUTE);
+        c->category = MEMSIM_CAT_PARAMETER;
+        gg_storage_restore(g, un->full);
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, un->full->nbytes));
+    }
+    c->stream = old;
+    c->category = oldcat;
+    gg_wait_stream(g, S_COMPUTE, S_COMM);
+}
+
+static void reshard(Dist *d, int u)
+{
+    Unit *un = &d->units[u];
+    if (!un->full->resident)
+        return;
+    gg_record_stream_storage(d->g, un->full, S_COMPUTE);
+    gg_storage_release(d->g, un->full);
+}
+
+/* ---- hooks ---- */
+
+static void layer_hook(Model *md, int32_t layer, bool pre)
+{
+    Dist *d = (Dist *)md;
+    if (!d->units)
+        return;
+    int u = unit_of(d, layer);
+    if (pre) {
+        unshard(d, u);
+        if (d->method == MEMSIM_METHOD_ZERO3 && u + 1 < d->n_units - 1)
+            unshard(d, u + 1); /* prefetch the next layer */
+    } else if (!d->units[u].root && d->method != MEMSIM_METHOD_FSDP_GRAD_OP) {
+        reshard(d, u);
+    }
+}
+
+static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
+{
+    Dist *d = user;
+    if (!d->units)
+        return;
+    int u = unit_of(d, layer);
+    unshard(d, u);
+    if (u > 0 && u - 1 < d->n_units - 1)
+        unshard(d, u - 1); /* BACKWARD_PRE prefetch */
+}
+
+static void reduce_unit_grads(Dist *d, Unit *un)
+{
+    AgGraph *g = d->g;
+    AgContext *c = gg_ctx(g);
+    uint16_t old = c->stream;
+    uint8_t oldcat = c->category;
+    /* post-backward stream: pad, reduce-scatter into a new shard, cast to fp32, keep */
+    c->stream = S_POST;
+    gg_wait_stream(g, S_POST, S_COMPUTE);
+    c->category = MEMSIM_CAT_COMM_BUFFER;
+    AgTensor *pad = un->shard_numel * d->N > un->numel
+                        ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel * d->N)
+                        : NULL;
+    AgTensor *sh = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
+    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
+                  coll_us(d, (uint64_t)un->shard_numel * d->N * 2));
+    AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_F32, un->shard_numel);
+    if (!un->grad_shard)
+        un->grad_shard = f32;
+    else
+        gt_unref(g, f32); /* accumulated into the saved shard */
+    gt_unref(g, sh);
+    gt_unref(g, pad);
+    for (guint i = 0; i < un->params->len; i++) {
+        AgTensor *p = un->params->pdata[i];
+        if (p->grad) {
+            gg_record_stream(g, p->grad, S_POST);
+            AgTensor *gr = p->grad;
+            p->grad = NULL;
+            gt_unref(g, gr);
+        }
+    }
+    c->stream = old;
+    c->category = oldcat;
+}
+
+static void zero_grad_hook(Dist *d, AgTensor *p)
+{
+    AgGraph *g = d->g;
+    int64_t n = gt_numel(p);
+    AgContext *c = gg_ctx(g);
+    uint8_t oldcat = c->category;
+    uint16_t old = c->stream;
+    if (!d->ipg) /* setup_buckets at the first hook of a backward */
+        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, RB_ELEMENTS < d->psi_pad ? RB_ELEMENTS : d->psi_pad);
+    if (d->ipg_fill + n > gt_numel(d->ipg) && d->ipg_fill > 0) {
+        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back */
+        AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
+                                                          : MEMSIM_COLL_ALL_REDUCE,
+                      (uint64_t)d->ipg_fill * 2, 0, coll_us(d, (uint64_t)d->ipg_fill * 2));
+        gt_unref(g, tmp);
+        d->ipg_fill = 0;
+        if (!d->grad_part)
+            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
+    }
+    d->ipg_fill += n < gt_numel(d->ipg) ? n : 0;
+    /* the gradient now lives in the bucket (or in the partition): the original is freed */
+    if (d->method != MEMSIM_METHOD_ZERO1) {
+        AgTensor *gr = p->grad;
+        p->grad = NULL;
+        gt_unref(g, gr);
+    }
+    c->category = oldcat;
+    c->stream = old;
+}
+
+static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
+{
+    Dist *d = user;
+    switch (d->method) {
+    case MEMSIM_METHOD_DDP: {
+        /* copy into the bucket view (no allocation); a full bucket is all-reduced */
+        if (--d->ddp_pending == 0 || d->ddp_pending % 64 == 0) {
+            AgContext *c = gg_ctx(g);
+            uint16_t old = c->stream;
+            c->stream = S_COMM;
+            gg_wait_stream(g, S_COMM, S_COMPUTE);
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, DDP_BUCKET, 0, coll_us(d, DDP_BUCKET));
+            c->stream = old;
+        }
+        break;
+    }
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2:
+    case MEMSIM_METHOD_ZERO3:
+        zero_grad_hook(d, p);
+        break;
+    case MEMSIM_METHOD_FSDP:
+    case MEMSIM_METHOD_FSDP_GRAD_OP:
+    case MEMSIM_METHOD_HSDP:
+        for (int u = 0; u < d->n_units; u++)
+            for (guint i = 0; i < d->units[u].params->len; i++)
+                if (d->units[u].params->pdata[i] == p && --d->units[u].pending == 0) {
+                    reshard(d, u);
+                    reduce_unit_grads(d, &d->units[u]);
+                }
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- building the rank ---- */
+
+static int64_t count_trainable(Model *md)
+{
+    int64_t n = 0;
+    for (guint i = 0; i < md->trainable->len; i++)
+        n += gt_numel(md->trainable->pdata[i]);
+    return n;
+}
+
+/* Re-homes the parameters of each unit into one non-resident flat storage (FSDP
+ * FlatParameter / ZeRO-3 gather buffer): the build's own storages are released at once. */
+static void make_units(Dist *d, DType compute_dt)
+{
+    Model *md = &d->md;
+    AgGraph *g = d->g;
+    int L = (int)md->m->L;
+    d->n_units = d->run->fsdp_wrap_model ? 1 : L + 1;
+    d->units = g_new0(Unit, d->n_units);
+    for (int u = 0; u < d->n_units; u++) {
+        d->units[u].params = g_ptr_array_new();
+        d->units[u].root = u == d->n_units - 1;
+    }
+    /* which unit a parameter belongs to: its layer, found through the Layer structs */
+    for (guint i = 0; i < md->trainable->len; i++) {
+        AgTensor *p = md->trainable->pdata[i];
+        int unit = d->n_units - 1;
+        for (int l = 0; l < L && d->n_units > 1; l++) {
+            const Layer *ly = &md->layers[l];
+            const AgTensor *const cand[] = {ly->q.w,  ly->q.b,    ly->k.w,    ly->k.b,   ly->v.w,
+                                            ly->v.b,  ly->o.w,    ly->o.b,    ly->qkv.w, ly->qkv.b,
+                                            ly->gate.w, ly->gate.b, ly->up.w, ly->up.b,  ly->down.w,
+                                            ly->down.b, ly->ln1_w, ly->ln1_b, ly->ln2_w, ly->ln2_b,
+                                            ly->router};
+            for (gsize k = 0; k < G_N_ELEMENTS(cand); k++)
+                if (cand[k] == p)
+                    unit = l;
+        }
+        g_ptr_array_add(d->units[unit].params, p);
+        d->units[unit].numel += gt_numel(p);
+    }
+    AgContext *c = gg_ctx(g);
+    for (int u = 0; u < d->n_units; u++) {
+        Unit *un = &d->units[u];
+        un->shard_numel = (un->numel + d->N - 1) / d->N;
+        un->pending = (int)un->params->len;
+        c->category = MEMSIM_CAT_PARAMETER;
+        un->full = gg_storage_new(g, (uint64_t)un->shard_numel * d->N * (uint64_t)dt_size(compute_dt),
+                                  false);
+        if (d->method != MEMSIM_METHOD_ZERO3)
+            un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_F32, un->shard_numel);
+        for (guint i = 0; i < un->params->len; i++) {
+            AgTensor *p = un->params->pdata[i];
+            /* the build's storage goes; the tensor now views the unit's flat buffer */
+            AgStorage *old = p->st;
+            gg_storage_release(g, old);
+            gg_storage_unref(g, old);
+            p->st = un->full;
+            un->full->refs++;
+            p->dt = compute_dt;
+        }
+    }
+    if (d->method == MEMSIM_METHOD_ZERO3) /* lp_param_buffer: all bf16 partitions */
+        d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
+    c->category = MEMSIM_CAT_TEMPORARY;
+}
+
+static void free_units(Dist *d)
+{
+    for (int u = 0; u < d->n_units; u++) {
+        Unit *un = &d->units[u];
+        gt_unref(d->g, un->shard);
+        gt_unref(d->g, un->grad_shard);
+        gg_storage_unref(d->g, un->full);
+        g_ptr_array_unref(un->params);
+    }
+    g_free(d->units);
+}
+
+/* The optimizer step of a sharded method: fp32 master and Adam on this rank's partition. */
+static void sharded_step(Dist *d, bool first, bool last)
+{
+    AgGraph *g = d->g;
+    int64_t part = d->psi_pad / d->N;
+    if (d->method == MEMSIM_METHOD_FSDP || d->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
+        d->method == MEMSIM_METHOD_HSDP) {
+        GPtrArray *tmp = g_ptr_array_new();
+        for (int u = 0; u < d->n_units; u++) {
+            Unit *un = &d->units[u];
+            if (first) {
+                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, un->shard_numel));
+                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, un->shard_numel));
+            }
+        }
+        /* foreach: one sqrt list over the shards */
+        for (int u = 0; u < d->n_units; u++)
+            g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, d->units[u].shard_numel));
+        for (guint i = 0; i < tmp->len; i++)
+            gt_unref(g, tmp->pdata[i]);
+        g_ptr_array_unref(tmp);
+        if (last)
+            gg_mark(g, "breakdown:model state at the optimizer step");
+        for (int u = 0; u < d->n_units; u++) { /* zero_grad(set_to_none) */
+            gt_unref(g, d->units[u].grad_shard);
+            d->units[u].grad_shard = NULL;
+            d->units[u].pending = (int)d->units[u].params->len;
+        }
+        return;
+    }
+    /* DeepSpeed: flatten the bf16 gradient partition, cast it to fp32, step, drop both */
+    AgTensor *flat16 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
+    AgTensor *g32 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
+    gt_unref(g, flat16);
+    if (first) {
+        d->exp_avg = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
+        d->exp_avg_sq = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
+    }
+    if (last)
+        gg_mark(g, "breakdown:model state at the optimizer step");
+    gt_unref(g, g32);
+    if (d->method != MEMSIM_METHOD_ZERO3) {
+        /* all_gather_into_tensor straight into the flat parameters: in place */
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
+                      coll_us(d, (uint64_t)d->psi_pad * 2));
+    }
+    gt_unref(g, d->grad_part);
+    d->grad_part = NULL;
+    gt_unref(g, d->ipg);
+    d->ipg = NULL;
+    d->ipg_fill = 0;
+    /* stage 1 keeps full gradients through backward; they go with zero_grad */
+    for (guint i = 0; i < d->md.trainable->len; i++) {
+        AgTensor *p = d->md.trainable->pdata[i];
+        if (p->grad) {
+            AgTensor *gr = p->grad;
+            p->grad = NULL;
+            gt_unref(g, gr);
+        }
+    }
+}
+
+static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                           const AgRules *rules, const GpuProfile *gpu, GError **error)
+{
+    MemsimMethod meth = run->method;
+    int N = run->gpus;
+    if (meth == MEMSIM_METHOD_HSDP)
+        N = run->gpus_per_node < run->gpus ? run->gpus_per_node : run->gpus;
+    guint32 rank = memsim_trace_add_rank(t, 0, (guint32)run->gpus);
+    static const char *names[] = {"", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op",
+                                  "hsdp", "megatron"};
+    memsim_trace_header(t)->ranks[rank].role =
+        g_strdup_printf("%s data-parallel rank (%d of them)", names[meth], run->gpus);
+    AgGraph *g = gg_new(t, rank, rules);
+    Dist *d = g_new0(Dist, 1);
+    d->g = g;
+    d->run = run;
+    d->method = meth;
+    d->N = N;
+    d->inflight = g_queue_new();
+    d->buckets = g_ptr_array_new();
+    d->comm_us_per_byte = 1.0 / (gpu->link_gbs * 0.8 * 1e3);
+    /* DeepSpeed and FSDP MixedPrecision compute in bf16 on bf16 parameters */
+    MemsimRun eff = *run;
+    bool lowp = run->precision != MEMSIM_PREC_FP32;
+    if (meth != MEMSIM_METHOD_DDP && lowp)
+        eff.precision = run->precision == MEMSIM_PREC_FP16_MIXED || run->precision == MEMSIM_PREC_FP16
+                            ? MEMSIM_PREC_FP16
+                            : MEMSIM_PREC_BF16;
+    if (!model_build(&d->md, g, m, &eff, error)) {
+        model_clear(&d->md);
+        gg_free(g);
+        g_queue_free(d->inflight);
+        g_ptr_array_unref(d->buckets);
+        g_free(d);
+        return FALSE;
+    }
+    d->md.layer_hook = layer_hook;
+    d->psi = count_trainable(&d->md);
+    d->psi_pad = (d->psi + 2 * N - 1) / (2 * N) * (2 * N);
+    AgContext *c = gg_ctx(g);
+    DType cdt = eff.precision == MEMSIM_PREC_FP32 ? DT_F32 : eff.precision == MEMSIM_PREC_FP16 ? DT_F16 : DT_BF16;
+    switch (meth) {
+    case MEMSIM_METHOD_DDP: {
+        /* iteration 1: one bucket of every gradient */
+        int64_t bytes = 0;
+        for (guint i = 0; i < d->md.trainable->len; i++)
+            bytes += gt_nbytes(d->md.trainable->pdata[i]);
+        g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, bytes));
+        break;
+    }
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2: {
+        /* the flat bf16 buffer (params become views of it): the build's own storages go */
+        c->category = MEMSIM_CAT_PARAMETER;
+        AgStorage *flat = gg_storage_new(g, (uint64_t)d->psi_pad * (uint64_t)dt_size(cdt), true);
+        for (guint i = 0; i < d->md.trainable->len; i++) {
+            AgTensor *p = d->md.trainable->pdata[i];
+            AgStorage *old = p->st;
+            gg_storage_release(g, old);
+            gg_storage_unref(g, old);
+            p->st = flat;
+            flat->refs++;
+        }
+        gg_storage_unref(g, flat);
+        d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
+        c->category = MEMSIM_CAT_TEMPORARY;
+        break;
+    }
+    case MEMSIM_METHOD_ZERO3:
+        make_units(d, cdt);
+        d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
+        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16,
+                           RB_ELEMENTS < d->psi_pad ? RB_ELEMENTS : d->psi_pad);
+        d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / N);
+        break;
+    default:
+        make_units(d, cdt);
+        break;
+    }
+    AgHooks hooks = {post_accumulate, pre_backward_layer, d};
+    gg_set_hooks(g, &hooks);
+
+    AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
+    int ac = meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
+             : meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
+                                                                                    : 0;
+    for (int step = 1; step <= run->steps; step++) {
+        char mark[32];
+        g_snprintf(mark, sizeof mark, "step %d", step);
+        gg_mark(g, mark);
+        if (meth == MEMSIM_METHOD_DDP && step == 2 && !d->ddp_rebuilt) {
+            /* _rebuild_buckets at the second forward: ≤ 25 MiB buckets (first 1 MiB) */
+            gt_unref(g, d->buckets->pdata[0]);
+            g_ptr_array_remove_index(d->buckets, 0);
+            int64_t cur = 0, cap = DDP_FIRST_BUCKET;
+            for (int i = (int)d->md.trainable->len - 1; i >= 0; i--) {
+                cur += gt_nbytes(d->md.trainable->pdata[i]);
+                if (cur >= cap || i == 0) {
+                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, cur));
+                    cur = 0;
+                    cap = DDP_BUCKET;
+                }
+            }
+            d->ddp_rebuilt = true;
+        }
+        for (int mb = 0; mb < run->grad_accum; mb++) {
+            c->phase = MEMSIM_PHASE_FORWARD;
+            c->category = MEMSIM_CAT_TEMPORARY;
+            c->autocast = ac;
+            d->ddp_pending = (int64_t)d->md.trainable->len;
+            AgTensor *logits = NULL;
+            AgTensor *loss = model_forward(&d->md, ids, ids, &logits);
+            c->autocast = 0;
+            gg_autocast_clear(g);
+            gt_unref(g, logits);
+            model_drop_output(&d->md);
+            c->phase = MEMSIM_PHASE_BACKWARD;
+            gg_backward(g, loss);
+            gt_unref(g, loss);
+            if (d->units)
+                for (int u = 0; u < d->n_units; u++)
+                    reshard(d, u);
+            gg_wait_stream(g, S_COMPUTE, S_COMM);
+            gg_wait_stream(g, S_COMPUTE, S_POST);
+        }
+        c->phase = MEMSIM_PHASE_OPTIMIZER;
+        gg_op(g, "optimizer.step");
+        if (meth == MEMSIM_METHOD_DDP) {
+            /* full AdamW (foreach) on every rank */
+            GPtrArray *ps = d->md.trainable;
+            if (step == 1)
+                for (guint i = 0; i < ps->len; i++) {
+                    AgTensor *p = ps->pdata[i];
+                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
+                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
+                }
+            GPtrArray *tmp = g_ptr_array_new();
+            for (guint i = 0; i < ps->len; i++)
+                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, ((AgTensor *)ps->pdata[i])->dt,
+                                               gt_numel(ps->pdata[i])));
+            for (guint i = 0; i < tmp->len; i++)
+                gt_unref(g, tmp->pdata[i]);
+            g_ptr_array_unref(tmp);
+            if (step == run->steps)
+                gg_mark(g, "breakdown:model state at the optimizer step");
+            for (guint i = 0; i < ps->len; i++) {
+                AgTensor *p = ps->pdata[i];
+                AgTensor *gr = p->grad;
+                p->grad = NULL;
+                gt_unref(g, gr);
+            }
+        } else {
+            sharded_step(d, step == 1, step == run->steps);
+        }
+        c->phase = MEMSIM_PHASE_OTHER;
+    }
+    gg_teardown(g);
+    gt_unref(g, ids);
+    for (guint i = 0; i < d->buckets->len; i++)
+        gt_unref(g, d->buckets->pdata[i]);
+    g_ptr_array_unref(d->buckets);
+    gt_unref(g, d->master);
+    gt_unref(g, d->exp_avg);
+    gt_unref(g, d->exp_avg_sq);
+    gt_unref(g, d->ipg);
+    gt_unref(g, d->grad_part);
+    gt_unref(g, d->flat);
+    if (d->units)
+        free_units(d);
+    g_queue_free(d->inflight);
+    model_clear(&d->md);
+    gg_free(g);
+    g_free(d);
+    return TRUE;
+}
+
+/* ---- Megatron: pipeline stages ---- */
+
+typedef struct {
+    AgTensor *in;   /* received activation (leaf requiring grad), or NULL on stage 0 */
+    AgTensor *out;  /* output (storage freed after send) or loss */
+} InFlight;
+
+/* The order of (forward?, micro-batch, chunk) a stage runs (DISTRIBUTED.md §5.3). */
+typedef struct {
+    bool fwd;
+    int mb;
+    int chunk;
+} Slot;
+
+static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
+{
+    GArray *s = g_array_new(FALSE, FALSE, sizeof(Slot));
+    if (kind == MEMSIM_PP_GPIPE) {
+        for (int i = 0; i < m; i++) {
+            Slot sl = {true, i, 0};
+            g_array_append_val(s, sl);
+        }
+        for (int i = m - 1; i >= 0; i--) {
+            Slot sl = {false, i, 0};
+            g_array_append_val(s, sl);
+        }
+        return s;
+    }
+    if (kind == MEMSIM_PP_1F1B || v == 1) {
+        int warm = p - r - 1 < m ? p - r - 1 : m;
+        int f = 0, b = 0;
+        for (; f < warm; f++) {
+            Slot sl = {true, f, 0};
+            g_array_append_val(s, sl);
+        }
+        while (f < m) {
+            Slot a = {true, f++, 0}, bb = {false, b++, 0};
+            g_array_append_val(s, a);
+            g_array_append_val(s, bb);
+        }
+        while (b < m) {
+            Slot bb = {false, b++, 0};
+            g_array_append_val(s, bb);
+        }
+        return s;
+    }
+    /* interleaved: virtual micro-batch k → chunk (k / p) % v, micro-batch (k / (p v)) p + k % p */
+    int total = m * v;
+    int warm = 2 * (p - r - 1) + (v - 1) * p;
+    if (warm > total)
+        warm = total;
+    int f = 0, b = 0;
+#define FWD_SLOT(k) ((Slot){true, ((k) / (p * v)) * p + (k) % p, ((k) / p) % v})
+#define BWD_SLOT(k) ((Slot){false, ((k) / (p * v)) * p + (k) % p, v - 1 - ((k) / p) % v})
+    for (; f < warm; f++) {
+        Slot sl = FWD_SLOT(f);
+        g_array_append_val(s, sl);
+    }
+    while (f < total) {
+        Slot a = FWD_SLOT(f), bb = BWD_SLOT(b);
+        f++;
+        b++;
+        g_array_append_val(s, a);
+        g_array_append_val(s, bb);
+    }
+    while (b < total) {
+        Slot bb = BWD_SLOT(b);
+        b++;
+        g_array_append_val(s, bb);
+    }
+#undef FWD_SLOT
+#undef BWD_SLOT
+    return s;
+}
+
+static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                                 const AgRules *rules, const GpuProfile *gpu, int tp, int pp,
+                                 int dp, int r, GError **error)
+{
+    int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
+    int mbs = run->microbatches ? run->microbatches : pp;
+    guint32 rank = memsim_trace_add_rank(t, (guint32)(r * tp), (guint32)(tp * dp));
+    memsim_trace_header(t)->ranks[rank].role = g_strdup_printf(
+        "pipeline stage %d of %d (tp %d, dp %d)", r, pp, tp, dp);
+    AgGraph *g = gg_new(t, rank, rules);
+    MemsimRun eff = *run;
+    if (run->precision != MEMSIM_PREC_FP32)
+        eff.precision = run->precision == MEMSIM_PREC_FP16_MIXED ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
+    int64_t per = m->L / (pp * v);
+    Model *chunks = g_new0(Model, v);
+    for (int k = 0; k < v; k++) {
+        int64_t l0 = (k * pp + r) * per;
+        if (!model_build_part(&chunks[k], g, m, &eff, tp, l0, l0 + per, error)) {
+            for (int j = 0; j <= k; j++)
+                model_clear(&chunks[j]);
+            g_free(chunks);
+            gg_free(g);
+            return FALSE;
+        }
+        chunks[k].comm_us_per_byte = 1.0 / (gpu->link_gbs * 0.8 * 1e3);
+    }
+    int64_t psi = 0;
+    for (int k = 0; k < v; k++)
+        psi += count_trainable(&chunks[k]);
+    AgContext *c = gg_ctx(g);
+    /* the DDP grad buffer: fp32 main grads (grad_reduce_in_fp32), persistent */
+    AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_F32, psi);
+    GPtrArray *state = g_ptr_array_new();
+    AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
+    int64_t H = m->H;
+    DType adt = chunks[0].adt;
+    InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
+    for (int step = 1; step <= run->steps; step++) {
+        char mark[32];
+        g_snprintf(mark, sizeof mark, "step %d", step);
+        gg_mark(g, mark);
+        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v);
+        for (guint i = 0; i < sched->len; i++) {
+            Slot sl = g_array_index(sched, Slot, i);
+            Model *md = &chunks[sl.chunk];
+            InFlight *f = &fl[sl.mb * v + sl.chunk];
+            c->microbatch = sl.mb;
+            c->category = MEMSIM_CAT_TEMPORARY;
+            if (sl.fwd) {
+                c->phase = MEMSIM_PHASE_FORWARD;
+                if (!md->first) {
+                    /* recv: a fresh [b, s, h] buffer that needs grad */
+                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * run->seq * H * dt_size(adt)), 2, 0);
+                    f->in = gg_leaf(g, adt, 3, (int64_t[]){run->batch, run->seq, H}, true,
+                                    MEMSIM_CAT_ACTIVATION);
+                }
+                AgTensor *logits = NULL, *hidden = NULL;
+                AgTensor *loss = model_stage_forward(md, ids, f->in, ids, &logits, &hidden);
+                gt_unref(g, logits);
+                model_drop_output(md);
+                if (loss) {
+                    f->out = loss;
+                } else {
+                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, 0);
+                    gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
+                    f->out = hidden;
+                }
+            } else {
+                c->phase = MEMSIM_PHASE_BACKWARD;
+                AgTensor *grad = NULL;
+                if (!md->last) {
+                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * run->seq * H * dt_size(adt)), 2, 0);
+                    grad = op_new(g, "empty", adt, 3, (int64_t[]){run->batch, run->seq, H});
+                }
+                gg_backward_with(g, f->out, grad);
+                gt_unref(g, f->out);
+                f->out = NULL;
+                if (f->in) {
+                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, 0);
+                    gt_unref(g, f->in);
+                    f->in = NULL;
+                }
+                /* main_grad += param.grad; param.grad = None */
+                for (int k = 0; k < v; k++)
+                    for (guint j = 0; j < chunks[k].trainable->len; j++) {
+                        AgTensor *p = chunks[k].trainable->pdata[j];
+                        if (p->grad) {
+                            AgTensor *gr = p->grad;
+                            p->grad = NULL;
+                            gt_unref(g, gr);
+                        }
+                    }
+            }
+        }
+        g_array_unref(sched);
+        c->microbatch = -1;
+        c->phase = MEMSIM_PHASE_OPTIMIZER;
+        gg_op(g, "optimizer.step");
+        if (dp > 1)
+            gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, 3,
+                          (double)psi * 4 / (gpu->link_gbs * 0.8 * 1e3));
+        int64_t part = (psi + dp - 1) / dp;
+        if (step == 1) { /* fp32 main parameters and Adam state of this rank's shard */
+            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
+            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
+            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
+        }
+        if (step == run->steps)
+            gg_mark(g, "breakdown:model state at the optimizer step");
+        if (dp > 1)
+            gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, 3,
+                          (double)psi * 2 / (gpu->link_gbs * 0.8 * 1e3));
+        c->phase = MEMSIM_PHASE_OTHER;
+    }
+    gg_teardown(g);
+    g_free(fl);
+    gt_unref(g, ids);
+    gt_unref(g, main_grad);
+    for (guint i = 0; i < state->len; i++)
+        gt_unref(g, state->pdata[i]);
+    g_ptr_array_unref(state);
+    for (int k = 0; k < v; k++)
+        model_clear(&chunks[k]);
+    g_free(chunks);
+    gg_free(g);
+    return TRUE;
+}
+
+static gboolean conflict(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static gboolean conflict(GError **error, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s", msg);
+    return FALSE;
+}
+
+gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                                     const AgRules *rules, GError **error)
+{
+    const GpuProfile *gpu = gpu_profile(run->gpu);
+    if (!gpu) {
+        GString *k = g_string_new(NULL);
+        for (gsize i = 0; i < G_N_ELEMENTS(gpus); i++)
+            g_string_append_printf(k, "%s%s", i ? ", " : "", gpus[i].name);
+        conflict(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k->str);
+        g_string_free(k, TRUE);
+        return FALSE;
+    }
+    MemsimMethod meth = run->method;
+    if (meth == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1))
+        meth = MEMSIM_METHOD_MEGATRON;
+    if (run->finetune != MEMSIM_FT_FULL || run->inference)
+        return conflict(error, "method: distributed runs are modelled for full fine-tuning "
+                               "training (LoRA, QLoRA and inference run on one GPU)");
+    if (meth != MEMSIM_METHOD_MEGATRON) {
+        if (run->tp > 1 || run->pp > 1)
+            return conflict(error, "method: --tp/--pp belong to the megatron method, not to %s",
+                            meth == MEMSIM_METHOD_NONE ? "none" : "a data-parallel method");
+        if (meth == MEMSIM_METHOD_NONE)
+            return conflict(error, "method: %d GPUs need a method (ddp, zero1, zero2, zero3, "
+                                   "fsdp, fsdp-grad-op, hsdp, megatron)",
+                            run->gpus);
+        MemsimRun r2 = *run;
+        r2.method = meth;
+        return dp_program(m, &r2, t, rules, gpu, error);
+    }
+    int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
+    int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+    if ((int64_t)tp * pp * dp != run->gpus)
+        return conflict(error, "gpus: %d GPUs are not tp %d × pp %d × dp %d", run->gpus, tp, pp,
+                        dp);
+    if (m->nh % tp)
+        return conflict(error, "tp: %d does not divide the %" G_GINT64_FORMAT
+                               " attention heads (num_attention_heads)",
+                        tp, m->nh);
+    if (m->nkv != 1 && m->nkv % tp)
+        return conflict(error, "tp: %d does not divide the %" G_GINT64_FORMAT
+                               " key/value heads (num_key_value_heads)",
+                        tp, m->nkv);
+    if (m->I % tp)
+        return conflict(error, "tp: %d does not divide the MLP width %" G_GINT64_FORMAT, tp, m->I);
+    int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
+    if (pp > m->L)
+        return conflict(error, "pp: %d stages for %" G_GINT64_FORMAT " layers", pp, m->L);
+    if (m->L % ((int64_t)pp * v))
+        return conflict(error, "pp: %" G_GINT64_FORMAT " layers do not split into %d stages × %d "
+                               "virtual stages",
+                        m->L, pp, v);
+    int mbs = run->microbatches ? run->microbatches : pp;
+    if (run->pp_schedule == MEMSIM_PP_INTERLEAVED && (v < 2 || mbs % pp))
+        return conflict(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
+                               "micro-batches divisible by pp (%d)",
+                        pp);
+    if (run->sequence_parallel) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                    "sequence-parallel: not modelled yet (tensor parallelism without it is)");
+        return FALSE;
+    }
+    for (int r = 0; r < pp; r++)
+        if (!megatron_program(m, run, t, rules, gpu, tp, pp, dp, r, error))
+            return FALSE;
+    return TRUE;
+}
