@@ -134,6 +134,39 @@ char *memsim_rank_check(const MemsimRankInfo *rank);
 /* Ops from `first_op` on, against the header's strings. */
 char *memsim_ops_check(const MemsimTraceHeader *h, guint32 first_op);
 char *memsim_header_check(const MemsimTraceHeader *h);
+/* The kinds whose fields are checked beyond kind, stream and category. */
+#define MEMSIM_KINDS_CHECKED                                                                       \
+    ((1u << MEMSIM_EV_WAIT) | (1u << MEMSIM_EV_OP) | (1u << MEMSIM_EV_MARK) |                      \
+     (1u << MEMSIM_EV_COLLECTIVE) | (1u << MEMSIM_EV_SEG_ALLOC) | (1u << MEMSIM_EV_SEG_FREE) |     \
+     (1u << MEMSIM_EV_SEG_MAP) | (1u << MEMSIM_EV_SEG_UNMAP) | (1u << MEMSIM_EV_INIT_SEGMENT) |    \
+     (1u << MEMSIM_EV_INIT_BLOCK))
+
+/* The test of memsim_events_check for one event, without the message: for decoders' inner
+ * loops. */
+static inline gboolean memsim_event_ok(const MemsimTraceHeader *h, uint32_t n_streams,
+                                       const MemsimEvent *e)
+{
+    if ((unsigned)e->kind - 1u >= MEMSIM_EV_KIND_MAX || e->stream >= n_streams ||
+        e->category >= MEMSIM_CAT_COUNT)
+        return FALSE;
+    if (!((1u << e->kind) & MEMSIM_KINDS_CHECKED))
+        return TRUE;
+    switch (e->kind) {
+    case MEMSIM_EV_WAIT:
+        return e->id < n_streams;
+    case MEMSIM_EV_OP:
+        return e->id < h->n_ops;
+    case MEMSIM_EV_MARK:
+        return e->id < h->n_strings;
+    case MEMSIM_EV_COLLECTIVE:
+        return e->aux < MEMSIM_COLL_COUNT;
+    case MEMSIM_EV_INIT_BLOCK:
+        return e->addr + e->aux >= e->addr;
+    default: /* segments */
+        return e->addr + e->size >= e->addr;
+    }
+}
+
 /* Events of `rank` (< h->n_ranks); sets *bad to the index of the first bad one. */
 char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const MemsimEvent *events,
                           gsize n, gsize *bad);

@@ -145,11 +145,23 @@ static __attribute__((noinline)) const guint8 *get_varint_slow(const guint8 *p, 
     return NULL;
 }
 
+/* Away from the end of the buffer, up to ten bytes are read without bounds checks. */
 static inline const guint8 *get_varint(const guint8 *p, const guint8 *end, uint64_t *out)
 {
-    if (G_LIKELY(p < end && *p < 0x80)) {
-        *out = *p;
-        return p + 1;
+    if (G_LIKELY(end - p >= 10)) {
+        uint64_t x = 0;
+        for (unsigned i = 0; i < 9; i++) {
+            guint8 b = p[i];
+            x |= (uint64_t)(b & 0x7f) << (7 * i);
+            if (b < 0x80) {
+                *out = x;
+                return p + i + 1;
+            }
+        }
+        if (p[9] > 1)
+            return NULL;
+        *out = x | (uint64_t)p[9] << 63;
+        return p + 10;
     }
     return get_varint_slow(p, end, out);
 }
@@ -607,6 +619,14 @@ static int fill(MstReader *r, gsize need, GError **error)
 {
     while (r->len - r->pos < need) {
         if (r->cap - r->len < 65536) {
+            /* A long stream gets a window of 1 MiB, so that moving the undecoded rest of a
+             * record to the front happens once every few records, not every time. */
+            if (r->buf_offset + r->pos > 0 && r->cap < (1u << 20)) {
+                r->cap = 1u << 20;
+                r->buf = g_realloc(r->buf, r->cap);
+            }
+        }
+        if (r->cap - r->len < 65536) {
             if (r->pos) { /* drop what has been used */
                 memmove(r->buf, r->buf + r->pos, r->len - r->pos);
                 r->buf_offset += r->pos;
@@ -865,7 +885,7 @@ static gboolean read_header(MstReader *r, GError **error)
     do {                                                                                           \
         if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
             (v) = *(p)++;                                                                          \
-        } else if (!((p) = get_varint_slow((p), (end), &(v)))) {                                   \
+        } else if (!((p) = get_varint((p), (end), &(v)))) {                                        \
             bad_col = (col);                                                                       \
             goto bad_column;                                                                       \
         }                                                                                          \
@@ -1007,10 +1027,18 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         return -1;
     }
     uint64_t prev_id[16] = {0}, prev_addr[16] = {0};
+    /* A column of one value per event that is as many bytes long holds one-byte values
+     * only: read those without the varint test (a byte >= 0x80 there fails the range test,
+     * since it would mean fewer values than events). */
+    const gboolean kind_bytes = pk && (gsize)(pk_end - pk) == n;
+    const gboolean stream_bytes = ps && (gsize)(ps_end - ps) == n;
     for (i = 0; i < n; i++) {
         uint64_t v;
-        MemsimEvent e = {0};
-        READ(pk, pk_end, v, COL(CH_KIND));
+        MemsimEvent *const e = &ev[i];
+        if (kind_bytes)
+            v = pk[i];
+        else
+            READ(pk, pk_end, v, COL(CH_KIND));
         if (G_UNLIKELY(v - 1 >= MEMSIM_EV_KIND_MAX)) {
             mst_fail(r, error,
                      "event %" G_GSIZE_FORMAT ": kind %" PRIu64 " out of range (expected 1 .. %d)",
@@ -1018,9 +1046,17 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             return -1;
         }
         const unsigned k = (unsigned)v;
-        e.kind = (uint8_t)k;
-        if (ps) {
+        *e = (MemsimEvent){.kind = (uint8_t)k};
+        if (stream_bytes) {
+            v = ps[i];
+            if (G_UNLIKELY(v >= 0x80)) {
+                bad_col = COL(CH_STREAM);
+                goto bad_column;
+            }
+        } else if (ps) {
             READ(ps, ps_end, v, COL(CH_STREAM));
+        }
+        if (ps) {
             if (G_UNLIKELY(v >= n_streams)) {
                 mst_fail(r, error,
                          "event %" G_GSIZE_FORMAT ": stream %" PRIu64 " is not one of rank %" PRIu32
@@ -1028,7 +1064,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                          i, v, rk, n_streams);
                 return -1;
             }
-            e.stream = (uint16_t)v;
+            e->stream = (uint16_t)v;
         }
         const unsigned m = carries[k];
         if ((m & C_FLAGS) && pf) {
@@ -1039,7 +1075,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                          v);
                 return -1;
             }
-            e.flags = (uint32_t)v;
+            e->flags = (uint32_t)v;
         }
         if ((m & C_CAT) && pc) {
             READ(pc, pc_end, v, COL(CH_CATEGORY));
@@ -1050,28 +1086,33 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                          i, v, MEMSIM_CAT_COUNT - 1);
                 return -1;
             }
-            e.category = (uint8_t)v;
+            e->category = (uint8_t)v;
         }
         if ((m & C_ID) && pi) {
             READ(pi, pi_end, v, COL(CH_ID));
             prev_id[k] += unzigzag(v);
-            e.id = prev_id[k];
+            e->id = prev_id[k];
         }
         if ((m & C_SIZE) && pz) {
             READ(pz, pz_end, v, COL(CH_SIZE));
-            e.size = v;
+            e->size = v;
         }
-        if ((m & C_ADDR) && pa && (k != MEMSIM_EV_ALLOC || (e.flags & MEMSIM_EVF_ADDR))) {
+        if ((m & C_ADDR) && pa && (k != MEMSIM_EV_ALLOC || (e->flags & MEMSIM_EVF_ADDR))) {
             READ(pa, pa_end, v, COL(CH_ADDR));
             prev_addr[k] += unzigzag(v);
-            e.addr = prev_addr[k];
+            e->addr = prev_addr[k];
         }
         if ((m & C_AUX) && px) {
             READ(px, px_end, v, COL(CH_AUX));
-            e.aux = v;
+            e->aux = v;
         }
-        ev[i] = e;
+        if (G_UNLIKELY(((1u << k) & MEMSIM_KINDS_CHECKED) && !memsim_event_ok(h, n_streams, e)))
+            goto bad_event;
     }
+    if (kind_bytes)
+        pk = pk_end;
+    if (stream_bytes)
+        ps = ps_end;
     {
         const guint8 *ends[][2] = {{pk, pk_end}, {ps, ps_end}, {pf, pf_end}, {pc, pc_end},
                                    {pi, pi_end}, {pz, pz_end}, {pa, pa_end}, {px, px_end}};
@@ -1146,7 +1187,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                 }
                 e->category = (uint8_t)val;
                 break;
-            default:
+            case X_FLAGS:
                 if (val > G_MAXUINT32) {
                     mst_fail(r, error,
                              "event %" PRIu64 ": flags 0x%" PRIx64 " do not fit in 32 bits", idx,
@@ -1155,6 +1196,10 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
                 }
                 e->flags = (uint32_t)val;
                 break;
+            }
+            if (!memsim_event_ok(h, n_streams, e)) {
+                i = (gsize)idx;
+                goto bad_event;
             }
         }
         if (xf != xf_end || xv != xv_end) {
@@ -1165,14 +1210,17 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         }
     }
 
-    gsize bad;
-    why = memsim_events_check(h, rk, ev, n, &bad);
-    if (why) {
-        mst_fail(r, error, "event %" G_GSIZE_FORMAT ": %s", bad, why);
+    return (gssize)n;
+
+bad_event:
+    /* ev[i] failed the check; the shared check gives the message. */
+    {
+        gsize bad;
+        why = memsim_events_check(h, rk, &ev[i], 1, &bad);
+        mst_fail(r, error, "event %" G_GSIZE_FORMAT ": %s", i, why);
         g_free(why);
         return -1;
     }
-    return (gssize)n;
 
 bad_column:
     mst_fail(r, error,
