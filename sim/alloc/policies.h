@@ -7,5 +7,10 @@
 
 const MemsimAllocOps *memsim_alloc_torch_ops(void);
 const MemsimAllocOps *memsim_alloc_exact_ops(void);
+const MemsimAllocOps *memsim_alloc_bfc_ops(void);
+const MemsimAllocOps *memsim_alloc_buddy_ops(void);
+const MemsimAllocOps *memsim_alloc_first_fit_ops(void);
+const MemsimAllocOps *memsim_alloc_best_fit_ops(void);
+const MemsimAllocOps *memsim_alloc_stitch_ops(void);
 
 #endif

@@ -10,12 +10,17 @@
 
 static const MemsimAllocOps *const *registry(void)
 {
-    static const MemsimAllocOps *table[8];
+    static const MemsimAllocOps *table[16];
     static gsize init = 0;
     if (g_once_init_enter(&init)) {
         int n = 0;
         table[n++] = memsim_alloc_torch_ops();
         table[n++] = memsim_alloc_exact_ops();
+        table[n++] = memsim_alloc_bfc_ops();
+        table[n++] = memsim_alloc_buddy_ops();
+        table[n++] = memsim_alloc_first_fit_ops();
+        table[n++] = memsim_alloc_best_fit_ops();
+        table[n++] = memsim_alloc_stitch_ops();
         table[n] = NULL;
         g_once_init_leave(&init, 1);
     }

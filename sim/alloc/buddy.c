@@ -1,0 +1,603 @@
+/* buddy — the binary buddy system, for comparison.
+ *
+ * Algorithm (Knowlton, "A Fast Storage Allocator", CACM 8(10), 1965; Knuth, TAOCP vol. 1
+ * §2.5, Algorithms R and S): memory comes in arenas of `segment_mb` (default 64 MiB, a power
+ * of two) taken from the device on demand; a request larger than an arena gets an arena of
+ * its own, its size rounded up to a power of two. Every block is a power of two times
+ * `min_block` (default 512 bytes) and starts at a multiple of its size from the arena's base.
+ * A request takes a block of the smallest order that holds it: the first free block of that
+ * order, else one of the next larger order halved as often as needed, the upper halves going
+ * to the free lists. A freed block merges with its buddy (the other half of its parent,
+ * address = base + (offset XOR size)) as long as the buddy is free and whole, and the result
+ * merges again. Wholly free arenas stay cached; they go back to the device on empty_cache, or
+ * when the device is short for a new arena (then the new arena also shrinks to the request if
+ * that is what still fits). Streams are ignored. Internal fragmentation is the rounding to a
+ * power of two: below 50% of each block, 25% expected for sizes spread evenly in log scale.
+ *
+ * Starting from a recording (seed_segment/seed_block): a recorded segment need not be a power
+ * of two, so it is covered by the aligned powers of two of its size's binary digits (20 MiB =
+ * 16 MiB + 4 MiB), each a root that never merges beyond itself; a recorded live block keeps
+ * its address and its request rounded to 512 bytes, covered by the fewest aligned buddy
+ * blocks (held as one allocation, freed together).
+ *
+ * Statistics: allocated = active = bytes of blocks in use (powers of two); reserved = arena
+ * bytes; segments = arenas; n_device_alloc / n_device_free = arenas taken / released;
+ * inactive_split = free blocks smaller than the root they lie in.
+ *
+ * Data structures and cost (L = log2(largest / min_block), at most 52): one intrusive doubly
+ * linked free list per order (LIFO) and a 64-bit word of non-empty orders, so the smallest
+ * usable order is one count-trailing-zeros; every block, free or in use, is found by address
+ * in an open-addressing map, which answers "is my buddy free and whole?" in O(1). malloc and
+ * free are O(L) (one map operation per split or merge level); blocks come from a slab.
+ */
+#include <memsim/alloc.h>
+
+#include <string.h>
+
+#include "sim/alloc/kit.h"
+#include "sim/alloc/policies.h"
+
+#define MAX_ORDERS 64
+#define SEG_ROUND (2 * KIT_MIB)
+
+typedef struct BArena BArena;
+typedef struct BBlk BBlk;
+
+enum { B_FREE = 0, B_USED, B_PIECE };
+
+struct BBlk {
+    BBlk *lprev, *lnext; /* free list of its order */
+    memsim_addr_t ptr;
+    memsim_size_t requested;
+    BArena *arena;
+    BBlk *chain;   /* a seeded allocation made of several blocks: the next one */
+    uint8_t order; /* size = min_block << order */
+    uint8_t root;  /* order of the root it lies in: it never merges beyond */
+    uint8_t state;
+};
+
+struct BArena {
+    KitSeg k;
+    uint64_t n_used; /* blocks in use, pieces included */
+};
+
+typedef struct {
+    MemsimDevice *dev;
+    memsim_size_t segment_size;
+    memsim_size_t min_block;
+    int min_shift;
+    BBlk *lists[MAX_ORDERS];
+    uint64_t list_bits;
+    KitAddrMap blocks; /* every block by address */
+    KitSlab blk_slab, arena_slab;
+    KitSegs arenas;
+    uint64_t n_free;
+    MemsimAllocStats st;
+} Buddy;
+
+static inline memsim_size_t bsize(const Buddy *a, int order)
+{
+    return a->min_block << order;
+}
+
+/* The smallest order whose block holds n bytes. */
+static inline int order_for(const Buddy *a, memsim_size_t n)
+{
+    if (n <= a->min_block)
+        return 0;
+    memsim_size_t units = (n + a->min_block - 1) >> a->min_shift;
+    return 64 - __builtin_clzll(units - 1);
+}
+
+static void list_push(Buddy *a, BBlk *b)
+{
+    b->state = B_FREE;
+    b->lprev = NULL;
+    b->lnext = a->lists[b->order];
+    if (b->lnext)
+        b->lnext->lprev = b;
+    a->lists[b->order] = b;
+    a->list_bits |= 1ull << b->order;
+    a->n_free++;
+    if (b->order < b->root)
+        memsim_stat_add(&a->st.inactive_split, (int64_t)bsize(a, b->order));
+}
+
+static void list_remove(Buddy *a, BBlk *b)
+{
+    if (b->lprev)
+        b->lprev->lnext = b->lnext;
+    else
+        a->lists[b->order] = b->lnext;
+    if (b->lnext)
+        b->lnext->lprev = b->lprev;
+    if (!a->lists[b->order])
+        a->list_bits &= ~(1ull << b->order);
+    b->lprev = b->lnext = NULL;
+    a->n_free--;
+    if (b->order < b->root)
+        memsim_stat_sub(&a->st.inactive_split, (int64_t)bsize(a, b->order));
+}
+
+static BBlk *new_blk(Buddy *a, BArena *ar, memsim_addr_t ptr, int order, int root)
+{
+    BBlk *b = kit_slab_get(&a->blk_slab);
+    b->ptr = ptr;
+    b->arena = ar;
+    b->order = (uint8_t)order;
+    b->root = (uint8_t)root;
+    kit_map_put(&a->blocks, ptr, b);
+    return b;
+}
+
+/* An arena covered by the aligned powers of two of its size's binary digits (one root when
+ * the size is a power of two). */
+static BArena *add_arena(Buddy *a, memsim_addr_t base, memsim_size_t size)
+{
+    BArena *ar = kit_slab_get(&a->arena_slab);
+    ar->k.base = base;
+    ar->k.size = size;
+    kit_segs_insert(&a->arenas, &ar->k);
+    memsim_size_t off = 0, units = size >> a->min_shift;
+    for (int o = 63; o >= 0; o--)
+        if (units >> o & 1) {
+            list_push(a, new_blk(a, ar, base + off, o, o));
+            off += bsize(a, o);
+        }
+    memsim_stat_add(&a->st.reserved, (int64_t)size);
+    memsim_stat_add(&a->st.segments, 1);
+    return ar;
+}
+
+static inline gboolean device_has(const Buddy *a, memsim_size_t n)
+{
+    memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
+    return !cap || (held <= cap && n <= cap - held);
+}
+
+static void release_free_arenas(Buddy *a)
+{
+    for (guint i = a->arenas.n; i-- > 0;) {
+        BArena *ar = (BArena *)a->arenas.v[i];
+        if (ar->n_used)
+            continue;
+        /* Nothing in use: every root is whole and free. */
+        for (memsim_addr_t p = ar->k.base; p < ar->k.base + ar->k.size;) {
+            BBlk *b = kit_map_take(&a->blocks, p);
+            g_assert(b && b->state == B_FREE && b->order == b->root);
+            list_remove(a, b);
+            p += bsize(a, b->order);
+            kit_slab_put(&a->blk_slab, b);
+        }
+        kit_segs_remove(&a->arenas, &ar->k);
+        memsim_stat_sub(&a->st.reserved, (int64_t)ar->k.size);
+        memsim_stat_sub(&a->st.segments, 1);
+        a->st.n_device_free++;
+        memsim_device_emit(a->dev, MEMSIM_AEV_SEG_FREE, ar->k.base, ar->k.size, 0);
+        kit_slab_put(&a->arena_slab, ar);
+    }
+}
+
+static gboolean grow(Buddy *a, int order, uint32_t stream)
+{
+    memsim_size_t need = bsize(a, order);
+    memsim_size_t want = MAX(a->segment_size, need);
+    if (!device_has(a, want)) {
+        release_free_arenas(a);
+        if (!device_has(a, want))
+            want = need;
+        if (!device_has(a, want))
+            return FALSE;
+    }
+    memsim_addr_t base = kit_segment_addr(a->dev, &a->arenas, want, stream);
+    add_arena(a, base, want);
+    a->st.n_device_alloc++;
+    memsim_device_emit(a->dev, MEMSIM_AEV_SEG_ALLOC, base, want, stream);
+    return TRUE;
+}
+
+/* b (free, off its list) is halved until it has `order`; the upper halves become free. */
+static void split_down(Buddy *a, BBlk *b, int order)
+{
+    while (b->order > order) {
+        b->order--;
+        list_push(a, new_blk(a, b->arena, b->ptr + bsize(a, b->order), b->order, b->root));
+    }
+}
+
+static void mark_used(Buddy *a, BBlk *b, uint8_t state)
+{
+    b->state = state;
+    b->arena->n_used++;
+    memsim_stat_add(&a->st.allocated, (int64_t)bsize(a, b->order));
+    memsim_stat_add(&a->st.active, (int64_t)bsize(a, b->order));
+}
+
+/* b (in use) becomes free and merges with its buddies as far as its root allows. */
+static void release_blk(Buddy *a, BBlk *b)
+{
+    b->arena->n_used--;
+    b->chain = NULL;
+    memsim_stat_sub(&a->st.allocated, (int64_t)bsize(a, b->order));
+    memsim_stat_sub(&a->st.active, (int64_t)bsize(a, b->order));
+    memsim_addr_t base = b->arena->k.base;
+    while (b->order < b->root) {
+        memsim_size_t size = bsize(a, b->order);
+        BBlk *q = kit_map_get(&a->blocks, base + ((b->ptr - base) ^ size));
+        if (!q || q->state != B_FREE || q->order != b->order)
+            break;
+        list_remove(a, q);
+        BBlk *gone = q->ptr < b->ptr ? b : q;
+        if (gone == b)
+            b = q;
+        kit_map_take(&a->blocks, gone->ptr);
+        kit_slab_put(&a->blk_slab, gone);
+        b->order++;
+    }
+    list_push(a, b);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The policy */
+
+static memsim_size_t buddy_round(void *state, memsim_size_t size)
+{
+    Buddy *a = state;
+    return bsize(a, order_for(a, size));
+}
+
+static MemsimAllocResult buddy_malloc(void *state, memsim_size_t size, uint32_t stream,
+                                      memsim_addr_t *addr)
+{
+    Buddy *a = state;
+    int k = order_for(a, size);
+    if (k + a->min_shift >= 62) {
+        a->st.n_ooms++;
+        memsim_device_emit(a->dev, MEMSIM_AEV_OOM, 0, size, stream);
+        return MEMSIM_ALLOC_OOM;
+    }
+    uint64_t usable = a->list_bits & ~((1ull << k) - 1);
+    if (!usable) {
+        if (!grow(a, k, stream)) {
+            memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
+            a->st.n_ooms++;
+            memsim_device_emit(a->dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0,
+                               bsize(a, k), stream);
+            return MEMSIM_ALLOC_OOM;
+        }
+        usable = a->list_bits & ~((1ull << k) - 1);
+    }
+    BBlk *b = a->lists[__builtin_ctzll(usable)];
+    list_remove(a, b);
+    split_down(a, b, k);
+    mark_used(a, b, B_USED);
+    b->requested = size;
+    memsim_stat_add(&a->st.requested, (int64_t)size);
+    memsim_stat_add(&a->st.allocations, 1);
+    *addr = b->ptr;
+    memsim_device_emit(a->dev, MEMSIM_AEV_ALLOC, b->ptr, size, stream);
+    return MEMSIM_ALLOC_OK;
+}
+
+static void buddy_free(void *state, memsim_addr_t addr)
+{
+    Buddy *a = state;
+    BBlk *b = kit_map_get(&a->blocks, addr);
+    if (!b || b->state != B_USED) {
+        g_critical("buddy: free of 0x%" G_GINT64_MODIFIER "x, which is not allocated", addr);
+        return;
+    }
+    memsim_stat_sub(&a->st.requested, (int64_t)b->requested);
+    memsim_stat_sub(&a->st.allocations, 1);
+    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
+    while (b) {
+        BBlk *next = b->chain;
+        release_blk(a, b);
+        b = next;
+    }
+}
+
+static void buddy_empty_cache(void *state)
+{
+    release_free_arenas(state);
+}
+
+static MemsimAllocStats buddy_stats(void *state)
+{
+    return ((Buddy *)state)->st;
+}
+
+static void buddy_reset_peaks(void *state)
+{
+    kit_reset_peaks(&((Buddy *)state)->st);
+}
+
+static MemsimAllocShape buddy_shape(void *state)
+{
+    Buddy *a = state;
+    MemsimAllocShape sh = {0};
+    sh.n_segments = a->arenas.n;
+    for (int o = 0; o < MAX_ORDERS; o++)
+        for (BBlk *b = a->lists[o]; b; b = b->lnext) {
+            sh.free_bytes += bsize(a, o);
+            sh.n_free_blocks++;
+            if (bsize(a, o) > sh.largest_free)
+                sh.largest_free = bsize(a, o);
+        }
+    return sh;
+}
+
+#define FAIL(...)                                                                              \
+    do {                                                                                       \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "buddy: " __VA_ARGS__);       \
+        return FALSE;                                                                          \
+    } while (0)
+
+/* The order of the root that covers offset `off` of an arena of `size` bytes. */
+static int root_at(const Buddy *a, memsim_size_t size, memsim_size_t off)
+{
+    memsim_size_t units = size >> a->min_shift, start = 0;
+    for (int o = 63; o >= 0; o--)
+        if (units >> o & 1) {
+            if (off < start + bsize(a, o))
+                return o;
+            start += bsize(a, o);
+        }
+    return -1;
+}
+
+static gboolean buddy_check(void *state, GError **error)
+{
+    Buddy *a = state;
+    int64_t allocated = 0, requested = 0, reserved = 0, split = 0, n_alloc = 0;
+    uint64_t n_blocks = 0, n_free = 0;
+    for (guint i = 0; i < a->arenas.n; i++) {
+        BArena *ar = (BArena *)a->arenas.v[i];
+        memsim_addr_t base = ar->k.base, end = base + ar->k.size;
+        if (i && a->arenas.v[i - 1]->base + a->arenas.v[i - 1]->size > base)
+            FAIL("arenas 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER "x overlap",
+                 a->arenas.v[i - 1]->base, base);
+        if (ar->k.size % a->min_block)
+            FAIL("arena 0x%" G_GINT64_MODIFIER "x is not a whole number of blocks", base);
+        reserved += (int64_t)ar->k.size;
+        uint64_t used = 0;
+        /* Blocks tile the arena: walk it by address through the map. */
+        for (memsim_addr_t p = base; p < end;) {
+            BBlk *b = kit_map_get(&a->blocks, p);
+            if (!b)
+                FAIL("arena 0x%" G_GINT64_MODIFIER "x: no block at 0x%" G_GINT64_MODIFIER
+                     "x (blocks must tile their arena)", base, p);
+            memsim_size_t size = bsize(a, b->order);
+            n_blocks++;
+            if (b->arena != ar || b->ptr != p)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x disagrees with its arena", p);
+            if ((p - base) % size || b->order > b->root ||
+                root_at(a, ar->k.size, p - base) != b->root || p + size > end)
+                FAIL("block 0x%" G_GINT64_MODIFIER "x of order %d is not an aligned part of "
+                     "root order %d", p, b->order, b->root);
+            if (b->state == B_FREE) {
+                n_free++;
+                if (b->order < b->root) {
+                    split += (int64_t)size;
+                    BBlk *q = kit_map_get(&a->blocks, base + ((p - base) ^ size));
+                    if (q && q->state == B_FREE && q->order == b->order)
+                        FAIL("free buddies 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
+                             "x were not merged", p, q->ptr);
+                }
+            } else {
+                used++;
+                allocated += (int64_t)size;
+                if (b->state == B_USED) {
+                    n_alloc++;
+                    requested += (int64_t)b->requested;
+                    memsim_size_t covered = 0;
+                    for (BBlk *c = b; c; c = c->chain) {
+                        if (c != b && c->state != B_PIECE)
+                            FAIL("allocation 0x%" G_GINT64_MODIFIER "x chains a block that is "
+                                 "not its piece", p);
+                        covered += bsize(a, c->order);
+                    }
+                    if (covered < b->requested)
+                        FAIL("allocation 0x%" G_GINT64_MODIFIER "x smaller than its request", p);
+                } else if (b->state != B_PIECE) {
+                    FAIL("block 0x%" G_GINT64_MODIFIER "x in unknown state %d", p, b->state);
+                }
+            }
+            p += size;
+        }
+        if (used != ar->n_used)
+            FAIL("arena 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " blocks in use, "
+                 "holds %" G_GUINT64_FORMAT, base, ar->n_used, used);
+    }
+    uint64_t listed = 0;
+    for (int o = 0; o < MAX_ORDERS; o++) {
+        if (((a->list_bits >> o) & 1) != (a->lists[o] != NULL))
+            FAIL("order bitmap disagrees with the list of order %d", o);
+        BBlk *prev = NULL;
+        for (BBlk *b = a->lists[o]; b; prev = b, b = b->lnext) {
+            listed++;
+            if (b->lprev != prev || b->order != o || b->state != B_FREE ||
+                kit_map_get(&a->blocks, b->ptr) != b)
+                FAIL("free list of order %d holds a wrong block 0x%" G_GINT64_MODIFIER "x", o,
+                     b->ptr);
+        }
+    }
+    if (listed != n_free || listed != a->n_free)
+        FAIL("free lists hold %" G_GUINT64_FORMAT " blocks (counted %" G_GUINT64_FORMAT
+             "), arenas have %" G_GUINT64_FORMAT " free", listed, a->n_free, n_free);
+    if (a->blocks.n != n_blocks)
+        FAIL("address map holds %" G_GUINT64_FORMAT " blocks, arenas %" G_GUINT64_FORMAT,
+             a->blocks.n, n_blocks);
+    KitCheck cmp[] = {
+        {"allocated", allocated, a->st.allocated.current},
+        {"active", allocated, a->st.active.current},
+        {"requested", requested, a->st.requested.current},
+        {"reserved", reserved, a->st.reserved.current},
+        {"segments", (int64_t)a->arenas.n, a->st.segments.current},
+        {"allocations", n_alloc, a->st.allocations.current},
+        {"inactive_split", split, a->st.inactive_split.current},
+    };
+    return kit_check_stats("buddy", &a->st, cmp, G_N_ELEMENTS(cmp), error);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Seeding */
+
+static gboolean buddy_seed_segment(void *state, memsim_addr_t addr, memsim_size_t size,
+                                   uint32_t stream, uint32_t flags, GError **error)
+{
+    Buddy *a = state;
+    if (size == 0 || size % a->min_block || addr % a->min_block ||
+        kit_segs_overlap(&a->arenas, addr, size))
+        FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+             " bytes (empty, not in %" G_GUINT64_FORMAT "-byte units, or overlapping another)",
+             addr, size, a->min_block);
+    add_arena(a, addr, size);
+    kit_reset_peaks(&a->st);
+    return TRUE;
+}
+
+/* The block that holds address p of arena ar. */
+static BBlk *block_at(Buddy *a, BArena *ar, memsim_addr_t p)
+{
+    memsim_size_t off = p - ar->k.base;
+    for (int o = 0; o < MAX_ORDERS && bsize(a, o) <= ar->k.size; o++) {
+        BBlk *b = kit_map_get(&a->blocks, ar->k.base + off / bsize(a, o) * bsize(a, o));
+        if (b && b->order == o)
+            return b;
+    }
+    return NULL;
+}
+
+static gboolean buddy_seed_block(void *state, memsim_addr_t addr, memsim_size_t block_size,
+                                 memsim_size_t requested, uint32_t stream, GError **error)
+{
+    Buddy *a = state;
+    memsim_size_t n = kit_round_up(requested ? requested : block_size, a->min_block);
+    BArena *ar = (BArena *)kit_segs_find(&a->arenas, addr);
+    if (!n || !ar || addr % a->min_block || addr + n > ar->k.base + ar->k.size)
+        goto bad;
+    /* Check that the whole range is free first, so that a failure changes nothing. */
+    for (memsim_addr_t p = addr; p < addr + n;) {
+        BBlk *f = block_at(a, ar, p);
+        if (!f || f->state != B_FREE)
+            goto bad;
+        p = f->ptr + bsize(a, f->order);
+    }
+    BBlk *head = NULL, **tail = &head;
+    for (memsim_addr_t p = addr; p < addr + n;) {
+        BBlk *f = block_at(a, ar, p);
+        /* The largest aligned block at p that stays inside the range and inside f. */
+        int o = f->order;
+        while ((p - ar->k.base) % bsize(a, o) || p + bsize(a, o) > addr + n)
+            o--;
+        list_remove(a, f);
+        while (f->ptr < p || f->order > o) {
+            /* Halve f, keep the half that holds p, free the other. */
+            f->order--;
+            memsim_size_t half = bsize(a, f->order);
+            if (p >= f->ptr + half) {
+                BBlk *upper = new_blk(a, ar, f->ptr + half, f->order, f->root);
+                list_push(a, f);
+                f = upper;
+            } else {
+                list_push(a, new_blk(a, ar, f->ptr + half, f->order, f->root));
+            }
+        }
+        mark_used(a, f, head ? B_PIECE : B_USED);
+        *tail = f;
+        tail = &f->chain;
+        p += bsize(a, f->order);
+    }
+    head->requested = requested;
+    memsim_stat_add(&a->st.requested, (int64_t)requested);
+    memsim_stat_add(&a->st.allocations, 1);
+    kit_reset_peaks(&a->st);
+    return TRUE;
+bad:
+    FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not lie "
+         "in free space of a seeded segment", addr, n);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Settings and life cycle */
+
+typedef struct {
+    memsim_size_t segment, min_block;
+} BuddyConfig;
+
+static const char buddy_settings_help[] =
+    "segment_mb=N   arenas of N MiB, a power of two (default 64); a larger request gets an "
+    "arena of its own rounded up to a power of two\n"
+    "min_block=N    the smallest block in bytes, a power of two from 256 to 1048576 (default "
+    "512)";
+
+static gboolean buddy_setting(void *cfgp, const char *key, const char *value, GError **error)
+{
+    BuddyConfig *cfg = cfgp;
+    uint64_t v;
+    if (strcmp(key, "segment_mb") == 0) {
+        if (!kit_parse_u64(value, &v) || !kit_is_pow2(v) || v > ((uint64_t)1 << 30))
+            FAIL("segment_mb must be a power of two number of MiB up to 2^30 (got '%s')", value);
+        cfg->segment = v * KIT_MIB;
+    } else if (strcmp(key, "min_block") == 0) {
+        if (!kit_parse_u64(value, &v) || !kit_is_pow2(v) || v < 256 || v > KIT_MIB)
+            FAIL("min_block must be a power of two from 256 to 1048576 bytes (got '%s')", value);
+        cfg->min_block = v;
+    } else {
+        FAIL("unknown setting '%s' (accepted: segment_mb, min_block)", key);
+    }
+    return TRUE;
+}
+
+static void *buddy_create(const char *settings, MemsimDevice *dev, GError **error)
+{
+    BuddyConfig cfg = {64 * KIT_MIB, 512};
+    if (!kit_parse_settings("buddy", settings, "segment_mb, min_block", buddy_setting, &cfg,
+                            error))
+        return NULL;
+    Buddy *a = g_new0(Buddy, 1);
+    a->dev = dev;
+    a->segment_size = cfg.segment;
+    a->min_block = cfg.min_block;
+    a->min_shift = __builtin_ctzll(cfg.min_block);
+    kit_map_init(&a->blocks, 10);
+    kit_slab_init(&a->blk_slab, sizeof(BBlk));
+    kit_slab_init(&a->arena_slab, sizeof(BArena));
+    return a;
+}
+
+static void buddy_destroy(void *state)
+{
+    Buddy *a = state;
+    if (!a)
+        return;
+    kit_map_clear(&a->blocks);
+    kit_slab_clear(&a->blk_slab);
+    kit_slab_clear(&a->arena_slab);
+    kit_segs_clear(&a->arenas);
+    g_free(a);
+}
+
+static const MemsimAllocOps buddy_ops = {
+    .name = "buddy",
+    .description = "binary buddy system: power-of-two blocks from 512 B in 64 MiB arenas",
+    .settings_help = buddy_settings_help,
+    .create = buddy_create,
+    .destroy = buddy_destroy,
+    .malloc = buddy_malloc,
+    .free = buddy_free,
+    .empty_cache = buddy_empty_cache,
+    .stats = buddy_stats,
+    .shape = buddy_shape,
+    .reset_peaks = buddy_reset_peaks,
+    .check = buddy_check,
+    .seed_segment = buddy_seed_segment,
+    .seed_block = buddy_seed_block,
+    .round_size = buddy_round,
+};
+
+const MemsimAllocOps *memsim_alloc_buddy_ops(void)
+{
+    return &buddy_ops;
+}
