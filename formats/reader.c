@@ -10,6 +10,8 @@
 #include "formats/formats-internal.h"
 #include "formats/snapshot.h"
 
+#include <memsim/export.h>
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -713,6 +715,8 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
                            GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
+    if (output_format(path, format) == MEMSIM_FORMAT_SNAPSHOT) /* replayed, then written */
+        return memsim_export_snapshot_trace(trace, path, NULL, error);
     MemsimTraceWriter *w = memsim_trace_writer_new(path, format, h, error);
     if (!w)
         return FALSE;
@@ -729,11 +733,8 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
 
 gboolean memsim_convert(const char *in, const char *out, GError **error)
 {
-    if (output_format(out, MEMSIM_FORMAT_AUTO) == MEMSIM_FORMAT_SNAPSHOT) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
-                    "%s: writing snapshots is not supported yet", out);
-        return FALSE;
-    }
+    if (output_format(out, MEMSIM_FORMAT_AUTO) == MEMSIM_FORMAT_SNAPSHOT)
+        return memsim_export_snapshot(in, out, NULL, error); /* replayed, then written */
     MemsimTraceReader *r = memsim_trace_reader_open(in, error);
     if (!r)
         return FALSE;

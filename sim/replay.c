@@ -818,6 +818,13 @@ void memsim_report_set_device(MemsimReport *rep, memsim_size_t gpu_mem, memsim_s
 MemsimReport *memsim_estimate(const MemsimModel *m, const MemsimRun *run,
                               const MemsimEstimateOptions *opt, GError **error)
 {
+    return memsim_estimate_recorded(m, run, opt, NULL, error);
+}
+
+MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *run,
+                                       const MemsimEstimateOptions *opt,
+                                       MemsimTimeline *timeline, GError **error)
+{
     static const MemsimEstimateOptions defaults = MEMSIM_ESTIMATE_OPTIONS_INIT;
     if (!opt)
         opt = &defaults;
@@ -835,6 +842,7 @@ MemsimReport *memsim_estimate(const MemsimModel *m, const MemsimRun *run,
     o.allocator = opt->allocator;
     o.alloc_conf = opt->alloc_conf;
     o.capacity = opt->gpu_mem ? opt->gpu_mem - opt->context_bytes : 0;
+    o.timeline = timeline;
     MemsimReport *rep = memsim_replay_trace(t, &o, error);
     memsim_trace_free(t);
     if (!rep)

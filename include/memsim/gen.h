@@ -144,6 +144,7 @@ typedef struct {
 #define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT}
 
 struct MemsimReport;
+struct MemsimTimeline;
 
 /* Generates the run's trace and replays it: the allocator sees gpu_mem − context_bytes.
  * Returns a new report (memsim_report_free) with the run described and each rank's device
