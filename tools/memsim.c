@@ -3,6 +3,7 @@
  * Exit status: 0 success; 1 an answer of "does not fit" (a simulated OOM) or, for
  * `replay --verify`, a mismatch; 2 bad input or usage. */
 #include <memsim/alloc.h>
+#include <memsim/export.h>
 #include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
 
@@ -45,12 +47,158 @@ static gboolean parse(GOptionContext *ctx, const char *cmd, int *argc, char ***a
     return TRUE;
 }
 
+/* ---- progress: a line on stderr for anything over a second, when it is a terminal ---- */
+
+typedef struct {
+    GThread *thread;
+    GMutex lock;
+    GCond cond;
+    gboolean done, shown;
+    const char *what;
+    const guint64 *count; /* events so far, or NULL */
+} Progress;
+
+static gpointer progress_main(gpointer data)
+{
+    Progress *p = data;
+    gint64 start = g_get_monotonic_time();
+    g_mutex_lock(&p->lock);
+    while (!p->done) {
+        gint64 until = g_get_monotonic_time() + (p->shown ? 250000 : 1000000);
+        while (!p->done && g_cond_wait_until(&p->cond, &p->lock, until))
+            ;
+        if (p->done)
+            break;
+        double secs = (double)(g_get_monotonic_time() - start) / 1e6;
+        if (p->count)
+            fprintf(stderr, "\r\033[Kmemsim: %s… %" G_GUINT64_FORMAT " events, %.0f s", p->what,
+                    __atomic_load_n(p->count, __ATOMIC_RELAXED), secs);
+        else
+            fprintf(stderr, "\r\033[Kmemsim: %s… %.0f s", p->what, secs);
+        p->shown = TRUE;
+    }
+    if (p->shown)
+        fputs("\r\033[K", stderr);
+    g_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static void progress_start(Progress *p, const char *what, const guint64 *count)
+{
+    memset(p, 0, sizeof *p);
+    if (!isatty(STDERR_FILENO))
+        return;
+    g_mutex_init(&p->lock);
+    g_cond_init(&p->cond);
+    p->what = what;
+    p->count = count;
+    p->thread = g_thread_new("progress", progress_main, p);
+}
+
+static void progress_stop(Progress *p)
+{
+    if (!p->thread)
+        return;
+    g_mutex_lock(&p->lock);
+    p->done = TRUE;
+    g_cond_signal(&p->cond);
+    g_mutex_unlock(&p->lock);
+    g_thread_join(p->thread);
+    g_mutex_clear(&p->lock);
+    g_cond_clear(&p->cond);
+    p->thread = NULL;
+}
+
+/* memsim_replay_path, counting events for the progress line. */
+static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o, GError **error)
+{
+    MemsimTraceReader *rd = memsim_trace_reader_open(path, error);
+    if (!rd)
+        return NULL;
+    MemsimReplay *rp = memsim_replay_new(memsim_trace_reader_header(rd), o, error);
+    if (!rp) {
+        memsim_trace_reader_free(rd);
+        return NULL;
+    }
+    guint64 count = 0;
+    Progress pr;
+    progress_start(&pr, "replaying", &count);
+    const MemsimEvent *ev;
+    guint32 rank;
+    gsize n;
+    GError *e = NULL;
+    while ((n = memsim_trace_reader_next(rd, &rank, &ev, &e)) > 0) {
+        if (!memsim_replay_feed(rp, memsim_trace_reader_header(rd), rank, ev, n, &e))
+            break;
+        __atomic_store_n(&count, count + n, __ATOMIC_RELAXED);
+    }
+    progress_stop(&pr);
+    memsim_trace_reader_free(rd);
+    if (e) {
+        g_propagate_error(error, e);
+        memsim_replay_abort(rp);
+        return NULL;
+    }
+    return memsim_replay_finish(rp);
+}
+
+/* ---- exports: --timeline, --perfetto, --csv, --report ---- */
+
+typedef struct {
+    char *timeline, *perfetto, *csv, *report;
+} Exports;
+
+#define EXPORT_ENTRIES(x)                                                                        \
+    {"timeline", 0, 0, G_OPTION_ARG_FILENAME, &(x).timeline,                                     \
+     "Draw the memory over the run to FILE (.svg, .png or .pdf)", "FILE"},                       \
+        {"perfetto", 0, 0, G_OPTION_ARG_FILENAME, &(x).perfetto,                                 \
+         "Write a Chrome/Perfetto trace (JSON) of the memory and the ops to FILE", "FILE"},      \
+        {"csv", 0, 0, G_OPTION_ARG_FILENAME, &(x).csv,                                           \
+         "Write the memory timeline as CSV to FILE", "FILE"},                                    \
+        {"report", 0, 0, G_OPTION_ARG_FILENAME, &(x).report,                                     \
+         "Write a self-contained HTML report (tables and the timeline) to FILE", "FILE"}
+
+/* A timeline when some export needs one (Perfetto gets finer buckets), else NULL. */
+static MemsimTimeline *exports_timeline(const Exports *x)
+{
+    if (!x->timeline && !x->perfetto && !x->csv && !x->report)
+        return NULL;
+    return memsim_timeline_new(x->perfetto || x->csv ? 16384 : 0);
+}
+
+/* Writes what was asked; FALSE (message printed) on the first failure. */
+static gboolean exports_write(const char *cmd, const Exports *x, const MemsimReport *rep,
+                              const MemsimTimeline *tl, const char *title)
+{
+    GError *error = NULL;
+    Progress pr;
+    progress_start(&pr, "writing", NULL);
+    gboolean ok = (!x->timeline || memsim_export_timeline_plot(tl, title, x->timeline, &error)) &&
+                  (!x->perfetto || memsim_export_perfetto(tl, x->perfetto, &error)) &&
+                  (!x->csv || memsim_export_timeline_csv(tl, x->csv, &error)) &&
+                  (!x->report || memsim_export_html(rep, tl, title, NULL, x->report, &error));
+    progress_stop(&pr);
+    if (!ok)
+        report_error(cmd, error);
+    return ok;
+}
+
+static void exports_clear(Exports *x)
+{
+    g_free(x->timeline);
+    g_free(x->perfetto);
+    g_free(x->csv);
+    g_free(x->report);
+}
+
 /* ---- replay ---- */
 
 static int cmd_replay(int argc, char **argv)
 {
     gboolean verify = FALSE, json = FALSE, check = FALSE;
     char *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL;
+    Exports ex = {0};
+    MemsimTimeline *tl = NULL;
     GOptionEntry entries[] = {
         {"verify", 0, 0, G_OPTION_ARG_NONE, &verify,
          "Check the allocator model against every recorded event (exit 1 on a mismatch)", NULL},
@@ -63,6 +211,7 @@ static int cmd_replay(int argc, char **argv)
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
          "Device memory available to the allocator, e.g. 80GiB (default: unlimited)", "SIZE"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON instead of a table", NULL},
+        EXPORT_ENTRIES(ex),
         {"check", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &check,
          "Check allocator invariants after every event (slow)", NULL},
         {NULL}};
@@ -75,7 +224,8 @@ static int cmd_replay(int argc, char **argv)
         "  memsim replay run.pickle\n"
         "  memsim replay run.pickle --verify\n"
         "  memsim replay run.pickle --alloc-conf \"expandable_segments:True\"\n"
-        "  memsim replay run.mst --gpu-mem 40GiB --json\n",
+        "  memsim replay run.mst --gpu-mem 40GiB --json\n"
+        "  memsim replay run.mst --timeline run.svg --perfetto run.json\n",
         entries);
     int rc = EXIT_BAD;
     if (!parse(ctx, "replay", &argc, &argv))
@@ -107,7 +257,8 @@ static int cmd_replay(int argc, char **argv)
         goto out;
     }
     /* The recorded settings first; with --alloc-conf, the what-if run beside it. */
-    MemsimReport *base = memsim_replay_path(argv[1], &o, &error);
+    o.timeline = tl = exports_timeline(&ex);
+    MemsimReport *base = replay_file(argv[1], &o, &error);
     if (!base) {
         rc = report_error("replay", error);
         goto out;
@@ -117,7 +268,8 @@ static int cmd_replay(int argc, char **argv)
         MemsimReplayOptions o2 = o;
         o2.alloc_conf = alloc_conf;
         o2.verify = FALSE;
-        alt = memsim_replay_path(argv[1], &o2, &error);
+        o2.timeline = NULL;
+        alt = replay_file(argv[1], &o2, &error);
         if (!alt) {
             memsim_report_free(base);
             rc = report_error("replay", error);
@@ -131,6 +283,11 @@ static int cmd_replay(int argc, char **argv)
     }
     for (guint i = 0; alt && i < alt->n_ranks; i++)
         oom |= alt->ranks[i].oom.happened;
+    if (tl && !exports_write("replay", &ex, base, tl, NULL)) {
+        memsim_report_free(base);
+        memsim_report_free(alt);
+        goto out;
+    }
     if (json) {
         g_autofree char *j = memsim_report_to_json(alt ? alt : base);
         if (alt) {
@@ -171,6 +328,8 @@ out:
     g_free(allocator);
     g_free(alloc_conf);
     g_free(gpu_mem);
+    exports_clear(&ex);
+    memsim_timeline_free(tl);
     return rc;
 }
 
@@ -182,8 +341,11 @@ static int cmd_convert(int argc, char **argv)
     GOptionContext *ctx = make_context(
         "convert", "IN OUT",
         "Convert a trace between formats, chosen by the extension of OUT: .mst (binary), "
-        ".txt/.mstt (text). IN may also be a PyTorch memory snapshot (.pickle).",
-        "Examples:\n  memsim convert run.pickle run.mst\n  memsim convert run.mst run.txt\n",
+        ".txt/.mstt (text), .pickle (a PyTorch memory snapshot of what the torch allocator "
+        "model does with the trace, loadable by torch.cuda._memory_viz and pytorch.org/"
+        "memory_viz). IN may also be a PyTorch memory snapshot (.pickle).",
+        "Examples:\n  memsim convert run.pickle run.mst\n  memsim convert run.mst run.txt\n"
+        "  memsim convert run.mst run.pickle\n",
         entries);
     int rc = EXIT_BAD;
     if (!parse(ctx, "convert", &argc, &argv))
@@ -193,7 +355,11 @@ static int cmd_convert(int argc, char **argv)
         goto out;
     }
     GError *error = NULL;
-    if (!memsim_convert(argv[1], argv[2], &error)) {
+    Progress pr;
+    progress_start(&pr, "converting", NULL);
+    gboolean ok = memsim_convert(argv[1], argv[2], &error);
+    progress_stop(&pr);
+    if (!ok) {
         rc = report_error("convert", error);
         goto out;
     }
@@ -277,6 +443,8 @@ static int cmd_estimate(int argc, char **argv)
          *context = NULL;
     gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
+    Exports ex = {0};
+    MemsimTimeline *tl = NULL;
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model,
          "A preset (see memsim models) or a config.json", "MODEL"},
@@ -289,6 +457,7 @@ static int cmd_estimate(int argc, char **argv)
         {"alloc-conf", 0, 0, G_OPTION_ARG_STRING, &alloc_conf,
          "PYTORCH_CUDA_ALLOC_CONF settings for the torch policy", "CONF"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        EXPORT_ENTRIES(ex),
         {NULL}};
     GOptionContext *ctx = make_context(
         "estimate", "",
@@ -301,7 +470,8 @@ static int cmd_estimate(int argc, char **argv)
         "Examples:\n"
         "  memsim estimate --model llama-3-8b --batch 2 --seq 4096 --precision bf16-mixed \\\n"
         "      --finetune lora --lora-rank 16 --checkpointing full --gpu-mem 80GiB\n"
-        "  memsim estimate --model ./config.json --batch 8 --seq 512 --optimizer adamw\n",
+        "  memsim estimate --model ./config.json --batch 8 --seq 512 --optimizer adamw\n"
+        "  memsim estimate --model gpt2 --seq 1024 --report report.html --timeline run.png\n",
         entries);
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
@@ -317,12 +487,22 @@ static int cmd_estimate(int argc, char **argv)
     MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
     eo.allocator = allocator;
     eo.alloc_conf = alloc_conf;
+    tl = exports_timeline(&ex);
+    Progress pr;
+    progress_start(&pr, "estimating", NULL);
     if ((gpu_mem && !memsim_parse_size(gpu_mem, &eo.gpu_mem, &error)) ||
         (context && !memsim_parse_size(context, &eo.context_bytes, &error)) ||
         !(m = memsim_model_load(model, &error)) ||
-        !(rep = memsim_estimate(m, &run, &eo, &error))) {
+        !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
+        progress_stop(&pr);
         rc = report_error("estimate", error);
         goto out;
+    }
+    progress_stop(&pr);
+    if (tl) {
+        g_autofree char *title = g_strdup_printf("%s: %s", memsim_model_name(m), rep->run);
+        if (!exports_write("estimate", &ex, rep, tl, title))
+            goto out;
     }
     if (json) {
         g_autofree char *j = memsim_report_to_json(rep);
@@ -347,6 +527,8 @@ out:
     g_free(alloc_conf);
     g_free(gpu_mem);
     g_free(context);
+    exports_clear(&ex);
+    memsim_timeline_free(tl);
     return rc;
 }
 
@@ -359,7 +541,8 @@ static int cmd_gen(int argc, char **argv)
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "A preset or a config.json", "MODEL"},
         {"output", 'o', 0, G_OPTION_ARG_FILENAME, &out_path,
-         "Where to write the trace (.mst or .txt)", "FILE"},
+         "Where to write the trace (.mst, .txt, or .pickle: a PyTorch memory snapshot of "
+         "the run through the torch allocator model)", "FILE"},
         {NULL}};
     GOptionContext *ctx = make_context(
         "gen", "", "Generate the per-operator allocation trace of a run and write it to a file.",
