@@ -255,7 +255,9 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
                       (uint64_t)d->ipg_fill * 2, 0, coll_us(d, (uint64_t)d->ipg_fill * 2));
         gt_unref(g, tmp);
         d->ipg_fill = 0;
-        if (!d->grad_part)
+        /* stage 2 copies the owned gradients into grads_in_partition (allocated at the first
+         * copy, freed at the step); stage 3 has its persistent flat partitions */
+        if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2)
             d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
     }
     d->ipg_fill += n < gt_numel(d->ipg) ? n : 0;
@@ -267,6 +269,26 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
     }
     c->category = oldcat;
     c->stream = old;
+}
+
+/* The end-of-backward epilogue: the partly filled bucket is reduced too. */
+static void zero_flush(Dist *d)
+{
+    AgGraph *g = d->g;
+    if (d->ipg_fill > 0) {
+        AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
+                                                          : MEMSIM_COLL_ALL_REDUCE,
+                      (uint64_t)d->ipg_fill * 2, 0, coll_us(d, (uint64_t)d->ipg_fill * 2));
+        gt_unref(g, tmp);
+        d->ipg_fill = 0;
+    }
+    if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2)
+        d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
+    if (d->method != MEMSIM_METHOD_ZERO3 && d->ipg) {
+        gt_unref(g, d->ipg); /* _release_ipg_buffers */
+        d->ipg = NULL;
+    }
 }
 
 static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
@@ -430,10 +452,13 @@ static void sharded_step(Dist *d, bool first, bool last)
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
                       coll_us(d, (uint64_t)d->psi_pad * 2));
     }
-    gt_unref(g, d->grad_part);
-    d->grad_part = NULL;
-    gt_unref(g, d->ipg);
-    d->ipg = NULL;
+    if (d->method != MEMSIM_METHOD_ZERO3) {
+        /* stage 1/2: grads_in_partition and the ipg buffers go; stage 3 keeps both */
+        gt_unref(g, d->grad_part);
+        d->grad_part = NULL;
+        gt_unref(g, d->ipg);
+        d->ipg = NULL;
+    }
     d->ipg_fill = 0;
     /* stage 1 keeps full gradients through backward; they go with zero_grad */
     for (guint i = 0; i < d->md.trainable->len; i++) {
@@ -565,6 +590,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             c->phase = MEMSIM_PHASE_BACKWARD;
             gg_backward(g, loss);
             gt_unref(g, loss);
+            if (meth == MEMSIM_METHOD_ZERO1 || meth == MEMSIM_METHOD_ZERO2 ||
+                meth == MEMSIM_METHOD_ZERO3)
+                zero_flush(d);
             if (d->units)
                 for (int u = 0; u < d->n_units; u++)
                     reshard(d, u);

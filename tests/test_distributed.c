@@ -1,0 +1,307 @@
+/* Distributed methods: model-state bytes per rank against the closed forms of DeepSpeed's ZeRO
+ * paper, FSDP's flat-parameter padding and Megatron's sharding; pipeline schedules on the
+ * simulated timeline; streams; bad combinations. */
+#include <criterion/criterion.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static MemsimReport *run_dist(const char *model, const char *const *settings, MemsimTrace **keep)
+{
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(model, &error);
+    cr_assert(m, "%s", error ? error->message : "?");
+    MemsimRun run = memsim_run_defaults();
+    for (const char *const *s = settings; *s; s += 2) {
+        gboolean ok = memsim_run_set(&run, s[0], s[1], &error);
+        cr_assert(ok, "%s=%s: %s", s[0], s[1], ok ? "" : error->message);
+    }
+    MemsimTrace *t = memsim_generate(m, &run, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+    cr_assert(rep, "%s", error ? error->message : "?");
+    if (keep)
+        *keep = t;
+    else
+        memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return rep;
+}
+
+static const MemsimBreakdown *state_of(const MemsimRankReport *r)
+{
+    for (guint i = 0; i < r->n_breakdowns; i++)
+        if (strstr(r->breakdowns[i].name, "model state"))
+            return &r->breakdowns[i];
+    cr_assert_fail("no model-state breakdown");
+    return NULL;
+}
+
+static int64_t n_params(const char *model)
+{
+    MemsimModel *m = memsim_model_load(model, NULL);
+    int64_t n = memsim_model_n_params(m);
+    memsim_model_free(m);
+    return n;
+}
+
+/* ZeRO (Rajbhandari et al. 2020, §5): with Ψ parameters, N ranks and mixed-precision Adam
+ * (K = 12 bytes of fp32 master + two moments per parameter):
+ *   stage 1: 2Ψ + 2Ψ + KΨ/N;  stage 2: 2Ψ + (2 + K)Ψ/N;  stage 3: (2 + 2 + K)Ψ/N
+ * with Ψ padded to a multiple of 2N elements (DeepSpeed's flat-buffer alignment). DDP keeps
+ * everything (fp32 parameters under autocast): 4Ψ + 4Ψ gradients + 4Ψ buckets + 8Ψ Adam. */
+Test(distributed, zero_and_ddp_closed_forms, .timeout = 300)
+{
+    const char *model = "opt-125m";
+    int64_t psi = n_params(model);
+    const int Ns[] = {2, 4, 8};
+    for (gsize k = 0; k < G_N_ELEMENTS(Ns); k++) {
+        int N = Ns[k];
+        char gpus[8];
+        g_snprintf(gpus, sizeof gpus, "%d", N);
+        int64_t pad = (psi + 2 * N - 1) / (2 * N) * (2 * N);
+        struct {
+            const char *method;
+            int64_t param, grad, opt;
+        } want[] = {
+            {"ddp", 4 * psi, 4 * psi, 8 * psi},
+            {"zero1", 2 * pad, 2 * psi, 12 * pad / N},
+            {"zero2", 2 * pad, 2 * pad / N, 12 * pad / N},
+            {"zero3", 2 * pad / N, 2 * pad / N, 12 * pad / N},
+        };
+        for (gsize i = 0; i < G_N_ELEMENTS(want); i++) {
+            const char *settings[] = {"gpus", gpus, "method", want[i].method, "seq", "128", NULL};
+            MemsimReport *rep = run_dist(model, settings, NULL);
+            cr_assert_eq(rep->n_ranks, 1, "data-parallel ranks share one role");
+            cr_expect_eq(rep->ranks[0].multiplicity, (uint32_t)N);
+            const MemsimBreakdown *b = state_of(&rep->ranks[0]);
+            cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], want[i].param, "%s N=%d params %"
+                         G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].method, N,
+                         b->requested[MEMSIM_CAT_PARAMETER], want[i].param);
+            cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], want[i].grad, "%s N=%d grads %"
+                         G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].method, N,
+                         b->requested[MEMSIM_CAT_GRADIENT], want[i].grad);
+            cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt, "%s N=%d optim",
+                         want[i].method, N);
+            if (strcmp(want[i].method, "ddp") == 0) /* the rebuilt buckets hold every grad */
+                cr_expect_eq(b->requested[MEMSIM_CAT_COMM_BUFFER], 4 * psi);
+            memsim_report_free(rep);
+        }
+    }
+}
+
+/* FSDP FULL_SHARD: one FlatParameter per decoder layer plus the root; each rank keeps
+ * S = ⌈numel/N⌉ of every unit (the shard padded to chunk 0's size): fp32 shard, fp32
+ * gradient shard, two fp32 Adam moments. The units of Llama-2-7B, from its config: a layer
+ * holds 4·4096² + 3·4096·11008 + 2·4096 elements; the root the embedding, the final norm
+ * and the untied head: 2·32000·4096 + 4096. */
+Test(distributed, fsdp_flat_parameter_padding, .timeout = 300)
+{
+    int64_t layer = 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096;
+    int64_t root = 2LL * 32000 * 4096 + 4096;
+    const int Ns[] = {3, 8};
+    for (gsize k = 0; k < G_N_ELEMENTS(Ns); k++) {
+        int N = Ns[k];
+        int64_t S = 32 * ((layer + N - 1) / N) + (root + N - 1) / N;
+        char gpus[8];
+        g_snprintf(gpus, sizeof gpus, "%d", N);
+        const char *settings[] = {"gpus", gpus, "method", "fsdp", "seq", "64", "steps", "1",
+                                  NULL};
+        MemsimReport *rep = run_dist("llama-2-7b", settings, NULL);
+        const MemsimBreakdown *b = state_of(&rep->ranks[0]);
+        cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], 4 * S, "N=%d: %" G_GINT64_FORMAT
+                     " want %" G_GINT64_FORMAT, N, b->requested[MEMSIM_CAT_PARAMETER], 4 * S);
+        cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], 4 * S);
+        cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], 8 * S);
+        memsim_report_free(rep);
+    }
+}
+
+/* Megatron with TP t, PP p, DP d and the distributed optimizer: bf16 parameters (2 bytes),
+ * an fp32 main-grad buffer (4) and fp32 main parameters + two Adam moments (12) split over d
+ * (Megatron's theoretical_memory_usage: 6 + 12/d bytes per parameter, with the fp32 grads).
+ * Llama-2-70B per layer on one TP rank (H 8192, 64 heads, 8 kv heads, head 128, MLP 28672):
+ * q and o 8192·1024 each, k and v 8192·128 each, MLP 3·8192·3584, two norms 8192; the
+ * vocabulary is padded to a multiple of 128·t (32768) and split: 4096·8192 per rank; the
+ * last stage adds the final norm and the head. */
+Test(distributed, megatron_sharding, .timeout = 300)
+{
+    const char *settings[] = {"gpus", "64", "tp", "8", "pp", "4", "dp", "2", "microbatches", "4",
+                              "seq", "256", "steps", "1", NULL};
+    MemsimReport *rep = run_dist("llama-2-70b", settings, NULL);
+    cr_assert_eq(rep->n_ranks, 4, "one role per pipeline stage");
+    int64_t layer = 2LL * 8192 * 1024 + 2LL * 8192 * 128 + 3LL * 8192 * 3584 + 2 * 8192;
+    int64_t emb = 4096LL * 8192;
+    for (guint s = 0; s < 4; s++) {
+        const MemsimRankReport *r = &rep->ranks[s];
+        cr_expect_eq(r->multiplicity, 16);
+        int64_t psi = 20 * layer + (s == 0 ? emb : 0) + (s == 3 ? emb + 8192 : 0);
+        const MemsimBreakdown *b = state_of(r);
+        cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], 2 * psi, "stage %u", s);
+        cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], 4 * psi, "stage %u", s);
+        cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], 12 * ((psi + 1) / 2), "stage %u",
+                     s);
+    }
+    memsim_report_free(rep);
+}
+
+/* The most (micro-batch, chunk) activations stage 0 holds at once on its timeline: forwards
+ * begun and backwards not yet begun, read off its program. `per_chunk` = layers per chunk
+ * (L / (p·v)), `p` = stages. */
+static int max_inflight(MemsimTrace *t, int64_t per_chunk, int p)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    GHashTable *fwd = g_hash_table_new(NULL, NULL), *bwd = g_hash_table_new(NULL, NULL);
+    int best = 0;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind != MEMSIM_EV_OP)
+            continue;
+        const MemsimOpInfo *op = &h->ops[ev[i].id];
+        if (op->microbatch < 0 || op->layer < 0)
+            continue;
+        int chunk = (int)(op->layer / per_chunk) / p;
+        gpointer key = GINT_TO_POINTER(op->microbatch * 64 + chunk + 1);
+        if (op->phase == MEMSIM_PHASE_FORWARD)
+            g_hash_table_add(fwd, key);
+        else if (op->phase == MEMSIM_PHASE_BACKWARD)
+            g_hash_table_add(bwd, key);
+        int now = (int)g_hash_table_size(fwd) - (int)g_hash_table_size(bwd);
+        if (now > best)
+            best = now;
+    }
+    g_hash_table_unref(fwd);
+    g_hash_table_unref(bwd);
+    return best;
+}
+
+/* p = 4 stages, m = 8 micro-batches of Llama-2-7B (32 layers). DISTRIBUTED.md §5.3: 1F1B's
+ * first stage holds min(p, m) = 4 micro-batches (warm-up p − 1 = 3, plus one); GPipe holds
+ * all m = 8; interleaved with v = 2 chunks holds warm-up 2(p − 1) + (v − 1)p = 10 chunks plus
+ * one = 11 chunk-micro-batches of L/(p·v) = 4 layers — 44 layers' worth against 1F1B's
+ * 4 × 8 = 32: the documented extra factor 1 + (p − 1)/(p·v) = 1.375. */
+Test(distributed, pipeline_schedules_in_flight, .timeout = 300)
+{
+    const char *one[] = {"gpus", "4", "pp", "4", "microbatches", "8", "pp-schedule", "1f1b",
+                         "seq", "256", "steps", "1", NULL};
+    const char *gpipe[] = {"gpus", "4", "pp", "4", "microbatches", "8", "pp-schedule", "gpipe",
+                           "seq", "256", "steps", "1", NULL};
+    const char *inter[] = {"gpus", "4", "pp", "4", "microbatches", "8", "pp-schedule",
+                           "interleaved", "virtual-stages", "2", "seq", "256", "steps", "1", NULL};
+    MemsimTrace *t1 = NULL, *t2 = NULL, *t3 = NULL;
+    MemsimReport *a = run_dist("llama-2-7b", one, &t1);
+    MemsimReport *b = run_dist("llama-2-7b", gpipe, &t2);
+    MemsimReport *c = run_dist("llama-2-7b", inter, &t3);
+    cr_expect_eq(max_inflight(t1, 8, 4), 4, "1F1B stage 0");
+    cr_expect_eq(max_inflight(t2, 8, 4), 8, "GPipe stage 0");
+    int fi = max_inflight(t3, 4, 4);
+    cr_expect_eq(fi, 11, "interleaved stage 0: %d chunk-micro-batches", fi);
+    cr_expect_eq(fi * 4 * 1000 / (4 * 8), 1375, "the interleaving factor");
+    /* GPipe's first stage reaches a higher backward peak than 1F1B's */
+    cr_expect_gt(b->ranks[0].steps[0].phase_peak_allocated[MEMSIM_PHASE_BACKWARD],
+                 a->ranks[0].steps[0].phase_peak_allocated[MEMSIM_PHASE_BACKWARD]);
+    memsim_report_free(a);
+    memsim_report_free(b);
+    memsim_report_free(c);
+    memsim_trace_free(t1);
+    memsim_trace_free(t2);
+    memsim_trace_free(t3);
+}
+
+/* TORCH_ALLOCATOR.md §3.2 and §5.3: a free block is reusable only by its own stream. A
+ * 64 MiB buffer gathered on stream 1 (as FSDP's all-gather destination), used on stream 0
+ * (record_stream) and freed, then a 64 MiB allocation on stream 0: on two streams the second
+ * request cannot take the cached block and gets a new segment — 128 MiB reserved; on one
+ * stream it reuses it — 64 MiB. The spec predicts exactly 64 MiB more. */
+Test(distributed, second_stream_raises_reserved_by_the_spec_amount)
+{
+    const uint64_t MiB64 = 64ull << 20;
+    for (int streams = 1; streams <= 2; streams++) {
+        MemsimTrace *t = memsim_trace_new("two streams");
+        memsim_trace_add_rank(t, 0, 1);
+        uint16_t s1 = streams == 2 ? 1 : 0;
+        MemsimEvent ev[] = {
+            {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = MiB64, .stream = s1},
+            {.kind = MEMSIM_EV_USE, .id = 1, .stream = 0},
+            {.kind = MEMSIM_EV_FREE, .id = 1},
+            {.kind = MEMSIM_EV_ALLOC, .id = 2, .size = MiB64, .stream = 0},
+            {.kind = MEMSIM_EV_FREE, .id = 2},
+        };
+        memsim_trace_append(t, 0, ev, G_N_ELEMENTS(ev));
+        GError *error = NULL;
+        MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        cr_expect_eq((uint64_t)rep->ranks[0].stats.reserved.peak, streams * MiB64,
+                     "%d stream(s): reserved %" G_GINT64_FORMAT, streams,
+                     rep->ranks[0].stats.reserved.peak);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+    }
+}
+
+/* The same FSDP trace, its communication streams folded onto the compute stream, reserves
+ * less: the gathered buffers no longer sit in pools the compute stream cannot use. */
+Test(distributed, fsdp_streams_cost_reserved_memory, .timeout = 300)
+{
+    const char *settings[] = {"gpus", "4", "method", "fsdp", "seq", "256", NULL};
+    MemsimTrace *t = NULL;
+    MemsimReport *two = run_dist("opt-350m", settings, &t);
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    MemsimTrace *flat = memsim_trace_new("one stream");
+    memsim_trace_add_rank(flat, 0, 1);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    for (guint32 i = 0; i < h->n_strings; i++)
+        memsim_trace_intern(flat, h->strings[i]);
+    for (guint32 i = 0; i < h->n_ops; i++)
+        memsim_trace_add_op(flat, &h->ops[i]);
+    GArray *a = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+    for (gsize i = 0; i < n; i++) {
+        MemsimEvent e = ev[i];
+        if (e.kind == MEMSIM_EV_USE || e.kind == MEMSIM_EV_WAIT)
+            continue;
+        e.stream = 0;
+        g_array_append_val(a, e);
+    }
+    memsim_trace_append(flat, 0, (MemsimEvent *)a->data, a->len);
+    g_array_unref(a);
+    GError *error = NULL;
+    MemsimReport *one = memsim_replay_trace(flat, NULL, &error);
+    cr_assert(one, "%s", error ? error->message : "?");
+    cr_expect_gt(two->ranks[0].stats.reserved.peak, one->ranks[0].stats.reserved.peak,
+                 "two streams %" G_GINT64_FORMAT ", one %" G_GINT64_FORMAT,
+                 two->ranks[0].stats.reserved.peak, one->ranks[0].stats.reserved.peak);
+    memsim_report_free(one);
+    memsim_report_free(two);
+    memsim_trace_free(flat);
+    memsim_trace_free(t);
+}
+
+static void expect_conflict(const char *const *argv, const char *needle)
+{
+    g_autofree char *err = NULL;
+    int rc = tu_run_memsim(argv, NULL, &err);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_expect(strstr(err, needle) != NULL, "the message names %s: %s", needle, err);
+}
+
+Test(distributed, bad_combinations)
+{
+    const char *a[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", "--tp", "3", NULL};
+    expect_conflict(a, "tp");
+    const char *b[] = {"estimate", "--model", "gpt2", "--seq", "512", "--gpus", "64", "--pp", "64",
+                       NULL};
+    expect_conflict(b, "pp");
+    const char *c[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", "--tp", "2",
+                       "--pp", "2", "--dp", "3", NULL};
+    expect_conflict(c, "gpus");
+    const char *d[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", NULL};
+    expect_conflict(d, "method");
+    const char *e[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", "--method", "fsdp",
+                       "--gpu", "tpu-v5", NULL};
+    expect_conflict(e, "a100-80gb");
+}
