@@ -305,3 +305,75 @@ Test(distributed, bad_combinations)
                        "--gpu", "tpu-v5", NULL};
     expect_conflict(e, "a100-80gb");
 }
+
+/* Activation bytes of one transformer layer, measured as the difference between a 2-layer
+ * and a 1-layer model after the first forward (what a layer adds), for a GPT layer as
+ * Korthikanti et al. 2022 count it: 16-bit activations, 1-byte dropout masks, GeLU MLP of
+ * 4h, dropout 0.1, eager attention. */
+static int64_t layer_bytes(int64_t h, int64_t a, int t, const char *ckpt, gboolean sp)
+{
+    int64_t bytes[2];
+    for (int L = 1; L <= 2; L++) {
+        g_autofree char *dir = tu_tmpdir();
+        g_autofree char *cfg = g_build_filename(dir, "config.json", NULL);
+        g_autofree char *json = g_strdup_printf(
+            "{\"model_type\": \"gpt2\", \"vocab_size\": 51200, \"n_embd\": %" G_GINT64_FORMAT
+            ", \"n_head\": %" G_GINT64_FORMAT ", \"n_layer\": %d, \"n_positions\": 2048, "
+            "\"activation_function\": \"gelu\", \"resid_pdrop\": 0.1, \"embd_pdrop\": 0.1, "
+            "\"attn_pdrop\": 0.1, \"use_cache\": false}",
+            h, a, L);
+        cr_assert(g_file_set_contents(cfg, json, -1, NULL));
+        char ts[8];
+        g_snprintf(ts, sizeof ts, "%d", t);
+        const char *settings[] = {"gpus", ts, "method", "megatron", "tp", ts, "microbatches", "1",
+                                  "batch", "1", "seq", "2048", "attention", "eager", "steps", "1",
+                                  "checkpointing", ckpt, "sequence-parallel",
+                                  sp ? "true" : "false", NULL};
+        MemsimReport *rep = run_dist(cfg, settings, NULL);
+        const MemsimRankReport *r = &rep->ranks[0];
+        const MemsimBreakdown *b = NULL;
+        for (guint i = 0; i < r->n_breakdowns; i++)
+            if (strstr(r->breakdowns[i].name, "first forward"))
+                b = &r->breakdowns[i];
+        cr_assert(b);
+        bytes[L - 1] = b->requested[MEMSIM_CAT_ACTIVATION] + b->requested[MEMSIM_CAT_TEMPORARY] +
+                       b->requested[MEMSIM_CAT_COMM_BUFFER] + b->requested[MEMSIM_CAT_KV_CACHE];
+        memsim_report_free(rep);
+    }
+    return bytes[1] - bytes[0];
+}
+
+/* Table 2 of Korthikanti et al. 2022 (bytes per layer), at the GPT-3 175B size the paper
+ * uses (h 12288, a 96, s 2048, micro-batch 1, t 8):
+ *   no parallelism                 sbh(34 + 5as/h)
+ *   tensor parallel                sbh(10 + 24/t + 5as/(ht))
+ *   tensor + sequence parallel     sbh(34/t + 5as/(ht))
+ *   tensor parallel + selective    sbh(10 + 24/t)
+ *   tensor + sequence + selective  sbh(34/t)
+ *   full recompute                 2sbh
+ * The generated layer saves what the paper counts plus LayerNorm's fp32 mean and rstd per
+ * token (2 norms × 8 bytes = 16 bytes per token, not in the paper's sum): 0.01% here. */
+Test(distributed, korthikanti_table_2, .timeout = 600)
+{
+    const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
+    struct {
+        int t;
+        const char *ckpt;
+        gboolean sp;
+        double want;
+    } rows[] = {
+        {1, "none", FALSE, s * b * h * (34 + 5 * a * s / h)},
+        {8, "none", FALSE, s * b * h * (10 + 24 / t + 5 * a * s / (h * t))},
+        {8, "none", TRUE, s * b * h * (34 / t + 5 * a * s / (h * t))},
+        {8, "selective", FALSE, s * b * h * (10 + 24 / t)},
+        {8, "selective", TRUE, s * b * h * (34 / t)},
+        {8, "full", FALSE, s * b * h * 2},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(rows); i++) {
+        int64_t got = layer_bytes((int64_t)h, (int64_t)a, rows[i].t, rows[i].ckpt, rows[i].sp);
+        double e = ((double)got - rows[i].want) / rows[i].want;
+        cr_expect(e > -0.05 && e < 0.05, "t=%d %s%s: %" G_GINT64_FORMAT " bytes, paper %.0f (%+.3f%%)",
+                  rows[i].t, rows[i].ckpt, rows[i].sp ? " +SP" : "", got, rows[i].want, 100 * e);
+        cr_log_info("t=%d %s%s: %+.4f%%", rows[i].t, rows[i].ckpt, rows[i].sp ? " +SP" : "", 100 * e);
+    }
+}

@@ -760,6 +760,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     GPtrArray *state = g_ptr_array_new();
     AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
     int64_t H = m->H;
+    int64_t sq = run->sequence_parallel ? run->seq / tp : run->seq; /* p2p tensors' tokens */
     DType adt = chunks[0].adt;
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
@@ -777,14 +778,16 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_FORWARD;
                 if (!md->first) {
                     /* recv: a fresh [b, s, h] buffer that needs grad */
-                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * run->seq * H * dt_size(adt)), 2, 0);
-                    f->in = gg_leaf(g, adt, 3, (int64_t[]){run->batch, run->seq, H}, true,
+                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * sq * H * dt_size(adt)), 2, 0);
+                    f->in = gg_leaf(g, adt, 3, (int64_t[]){run->batch, sq, H}, true,
                                     MEMSIM_CAT_ACTIVATION);
                 }
                 AgTensor *logits = NULL, *hidden = NULL;
                 AgTensor *loss = model_stage_forward(md, ids, f->in, ids, &logits, &hidden);
                 gt_unref(g, logits);
                 model_drop_output(md);
+                if (step == 1 && i == 0)
+                    gg_mark(g, "breakdown:after the first forward");
                 if (loss) {
                     f->out = loss;
                 } else {
@@ -796,8 +799,8 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_BACKWARD;
                 AgTensor *grad = NULL;
                 if (!md->last) {
-                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * run->seq * H * dt_size(adt)), 2, 0);
-                    grad = op_new(g, "empty", adt, 3, (int64_t[]){run->batch, run->seq, H});
+                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * sq * H * dt_size(adt)), 2, 0);
+                    grad = op_new(g, "empty", adt, 3, (int64_t[]){run->batch, sq, H});
                 }
                 gg_backward_with(g, f->out, grad);
                 gt_unref(g, f->out);
@@ -922,11 +925,8 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
         return conflict(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
                                "micro-batches divisible by pp (%d)",
                         pp);
-    if (run->sequence_parallel) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
-                    "sequence-parallel: not modelled yet (tensor parallelism without it is)");
-        return FALSE;
-    }
+    if (run->sequence_parallel && (tp == 1 || run->seq % tp))
+        return conflict(error, "sequence-parallel: needs tp > 1 dividing the sequence length");
     for (int r = 0; r < pp; r++)
         if (!megatron_program(m, run, t, rules, gpu, tp, pp, dp, r, error))
             return FALSE;

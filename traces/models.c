@@ -86,12 +86,115 @@ static void lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t i
 static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x);
 
 /* A tensor-parallel row-parallel layer's output is all-reduced in place (no buffer). */
+/* ---- sequence parallelism (Megatron; DISTRIBUTED.md §5.1) ---- */
+
+/* The global memory buffer: one persistent [B, S, H] tensor that column-parallel inputs are
+ * all-gathered into (re-allocated only for a larger size). */
+static AgTensor *sp_buffer(Model *md, const AgTensor *x)
+{
+    int64_t n = md->B * md->S * x->shape[x->nd - 1];
+    if (!md->sp_buf || gt_numel(md->sp_buf) < n) {
+        gt_unref(md->g, md->sp_buf);
+        AgContext *c = gg_ctx(md->g);
+        uint8_t old = c->category;
+        c->category = MEMSIM_CAT_COMM_BUFFER;
+        md->sp_buf = op_new(md->g, "GlobalMemoryBuffer", x->dt, 1, (int64_t[]){n});
+        c->category = old;
+    }
+    return md->sp_buf;
+}
+
+/* Column-parallel linear on a sequence-sharded input: the input is gathered into the global
+ * buffer (not saved); autograd keeps the sharded input and the weight. Backward re-gathers
+ * into the same buffer, computes the full input gradient and reduce-scatters it into a new
+ * sharded tensor, and computes the weight gradient. */
+static void bw_sp_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    const AgTensor *xs = n->in_meta[0], *w = n->in_meta[1];
+    int64_t tp = n->iarg[0];
+    if (n->next[0].node) {
+        int64_t sh[GT_MAXDIM];
+        memcpy(sh, xs->shape, sizeof sh);
+        sh[1] *= tp;
+        gg_op(g, "mm");
+        AgTensor *full = gt_empty(g, gin[0]->dt, xs->nd, sh);
+        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1, 0.0);
+        gout[0] = gt_empty(g, gin[0]->dt, xs->nd, xs->shape);
+        gt_unref(g, full);
+    }
+    if (n->next[1].node) {
+        gg_op(g, "mm");
+        gout[1] = gt_empty(g, gin[0]->dt, w->nd, w->shape);
+    }
+    if (n->n_next > 2 && n->next[2].node) {
+        gg_op(g, "sum");
+        gout[2] = gt_empty(g, gin[0]->dt, n->in_meta[2]->nd, n->in_meta[2]->shape);
+    }
+}
+
+static AgTensor *sp_column_linear(Model *md, Lin *l, AgTensor *x)
+{
+    AgGraph *g = md->g;
+    sp_buffer(md, x);
+    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp, 1, 0.0);
+    gg_op(g, "linear");
+    int64_t sh[GT_MAXDIM];
+    memcpy(sh, x->shape, sizeof sh);
+    sh[1] *= md->tp;
+    sh[x->nd - 1] = l->out;
+    AgTensor *out = gt_empty(g, x->dt, x->nd, sh);
+    AgTensor *xs[3] = {x, l->w, l->b};
+    if (gg_needs_grad(g, l->b ? 3 : 2, xs)) {
+        AgNode *n = gn_new(g, "LinearWithGradAccumulationAndAsyncCommunicationBackward",
+                           bw_sp_linear, 1);
+        for (int i = 0; i < (l->b ? 3 : 2); i++)
+            gn_add_input(g, n, xs[i]);
+        n->iarg[0] = md->tp;
+        gn_save(g, n, x);
+        gn_save(g, n, l->w);
+        gn_set_output(n, out, 0);
+    }
+    return out;
+}
+
+/* Row-parallel output reduce-scattered into a new sequence-sharded tensor; its backward
+ * all-gathers the gradient into a new full tensor. */
+static void bw_sp_scatter(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(n->in_meta[0]), 1, 0.0);
+    gout[0] = gt_empty(g, gin[0]->dt, n->in_meta[0]->nd, n->in_meta[0]->shape);
+}
+
+static AgTensor *sp_reduce_scatter(Model *md, AgTensor *full)
+{
+    AgGraph *g = md->g;
+    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1, 0.0);
+    int64_t sh[GT_MAXDIM];
+    memcpy(sh, full->shape, sizeof sh);
+    sh[1] /= md->tp;
+    AgTensor *out = gt_empty(g, full->dt, full->nd, sh);
+    AgNode *n = gg_needs_grad(g, 1, &full) ? gn_new(g, "_ReduceScatterToSequenceParallelRegionBackward", bw_sp_scatter, 1) : NULL;
+    if (n) {
+        gn_add_input(g, n, full);
+        gn_set_output(n, out, 0);
+    }
+    return out;
+}
+
 static AgTensor *lin(Model *md, Lin *l, AgTensor *x)
 {
+    if (md->sp && !l->row_parallel && !l->lora_a && !l->quant4)
+        return sp_column_linear(md, l, x);
     AgTensor *out = lin_local(md, l, x);
-    if (md->tp > 1 && l->row_parallel)
+    if (md->tp > 1 && l->row_parallel) {
+        if (md->sp) {
+            AgTensor *r = sp_reduce_scatter(md, out);
+            gt_unref(md->g, out);
+            return r;
+        }
         gg_collective(md->g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out), 1,
                       md->comm_us_per_byte * (double)gt_nbytes(out));
+    }
     return out;
 }
 
@@ -1276,6 +1379,13 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
     md->l1 = l1;
     md->first = l0 == 0;
     md->last = l1 == full->L;
+    md->sp = run->sequence_parallel && tp > 1;
+    if (md->sp && full->fam != FAM_GPT2 && full->fam != FAM_LLAMA) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                    "sequence-parallel: modelled for the llama and gpt2 families only (not %s)",
+                    memsim_model_family(full));
+        return FALSE;
+    }
     /* Megatron splits heads, the MLP width and the (padded) vocabulary over the TP ranks */
     md->local = *full;
     if (tp > 1) {
@@ -1471,6 +1581,8 @@ void model_drop_output(Model *md)
 
 void model_clear(Model *md)
 {
+    gt_unref(md->g, md->sp_buf);
+    md->sp_buf = NULL;
     if (md->cache) {
         model_drop_output(md);
         g_ptr_array_unref(md->cache);
@@ -1612,6 +1724,12 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         AgTensor *alibi = op_new(g, "build_alibi_tensor", md->adt, SHAPE(B * m->nh, 1, S));
         U(alibi);
     }
+    if (md->sp && md->first) {
+        /* scatter_to_sequence_parallel_region: the residual stream is S/tp tokens */
+        AgTensor *t = sp_reduce_scatter(md, x);
+        U(x);
+        x = t;
+    }
     LayerArg la = {md, &f, 0, {0}};
     AgRegionFn fn;
     switch (m->fam) {
@@ -1697,7 +1815,13 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     AgTensor *hs = gg_rules(g)->full_slices_recorded ? op_slice(g, x, 1, 0, S) : gt_ref(x);
     U(x);
     AgTensor *w = md->lm_head ? md->lm_head : md->wte;
-    AgTensor *logits = op_linear(g, hs, w, md->lm_bias);
+    AgTensor *logits;
+    if (md->sp) {
+        Lin head = {.w = w, .b = md->lm_bias, .out = w->shape[0], .in = w->shape[1]};
+        logits = sp_column_linear(md, &head, hs);
+    } else {
+        logits = op_linear(g, hs, w, md->lm_bias);
+    }
     U(hs);
     *logits_out = logits;
     if (!labels)

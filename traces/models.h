@@ -41,6 +41,8 @@ typedef struct Model {
     double lora_scaling;
     /* this rank's part of the model (pipeline stage, tensor-parallel shard) */
     int tp;               /* tensor-parallel degree (1 = none) */
+    bool sp;              /* sequence parallelism: norms, dropouts, residuals on S/tp tokens */
+    AgTensor *sp_buf;     /* the global gather buffer (sequence parallelism) */
     int64_t l0, l1;       /* layers [l0, l1) */
     bool first, last;     /* holds the embedding / the head and loss */
     double comm_us_per_byte;
