@@ -1,0 +1,412 @@
+"""memsim from Python: the library (libmemsim) through ctypes, standard library only.
+
+    import memsim
+
+    r = memsim.estimate("llama-3-8b", batch=2, seq=4096, finetune="lora", lora_rank=16,
+                        checkpointing="full", gpu_mem="80GiB")
+    r["ranks"][0]["fits"]
+    memsim.replay("run.pickle", alloc_conf="expandable_segments:True")
+    memsim.compare("run.pickle", allocators="torch,exact")
+
+    with memsim.record("step.txt", model=model, optimizer=opt) as rec:   # needs torch
+        with rec.step(1):
+            ...
+
+Each function returns the plain dict that the matching command prints with --json
+(`memsim estimate --json`, `memsim replay --json`, `memsim compare --json`). Bad input
+raises memsim.Error whose message is the one the command prints after "memsim CMD: ".
+
+Run settings are keyword arguments named as the command's flags with underscores for
+dashes (batch=2, seq=4096, precision="bf16-mixed", lora_rank=16, torch_version="1.13",
+inference=True, lora_targets=["q_proj", "v_proj"], run="run.ini" for a run file); the
+estimate options are gpu_mem, cuda_context (sizes: "80GiB" or bytes), allocator and
+alloc_conf.
+
+The shared library is found, in order: the path in the environment variable
+MEMSIM_LIBRARY; the installed one beside this package (written at install time);
+ctypes.util.find_library("memsim"); a build folder (build*/) of the source tree this file
+lies in. The library is thread-safe for distinct calls; ctypes releases the GIL while it
+runs, so threads estimate in parallel.
+
+There is no plan() yet: the library has no plan function.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import tempfile
+
+__all__ = ["Error", "estimate", "replay", "compare", "models", "convert", "record",
+           "library_path"]
+
+
+class Error(Exception):
+    """Bad input or a failed operation; str(e) is the library's message (GError)."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.message = message
+        self.code = code  # MemsimErrorCode: 0 bad input, 1 I/O, 2 unsupported (or None)
+
+
+# ------------------------------------------------------------------------ the library ----
+
+class _GError(ctypes.Structure):
+    _fields_ = [("domain", ctypes.c_uint32), ("code", ctypes.c_int),
+                ("message", ctypes.c_char_p)]
+
+
+class _Run(ctypes.Structure):
+    """MemsimRun (include/memsim/gen.h), opaque: only the library reads or writes it. The
+    buffer is larger than the struct so that fields added in C cannot overrun it (the
+    struct is returned by value through a hidden pointer to this buffer);
+    tests/test_python.c asserts the C struct still fits."""
+    _fields_ = [("_opaque", ctypes.c_uint64 * 512)]
+
+
+class _EstimateOptions(ctypes.Structure):
+    """MemsimEstimateOptions (include/memsim/gen.h); tests/test_python.c checks its size."""
+    _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
+                ("gpu_mem", ctypes.c_uint64), ("context_bytes", ctypes.c_uint64)]
+
+
+class _ReplayOptions(ctypes.Structure):
+    """MemsimReplayOptions (include/memsim/sim.h); tests/test_python.c checks its size."""
+    _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
+                ("capacity", ctypes.c_uint64), ("verify", ctypes.c_int),
+                ("check_invariants", ctypes.c_int), ("timeline", ctypes.c_void_p)]
+
+
+_CONTEXT_DEFAULT = 500 << 20  # MEMSIM_ESTIMATE_CONTEXT_DEFAULT
+
+_ERR = ctypes.POINTER(ctypes.POINTER(_GError))
+_lib = None
+_glib = None
+_lib_path = None
+
+
+def _here():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("MEMSIM_LIBRARY")
+    if env:
+        yield env
+        return
+    try:
+        from . import _paths
+        yield os.path.normpath(os.path.join(_here(), _paths.LIBDIR_FROM_MODULE,
+                                            "libmemsim.so.0"))
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("memsim")
+    if found:
+        yield found
+    # The source tree: tools/python/memsim/ → the newest build*/libmemsim.so.0.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_here())))
+    if os.path.exists(os.path.join(root, "include", "memsim", "gen.h")):
+        builds = glob.glob(os.path.join(root, "build*", "libmemsim.so.0"))
+        yield from sorted(builds, key=os.path.getmtime, reverse=True)
+
+
+def _load():
+    global _lib, _glib, _lib_path
+    if _lib is not None:
+        return _lib
+    tried = []
+    lib = None
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path + " (absent)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            _lib_path = path
+            break
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    if lib is None:
+        raise Error("cannot find libmemsim (set MEMSIM_LIBRARY to its path); tried: "
+                    + ("; ".join(tried) or "nothing"))
+    glib = ctypes.CDLL(ctypes.util.find_library("glib-2.0") or "libglib-2.0.so.0")
+
+    def fn(name, restype, *argtypes, owner=lib):
+        f = getattr(owner, name)
+        f.restype = restype
+        f.argtypes = list(argtypes)
+        return f
+
+    P = ctypes.c_void_p
+    S = ctypes.c_char_p
+    B = ctypes.c_int
+    fn("g_free", None, P, owner=glib)
+    fn("g_error_free", None, ctypes.POINTER(_GError), owner=glib)
+    fn("g_strfreev", None, P, owner=glib)
+    fn("memsim_run_defaults", _Run)
+    fn("memsim_run_clear", None, ctypes.POINTER(_Run))
+    fn("memsim_run_set", B, ctypes.POINTER(_Run), S, S, _ERR)
+    fn("memsim_run_load_file", B, ctypes.POINTER(_Run), S, _ERR)
+    fn("memsim_model_load", P, S, _ERR)
+    fn("memsim_model_free", None, P)
+    fn("memsim_model_presets", ctypes.POINTER(S))
+    fn("memsim_model_name", S, P)
+    fn("memsim_model_family", S, P)
+    fn("memsim_model_n_params", ctypes.c_int64, P)
+    fn("memsim_estimate", P, P, ctypes.POINTER(_Run), ctypes.POINTER(_EstimateOptions), _ERR)
+    fn("memsim_parse_size", B, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
+    fn("memsim_replay_path", P, S, ctypes.POINTER(_ReplayOptions), _ERR)
+    fn("memsim_report_to_json", P, P)
+    fn("memsim_report_free", None, P)
+    fn("memsim_convert", B, S, S, _ERR)
+    _glib = glib
+    _lib = lib
+    return lib
+
+
+def library_path():
+    """The path of the shared library in use (loading it if needed)."""
+    _load()
+    return _lib_path
+
+
+def _raise(err):
+    """Raises memsim.Error from a GError and frees the GError."""
+    if not err:
+        raise Error("failed")
+    msg = err.contents.message.decode("utf-8", "replace")
+    code = err.contents.code
+    _glib.g_error_free(err)
+    raise Error(msg, code)
+
+
+def _call(f, *args):
+    """Calls a library function whose last argument is GError **; raises on failure."""
+    err = ctypes.POINTER(_GError)()
+    r = f(*args, ctypes.byref(err))
+    if not r:
+        _raise(err)
+    return r
+
+
+def _b(s):
+    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else \
+        str(s).encode("utf-8")
+
+
+def _size(text):
+    out = ctypes.c_uint64()
+    _call(_lib.memsim_parse_size, _b(text), ctypes.byref(out))
+    return out.value
+
+
+def _report_json(rep):
+    """The report's JSON as a dict; frees the C string, not the report."""
+    s = _lib.memsim_report_to_json(rep)
+    try:
+        return json.loads(ctypes.string_at(s).decode("utf-8"))
+    finally:
+        _glib.g_free(s)
+
+
+def _value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    return str(v)
+
+
+# ------------------------------------------------------------------------- the calls ----
+
+def estimate(model, gpu_mem=None, cuda_context=None, allocator=None, alloc_conf=None,
+             **run):
+    """One run's peak memory on a GPU, as `memsim estimate --json` prints it.
+
+    model: a preset name (see models()) or the path of a Hugging Face config.json.
+    gpu_mem, cuda_context: sizes ("80GiB" or bytes); allocator, alloc_conf: strings.
+    run: the run settings, named as the command's flags with underscores for dashes.
+    Raises Error on bad input."""
+    lib = _load()
+    r = lib.memsim_run_defaults()
+    m = rep = None
+    try:
+        # In the command's order: the run flags as given, then the sizes, then the model.
+        for key, v in run.items():
+            name = key.replace("_", "-")
+            if name == "run":
+                _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
+            else:
+                _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
+        eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT)
+        if gpu_mem is not None:
+            eo.gpu_mem = _size(gpu_mem)
+        if cuda_context is not None:
+            eo.context_bytes = _size(cuda_context)
+        m = _call(lib.memsim_model_load, _b(_value(model)))
+        rep = _call(lib.memsim_estimate, m, ctypes.byref(r), ctypes.byref(eo))
+        return _report_json(rep)
+    finally:
+        if rep:
+            lib.memsim_report_free(rep)
+        if m:
+            lib.memsim_model_free(m)
+        lib.memsim_run_clear(ctypes.byref(r))
+
+
+def _replay_report(path, allocator=None, alloc_conf=None, capacity=0, verify=False):
+    o = _ReplayOptions(_b(allocator), _b(alloc_conf), capacity, bool(verify), False, None)
+    rep = _call(_lib.memsim_replay_path, _b(_value(path)), ctypes.byref(o))
+    try:
+        return _report_json(rep)
+    finally:
+        _lib.memsim_report_free(rep)
+
+
+def replay(path, alloc_conf=None, allocator=None, gpu_mem=None, verify=False):
+    """Replays a trace (.mst, text, or a PyTorch snapshot pickle), as `memsim replay --json`
+    prints it. With alloc_conf, the report of the replay under those settings, with the
+    replay under the recorded settings as its "recorded_settings" member (as the command
+    prints it). Raises Error on bad input."""
+    _load()
+    capacity = _size(gpu_mem) if gpu_mem is not None else 0
+    base = _replay_report(path, allocator, None, capacity, verify)
+    if alloc_conf is None:
+        return base
+    alt = _replay_report(path, allocator, alloc_conf, capacity, False)
+    alt["recorded_settings"] = base
+    return alt
+
+
+def compare(path, allocators="torch,exact", model=None, gpu_mem=None, alloc_conf=None,
+            **run):
+    """One trace through several allocator policies, as `memsim compare --json` prints it:
+    {"policies": [{"allocator": SPEC, "ranks": [...]}, ...]}, one entry per policy in the
+    order given. path: a trace file, or None with model (and run settings) to compare the
+    generated trace of that run. allocators: comma-separated specs (or a list).
+    Raises Error on bad input."""
+    lib = _load()
+    specs = allocators.split(",") if isinstance(allocators, str) else list(allocators)
+    specs = [s.strip() for s in specs if s.strip()]
+    if not specs:
+        raise Error("no allocator to compare")
+    tmpdir = None
+    try:
+        if path is None:
+            if model is None:
+                raise Error("a trace or a model is required")
+            tmpdir = tempfile.mkdtemp(prefix="memsim-compare-")
+            path = os.path.join(tmpdir, "run.mst")
+            _generate(lib, model, run, path)
+        elif run:
+            raise Error("run settings apply only to a generated trace (path None, model set)")
+        capacity = _size(gpu_mem) if gpu_mem is not None else 0
+        policies = []
+        for spec in specs:
+            rep = _replay_report(path, spec, alloc_conf, capacity, False)
+            policies.append({"allocator": rep["allocator"], "ranks": rep["ranks"]})
+        return {"policies": policies}
+    finally:
+        if tmpdir:
+            for f in os.listdir(tmpdir):
+                os.unlink(os.path.join(tmpdir, f))
+            os.rmdir(tmpdir)
+
+
+def _generate(lib, model, run, out):
+    """Writes the generated trace of a run (memsim gen) to `out`."""
+    if not hasattr(lib, "memsim_generate"):
+        raise Error("this libmemsim cannot generate traces")
+    gen = lib.memsim_generate
+    gen.restype = ctypes.c_void_p
+    gen.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Run), _ERR]
+    save = lib.memsim_trace_save
+    save.restype = ctypes.c_int
+    save.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, _ERR]
+    tfree = lib.memsim_trace_free
+    tfree.restype = None
+    tfree.argtypes = [ctypes.c_void_p]
+    r = lib.memsim_run_defaults()
+    m = t = None
+    try:
+        for key, v in run.items():
+            name = key.replace("_", "-")
+            if name == "run":
+                _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
+            else:
+                _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
+        m = _call(lib.memsim_model_load, _b(_value(model)))
+        t = _call(gen, m, ctypes.byref(r))
+        _call(save, t, _b(out), 0)
+    finally:
+        if t:
+            tfree(t)
+        if m:
+            lib.memsim_model_free(m)
+        lib.memsim_run_clear(ctypes.byref(r))
+
+
+def models():
+    """The model presets, as `memsim models --json` prints them: a list of
+    {"name", "family", "parameters"}."""
+    lib = _load()
+    names = lib.memsim_model_presets()
+    out = []
+    try:
+        i = 0
+        while names[i]:
+            m = _call(lib.memsim_model_load, names[i])
+            out.append({"name": names[i].decode("utf-8"),
+                        "family": lib.memsim_model_family(m).decode("utf-8"),
+                        "parameters": lib.memsim_model_n_params(m)})
+            lib.memsim_model_free(m)
+            i += 1
+    finally:
+        _glib.g_strfreev(ctypes.cast(names, ctypes.c_void_p))
+    return out
+
+
+def convert(src, dst):
+    """Converts a trace between formats, chosen by the extension of dst (memsim convert)."""
+    lib = _load()
+    _call(lib.memsim_convert, _b(_value(src)), _b(_value(dst)))
+
+
+@contextlib.contextmanager
+def record(path, model=None, optimizer=None, inputs=(), **kwargs):
+    """Records the PyTorch allocations made inside the `with` block and writes the trace to
+    `path` on exit (also when the block raises: the trace of a step that ran out of memory
+    is the one worth replaying). Text form; a path ending in .mst is written as text to a
+    temporary file, then converted. Yields the Recorder (memsim.recorder.Recorder, i.e.
+    tools/python/memsim_record.py; needs torch), whose step() and phase() mark the
+    trace:
+
+        with memsim.record("step.mst", model=model, optimizer=opt) as rec:
+            with rec.step(1):
+                with rec.phase("forward"):   loss = loss_fn(model(x), y)
+                with rec.phase("backward"):  loss.backward()
+                with rec.phase("optimizer"): opt.step(); opt.zero_grad()
+    """
+    from .recorder import Recorder
+    path = os.fspath(path)
+    rec = Recorder(model=model, optimizer=optimizer, inputs=inputs, **kwargs)
+    rec.start()
+    try:
+        yield rec
+    finally:
+        if path.endswith(".mst"):
+            fd, tmp = tempfile.mkstemp(suffix=".txt", prefix=".memsim-record-",
+                                       dir=os.path.dirname(os.path.abspath(path)))
+            os.close(fd)
+            try:
+                rec.save(tmp)
+                convert(tmp, path)
+            finally:
+                os.unlink(tmp)
+        else:
+            rec.save(path)
