@@ -425,6 +425,9 @@ static GOptionEntry run_entries[] = {
     RUN_OPT("fsdp-wrap", "W", "layer (default: one unit per decoder layer) or model"),
     RUN_OPT("gpus-per-node", "N", "GPUs per node (HSDP's shard group; default 8)"),
     RUN_OPT("gpu", "NAME", "GPU profile for op durations (default a100-80gb)"),
+    RUN_OPT("cublas-workspace", "SIZE",
+            "cuBLAS workspace per handle and stream, in the allocator (default 8519680 bytes; "
+            "32MiB on H100/H200)"),
     {NULL}};
 
 static GOptionGroup *run_group(MemsimRun *run)

@@ -25,6 +25,7 @@ struct AgGraph {
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     bool teardown;
     AgHooks hooks;
+    AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
 };
 
@@ -83,6 +84,9 @@ void gg_free(AgGraph *g)
 {
     if (!g)
         return;
+    g->teardown = true;
+    for (int i = 0; i < 2; i++)
+        gt_unref(g, g->workspace[i]);
     if (g->events->len)
         memsim_trace_append(g->trace, g->rank, (MemsimEvent *)g->events->data, g->events->len);
     g_array_unref(g->events);
@@ -896,4 +900,15 @@ void gg_op_timed(AgGraph *g, const char *name, double duration_us)
     guint32 idx = memsim_trace_add_op(g->trace, &op);
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     emit(g, &oe);
+}
+
+void gg_gemm(AgGraph *g)
+{
+    int thread = g->ctx.in_backward ? 1 : 0;
+    if (!g->rules.cuda || !g->rules.cublas_workspace || g->workspace[thread])
+        return;
+    uint8_t old = g->ctx.category;
+    g->ctx.category = MEMSIM_CAT_OTHER;
+    g->workspace[thread] = gt_empty(g, DT_U8, 1, (int64_t[]){(int64_t)g->rules.cublas_workspace});
+    g->ctx.category = old;
 }

@@ -71,6 +71,7 @@ typedef struct {
     bool full_slices_recorded;  /* x[:, :, None] records SliceBackward nodes */
     bool checkpoint_early_stop;
     bool cuda;                  /* CUDA kernels (else CPU: e.g. dropout keeps a float noise) */
+    uint64_t cublas_workspace;  /* bytes per (cuBLAS handle, stream), from the allocator */
 } AgRules;
 
 typedef struct AgGraph AgGraph;
@@ -247,6 +248,11 @@ void gg_wait_stream(AgGraph *g, uint16_t stream, uint16_t on);
  * that meet), with an estimated duration. */
 void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
                    double duration_us);
+
+/* A GEMM is about to run: the first one on the forward thread and the first on the autograd
+ * thread each get a cuBLAS workspace from the caching allocator, kept for the process
+ * (DISTRIBUTED.md §7.2). */
+void gg_gemm(AgGraph *g);
 
 /* From now on storages die silently (the end of the program: what is alive stays in the
  * trace's final state). */

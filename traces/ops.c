@@ -764,6 +764,7 @@ AgTensor *op_embedding(AgGraph *g, AgTensor *weight, AgTensor *ids)
  * 0 = bias (addmm only), 1 = mat1, 2 = mat2. */
 static void bw_mm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
+    gg_gemm(g);
     AgTensor *gr = gin[0];
     int bias = n->iarg[0] ? 1 : 0;
     int i1 = bias, i2 = bias + 1;
@@ -806,6 +807,7 @@ AgTensor *op_linear(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
         x2 = op_reshape(g, xc, SHAPE(M, H));
     }
     bool addmm = bc && (xc->nd == 2 || gt_is_contiguous(xc));
+    gg_gemm(g);
     gg_op(g, addmm ? "addmm" : "mm");
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
     AgTensor *xs3[3] = {bc, x2, wt};
@@ -851,6 +853,7 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     int64_t nx = wc->shape[0], nf = wc->shape[1];
     int64_t M = gt_numel(xc) / nx;
     AgTensor *x2 = op_view(g, xc, SHAPE(M, nx));
+    gg_gemm(g);
     gg_op(g, "addmm");
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
     AgTensor *xs3[3] = {bc, x2, wc};
@@ -878,6 +881,7 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
 /* bmm backward: grad.bmm(mat2ᵀ) then selfᵀ.bmm(grad), one alloc each (§2.4). */
 static void bw_bmm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
+    gg_gemm(g);
     for (int i = 0; i < 2; i++)
         if (needs(n, i)) {
             gg_op(g, "bmm");
@@ -898,6 +902,7 @@ AgTensor *op_matmul(AgGraph *g, AgTensor *a, AgTensor *b)
     int64_t n_ = ac->shape[nd - 2], k_ = ac->shape[nd - 1], p_ = bc->shape[nd - 1];
     AgTensor *a3 = op_reshape(g, ac, SHAPE(batch, n_, k_));
     AgTensor *b3 = op_reshape(g, bc, SHAPE(batch, k_, p_));
+    gg_gemm(g);
     gg_op(g, "bmm");
     AgTensor *out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
     AgTensor *xs[2] = {a3, b3};

@@ -8,6 +8,7 @@
  * With keep-outputs the model output object is held until the next step's forward has
  * returned, as a hand-written `out = model(...)` loop does.
  */
+#include <memsim/alloc.h>
 #include <memsim/gen.h>
 
 #include <stdio.h>
@@ -221,6 +222,9 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
         if (!num(key, v, 1, 1024, &x, error))
             return FALSE;
         r->gpus_per_node = (int)x;
+    } else if (strcmp(key, "cublas-workspace") == 0) {
+        if (!memsim_parse_size(v, &r->cublas_workspace, error))
+            return FALSE;
     } else if (strcmp(key, "gpu") == 0) {
         g_free(r->gpu);
         r->gpu = g_ascii_strdown(v, -1);
@@ -281,6 +285,12 @@ static AgRules rules_for(const MemsimRun *run)
     r.full_slices_recorded = v113;
     r.checkpoint_early_stop = !v113;
     r.cuda = !run->device_cpu;
+    /* CUBLAS_WORKSPACE_CONFIG's default: 4096 KiB × 2 + 16 KiB × 8 before Hopper, 32 MiB on
+     * Hopper (sm90) — DISTRIBUTED.md §7.2 */
+    bool hopper = run->gpu && (g_str_has_prefix(run->gpu, "h100") || g_str_has_prefix(run->gpu, "h200"));
+    r.cublas_workspace = run->cublas_workspace ? run->cublas_workspace
+                         : hopper              ? 33554432ull
+                                               : 8519680ull;
     return r;
 }
 

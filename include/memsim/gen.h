@@ -104,6 +104,7 @@ typedef struct {
     gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
+    memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking. */
