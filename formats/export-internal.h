@@ -10,6 +10,7 @@ typedef struct {
     FILE *f;
     char *path;
     int err; /* first errno, 0 = none */
+    gboolean regular; /* a regular file: removed on failure (never a device or a pipe) */
 } MemsimOutFile;
 
 /* Creates `path`; FALSE with a MEMSIM_ERROR_IO error naming it on failure. */

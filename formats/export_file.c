@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 
 #include <glib/gstdio.h>
 
@@ -19,6 +20,8 @@ gboolean memsim_out_open(MemsimOutFile *o, const char *path, GError **error)
         o->path = NULL;
         return FALSE;
     }
+    struct stat st;
+    o->regular = fstat(fileno(o->f), &st) == 0 && S_ISREG(st.st_mode);
     setvbuf(o->f, NULL, _IOFBF, 1 << 16);
     return TRUE;
 }
@@ -53,7 +56,8 @@ gboolean memsim_out_close(MemsimOutFile *o, GError **error)
     if (!ok) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: write error: %s", o->path,
                     g_strerror(o->err));
-        g_unlink(o->path);
+        if (o->regular)
+            g_unlink(o->path);
     }
     g_free(o->path);
     o->path = NULL;
@@ -65,7 +69,7 @@ void memsim_out_abort(MemsimOutFile *o)
     if (o->f)
         fclose(o->f);
     o->f = NULL;
-    if (o->path)
+    if (o->path && o->regular)
         g_unlink(o->path);
     g_free(o->path);
     o->path = NULL;

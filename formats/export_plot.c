@@ -370,7 +370,9 @@ static void panel(cairo_t *cr, const Layout *L, guint rank, double top)
     if (r->oom)
         ymax_data = MAX(ymax_data, (double)r->oom_point.reserved);
     memsim_size_t capacity = memsim_timeline_capacity(tl);
-    gboolean cap_in = capacity > 0 && (double)capacity <= 3.0 * MAX(ymax_data, 1.0);
+    /* The capacity joins the scale only when it is near the data: far above, it would
+     * flatten the curves, and a label says where it is. */
+    gboolean cap_in = capacity > 0 && (double)capacity <= 2.0 * MAX(ymax_data, 1.0);
     double ymax = MAX(ymax_data, cap_in ? (double)capacity : 0.0);
     if (ymax <= 0)
         ymax = 1 << 20;
