@@ -842,6 +842,7 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     o.allocator = opt->allocator;
     o.alloc_conf = opt->alloc_conf;
     o.capacity = opt->gpu_mem ? opt->gpu_mem - opt->context_bytes : 0;
+    /* (NCCL's share is judged afterwards, with the device total) */
     o.timeline = timeline;
     MemsimReport *rep = memsim_replay_trace(t, &o, error);
     memsim_trace_free(t);
@@ -850,6 +851,20 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     g_free(rep->source);
     rep->source = g_strdup(memsim_model_name(m));
     rep->run = memsim_run_describe(run);
-    memsim_report_set_device(rep, opt->gpu_mem, opt->context_bytes);
+    /* NCCL's buffers, outside the allocator: one communicator per process group the rank
+     * belongs to (DISTRIBUTED.md §7.3: ≈544 MB for a 2-rank group, ≈688 MB for larger) */
+    memsim_size_t nccl = 0;
+    if (run->gpus > 1) {
+        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
+        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
+        for (int i = 0; i < 3; i++)
+            if (groups[i] > 1)
+                nccl += opt->nccl_bytes ? opt->nccl_bytes
+                        : groups[i] == 2 ? (memsim_size_t)544000000
+                                         : (memsim_size_t)688000000;
+    }
+    memsim_report_set_device(rep, opt->gpu_mem, opt->context_bytes + nccl);
+    rep->nccl_bytes = nccl;
     return rep;
 }

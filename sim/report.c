@@ -77,6 +77,7 @@ char *memsim_report_to_json(const MemsimReport *rep)
     else
         json_builder_add_null_value(b);
     add_int(b, "context_bytes", (int64_t)rep->context_bytes);
+    add_int(b, "nccl_bytes", (int64_t)rep->nccl_bytes);
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
     for (guint i = 0; i < rep->n_ranks; i++) {
@@ -264,7 +265,10 @@ char *memsim_report_to_text(const MemsimReport *rep)
     for (guint i = 0; i < rep->n_ranks; i++) {
         const MemsimRankReport *r = &rep->ranks[i];
         const MemsimAllocStats *st = &r->stats;
-        g_string_append_printf(s, "\nrank %u:\n", r->rank);
+        if (r->role)
+            g_string_append_printf(s, "\nrank %u — %s:\n", r->rank, r->role);
+        else
+            g_string_append_printf(s, "\nrank %u:\n", r->rank);
         int64_t holes = (int64_t)r->at_peak_allocated_reserved - st->allocated.peak;
         int64_t rounding = st->allocated.peak - (int64_t)r->at_peak_allocated_requested;
         g_string_append_printf(s,
@@ -319,7 +323,9 @@ char *memsim_report_to_text(const MemsimReport *rep)
         if (rep->context_bytes || rep->gpu_mem) {
             g_string_append_printf(s, "  device total (nvidia-smi): %s = peak reserved + %s "
                                    "CUDA context and libraries",
-                                   FB(r->device_total), FB(rep->context_bytes));
+                                   FB(r->device_total), FB(rep->context_bytes - rep->nccl_bytes));
+            if (rep->nccl_bytes)
+                g_string_append_printf(s, " + %s NCCL", FB(rep->nccl_bytes));
             if (rep->gpu_mem) {
                 int64_t margin = (int64_t)rep->gpu_mem - (int64_t)r->device_total;
                 g_string_append_printf(s, "; %s in %s: %s %s\n",

@@ -443,7 +443,7 @@ static GOptionGroup *run_group(MemsimRun *run)
 static int cmd_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL,
-         *context = NULL;
+         *context = NULL, *nccl = NULL;
     gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
     Exports ex = {0};
@@ -455,6 +455,8 @@ static int cmd_estimate(int argc, char **argv)
          "Device memory, e.g. 80GiB: says whether the run fits", "SIZE"},
         {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
          "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
+        {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
+         "NCCL memory per communicator (default 544MB for 2 ranks, 688MB for more)", "SIZE"},
         {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator,
          "Allocator policy (default torch)", "SPEC"},
         {"alloc-conf", 0, 0, G_OPTION_ARG_STRING, &alloc_conf,
@@ -495,6 +497,7 @@ static int cmd_estimate(int argc, char **argv)
     progress_start(&pr, "estimating", NULL);
     if ((gpu_mem && !memsim_parse_size(gpu_mem, &eo.gpu_mem, &error)) ||
         (context && !memsim_parse_size(context, &eo.context_bytes, &error)) ||
+        (nccl && !memsim_parse_size(nccl, &eo.nccl_bytes, &error)) ||
         !(m = memsim_model_load(model, &error)) ||
         !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
         progress_stop(&pr);

@@ -139,10 +139,11 @@ typedef struct {
     const char *alloc_conf;     /* PYTORCH_CUDA_ALLOC_CONF for the torch policy, or NULL */
     memsim_size_t gpu_mem;      /* device memory; 0 = not given (nothing is judged) */
     memsim_size_t context_bytes;/* outside the allocator: CUDA context, libraries */
+    memsim_size_t nccl_bytes;   /* per NCCL communicator; 0 = the measured defaults */
 } MemsimEstimateOptions;
 
 #define MEMSIM_ESTIMATE_CONTEXT_DEFAULT ((memsim_size_t)500 << 20)
-#define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT}
+#define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT, 0}
 
 struct MemsimReport;
 struct MemsimTimeline;

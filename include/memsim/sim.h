@@ -117,7 +117,8 @@ typedef struct MemsimReport {
     char *alloc_conf;   /* the settings used (torch), or NULL */
     memsim_size_t capacity; /* 0 = unlimited */
     memsim_size_t gpu_mem;        /* the device's memory, 0 = not given */
-    memsim_size_t context_bytes;  /* CUDA context and libraries outside the allocator */
+    memsim_size_t context_bytes;  /* outside the allocator: CUDA context, libraries, NCCL */
+    memsim_size_t nccl_bytes;     /* of which NCCL's communicators */
     char *run;                    /* the run description (generated traces) */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
