@@ -52,6 +52,7 @@ typedef struct {
     gboolean saw_oom;
     GArray *steps;      /* MemsimStepPeaks */
     uint8_t cur_phase;
+    uint16_t cur_stream; /* the stream of the event being applied */
     /* time: the host issues ops (LAUNCH_US each); each stream runs them in order */
     double cpu_us;
     GArray *gpu_free;   /* double per stream: when the stream is idle */
@@ -391,6 +392,7 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
         r->rep.at_peak_allocated_reserved = (memsim_size_t)st.reserved.current;
         r->rep.at_peak_allocated_requested = (memsim_size_t)st.requested.current;
         r->rep.peak_allocated_op = r->cur_op;
+        r->rep.peak_stream = r->cur_stream;
         if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
             const MemsimOpInfo *op = &h->ops[r->cur_op];
             g_strlcpy(r->rep.peak_op_name,
@@ -456,6 +458,7 @@ static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, 
 static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                      const MemsimEvent *ev, GError **error)
 {
+    r->cur_stream = ev->stream;
     gboolean action = TRUE;
     switch (ev->kind) {
     case MEMSIM_EV_ALLOC: {

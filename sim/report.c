@@ -175,6 +175,7 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_set_member_name(b, "phase");
         json_builder_add_string_value(b, memsim_phase_name(r->peak_op_phase));
         add_int(b, "layer", r->peak_op_layer);
+        add_int(b, "stream", r->peak_stream);
         json_builder_set_member_name(b, "by_category");
         json_builder_begin_object(b);
         for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
@@ -290,6 +291,8 @@ char *memsim_report_to_text(const MemsimReport *rep)
         if (r->peak_op_name[0]) {
             g_string_append_printf(s, "  peak allocated %s at op %s (%s", FB(st->allocated.peak),
                                    r->peak_op_name, memsim_phase_name(r->peak_op_phase));
+            if (r->peak_stream)
+                g_string_append_printf(s, ", stream %u", r->peak_stream);
             if (r->peak_op_layer >= 0)
                 g_string_append_printf(s, ", layer %d", r->peak_op_layer);
             g_string_append(s, "); live at that moment:\n");

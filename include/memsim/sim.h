@@ -86,6 +86,7 @@ typedef struct {
     int64_t peak_allocated_op;                            /* op index or -1 */
     char peak_op_name[96];                                /* that op's name ("" if none) */
     int32_t peak_op_layer;
+    uint16_t peak_stream;                                 /* the stream of that allocation */
     uint8_t peak_op_phase;                                /* MemsimPhase */
     memsim_size_t peak_by_category[MEMSIM_CAT_COUNT];     /* live bytes (rounded) */
     memsim_size_t peak_by_category_requested[MEMSIM_CAT_COUNT];
