@@ -138,9 +138,12 @@ static double cpu_seconds(void)
 static int bench_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL;
+    char **sets = NULL;
     gint64 seq = 4096;
     gint repeat = 5;
     GOptionEntry entries[] = {
+        {"set", 0, 0, G_OPTION_ARG_STRING_ARRAY, &sets,
+         "A run setting, e.g. --set gpus=64 --set tp=8 (repeatable)", "KEY=VALUE"},
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Preset (default llama-2-70b)", "M"},
         {"seq", 0, 0, G_OPTION_ARG_INT64, &seq, "Sequence length (default 4096)", "N"},
         {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs; the best is reported (default 5)", "R"},
@@ -163,6 +166,14 @@ static int bench_estimate(int argc, char **argv)
     char sq[32];
     g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
     memsim_run_set(&run, "seq", sq, NULL);
+    for (char **kv = sets; kv && *kv; kv++) {
+        g_auto(GStrv) p = g_strsplit(*kv, "=", 2);
+        if (!p[0] || !p[1] || !memsim_run_set(&run, p[0], p[1], &error)) {
+            fprintf(stderr, "memsim-bench: --set %s: %s\n", *kv, error ? error->message : "KEY=VALUE");
+            return 2;
+        }
+    }
+    g_strfreev(sets);
     double best_gen = 1e9, best_sim = 1e9, best_total = 1e9;
     gsize n_events = 0;
     for (int i = 0; i < repeat; i++) {
@@ -173,7 +184,12 @@ static int bench_estimate(int argc, char **argv)
         o.allocator = allocator;
         MemsimReport *rep = memsim_replay_trace(t, &o, &error);
         double t2 = cpu_seconds();
-        memsim_trace_events(t, 0, &n_events);
+        n_events = 0;
+        for (guint32 k = 0; k < memsim_trace_header(t)->n_ranks; k++) {
+            gsize nk;
+            memsim_trace_events(t, k, &nk);
+            n_events += nk;
+        }
         memsim_report_free(rep);
         memsim_trace_free(t);
         double t3 = cpu_seconds();
@@ -184,8 +200,9 @@ static int bench_estimate(int argc, char **argv)
         if (t3 - t0 < best_total)
             best_total = t3 - t0;
     }
-    printf("estimate %s seq %" G_GINT64_FORMAT ", 2 steps, %s: %zu events\n",
-           memsim_model_name(m), seq, allocator ? allocator : "torch", n_events);
+    g_autofree char *desc = memsim_run_describe(&run);
+    printf("estimate %s, %s, %s: %zu events\n", memsim_model_name(m), desc,
+           allocator ? allocator : "torch", n_events);
     printf("  generate: %7.1f ms  (%.1f M events/s)\n", best_gen * 1e3,
            (double)n_events / best_gen / 1e6);
     printf("  simulate: %7.1f ms  (%.1f M events/s)\n", best_sim * 1e3,

@@ -27,6 +27,8 @@ struct AgGraph {
     AgHooks hooks;
     AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
+    uint32_t pass;    /* backward passes so far */
+    GPtrArray *stack; /* scratch for mark_deps */
 };
 
 /* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
@@ -77,6 +79,7 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->op_index = g_hash_table_new_full(opkey_hash, opkey_equal, g_free, NULL);
     g->heap = g_ptr_array_new();
     g->cast_cache = g_hash_table_new(NULL, NULL);
+    g->stack = g_ptr_array_new();
     return g;
 }
 
@@ -94,6 +97,7 @@ void gg_free(AgGraph *g)
     g_ptr_array_unref(g->heap);
     g_assert(g_hash_table_size(g->cast_cache) == 0);
     g_hash_table_unref(g->cast_cache);
+    g_ptr_array_unref(g->stack);
     g_free(g);
 }
 
@@ -656,13 +660,15 @@ static void accumulate_grad(AgGraph *g, AgNode *n, AgTensor *grad)
         g->hooks.post_accumulate(g, g->hooks.user, p);
 }
 
-static void mark_deps(AgGraph *g, AgNode *root, int delta_gen)
+static void mark_deps(AgGraph *g, AgNode *root)
 {
-    /* Count, for each node reachable from root, the edges that point to it. */
-    GPtrArray *stack = g_ptr_array_new();
-    GHashTable *seen = g_hash_table_new(NULL, NULL);
+    /* Count, for each node reachable from root, the edges that point to it; a node is
+     * visited once per pass (its mark is the pass number). */
+    uint32_t pass = ++g->pass;
+    GPtrArray *stack = g->stack;
+    g_ptr_array_set_size(stack, 0);
     g_ptr_array_add(stack, root);
-    g_hash_table_add(seen, root);
+    root->mark = pass;
     root->deps = 0;
     while (stack->len) {
         AgNode *n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
@@ -670,17 +676,14 @@ static void mark_deps(AgGraph *g, AgNode *root, int delta_gen)
             AgNode *m = n->next[i].node;
             if (!m)
                 continue;
-            if (!g_hash_table_contains(seen, m)) {
-                g_hash_table_add(seen, m);
+            if (m->mark != pass) {
+                m->mark = pass;
                 m->deps = 0;
                 g_ptr_array_add(stack, m);
             }
             m->deps++;
         }
     }
-    (void)delta_gen;
-    g_hash_table_unref(seen);
-    g_ptr_array_unref(stack);
 }
 
 void gg_backward(AgGraph *g, AgTensor *loss)
@@ -703,7 +706,7 @@ void gg_backward_with(AgGraph *g, AgTensor *loss, AgTensor *grad)
     g->ctx.layer = -1;
     NODE_REFS(root)++; /* the engine holds the graph task's root */
     g->bw_layer = -2;
-    mark_deps(g, root, 0);
+    mark_deps(g, root);
     AgTensor *go = grad;
     if (!go) {
         gg_op(g, "ones_like");

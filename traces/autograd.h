@@ -104,6 +104,7 @@ typedef struct AgNode {
     int n_out;
     AgTensor *buf[GN_MAXOUT];
     int deps;
+    uint32_t mark; /* the backward pass that last counted this node's dependencies */
     bool queued;
     AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
     int64_t iarg[4];
