@@ -19,8 +19,8 @@ raises memsim.Error whose message is the one the command prints after "memsim CM
 Run settings are keyword arguments named as the command's flags with underscores for
 dashes (batch=2, seq=4096, precision="bf16-mixed", lora_rank=16, torch_version="1.13",
 inference=True, lora_targets=["q_proj", "v_proj"], run="run.ini" for a run file); the
-estimate options are gpu_mem, cuda_context (sizes: "80GiB" or bytes), allocator and
-alloc_conf.
+estimate options are gpu_mem, cuda_context, nccl_mem (sizes: "80GiB" or bytes),
+allocator and alloc_conf.
 
 The shared library is found, in order: the path in the environment variable
 MEMSIM_LIBRARY; the installed one beside this package (written at install time);
@@ -70,7 +70,8 @@ class _Run(ctypes.Structure):
 class _EstimateOptions(ctypes.Structure):
     """MemsimEstimateOptions (include/memsim/gen.h); tests/test_python.c checks its size."""
     _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
-                ("gpu_mem", ctypes.c_uint64), ("context_bytes", ctypes.c_uint64)]
+                ("gpu_mem", ctypes.c_uint64), ("context_bytes", ctypes.c_uint64),
+                ("nccl_bytes", ctypes.c_uint64)]
 
 
 class _ReplayOptions(ctypes.Structure):
@@ -224,12 +225,13 @@ def _value(v):
 
 # ------------------------------------------------------------------------- the calls ----
 
-def estimate(model, gpu_mem=None, cuda_context=None, allocator=None, alloc_conf=None,
-             **run):
+def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=None,
+             alloc_conf=None, **run):
     """One run's peak memory on a GPU, as `memsim estimate --json` prints it.
 
     model: a preset name (see models()) or the path of a Hugging Face config.json.
-    gpu_mem, cuda_context: sizes ("80GiB" or bytes); allocator, alloc_conf: strings.
+    gpu_mem, cuda_context, nccl_mem: sizes ("80GiB" or bytes); allocator, alloc_conf:
+    strings.
     run: the run settings, named as the command's flags with underscores for dashes.
     Raises Error on bad input."""
     lib = _load()
@@ -243,11 +245,13 @@ def estimate(model, gpu_mem=None, cuda_context=None, allocator=None, alloc_conf=
                 _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
             else:
                 _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
-        eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT)
+        eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT, 0)
         if gpu_mem is not None:
             eo.gpu_mem = _size(gpu_mem)
         if cuda_context is not None:
             eo.context_bytes = _size(cuda_context)
+        if nccl_mem is not None:
+            eo.nccl_bytes = _size(nccl_mem)
         m = _call(lib.memsim_model_load, _b(_value(model)))
         rep = _call(lib.memsim_estimate, m, ctypes.byref(r), ctypes.byref(eo))
         return _report_json(rep)

@@ -1,0 +1,245 @@
+"""The Python module (tools/python/memsim) against the command: each call returns exactly the
+dict that `memsim CMD --json` prints, and bad input raises memsim.Error with the message the
+command prints after "memsim CMD: ".
+
+Run by tests/test_python.c with Debian's /usr/bin/python3, PYTHONPATH=tools/python,
+MEMSIM_LIBRARY (the build's shared library) and MEMSIM_BIN (the build's command).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import memsim
+
+BIN = os.environ["MEMSIM_BIN"]
+SHARED = os.environ.get("MEMSIM_SHARED_DATA", "")
+SNAPSHOT = os.path.join(SHARED, "torch-snapshots",
+                        "shreyansh26__MLSys-Experiments__profile_grad.pkl")
+# One that ran out of memory: its recorded OOM is part of the report.
+SNAPSHOT_OOM = os.path.join(SHARED, "torch-snapshots",
+                            "Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle")
+
+
+def cli(*args):
+    """(exit status, stdout, stderr) of the command."""
+    p = subprocess.run([BIN] + [str(a) for a in args], capture_output=True, text=True,
+                       check=False)
+    return p.returncode, p.stdout, p.stderr
+
+
+def cli_json(*args):
+    rc, out, err = cli(*args, "--json")
+    if rc not in (0, 1):
+        raise AssertionError("memsim %s: exit %d: %s" % (" ".join(map(str, args)), rc, err))
+    return json.loads(out)
+
+
+def flags(run):
+    """Keyword arguments as the command's flags."""
+    out = []
+    for k, v in run.items():
+        name = "--" + k.replace("_", "-")
+        if v is True and k == "inference":
+            out.append(name)
+        elif isinstance(v, (list, tuple)):
+            out += [name, ",".join(v)]
+        else:
+            out += [name, v]
+    return out
+
+
+class Estimate(unittest.TestCase):
+    RUNS = [
+        ("gpt2", dict(batch=2, seq=256)),
+        ("opt-125m", dict(seq=128, finetune="lora", lora_rank=8, checkpointing="full",
+                          gpu_mem="16GiB", alloc_conf="expandable_segments:True")),
+        ("pythia-410m", dict(seq=128, precision="fp32", optimizer="sgd-momentum",
+                             torch_version="1.13", gpu_mem=2 << 30, cuda_context="300MiB")),
+        ("gpt2", dict(inference=True, prompt=64, generate=16, batch=4)),
+        ("llama-7b", dict(seq=64, finetune="lora", lora_targets=["q_proj", "k_proj"],
+                          allocator="exact", gpu_mem="8GiB")),  # does not fit: exit 1
+        ("gpt2", dict(seq=128, gpus=2, method="zero2", nccl_mem="200MiB", gpu_mem="16GiB")),
+    ]
+
+    def test_same_dict_as_the_command(self):
+        for model, run in self.RUNS:
+            with self.subTest(model=model, run=run):
+                got = memsim.estimate(model, **run)
+                want = cli_json("estimate", "--model", model, *flags(run))
+                self.assertEqual(got, want)
+
+    def test_run_file(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
+            f.write("[run]\nbatch=3\nseq=64\noptimizer=sgd\n")
+        try:
+            self.assertEqual(memsim.estimate("gpt2", run=f.name, seq=96),
+                             cli_json("estimate", "--model", "gpt2", "--run", f.name,
+                                      "--seq", "96"))
+        finally:
+            os.unlink(f.name)
+
+    def assert_same_error(self, cmd, fn, args, *cli_args, exact=True):
+        with self.assertRaises(memsim.Error) as cm:
+            fn(*args[0], **args[1])
+        rc, out, err = cli(cmd, *cli_args)
+        self.assertEqual(rc, 2, err)
+        prefix = "memsim %s: %s" % (cmd, cm.exception)
+        if exact:
+            self.assertEqual(err, prefix + "\n")
+        else:  # an option's error: the command adds " (see memsim CMD --help)"
+            self.assertTrue(err.startswith(prefix), "%r vs %r" % (err, prefix))
+        self.assertEqual(str(cm.exception), cm.exception.message)
+
+    def test_errors(self):
+        self.assert_same_error("estimate", memsim.estimate, (("gpt2",), dict(precision="fp8")),
+                               "--model", "gpt2", "--precision", "fp8", exact=False)
+        self.assert_same_error("estimate", memsim.estimate, (("gpt2",), dict(batch=0)),
+                               "--model", "gpt2", "--batch", "0", exact=False)
+        self.assert_same_error("estimate", memsim.estimate, (("no-such-model",), {}),
+                               "--model", "no-such-model")
+        self.assert_same_error("estimate", memsim.estimate, (("gpt2",), dict(gpu_mem="80XB")),
+                               "--model", "gpt2", "--gpu-mem", "80XB")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.estimate("gpt2", no_such_setting=1)
+        self.assertIn("no-such-setting", str(cm.exception))
+
+
+class Replay(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="memsim-py-")
+        cls.trace = os.path.join(cls.tmp, "run.mst")
+        rc, _, err = cli("gen", "--model", "opt-125m", "--seq", "128", "-o", cls.trace)
+        assert rc == 0, err
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def test_generated_trace(self):
+        self.assertEqual(memsim.replay(self.trace), cli_json("replay", self.trace))
+        self.assertEqual(memsim.replay(self.trace, allocator="exact"),
+                         cli_json("replay", self.trace, "--allocator", "exact"))
+        # Too small a device: a simulated OOM (the command exits 1).
+        self.assertEqual(memsim.replay(self.trace, gpu_mem="256MiB"),
+                         cli_json("replay", self.trace, "--gpu-mem", "256MiB"))
+        self.assertEqual(
+            memsim.replay(self.trace, alloc_conf="expandable_segments:True"),
+            cli_json("replay", self.trace, "--alloc-conf", "expandable_segments:True"))
+
+    def test_snapshot(self):
+        if not os.path.exists(SNAPSHOT):
+            self.skipTest("real snapshots absent (MEMSIM_SHARED_DATA=%s)" % SHARED)
+        got = memsim.replay(SNAPSHOT, verify=True)
+        self.assertEqual(got, cli_json("replay", SNAPSHOT, "--verify"))
+        self.assertEqual(got["ranks"][0]["verify"]["mismatches"], 0)
+        conf = "expandable_segments:True,max_split_size_mb:64"
+        self.assertEqual(memsim.replay(SNAPSHOT, alloc_conf=conf, verify=True),
+                         cli_json("replay", SNAPSHOT, "--alloc-conf", conf, "--verify"))
+
+    def test_snapshot_oom(self):
+        if not os.path.exists(SNAPSHOT_OOM):
+            self.skipTest("real snapshots absent (MEMSIM_SHARED_DATA=%s)" % SHARED)
+        self.assertEqual(memsim.replay(SNAPSHOT_OOM, verify=True),
+                         cli_json("replay", SNAPSHOT_OOM, "--verify"))
+
+    def test_errors(self):
+        missing = os.path.join(self.tmp, "missing.mst")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.replay(missing)
+        self.assertEqual(cli("replay", missing)[2], "memsim replay: %s\n" % cm.exception)
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.replay(self.trace, allocator="no-such-policy")
+        self.assertEqual(cli("replay", self.trace, "--allocator", "no-such-policy")[2],
+                         "memsim replay: %s\n" % cm.exception)
+        bad = os.path.join(self.tmp, "bad.txt")
+        with open(bad, "w") as f:
+            f.write("this is not a trace\n")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.replay(bad)
+        self.assertEqual(cli("replay", bad)[2], "memsim replay: %s\n" % cm.exception)
+
+
+class Compare(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="memsim-py-")
+        cls.trace = os.path.join(cls.tmp, "run.mst")
+        rc, _, err = cli("gen", "--model", "gpt2", "--seq", "128", "-o", cls.trace)
+        assert rc == 0, err
+        cls.has_command = cli("compare", "--help")[0] == 0
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def test_same_dict_as_the_command(self):
+        if not self.has_command:
+            self.skipTest("this memsim has no compare command")
+        for specs in ("torch,exact", "torch,torch:expandable_segments=True"):
+            with self.subTest(allocators=specs):
+                self.assertEqual(memsim.compare(self.trace, allocators=specs),
+                                 cli_json("compare", self.trace, "--allocators", specs))
+
+    def test_shape(self):
+        got = memsim.compare(self.trace, allocators="torch,exact")
+        self.assertEqual([p["allocator"] for p in got["policies"]], ["torch", "exact"])
+        for p in got["policies"]:
+            self.assertEqual(p["ranks"], memsim.replay(self.trace, allocator=p["allocator"])
+                             ["ranks"])
+        gen = memsim.compare(None, allocators=["exact"], model="gpt2", seq=128)
+        self.assertEqual(gen["policies"][0]["ranks"][0]["peak_allocated"],
+                         got["policies"][1]["ranks"][0]["peak_allocated"])
+
+
+class Models(unittest.TestCase):
+    def test_models(self):
+        self.assertEqual(memsim.models(), cli_json("models"))
+
+
+class Record(unittest.TestCase):
+    def test_record_and_replay(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        tmp = tempfile.mkdtemp(prefix="memsim-py-")
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                        torch.nn.Linear(128, 8))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.randn(16, 64)
+            for name in ("step.txt", "step.mst"):
+                path = os.path.join(tmp, name)
+                with memsim.record(path, model=model, optimizer=opt, inputs=(x,)) as rec:
+                    with rec.step(1):
+                        with rec.phase("forward"):
+                            loss = model(x).square().mean()
+                        with rec.phase("backward"):
+                            loss.backward()
+                        with rec.phase("optimizer"):
+                            opt.step()
+                            opt.zero_grad(set_to_none=True)
+                    del loss
+                got = memsim.replay(path, allocator="exact")
+                self.assertEqual(got, cli_json("replay", path, "--allocator", "exact"))
+                self.assertGreater(got["ranks"][0]["peak_allocated"], 64 * 128 * 4)
+                with open(path, "rb") as f:
+                    head = f.read(4)
+                # Text starts "memsim-trace"; .mst is a zstd stream.
+                want = b"\x28\xb5\x2f\xfd" if name.endswith(".mst") else b"mems"
+                self.assertEqual(head, want, name)
+            self.assertEqual(sorted(os.listdir(tmp)), ["step.mst", "step.txt"])
+        finally:
+            shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    print("memsim module: %s\nlibrary: %s" % (memsim.__file__, memsim.library_path()))
+    result = unittest.main(verbosity=2, exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)
