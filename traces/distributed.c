@@ -42,28 +42,11 @@ enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
 #define DDP_BUCKET (25LL << 20)   /* bytes */
 #define DDP_FIRST_BUCKET (1LL << 20)
 
-typedef struct {
-    const char *name;
-    double bf16_tflops, fp32_tflops, hbm_gbs, link_gbs, mem_gib;
-} GpuProfile;
-
-/* Public figures: dense tensor-core peak, HBM bandwidth, NVLink per direction (PCIe for
- * cards without it), memory. Durations use half the peak and 80% of the bandwidths. */
-static const GpuProfile gpus[] = {
-    {"a100-40gb", 312, 19.5, 1555, 300, 40},   {"a100-80gb", 312, 19.5, 2039, 300, 80},
-    {"h100-80gb", 989, 67, 3350, 450, 80},     {"h200", 989, 67, 4800, 450, 141},
-    {"h200-141gb", 989, 67, 4800, 450, 141},   {"v100-16gb", 125, 15.7, 900, 150, 16},
-    {"v100-32gb", 125, 15.7, 900, 150, 32},    {"a10g", 70, 31.2, 600, 25, 24},
-    {"l4", 121, 30.3, 300, 25, 24},            {"rtx4090", 165, 82.6, 1008, 25, 24},
-    {"rtx3090", 71, 35.6, 936, 25, 24},
-};
+typedef MemsimGpu GpuProfile;
 
 static const GpuProfile *gpu_profile(const char *name)
 {
-    for (gsize i = 0; i < G_N_ELEMENTS(gpus); i++)
-        if (strcmp(gpus[i].name, name ? name : "a100-80gb") == 0)
-            return &gpus[i];
-    return NULL;
+    return memsim_gpu_find(name);
 }
 
 /* ---- the per-rank state of a method ---- */
@@ -873,12 +856,8 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
 {
     const GpuProfile *gpu = gpu_profile(run->gpu);
     if (!gpu) {
-        GString *k = g_string_new(NULL);
-        for (gsize i = 0; i < G_N_ELEMENTS(gpus); i++)
-            g_string_append_printf(k, "%s%s", i ? ", " : "", gpus[i].name);
-        conflict(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k->str);
-        g_string_free(k, TRUE);
-        return FALSE;
+        g_autofree char *k = memsim_gpu_names();
+        return conflict(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);
     }
     MemsimMethod meth = run->method;
     if (meth == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1))

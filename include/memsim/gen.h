@@ -133,6 +133,23 @@ char **memsim_model_presets(void);
 /* Generates the single-GPU trace of `run` steps. Returns a new trace or NULL with error. */
 MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
 
+/* A GPU's public figures (traces/gpus.c). */
+typedef struct {
+    const char *name;         /* "a100-80gb", "h100-80gb", "h200", ... */
+    memsim_size_t memory;     /* bytes, as nvidia-smi reports the total */
+    double bf16_tflops;       /* dense tensor-core peak */
+    double fp32_tflops;
+    double hbm_gbs;           /* memory bandwidth, GB/s */
+    double link_gbs;          /* GPU-to-GPU bandwidth per direction, GB/s */
+} MemsimGpu;
+
+/* Every profile, ending with an entry whose name is NULL. Static; do not free. */
+const MemsimGpu *memsim_gpus(void);
+/* The profile of a name (NULL = the default, a100-80gb), or NULL if unknown. */
+const MemsimGpu *memsim_gpu_find(const char *name);
+/* "a100-40gb, a100-80gb, ..." — newly allocated, g_free() it. */
+char *memsim_gpu_names(void);
+
 /* How an estimate is replayed and judged. */
 typedef struct {
     const char *allocator;      /* policy spec; NULL = "torch" */
