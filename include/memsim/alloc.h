@@ -156,9 +156,10 @@ typedef struct MemsimAllocOps {
     void (*foreach_block)(void *state, MemsimBlockFunc fn, void *user);
 } MemsimAllocOps;
 
-/* The registry: a NULL-terminated array of every policy. */
+/* The registry: a NULL-terminated array of every policy; static, never freed. Safe to call
+ * from any thread (initialised once). */
 const MemsimAllocOps *const *memsim_alloc_registry(void);
-/* Finds a policy by name; NULL if unknown. */
+/* Finds a policy by name; NULL if unknown. The table is static. */
 const MemsimAllocOps *memsim_alloc_find(const char *name);
 
 /* An instance of a policy, with the optional entries filled by defaults. */
@@ -168,10 +169,20 @@ typedef struct MemsimAlloc MemsimAlloc;
  * "name:key:value,..."). Returns a new instance or NULL with error set. `dev` must outlive
  * the instance; a NULL dev means an unlimited device owned by the instance. */
 MemsimAlloc *memsim_alloc_new_from_spec(const char *spec, MemsimDevice *dev, GError **error);
+/* An instance of `ops` (from the registry) with its settings string ("key=value,..."; NULL
+ * or "" = the defaults). Returns a new instance (memsim_alloc_free_instance) or NULL with a
+ * MEMSIM_ERROR_BAD_INPUT error naming the bad setting. `dev` as above. */
 MemsimAlloc *memsim_alloc_new(const MemsimAllocOps *ops, const char *settings, MemsimDevice *dev,
                               GError **error);
+/* Frees the instance and its state (not a caller's `dev`); NULL is accepted. */
 void memsim_alloc_free_instance(MemsimAlloc *a);
+/* The policy's table (static). */
 const MemsimAllocOps *memsim_alloc_ops(MemsimAlloc *a);
+/* The operations of MemsimAllocOps, with the defaults of its optional entries. malloc:
+ * `size` > 0; MEMSIM_ALLOC_OOM (and *addr untouched) when the device cannot provide the
+ * memory. free, record_stream: `addr` must be a live block malloc returned (anything else
+ * is the caller's bug: policies assert or log a critical warning). An instance is not
+ * thread-safe: one thread at a time. */
 MemsimAllocResult memsim_alloc_malloc(MemsimAlloc *a, memsim_size_t size, uint32_t stream,
                                       memsim_addr_t *addr);
 void memsim_alloc_free(MemsimAlloc *a, memsim_addr_t addr);
@@ -179,16 +190,24 @@ void memsim_alloc_record_stream(MemsimAlloc *a, memsim_addr_t addr, uint32_t str
 void memsim_alloc_empty_cache(MemsimAlloc *a);
 MemsimAllocStats memsim_alloc_stats(MemsimAlloc *a);
 MemsimAllocShape memsim_alloc_shape(MemsimAlloc *a);
+/* TRUE when every invariant holds (or the policy has no checker); FALSE with a message
+ * naming the broken one. */
 gboolean memsim_alloc_check(MemsimAlloc *a, GError **error);
+/* The starting state of a recording that begins mid-run: FALSE with
+ * MEMSIM_ERROR_UNSUPPORTED when the policy cannot start from one, or with BAD_INPUT when the
+ * state is inconsistent (a block outside its segment, an overlap). */
 gboolean memsim_alloc_seed_segment(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t size,
                                    uint32_t stream, uint32_t segment_flags, GError **error);
 gboolean memsim_alloc_seed_block(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t block_size,
                                  memsim_size_t requested, uint32_t stream, GError **error);
+/* The size a request of `size` bytes takes (default: up to a multiple of 512). */
 memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size);
 /* Lists the blocks (see MemsimAllocOps.foreach_block); FALSE if the policy cannot. */
 gboolean memsim_alloc_foreach_block(MemsimAlloc *a, MemsimBlockFunc fn, void *user);
 
-/* Helpers for policies: ask the device for an address, report an event. */
+/* Helpers for policies: ask the device for an address (its hook, or the default bump
+ * pointer), report an event to its on_event hook, record and query a stream event (the
+ * defaults of MemsimDevice). */
 memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, uint32_t stream);
 void memsim_device_emit(MemsimDevice *dev, MemsimAllocEventKind kind, memsim_addr_t addr,
                         memsim_size_t size, uint32_t stream);
@@ -207,7 +226,8 @@ static inline void memsim_stat_sub(MemsimStat *s, int64_t n)
     s->current -= n;
 }
 
-/* Parses "80GiB", "40GB", "1.5TiB", "123456" into bytes. */
+/* Parses "80GiB", "40GB", "1.5TiB", "123456" into bytes. FALSE with a
+ * MEMSIM_ERROR_BAD_INPUT error quoting `text` when it is not a size. */
 gboolean memsim_parse_size(const char *text, memsim_size_t *bytes, GError **error);
 
 G_END_DECLS

@@ -68,6 +68,7 @@ gboolean memsim_export_html(const MemsimReport *report, const MemsimTimeline *tl
  * out of memory (capacity: the trace's) stops there, as the program would. */
 gboolean memsim_export_snapshot(const char *trace_path, const char *out, const char *alloc_conf,
                                 GError **error);
+/* The same from an in-memory trace (borrowed, not changed). */
 gboolean memsim_export_snapshot_trace(MemsimTrace *trace, const char *out,
                                       const char *alloc_conf, GError **error);
 

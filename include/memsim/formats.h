@@ -48,11 +48,13 @@ const MemsimTraceHeader *memsim_trace_reader_header(MemsimTraceReader *r);
  * set). */
 gsize memsim_trace_reader_next(MemsimTraceReader *r, guint32 *rank, const MemsimEvent **events,
                                GError **error);
-/* The format being read. */
+/* The format being read (never MEMSIM_FORMAT_AUTO). */
 MemsimFormat memsim_trace_reader_format(MemsimTraceReader *r);
+/* Closes the file and frees the reader, its header and its events (NULL is accepted). */
 void memsim_trace_reader_free(MemsimTraceReader *r);
 
-/* Reads a whole trace into memory. Returns a new trace or NULL with error set. */
+/* Reads a whole trace of any format into memory. Returns a new trace (memsim_trace_free)
+ * or NULL with error set. */
 MemsimTrace *memsim_trace_load(const char *path, GError **error);
 
 typedef struct MemsimTraceWriter MemsimTraceWriter;
@@ -65,16 +67,22 @@ MemsimTraceWriter *memsim_trace_writer_new(const char *path, MemsimFormat format
  * the next events). `header` must extend the one given before. */
 gboolean memsim_trace_writer_update_header(MemsimTraceWriter *w, const MemsimTraceHeader *header,
                                            GError **error);
+/* Writes n events of `rank` (copied or encoded before it returns). FALSE with a
+ * MEMSIM_ERROR_IO error when the file cannot be written; the writer must still be closed. */
 gboolean memsim_trace_writer_write(MemsimTraceWriter *w, guint32 rank, const MemsimEvent *events,
                                    gsize n, GError **error);
 /* Flushes and closes the file, then frees the writer (also on failure). */
 gboolean memsim_trace_writer_close(MemsimTraceWriter *w, GError **error);
 
-/* Writes a whole in-memory trace. */
+/* Writes a whole in-memory trace to `path` (format AUTO: by extension). FALSE with error
+ * set when it cannot be written. */
 gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat format,
                            GError **error);
 
-/* Converts between formats (by extension of `out`). */
+/* Converts the trace `in` (any readable format) into `out`, whose format follows its
+ * extension (.pickle: the trace replayed through the torch policy, as a PyTorch snapshot;
+ * memsim/export.h). FALSE with error set (naming the file and the record) on bad input or
+ * when `out` cannot be written. */
 gboolean memsim_convert(const char *in, const char *out, GError **error);
 
 G_END_DECLS

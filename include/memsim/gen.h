@@ -107,22 +107,32 @@ typedef struct {
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
 } MemsimRun;
 
-/* The defaults a current PyTorch + Transformers user gets without asking. */
+/* The defaults a current PyTorch + Transformers user gets without asking. The run owns its
+ * strings (lora_targets, torch_version, gpu): release them with memsim_run_clear(). */
 MemsimRun memsim_run_defaults(void);
+/* Frees the strings the run owns and sets them to NULL (the other fields stay). */
 void memsim_run_clear(MemsimRun *run);
-/* Sets one setting by name (flag spelling without "--"); FALSE with error for an unknown
- * key or a bad value. */
+/* Sets one setting by name (flag spelling without "--"; the value is copied); FALSE with a
+ * MEMSIM_ERROR_BAD_INPUT error for an unknown key or a bad value ("precision: 'fp8' is not
+ * one of ..."), leaving the run as it was. */
 gboolean memsim_run_set(MemsimRun *run, const char *key, const char *value, GError **error);
-/* Reads the [run] group of a GLib key file with the same keys. */
+/* Reads the [run] group of a GLib key file with the same keys, in the file's order; FALSE
+ * with an error naming the file (and the key) on the first bad one. */
 gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
 /* One line describing the run, including every default that applied. Newly allocated. */
 char *memsim_run_describe(const MemsimRun *run);
 
 typedef struct MemsimModel MemsimModel;
 
-/* A preset name (see memsim_model_presets) or the path of a config.json. */
+/* A preset name (see memsim_model_presets) or the path of a config.json. Returns a new
+ * model (memsim_model_free) or NULL with an error: an unknown name (listing the presets), an
+ * unreadable or malformed config, an unsupported architecture. A model is only read by the
+ * functions below: one model may serve several threads at once. */
 MemsimModel *memsim_model_load(const char *name_or_path, GError **error);
+/* NULL is accepted. */
 void memsim_model_free(MemsimModel *model);
+/* The preset name (or the config's path) and the family ("llama", "gpt2", ...); owned by
+ * the model. */
 const char *memsim_model_name(const MemsimModel *model);
 const char *memsim_model_family(const MemsimModel *model);
 /* Parameter count implied by the config (tied weights counted once). */
@@ -130,7 +140,9 @@ int64_t memsim_model_n_params(const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
 char **memsim_model_presets(void);
 
-/* Generates the single-GPU trace of `run` steps. Returns a new trace or NULL with error. */
+/* Generates the trace of `run` (one rank per distinct GPU program; a single GPU unless the
+ * run says otherwise). Returns a new trace (memsim_trace_free) or NULL with error for a run
+ * the model cannot take (e.g. a tensor-parallel degree that does not divide the heads). */
 MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
 
 /* A GPU's public figures (traces/gpus.c). */

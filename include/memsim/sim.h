@@ -138,6 +138,7 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, g
                             const MemsimEvent *events, gsize n, GError **error);
 /* Ends the replay, frees it and returns the report (free with memsim_report_free). */
 MemsimReport *memsim_replay_finish(MemsimReplay *rp);
+/* Frees a replay without a report: after a feed failed, or to give up (NULL is accepted). */
 void memsim_replay_abort(MemsimReplay *rp);
 
 /* Sets the device figures of a report (gpu_mem may be 0) and recomputes device_total and
@@ -145,20 +146,26 @@ void memsim_replay_abort(MemsimReplay *rp);
 void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,
                               memsim_size_t context_bytes);
 
-/* Opens any trace file, replays it and returns the report, or NULL with error set. */
+/* Opens any trace file (.mst, text, PyTorch snapshot pickle), replays it and returns a new
+ * report (memsim_report_free), or NULL with error set: the file cannot be read, is malformed
+ * (the message names the file and the record), or the allocator spec is bad. A simulated
+ * OOM is not an error: it is in the report (ranks[i].oom). `opt` may be NULL (defaults). */
 MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,
                                  GError **error);
-/* Replays an in-memory trace. */
+/* Replays an in-memory trace (borrowed, not changed); as memsim_replay_path. */
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error);
 
+/* Frees a report and everything it points to (NULL is accepted). */
 void memsim_report_free(MemsimReport *report);
-/* The report as JSON ({"ranks": [...]}); newly allocated, g_free() it. */
+/* The report as JSON ({"source", "allocator", ..., "ranks": [...]}: what the command prints
+ * with --json); newly allocated, g_free() it. */
 char *memsim_report_to_json(const MemsimReport *report);
-/* The report as a human-readable table; newly allocated. */
+/* The report as a human-readable table (what the command prints); newly allocated,
+ * g_free() it. */
 char *memsim_report_to_text(const MemsimReport *report);
 
-/* "12.50 GiB" style; writes into buf (at least 32 bytes) and returns it. */
+/* "12.50 GiB" style; writes into buf (at least 32 bytes) and returns it. Reentrant. */
 const char *memsim_format_bytes(memsim_size_t bytes, char *buf, gsize len);
 
 G_END_DECLS

@@ -86,8 +86,10 @@ typedef struct {
 /* A new, empty timeline keeping at most `max_buckets` buckets per rank (rounded up to an
  * even number ≥ 16; 0 = 4096). Free with memsim_timeline_free(). */
 MemsimTimeline *memsim_timeline_new(guint max_buckets);
+/* Frees the timeline and everything it recorded (NULL is accepted). */
 void memsim_timeline_free(MemsimTimeline *tl);
 
+/* The ranks recorded (0 before a replay). */
 guint memsim_timeline_n_ranks(const MemsimTimeline *tl);
 /* The recorded figures of a rank; owned by the timeline, valid until it changes. */
 const MemsimTimelineRank *memsim_timeline_rank(const MemsimTimeline *tl, guint rank);
