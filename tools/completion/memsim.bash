@@ -41,6 +41,11 @@ _memsim_values()
     --finetune) echo full lora qlora ;;
     --weights) echo default int8 4bit ;;
     --device) echo cuda cpu ;;
+    --method) echo none ddp zero1 zero2 zero3 fsdp fsdp-grad-op hsdp megatron ;;
+    --pp-schedule) echo 1f1b gpipe interleaved ;;
+    --fsdp-wrap) echo layer model ;;
+    --gpu) echo a100-40gb a100-80gb h100-80gb h200 v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
+    --sequence-parallel | --inference) echo true false ;;
     --torch-version) echo 1.13 2.0 2.1 2.2 2.3 2.4 2.5 2.6 2.7 2.8 2.9 ;;
     --use-cache | --keep-outputs) echo true false ;;
     --allocator | --allocators)
@@ -49,9 +54,15 @@ _memsim_values()
     --alloc-conf)
         echo expandable_segments:True max_split_size_mb: roundup_power2_divisions: \
             garbage_collection_threshold: ;;
-    --run | --output | -o | --trace) echo __file__ ;;
-    --gpu-mem | --cuda-context) echo 16GiB 24GiB 40GiB 48GiB 80GiB 141GiB ;;
-    *) echo __none__ ;;
+    -o | --output | --run) echo __file__ ;;
+    --gpu-mem) echo 16GiB 24GiB 40GiB 48GiB 80GiB 141GiB ;;
+    *)
+        # Any other option whose argument is a FILE (or a TRACE) takes a path.
+        case $(_memsim_query "$1" "$2" --help-all |
+            sed -n "s/^ *\(-[a-zA-Z], \)\{0,1\}$3=\([A-Z]*\) .*/\2/p") in
+        FILE | TRACE) echo __file__ ;;
+        *) echo __none__ ;;
+        esac ;;
     esac
 }
 

@@ -1,0 +1,249 @@
+/* The documentation that ships with the command: the man page (tools/memsim.1) renders
+ * without a warning and names every subcommand and every flag the command accepts (and no
+ * flag it does not); the bash completion (tools/completion/memsim.bash) offers them. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static char *source_path(const char *rel)
+{
+    const char *src = g_getenv("MEMSIM_SOURCE_ROOT");
+    cr_assert(src, "MEMSIM_SOURCE_ROOT not set (run the tests through meson test)");
+    return g_build_filename(src, rel, NULL);
+}
+
+/* Runs argv with the environment plus `env` ("K=V", NULL-terminated); exit status. */
+static int run(const char *const *argv, const char *const *env, char **out, char **err)
+{
+    g_auto(GStrv) envp = g_get_environ();
+    for (const char *const *e = env; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        g_autofree char *k = g_strndup(*e, (gsize)(eq - *e));
+        envp = g_environ_setenv(envp, k, eq + 1, TRUE);
+    }
+    int status = 0;
+    GError *error = NULL;
+    gboolean ok = g_spawn_sync(NULL, (char **)argv, envp, G_SPAWN_SEARCH_PATH, NULL, NULL, out,
+                               err, &status, &error);
+    cr_assert(ok, "could not run %s: %s", argv[0], error ? error->message : "?");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* The subcommands, from `memsim --help` ("Commands:" then "  name   summary" lines). */
+static char **subcommands(void)
+{
+    const char *argv[] = {"--help", NULL};
+    g_autofree char *out = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, NULL), 0);
+    GPtrArray *names = g_ptr_array_new();
+    const char *p = strstr(out, "Commands:\n");
+    cr_assert(p, "%s", out);
+    g_auto(GStrv) lines = g_strsplit(p, "\n", -1);
+    for (char **l = lines + 1; *l && g_str_has_prefix(*l, "  "); l++) {
+        g_auto(GStrv) words = g_strsplit_set(g_strstrip(*l), " ", 2);
+        g_ptr_array_add(names, g_strdup(words[0]));
+    }
+    g_ptr_array_add(names, NULL);
+    cr_assert_gt(names->len, 4, "%s", out);
+    return (char **)g_ptr_array_free(names, FALSE);
+}
+
+/* The long flags of `memsim CMD --help-all`: option lines "  [-x, ]--name[=ARG]  ...". */
+static char **flags(const char *cmd)
+{
+    const char *argv[] = {cmd, "--help-all", NULL};
+    g_autofree char *out = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, NULL), 0, "memsim %s --help-all", cmd);
+    GPtrArray *names = g_ptr_array_new();
+    g_auto(GStrv) lines = g_strsplit(out, "\n", -1);
+    for (char **l = lines; *l; l++) {
+        const char *s = *l;
+        if (!g_str_has_prefix(s, "  "))
+            continue;
+        s += strspn(s, " ");
+        if (s[0] == '-' && s[1] != '-' && s[2] == ',')
+            s += 3 + strspn(s + 3, " ");
+        if (!g_str_has_prefix(s, "--"))
+            continue;
+        gsize n = strspn(s, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        g_ptr_array_add(names, g_strndup(s, n));
+    }
+    g_ptr_array_add(names, NULL);
+    return (char **)g_ptr_array_free(names, FALSE);
+}
+
+/* Whether `word` occurs in `text` as a whole flag (not as the start of a longer one). */
+static gboolean has_flag(const char *text, const char *word)
+{
+    gsize n = strlen(word);
+    for (const char *p = strstr(text, word); p; p = strstr(p + 1, word)) {
+        char before = p == text ? ' ' : p[-1];
+        char after = p[n];
+        if (before != '-' && !g_ascii_isalnum(before) && after != '-' && after != '_' &&
+            !g_ascii_isalnum(after))
+            return TRUE;
+    }
+    return FALSE;
+}
+
+/* The page as man renders it at 80 columns in the C locale (plain ASCII). */
+static char *rendered(void)
+{
+    g_autofree char *page = source_path("tools/memsim.1");
+    const char *argv[] = {"man", "-l", page, NULL};
+    const char *env[] = {"MANWIDTH=80", "LC_ALL=C", "MANPAGER=cat", "PAGER=cat", NULL};
+    char *out = NULL;
+    g_autofree char *err = NULL;
+    cr_assert_eq(run(argv, env, &out, &err), 0, "man -l: %s", err);
+    return out;
+}
+
+static void skip_without_man(void)
+{
+    if (!g_find_program_in_path("man"))
+        cr_skip_test("man is not installed (tools/install-deps.sh installs man-db)");
+}
+
+Test(manpage, renders_without_warnings)
+{
+    skip_without_man();
+    g_autofree char *page = source_path("tools/memsim.1");
+    const char *locales[] = {"LC_ALL=C", "LC_ALL=C.UTF-8"};
+    for (gsize i = 0; i < G_N_ELEMENTS(locales); i++) {
+        const char *argv[] = {"man", "--warnings", "-l", page, NULL};
+        const char *env[] = {"MANWIDTH=80", locales[i], "MANPAGER=cat", "PAGER=cat", NULL};
+        g_autofree char *out = NULL, *err = NULL;
+        cr_expect_eq(run(argv, env, &out, &err), 0);
+        cr_expect_str_empty(err, "man --warnings (%s) says:\n%s", locales[i], err);
+        cr_expect_gt(strlen(out), 1000);
+    }
+}
+
+Test(manpage, sections)
+{
+    skip_without_man();
+    g_autofree char *text = rendered();
+    const char *sections[] = {"NAME",        "SYNOPSIS", "DESCRIPTION", "COMMANDS",
+                              "RUN OPTIONS", "OPTIONS",  "EXIT STATUS", "ENVIRONMENT",
+                              "FILES",       "EXAMPLES", "SEE ALSO"};
+    for (gsize i = 0; i < G_N_ELEMENTS(sections); i++) {
+        g_autofree char *heading = g_strdup_printf("\n%s\n", sections[i]);
+        cr_expect(strstr(text, heading), "no section %s", sections[i]);
+    }
+}
+
+Test(manpage, every_subcommand_and_flag)
+{
+    skip_without_man();
+    g_autofree char *text = rendered();
+    g_auto(GStrv) cmds = subcommands();
+    GHashTable *known = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_hash_table_add(known, g_strdup("--version"));
+    for (char **c = cmds; *c; c++) {
+        /* A subsection "memsim CMD ..." of COMMANDS. */
+        g_autofree char *heading = g_strdup_printf("\n   memsim %s", *c);
+        cr_expect(strstr(text, heading), "subcommand %s has no subsection", *c);
+        g_auto(GStrv) fl = flags(*c);
+        for (char **f = fl; *f; f++) {
+            cr_expect(has_flag(text, *f), "memsim %s %s is not in the man page", *c, *f);
+            g_hash_table_add(known, g_strdup(*f));
+        }
+    }
+    /* And nothing the command does not accept (a flag removed or renamed). */
+    for (const char *p = strstr(text, "--"); p; p = strstr(p + 2, "--")) {
+        if (p > text && (g_ascii_isalnum(p[-1]) || p[-1] == '-'))
+            continue;
+        gsize n = strspn(p + 2, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        if (n == 0)
+            continue;
+        g_autofree char *f = g_strndup(p, n + 2);
+        cr_expect(g_hash_table_contains(known, f), "the man page names %s, which no subcommand "
+                                                   "accepts", f);
+    }
+    g_hash_table_unref(known);
+}
+
+/* ---- bash completion ---- */
+
+/* COMPREPLY for the words typed so far (the last one being completed), one per line. */
+static char *complete(const char *const *words)
+{
+    if (!g_find_program_in_path("bash"))
+        cr_skip_test("bash is not installed");
+    g_autofree char *script = source_path("tools/completion/memsim.bash");
+    GString *cmd = g_string_new(NULL);
+    g_autofree char *qs = g_shell_quote(script);
+    g_autofree char *qb = g_shell_quote(g_getenv("MEMSIM_BIN"));
+    g_string_append_printf(cmd, "source %s; COMP_WORDS=(%s", qs, qb);
+    int n = 0;
+    for (const char *const *w = words; *w; w++, n++) {
+        g_autofree char *q = g_shell_quote(*w);
+        g_string_append_printf(cmd, " %s", q);
+    }
+    g_string_append_printf(cmd, "); COMP_CWORD=%d; _memsim; printf '%%s\\n' \"${COMPREPLY[@]}\"",
+                           n);
+    const char *argv[] = {"bash", "--norc", "--noprofile", "-c", cmd->str, NULL};
+    char *out = NULL;
+    g_autofree char *err = NULL;
+    int rc = run(argv, NULL, &out, &err);
+    cr_assert_eq(rc, 0, "bash: %s", err);
+    cr_expect_str_empty(err, "completion printed errors: %s", err);
+    g_string_free(cmd, TRUE);
+    return out;
+}
+
+static gboolean has_line(const char *text, const char *line)
+{
+    g_autofree char *l = g_strdup_printf("\n%s\n", line);
+    g_autofree char *t = g_strdup_printf("\n%s", text);
+    return strstr(t, l) != NULL;
+}
+
+Test(completion, subcommands_and_flags)
+{
+    g_auto(GStrv) cmds = subcommands();
+    const char *none[] = {"", NULL};
+    g_autofree char *all = complete(none);
+    for (char **c = cmds; *c; c++) {
+        cr_expect(has_line(all, *c), "subcommand %s not offered:\n%s", *c, all);
+        const char *w[] = {*c, "--", NULL};
+        g_autofree char *offered = complete(w);
+        g_auto(GStrv) fl = flags(*c);
+        for (char **f = fl; *f; f++) {
+            g_autofree char *with_arg = g_strdup_printf("%s=", *f);
+            cr_expect(has_line(offered, *f) || has_line(offered, with_arg),
+                      "memsim %s: %s not offered:\n%s", *c, *f, offered);
+        }
+    }
+}
+
+Test(completion, values)
+{
+    const char *m[] = {"estimate", "--model", "llama-3-", NULL};
+    g_autofree char *models = complete(m);
+    cr_expect(has_line(models, "llama-3-8b") && has_line(models, "llama-3-70b"), "%s", models);
+    const char *m2[] = {"estimate", "--model=gpt2-", NULL};
+    g_autofree char *models2 = complete(m2);
+    cr_expect(has_line(models2, "gpt2-xl"), "%s", models2);
+    const char *p[] = {"gen", "--precision", "", NULL};
+    g_autofree char *prec = complete(p);
+    cr_expect(has_line(prec, "bf16-mixed") && has_line(prec, "fp32"), "%s", prec);
+    const char *a[] = {"replay", "--allocator", "", NULL};
+    g_autofree char *alloc = complete(a);
+    cr_expect(has_line(alloc, "torch") && has_line(alloc, "exact"), "%s", alloc);
+    /* Trace paths: files. */
+    g_autofree char *dir = tu_test_data("good");
+    g_autofree char *prefix = g_build_filename(dir, "sma", NULL);
+    g_autofree char *want = g_build_filename(dir, "small.mst", NULL);
+    const char *t[] = {"replay", prefix, NULL};
+    g_autofree char *files = complete(t);
+    cr_expect(has_line(files, want), "%s", files);
+    /* Options whose argument is a FILE: files too. */
+    const char *o[] = {"gen", "-o", prefix, NULL};
+    g_autofree char *ofiles = complete(o);
+    cr_expect(has_line(ofiles, want), "%s", ofiles);
+    const char *r[] = {"replay", "--report", prefix, NULL};
+    g_autofree char *rfiles = complete(r);
+    cr_expect(has_line(rfiles, want), "%s", rfiles);
+}
