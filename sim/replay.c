@@ -243,6 +243,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
         r->dev.record_event = record_event;
+        if (!rp->opt.verify) /* blocks handed out and freed need no report then */
+            r->dev.quiet = (1u << MEMSIM_AEV_ALLOC) | (1u << MEMSIM_AEV_FREE_COMPLETED);
         r->dev.event_done = event_done;
         r->gpu_free = g_array_new(FALSE, TRUE, sizeof(double));
         r->last_end = g_array_new(FALSE, TRUE, sizeof(double));
@@ -381,16 +383,15 @@ static void verify_action(RankSim *r, uint64_t index, const MemsimEvent *ev)
 
 /* After the categories were updated: note the peaks `st` shows. */
 static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
-                        const MemsimAllocStats *stp)
+                        const MemsimAllocStats *st)
 {
-    MemsimAllocStats st = *stp;
-    if (st.allocated.current > r->best_allocated) {
-        r->best_allocated = st.allocated.current;
+    if (st->allocated.current > r->best_allocated) {
+        r->best_allocated = st->allocated.current;
         memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
         memcpy(r->rep.peak_by_category_requested, r->live_req, sizeof r->live_req);
         r->rep.peak_allocated_event = index;
-        r->rep.at_peak_allocated_reserved = (memsim_size_t)st.reserved.current;
-        r->rep.at_peak_allocated_requested = (memsim_size_t)st.requested.current;
+        r->rep.at_peak_allocated_reserved = (memsim_size_t)st->reserved.current;
+        r->rep.at_peak_allocated_requested = (memsim_size_t)st->requested.current;
         r->rep.peak_allocated_op = r->cur_op;
         r->rep.peak_stream = r->cur_stream;
         if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
@@ -404,22 +405,22 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
     }
     if (r->steps->len) {
         MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
-        if (st.allocated.current > sp->peak_allocated)
-            sp->peak_allocated = st.allocated.current;
-        if (st.reserved.current > sp->peak_reserved)
-            sp->peak_reserved = st.reserved.current;
-        if (st.allocated.current > sp->phase_peak_allocated[r->cur_phase])
-            sp->phase_peak_allocated[r->cur_phase] = st.allocated.current;
-        if (st.reserved.current > sp->phase_peak_reserved[r->cur_phase])
-            sp->phase_peak_reserved[r->cur_phase] = st.reserved.current;
+        if (st->allocated.current > sp->peak_allocated)
+            sp->peak_allocated = st->allocated.current;
+        if (st->reserved.current > sp->peak_reserved)
+            sp->peak_reserved = st->reserved.current;
+        if (st->allocated.current > sp->phase_peak_allocated[r->cur_phase])
+            sp->phase_peak_allocated[r->cur_phase] = st->allocated.current;
+        if (st->reserved.current > sp->phase_peak_reserved[r->cur_phase])
+            sp->phase_peak_reserved[r->cur_phase] = st->reserved.current;
     }
-    if (st.reserved.peak > r->best_reserved) {
-        r->best_reserved = st.reserved.peak;
-        r->rep.at_peak_reserved_allocated = (memsim_size_t)st.allocated.current;
-        r->rep.at_peak_reserved_requested = (memsim_size_t)st.requested.current;
+    if (st->reserved.peak > r->best_reserved) {
+        r->best_reserved = st->reserved.peak;
+        r->rep.at_peak_reserved_allocated = (memsim_size_t)st->allocated.current;
+        r->rep.at_peak_reserved_requested = (memsim_size_t)st->requested.current;
         r->rep.peak_reserved_event = index;
     }
-    r->last_allocated = st.allocated.current;
+    r->last_allocated = st->allocated.current;
 }
 
 static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
@@ -489,13 +490,13 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             r->stopped = TRUE;
             break;
         }
-        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-        IdVal v = {addr, (uint64_t)(st.allocated.current - r->last_allocated), ev->size,
+        const MemsimAllocStats *st = memsim_alloc_stats_live(r->alloc);
+        IdVal v = {addr, (uint64_t)(st->allocated.current - r->last_allocated), ev->size,
                    ev->category, ev->stream};
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
         r->live_req[ev->category] += (int64_t)v.req;
-        track_peaks(r, h, index, &st);
+        track_peaks(r, h, index, st);
         break;
     }
     case MEMSIM_EV_FREE: {

@@ -59,9 +59,11 @@ typedef struct {
     void *user;
     /* Private: the default bump pointer. */
     memsim_addr_t next_addr;
+    /* Kinds (bit 1 << MemsimAllocEventKind) on_event does not want; a hot path skips them. */
+    uint32_t quiet;
 } MemsimDevice;
 
-#define MEMSIM_DEVICE_INIT {0, NULL, NULL, NULL, NULL, NULL, 0}
+#define MEMSIM_DEVICE_INIT {0, NULL, NULL, NULL, NULL, NULL, 0, 0}
 
 typedef enum {
     MEMSIM_ALLOC_OK = 0,
@@ -150,6 +152,9 @@ typedef struct MemsimAllocOps {
                            memsim_size_t requested, uint32_t stream, GError **error);
     /* (optional) The size a request is rounded to. Default: up to a multiple of 512. */
     memsim_size_t (*round_size)(void *state, memsim_size_t size);
+    /* (optional) The live statistics, without a copy (valid until the next call on the
+     * instance). Default: stats() copied into the instance. */
+    const MemsimAllocStats *(*stats_live)(void *state);
     /* (optional) Calls fn for every block: the blocks of one segment one after another, in
      * address order, covering it; segments in any order. Default: the policy cannot list
      * its blocks (memsim_alloc_foreach_block returns FALSE). */
@@ -189,6 +194,8 @@ void memsim_alloc_free(MemsimAlloc *a, memsim_addr_t addr);
 void memsim_alloc_record_stream(MemsimAlloc *a, memsim_addr_t addr, uint32_t stream);
 void memsim_alloc_empty_cache(MemsimAlloc *a);
 MemsimAllocStats memsim_alloc_stats(MemsimAlloc *a);
+/* The statistics without a copy: owned by the instance, valid until its next call. */
+const MemsimAllocStats *memsim_alloc_stats_live(MemsimAlloc *a);
 MemsimAllocShape memsim_alloc_shape(MemsimAlloc *a);
 /* TRUE when every invariant holds (or the policy has no checker); FALSE with a message
  * naming the broken one. */

@@ -114,6 +114,11 @@ static MemsimAllocStats exact_stats(void *state)
     return ((Exact *)state)->st;
 }
 
+static const MemsimAllocStats *exact_stats_live(void *state)
+{
+    return &((Exact *)state)->st;
+}
+
 static void exact_reset_peaks(void *state)
 {
     MemsimAllocStats *s = &((Exact *)state)->st;
@@ -190,6 +195,7 @@ static const MemsimAllocOps exact_ops = {
     .malloc = exact_malloc,
     .free = exact_free,
     .stats = exact_stats,
+    .stats_live = exact_stats_live,
     .shape = exact_shape,
     .reset_peaks = exact_reset_peaks,
     .check = exact_check,

@@ -45,6 +45,7 @@ struct MemsimAlloc {
     void *state;
     MemsimDevice *dev;
     MemsimDevice own_dev;
+    MemsimAllocStats copy; /* memsim_alloc_stats_live for policies without stats_live */
 };
 
 MemsimAlloc *memsim_alloc_new(const MemsimAllocOps *ops, const char *settings, MemsimDevice *dev,
@@ -124,6 +125,14 @@ MemsimAllocStats memsim_alloc_stats(MemsimAlloc *a)
     return a->ops->stats(a->state);
 }
 
+const MemsimAllocStats *memsim_alloc_stats_live(MemsimAlloc *a)
+{
+    if (a->ops->stats_live)
+        return a->ops->stats_live(a->state);
+    a->copy = a->ops->stats(a->state);
+    return &a->copy;
+}
+
 MemsimAllocShape memsim_alloc_shape(MemsimAlloc *a)
 {
     MemsimAllocShape s = {0};
@@ -196,7 +205,7 @@ memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, 
 void memsim_device_emit(MemsimDevice *dev, MemsimAllocEventKind kind, memsim_addr_t addr,
                         memsim_size_t size, uint32_t stream)
 {
-    if (dev->on_event) {
+    if (dev->on_event && !((dev->quiet >> kind) & 1u)) {
         MemsimAllocEvent ev = {kind, addr, size, stream};
         dev->on_event(dev->user, &ev);
     }

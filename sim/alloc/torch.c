@@ -1505,6 +1505,11 @@ static MemsimAllocStats torch_stats(void *state)
     return ((Torch *)state)->st;
 }
 
+static const MemsimAllocStats *torch_stats_live(void *state)
+{
+    return &((Torch *)state)->st;
+}
+
 static void reset_peaks(Torch *t)
 {
     MemsimAllocStats *s = &t->st;
@@ -2348,6 +2353,7 @@ static const MemsimAllocOps torch_ops = {
     .record_stream = torch_record_stream,
     .empty_cache = torch_empty_cache,
     .stats = torch_stats,
+    .stats_live = torch_stats_live,
     .shape = torch_shape,
     .reset_peaks = torch_reset_peaks,
     .check = torch_check,
