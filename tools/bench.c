@@ -11,10 +11,18 @@
  *       the allocator (default torch). Prints events per second and the peak resident memory
  *       of each phase, so that memory can be seen not to grow with the trace length.
  *
+ *   memsim-bench export [--events N] [--keep FILE.mst]
+ *       Exports of a replay of the synthetic trace (default 10 million events), at N/10 and
+ *       N events: the replay alone, the replay recording a timeline (its cost per event),
+ *       then the Perfetto JSON, SVG, PNG and CSV written from the timeline, with file sizes.
+ *       Exports depend on the timeline's bucket count, not on the trace length; the replay
+ *       with a timeline must stay linear.
+ *
  * The synthetic program looks like training: activations pile up through a "forward" pass
  * and are released in reverse through a "backward" pass, with short-lived temporaries in
  * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
  */
+#include <memsim/export.h>
 #include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
@@ -215,10 +223,109 @@ static int bench_estimate(int argc, char **argv)
     return 0;
 }
 
+/* ---- export ---- */
+
+static double wall_seconds(void)
+{
+    return (double)g_get_monotonic_time() / 1e6;
+}
+
+static double file_mib(const char *path)
+{
+    GStatBuf sb;
+    return g_stat(path, &sb) == 0 ? (double)sb.st_size / 1048576.0 : -1;
+}
+
+/* One size: replay without and with a timeline, then each export; FALSE on an error. */
+static gboolean bench_export_one(const char *trace, const char *dir, uint64_t n_events,
+                                 GError **error)
+{
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    double t0 = wall_seconds();
+    MemsimReport *rep = memsim_replay_path(trace, &o, error);
+    if (!rep)
+        return FALSE;
+    double t1 = wall_seconds();
+    memsim_report_free(rep);
+    MemsimTimeline *tl = memsim_timeline_new(16384);
+    o.timeline = tl;
+    rep = memsim_replay_path(trace, &o, error);
+    double t2 = wall_seconds();
+    if (!rep) {
+        memsim_timeline_free(tl);
+        return FALSE;
+    }
+    printf("%10" PRIu64 " events: replay %.2f s; with a timeline %.2f s (%+.1f ns/event), "
+           "%zu buckets kept\n",
+           n_events, t1 - t0, t2 - t1, ((t2 - t1) - (t1 - t0)) * 1e9 / (double)n_events,
+           memsim_timeline_rank(tl, 0)->n_samples);
+    static const char *const names[] = {"run.json", "run.svg", "run.png", "run.csv"};
+    gboolean ok = TRUE;
+    for (gsize i = 0; ok && i < G_N_ELEMENTS(names); i++) {
+        g_autofree char *path = g_build_filename(dir, names[i], NULL);
+        double a = wall_seconds();
+        if (i == 0)
+            ok = memsim_export_perfetto(tl, path, error);
+        else if (i == 3)
+            ok = memsim_export_timeline_csv(tl, path, error);
+        else
+            ok = memsim_export_timeline_plot(tl, NULL, path, error);
+        double b = wall_seconds();
+        if (ok)
+            printf("            %-9s %.3f s, %.2f MiB\n", names[i] + 4, b - a, file_mib(path));
+        g_unlink(path);
+    }
+    memsim_report_free(rep);
+    memsim_timeline_free(tl);
+    return ok;
+}
+
+static int bench_export(int argc, char **argv)
+{
+    gint64 n_events = 10000000;
+    char *keep = NULL;
+    GOptionEntry entries[] = {
+        {"events", 0, 0, G_OPTION_ARG_INT64, &n_events, "Events in the synthetic trace", "N"},
+        {"keep", 0, 0, G_OPTION_ARG_FILENAME, &keep, "Keep the N-event trace here", "FILE"},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("export");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 1 || n_events < 10) {
+        fprintf(stderr, "usage: memsim-bench export [--events N] [--keep FILE.mst]\n%s\n",
+                error ? error->message : "");
+        g_option_context_free(ctx);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    g_autofree char *dir = g_dir_make_tmp("memsim-bench-XXXXXX", &error);
+    if (!dir) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    int rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        uint64_t n = k == 0 ? (uint64_t)n_events / 10 : (uint64_t)n_events;
+        g_autofree char *trace = keep && k == 1 ? g_strdup(keep)
+                                                : g_build_filename(dir, "synthetic.mst", NULL);
+        if (!write_synthetic(trace, n, &error) || !bench_export_one(trace, dir, n, &error)) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            rc = 2;
+        }
+        if (!(keep && k == 1))
+            g_unlink(trace);
+    }
+    g_rmdir(dir);
+    g_free(keep);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
         return bench_estimate(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "export") == 0)
+        return bench_export(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
     GOptionEntry entries[] = {
@@ -261,6 +368,7 @@ int main(int argc, char **argv)
     /* (1) reading alone */
     reset_peak_rss();
     t0 = g_get_monotonic_time();
+    double c0 = cpu_seconds();
     MemsimTraceReader *r = memsim_trace_reader_open(path, &error);
     if (!r) {
         fprintf(stderr, "memsim-bench: %s\n", error->message);
@@ -276,31 +384,35 @@ int main(int argc, char **argv)
     }
     memsim_trace_reader_free(r);
     t1 = g_get_monotonic_time();
+    double c1 = cpu_seconds();
     if (error) {
         fprintf(stderr, "memsim-bench: %s\n", error->message);
         return 2;
     }
-    double read_s = (double)(t1 - t0) / 1e6;
-    printf("read .mst:            %.3f s  %6.1f M events/s  peak RSS %ld KiB (checksum %" PRIu64
-           ")\n",
-           read_s, (double)total / read_s / 1e6, peak_rss_kib(), sink % 1000);
+    double read_s = (double)(t1 - t0) / 1e6, read_cpu = c1 - c0;
+    printf("read .mst:            %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak RSS %ld "
+           "KiB (checksum %" PRIu64 ")\n",
+           read_s, read_cpu, (double)total / read_cpu / 1e6, peak_rss_kib(), sink % 1000);
 
     /* (2) reading + simulating */
     reset_peak_rss();
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.allocator = allocator;
     t0 = g_get_monotonic_time();
+    c0 = cpu_seconds();
     MemsimReport *rep = memsim_replay_path(path, &o, &error);
     t1 = g_get_monotonic_time();
+    c1 = cpu_seconds();
     if (!rep) {
         fprintf(stderr, "memsim-bench: %s\n", error->message);
         return 2;
     }
-    double sim_s = (double)(t1 - t0) / 1e6;
+    double sim_s = (double)(t1 - t0) / 1e6, sim_cpu = c1 - c0;
     char a[32], b[32];
-    printf("read + simulate (%s): %.3f s  %6.1f M events/s  peak RSS %ld KiB  (peak allocated "
-           "%s, peak reserved %s)\n",
-           rep->allocator, sim_s, (double)rep->ranks[0].n_events / sim_s / 1e6, peak_rss_kib(),
+    printf("read + simulate (%s): %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak RSS %ld "
+           "KiB  (peak allocated %s, peak reserved %s)\n",
+           rep->allocator, sim_s, sim_cpu, (double)rep->ranks[0].n_events / sim_cpu / 1e6,
+           peak_rss_kib(),
            memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.allocated.peak, a, 32),
            memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.reserved.peak, b, 32));
     memsim_report_free(rep);
