@@ -17,8 +17,9 @@
  * Starting from a recording (seed_segment/seed_block): a recorded segment need not be a power
  * of two, so it is covered by the aligned powers of two of its size's binary digits (20 MiB =
  * 16 MiB + 4 MiB), each a root that never merges beyond itself; a recorded live block keeps
- * its address and its request rounded to 512 bytes, covered by the fewest aligned buddy
- * blocks (held as one allocation, freed together).
+ * its address and its request rounded to 512 bytes as one "pinned" block; the free space
+ * around it becomes aligned buddy blocks, and when it is freed it is cut into the fewest
+ * aligned blocks, which merge as usual.
  *
  * Statistics: allocated = active = bytes of blocks in use (powers of two); reserved = arena
  * bytes; segments = arenas; n_device_alloc / n_device_free = arenas taken / released;
@@ -43,21 +44,23 @@
 typedef struct BArena BArena;
 typedef struct BBlk BBlk;
 
-enum { B_FREE = 0, B_USED, B_PIECE };
+enum { B_FREE = 0, B_USED };
 
 struct BBlk {
     BBlk *lprev, *lnext; /* free list of its order */
+    BBlk *aprev, *anext; /* address neighbours in the arena */
     memsim_addr_t ptr;
     memsim_size_t requested;
     BArena *arena;
-    BBlk *chain;   /* a seeded allocation made of several blocks: the next one */
-    uint8_t order; /* size = min_block << order */
+    memsim_size_t pinned; /* a recorded block (seeded): its size in bytes; 0 otherwise */
+    uint8_t order; /* size = min_block << order (unless pinned) */
     uint8_t root;  /* order of the root it lies in: it never merges beyond */
     uint8_t state;
 };
 
 struct BArena {
     KitSeg k;
+    BBlk *first;     /* blocks in address order */
     uint64_t n_used; /* blocks in use, pieces included */
 };
 
@@ -78,6 +81,35 @@ typedef struct {
 static inline memsim_size_t bsize(const Buddy *a, int order)
 {
     return a->min_block << order;
+}
+
+static inline memsim_size_t blk_bytes(const Buddy *a, const BBlk *b)
+{
+    return b->pinned ? b->pinned : bsize(a, b->order);
+}
+
+/* The order of the root that covers offset `off` of an arena of `size` bytes. */
+static int root_at(const Buddy *a, memsim_size_t size, memsim_size_t off)
+{
+    memsim_size_t units = size >> a->min_shift, start = 0;
+    for (int o = 63; o >= 0; o--)
+        if (units >> o & 1) {
+            if (off < start + bsize(a, o))
+                return o;
+            start += bsize(a, o);
+        }
+    return -1;
+}
+
+/* The largest aligned buddy block at p that ends by `end` (p and end in min_block units
+ * of the arena at base). */
+static int largest_at(const Buddy *a, memsim_addr_t base, memsim_addr_t p, memsim_addr_t end,
+                      int max_order)
+{
+    int o = max_order;
+    while (((p - base) & (bsize(a, o) - 1)) || p + bsize(a, o) > end)
+        o--;
+    return o;
 }
 
 /* The smallest order whose block holds n bytes. */
@@ -119,15 +151,36 @@ static void list_remove(Buddy *a, BBlk *b)
         memsim_stat_sub(&a->st.inactive_split, (int64_t)bsize(a, b->order));
 }
 
-static BBlk *new_blk(Buddy *a, BArena *ar, memsim_addr_t ptr, int order, int root)
+/* A new block at ptr, placed after `after` in the arena's address order (first if NULL). */
+static BBlk *new_blk(Buddy *a, BArena *ar, memsim_addr_t ptr, int order, int root, BBlk *after)
 {
     BBlk *b = kit_slab_get(&a->blk_slab);
     b->ptr = ptr;
     b->arena = ar;
     b->order = (uint8_t)order;
     b->root = (uint8_t)root;
+    b->aprev = after;
+    b->anext = after ? after->anext : ar->first;
+    if (b->anext)
+        b->anext->aprev = b;
+    if (after)
+        after->anext = b;
+    else
+        ar->first = b;
     kit_map_put(&a->blocks, ptr, b);
     return b;
+}
+
+static void drop_blk(Buddy *a, BBlk *b)
+{
+    if (b->aprev)
+        b->aprev->anext = b->anext;
+    else
+        b->arena->first = b->anext;
+    if (b->anext)
+        b->anext->aprev = b->aprev;
+    kit_map_take(&a->blocks, b->ptr);
+    kit_slab_put(&a->blk_slab, b);
 }
 
 /* An arena covered by the aligned powers of two of its size's binary digits (one root when
@@ -139,9 +192,11 @@ static BArena *add_arena(Buddy *a, memsim_addr_t base, memsim_size_t size)
     ar->k.size = size;
     kit_segs_insert(&a->arenas, &ar->k);
     memsim_size_t off = 0, units = size >> a->min_shift;
+    BBlk *last = NULL;
     for (int o = 63; o >= 0; o--)
         if (units >> o & 1) {
-            list_push(a, new_blk(a, ar, base + off, o, o));
+            last = new_blk(a, ar, base + off, o, o, last);
+            list_push(a, last);
             off += bsize(a, o);
         }
     memsim_stat_add(&a->st.reserved, (int64_t)size);
@@ -162,12 +217,11 @@ static void release_free_arenas(Buddy *a)
         if (ar->n_used)
             continue;
         /* Nothing in use: every root is whole and free. */
-        for (memsim_addr_t p = ar->k.base; p < ar->k.base + ar->k.size;) {
-            BBlk *b = kit_map_take(&a->blocks, p);
-            g_assert(b && b->state == B_FREE && b->order == b->root);
+        while (ar->first) {
+            BBlk *b = ar->first;
+            g_assert(b->state == B_FREE && b->order == b->root);
             list_remove(a, b);
-            p += bsize(a, b->order);
-            kit_slab_put(&a->blk_slab, b);
+            drop_blk(a, b);
         }
         kit_segs_remove(&a->arenas, &ar->k);
         memsim_stat_sub(&a->st.reserved, (int64_t)ar->k.size);
@@ -201,25 +255,22 @@ static void split_down(Buddy *a, BBlk *b, int order)
 {
     while (b->order > order) {
         b->order--;
-        list_push(a, new_blk(a, b->arena, b->ptr + bsize(a, b->order), b->order, b->root));
+        list_push(a, new_blk(a, b->arena, b->ptr + bsize(a, b->order), b->order, b->root, b));
     }
 }
 
-static void mark_used(Buddy *a, BBlk *b, uint8_t state)
+static void mark_used(Buddy *a, BBlk *b)
 {
-    b->state = state;
+    b->state = B_USED;
     b->arena->n_used++;
-    memsim_stat_add(&a->st.allocated, (int64_t)bsize(a, b->order));
-    memsim_stat_add(&a->st.active, (int64_t)bsize(a, b->order));
+    memsim_stat_add(&a->st.allocated, (int64_t)blk_bytes(a, b));
+    memsim_stat_add(&a->st.active, (int64_t)blk_bytes(a, b));
 }
 
-/* b (in use) becomes free and merges with its buddies as far as its root allows. */
-static void release_blk(Buddy *a, BBlk *b)
+/* b (a buddy block, not free) becomes free and merges with its buddies as far as its root
+ * allows. */
+static void merge_free(Buddy *a, BBlk *b)
 {
-    b->arena->n_used--;
-    b->chain = NULL;
-    memsim_stat_sub(&a->st.allocated, (int64_t)bsize(a, b->order));
-    memsim_stat_sub(&a->st.active, (int64_t)bsize(a, b->order));
     memsim_addr_t base = b->arena->k.base;
     while (b->order < b->root) {
         memsim_size_t size = bsize(a, b->order);
@@ -230,8 +281,7 @@ static void release_blk(Buddy *a, BBlk *b)
         BBlk *gone = q->ptr < b->ptr ? b : q;
         if (gone == b)
             b = q;
-        kit_map_take(&a->blocks, gone->ptr);
-        kit_slab_put(&a->blk_slab, gone);
+        drop_blk(a, gone);
         b->order++;
     }
     list_push(a, b);
@@ -270,7 +320,7 @@ static MemsimAllocResult buddy_malloc(void *state, memsim_size_t size, uint32_t 
     BBlk *b = a->lists[__builtin_ctzll(usable)];
     list_remove(a, b);
     split_down(a, b, k);
-    mark_used(a, b, B_USED);
+    mark_used(a, b);
     b->requested = size;
     memsim_stat_add(&a->st.requested, (int64_t)size);
     memsim_stat_add(&a->st.allocations, 1);
@@ -289,12 +339,34 @@ static void buddy_free(void *state, memsim_addr_t addr)
     }
     memsim_stat_sub(&a->st.requested, (int64_t)b->requested);
     memsim_stat_sub(&a->st.allocations, 1);
+    memsim_stat_sub(&a->st.allocated, (int64_t)blk_bytes(a, b));
+    memsim_stat_sub(&a->st.active, (int64_t)blk_bytes(a, b));
+    b->arena->n_used--;
     memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
-    while (b) {
-        BBlk *next = b->chain;
-        release_blk(a, b);
-        b = next;
+    if (!b->pinned) {
+        merge_free(a, b);
+        return;
     }
+    /* A recorded block: cut into the fewest aligned buddy blocks, then each merges. The
+     * pieces are all cut before any merges, so that none merges with a piece still held. */
+    BArena *ar = b->arena;
+    memsim_addr_t p = b->ptr, end = b->ptr + b->pinned;
+    b->pinned = 0;
+    GPtrArray *pieces = g_ptr_array_new();
+    for (BBlk *piece = b, *prev = NULL; p < end; prev = piece) {
+        int root = root_at(a, ar->k.size, p - ar->k.base);
+        int o = largest_at(a, ar->k.base, p, end, root);
+        if (prev)
+            piece = new_blk(a, ar, p, o, root, prev);
+        piece->state = B_USED; /* until its turn to merge */
+        piece->order = (uint8_t)o;
+        piece->root = (uint8_t)root;
+        g_ptr_array_add(pieces, piece);
+        p += bsize(a, o);
+    }
+    for (guint i = 0; i < pieces->len; i++)
+        merge_free(a, pieces->pdata[i]);
+    g_ptr_array_free(pieces, TRUE);
 }
 
 static void buddy_empty_cache(void *state)
@@ -333,19 +405,6 @@ static MemsimAllocShape buddy_shape(void *state)
         return FALSE;                                                                          \
     } while (0)
 
-/* The order of the root that covers offset `off` of an arena of `size` bytes. */
-static int root_at(const Buddy *a, memsim_size_t size, memsim_size_t off)
-{
-    memsim_size_t units = size >> a->min_shift, start = 0;
-    for (int o = 63; o >= 0; o--)
-        if (units >> o & 1) {
-            if (off < start + bsize(a, o))
-                return o;
-            start += bsize(a, o);
-        }
-    return -1;
-}
-
 static gboolean buddy_check(void *state, GError **error)
 {
     Buddy *a = state;
@@ -361,50 +420,60 @@ static gboolean buddy_check(void *state, GError **error)
             FAIL("arena 0x%" G_GINT64_MODIFIER "x is not a whole number of blocks", base);
         reserved += (int64_t)ar->k.size;
         uint64_t used = 0;
-        /* Blocks tile the arena: walk it by address through the map. */
-        for (memsim_addr_t p = base; p < end;) {
-            BBlk *b = kit_map_get(&a->blocks, p);
-            if (!b)
-                FAIL("arena 0x%" G_GINT64_MODIFIER "x: no block at 0x%" G_GINT64_MODIFIER
-                     "x (blocks must tile their arena)", base, p);
-            memsim_size_t size = bsize(a, b->order);
+        /* Blocks tile the arena: walk it in address order, root by root (the binary digits
+         * of its size, largest first). */
+        memsim_size_t units = ar->k.size >> a->min_shift;
+        int root = 64;
+        memsim_addr_t root_end = base, p = base;
+        BBlk *prev = NULL;
+        for (BBlk *b = ar->first; b; prev = b, b = b->anext) {
+            if (p >= end)
+                FAIL("arena 0x%" G_GINT64_MODIFIER "x: blocks beyond its end", base);
+            while (p >= root_end) {
+                do
+                    root--;
+                while (root >= 0 && !(units >> root & 1));
+                root_end += bsize(a, root);
+            }
+            memsim_size_t size = blk_bytes(a, b);
             n_blocks++;
-            if (b->arena != ar || b->ptr != p)
-                FAIL("block 0x%" G_GINT64_MODIFIER "x disagrees with its arena", p);
-            if ((p - base) % size || b->order > b->root ||
-                root_at(a, ar->k.size, p - base) != b->root || p + size > end)
+            if (b->arena != ar || b->ptr != p || b->aprev != prev)
+                FAIL("arena 0x%" G_GINT64_MODIFIER "x: block 0x%" G_GINT64_MODIFIER "x where "
+                     "0x%" G_GINT64_MODIFIER "x was expected (blocks must tile their arena)",
+                     base, b->ptr, p);
+            if (b->pinned ? (b->state != B_USED || (p - base) % a->min_block ||
+                             size % a->min_block || p + size > end)
+                          : (((p - base) & (size - 1)) || b->order > b->root ||
+                             b->root != root || p + size > root_end))
                 FAIL("block 0x%" G_GINT64_MODIFIER "x of order %d is not an aligned part of "
                      "root order %d", p, b->order, b->root);
             if (b->state == B_FREE) {
                 n_free++;
                 if (b->order < b->root) {
                     split += (int64_t)size;
-                    BBlk *q = kit_map_get(&a->blocks, base + ((p - base) ^ size));
-                    if (q && q->state == B_FREE && q->order == b->order)
+                    /* A whole buddy is the neighbour on the side its offset bit says. */
+                    BBlk *q = ((p - base) & size) ? b->aprev : b->anext;
+                    if (q && q->state == B_FREE && q->order == b->order && !q->pinned)
                         FAIL("free buddies 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
                              "x were not merged", p, q->ptr);
                 }
             } else {
+                if (kit_map_get(&a->blocks, p) != b)
+                    FAIL("block 0x%" G_GINT64_MODIFIER "x in use is not in the address map", p);
                 used++;
                 allocated += (int64_t)size;
-                if (b->state == B_USED) {
-                    n_alloc++;
-                    requested += (int64_t)b->requested;
-                    memsim_size_t covered = 0;
-                    for (BBlk *c = b; c; c = c->chain) {
-                        if (c != b && c->state != B_PIECE)
-                            FAIL("allocation 0x%" G_GINT64_MODIFIER "x chains a block that is "
-                                 "not its piece", p);
-                        covered += bsize(a, c->order);
-                    }
-                    if (covered < b->requested)
-                        FAIL("allocation 0x%" G_GINT64_MODIFIER "x smaller than its request", p);
-                } else if (b->state != B_PIECE) {
+                if (b->state != B_USED)
                     FAIL("block 0x%" G_GINT64_MODIFIER "x in unknown state %d", p, b->state);
-                }
+                n_alloc++;
+                requested += (int64_t)b->requested;
+                if (size < b->requested)
+                    FAIL("block 0x%" G_GINT64_MODIFIER "x smaller than its request", p);
             }
             p += size;
         }
+        if (p != end)
+            FAIL("arena 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT " of %"
+                 G_GUINT64_FORMAT " bytes", base, p - base, ar->k.size);
         if (used != ar->n_used)
             FAIL("arena 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " blocks in use, "
                  "holds %" G_GUINT64_FORMAT, base, ar->n_used, used);
@@ -428,6 +497,7 @@ static gboolean buddy_check(void *state, GError **error)
     if (a->blocks.n != n_blocks)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, arenas %" G_GUINT64_FORMAT,
              a->blocks.n, n_blocks);
+
     KitCheck cmp[] = {
         {"allocated", allocated, a->st.allocated.current},
         {"active", allocated, a->st.active.current},
@@ -457,13 +527,13 @@ static gboolean buddy_seed_segment(void *state, memsim_addr_t addr, memsim_size_
     return TRUE;
 }
 
-/* The block that holds address p of arena ar. */
-static BBlk *block_at(Buddy *a, BArena *ar, memsim_addr_t p)
+/* The free block that holds address p of arena ar, or NULL (p is in a block in use). */
+static BBlk *free_block_at(Buddy *a, BArena *ar, memsim_addr_t p)
 {
     memsim_size_t off = p - ar->k.base;
     for (int o = 0; o < MAX_ORDERS && bsize(a, o) <= ar->k.size; o++) {
         BBlk *b = kit_map_get(&a->blocks, ar->k.base + off / bsize(a, o) * bsize(a, o));
-        if (b && b->order == o)
+        if (b && b->state == B_FREE && b->order == o)
             return b;
     }
     return NULL;
@@ -479,36 +549,40 @@ static gboolean buddy_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
         goto bad;
     /* Check that the whole range is free first, so that a failure changes nothing. */
     for (memsim_addr_t p = addr; p < addr + n;) {
-        BBlk *f = block_at(a, ar, p);
-        if (!f || f->state != B_FREE)
+        BBlk *f = free_block_at(a, ar, p);
+        if (!f)
             goto bad;
         p = f->ptr + bsize(a, f->order);
     }
-    BBlk *head = NULL, **tail = &head;
+    /* Carve the range out of the free blocks, as the fewest aligned blocks, and fold those
+     * into one block in use (one object instead of many: the recording has it as one). */
+    BBlk *head = NULL;
     for (memsim_addr_t p = addr; p < addr + n;) {
-        BBlk *f = block_at(a, ar, p);
-        /* The largest aligned block at p that stays inside the range and inside f. */
-        int o = f->order;
-        while ((p - ar->k.base) % bsize(a, o) || p + bsize(a, o) > addr + n)
-            o--;
+        BBlk *f = free_block_at(a, ar, p);
+        int o = largest_at(a, ar->k.base, p, addr + n, f->order);
         list_remove(a, f);
         while (f->ptr < p || f->order > o) {
             /* Halve f, keep the half that holds p, free the other. */
             f->order--;
             memsim_size_t half = bsize(a, f->order);
-            if (p >= f->ptr + half) {
-                BBlk *upper = new_blk(a, ar, f->ptr + half, f->order, f->root);
+            BBlk *upper = new_blk(a, ar, f->ptr + half, f->order, f->root, f);
+            if (p >= upper->ptr) {
                 list_push(a, f);
                 f = upper;
             } else {
-                list_push(a, new_blk(a, ar, f->ptr + half, f->order, f->root));
+                list_push(a, upper);
             }
         }
-        mark_used(a, f, head ? B_PIECE : B_USED);
-        *tail = f;
-        tail = &f->chain;
         p += bsize(a, f->order);
+        if (!head) {
+            head = f;
+            head->state = B_USED;
+        } else {
+            drop_blk(a, f);
+        }
     }
+    head->pinned = n;
+    mark_used(a, head);
     head->requested = requested;
     memsim_stat_add(&a->st.requested, (int64_t)requested);
     memsim_stat_add(&a->st.allocations, 1);
