@@ -258,6 +258,10 @@ static void put_u64(GString *g, uint64_t v, gboolean hex)
 static void put_double(GString *g, double v)
 {
     char buf[G_ASCII_DTOSTR_BUF_SIZE];
+    if (v == floor(v) && fabs(v) < 9007199254740992.0 && !(v == 0 && signbit(v))) {
+        g_string_append_printf(g, "%.0f", v); /* whole numbers as such: "10", not "1e+01" */
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         char fmt[8];
         snprintf(fmt, sizeof fmt, "%%.%dg", prec);
@@ -715,10 +719,62 @@ static gboolean key_is(const Item *it, const char *s)
     return it->key && it->key_len == n && memcmp(it->key, s, n) == 0;
 }
 
-/* Numbers: decimal or 0x hex, no sign, below 2^64. */
+static gboolean parse_u64_error(TextReader *r, const Item *it, const char *what, uint64_t max,
+                                GError **error);
+
+/* Numbers: decimal or 0x hex, no sign, below 2^64. `what` names the value in messages;
+ * NULL: the item's key. */
 static gboolean parse_u64(TextReader *r, const Item *it, const char *what, uint64_t max,
                           uint64_t *out, GError **error)
 {
+    const char *s = it->val;
+    gsize n = it->val_len;
+    unsigned base = 10;
+    gsize i = 0;
+    if (G_UNLIKELY(it->quoted || n == 0 || s[0] == '-'))
+        goto slow;
+    if (n > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        i = 2;
+    } else if (n < 20) { /* the common case: a short decimal, no overflow possible */
+        uint64_t v = 0;
+        for (; i < n; i++) {
+            unsigned d = (unsigned)(guint8)s[i] - '0';
+            if (d > 9)
+                goto slow;
+            v = v * 10 + d;
+        }
+        if (v > max)
+            goto slow;
+        *out = v;
+        return TRUE;
+    }
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        int d = base == 16 ? g_ascii_xdigit_value(s[i]) : g_ascii_digit_value(s[i]);
+        if (d < 0)
+            goto slow;
+        if (v > (UINT64_MAX - (uint64_t)d) / base)
+            goto slow;
+        v = v * base + (uint64_t)d;
+    }
+    if (v > max)
+        goto slow;
+    *out = v;
+    return TRUE;
+slow:
+    return parse_u64_error(r, it, what, max, error);
+}
+
+/* The error for a number that the fast path refused. */
+static gboolean parse_u64_error(TextReader *r, const Item *it, const char *what, uint64_t max,
+                                GError **error)
+{
+    char keybuf[80];
+    if (!what) {
+        snprintf(keybuf, sizeof keybuf, "%.*s=", (int)MIN(it->key_len, (gsize)60), it->key);
+        what = keybuf;
+    }
     const char *s = it->val;
     gsize n = it->val_len;
     const char *sep = g_str_has_suffix(what, "=") ? "" : " "; /* "size=5", "rank 5" */
@@ -752,8 +808,7 @@ static gboolean parse_u64(TextReader *r, const Item *it, const char *what, uint6
                   sep, v, max);
         return FALSE;
     }
-    *out = v;
-    return TRUE;
+    g_assert_not_reached(); /* the fast path would have taken it */
 bad:
     text_fail(r, error, "%s: expected a number (decimal or 0x hex), got %s%.*s%s", what,
               it->quoted ? "\"" : "'", (int)MIN(n, (gsize)64), s, it->quoted ? "\"" : "'");
@@ -931,8 +986,6 @@ static gboolean parse_event(TextReader *r, int kind, MemsimEvent *e, GError **er
             return FALSE;
         }
         given |= 1u << field;
-        char what[80];
-        snprintf(what, sizeof what, "%.*s=", (int)MIN(it->key_len, (gsize)60), it->key);
         uint64_t v;
         if (field == F_CAT) {
             if (!parse_category(r, it, &v, error))
@@ -941,7 +994,7 @@ static gboolean parse_event(TextReader *r, int kind, MemsimEvent *e, GError **er
             uint64_t max = field == F_STREAM  ? MEMSIM_MAX_STREAMS - 1
                            : field == F_FLAGS ? G_MAXUINT32
                                               : UINT64_MAX;
-            if (!parse_u64(r, it, what, max, &v, error))
+            if (!parse_u64(r, it, NULL, max, &v, error))
                 return FALSE;
         }
         field_set(e, (unsigned)field, v);
