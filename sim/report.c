@@ -248,20 +248,41 @@ char *memsim_report_to_text(const MemsimReport *rep)
     if (rep->capacity)
         g_string_append_printf(s, "capacity:  %s\n", FB(rep->capacity));
     g_string_append(s, "\n");
-    g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10s\n", "rank",
-                           "peak alloc", "peak reserv", "peak active", "peak request",
-                           "final alloc", "final reserv", "events");
-    for (guint i = 0; i < rep->n_ranks; i++) {
-        const MemsimRankReport *r = &rep->ranks[i];
-        const MemsimAllocStats *st = &r->stats;
-        g_autofree char *label = r->multiplicity > 1
-                                     ? g_strdup_printf("%u×%u", r->rank, r->multiplicity)
-                                     : g_strdup_printf("%u", r->rank);
-        g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10" PRIu64 "\n", label,
-                               FB(st->allocated.peak), FB(st->reserved.peak),
-                               FB(st->active.peak), FB(st->requested.peak),
-                               FB(st->allocated.current), FB(st->reserved.current),
-                               r->n_events);
+    if (rep->run) {
+        /* an estimate: one row per rank role, with what the device holds and whether it fits */
+        g_string_append_printf(s, "%-8s %6s %12s %12s %12s %-5s  %s\n", "rank", "ranks",
+                               "peak alloc", "peak reserv", "device total", "fits",
+                               "op at the peak (phase, layer, stream)");
+        for (guint i = 0; i < rep->n_ranks; i++) {
+            const MemsimRankReport *r = &rep->ranks[i];
+            const MemsimAllocStats *st = &r->stats;
+            g_autofree char *where =
+                r->peak_op_name[0]
+                    ? g_strdup_printf("%s (%s, %d, %u)", r->peak_op_name,
+                                      memsim_phase_name(r->peak_op_phase), r->peak_op_layer,
+                                      r->peak_stream)
+                    : g_strdup("-");
+            g_string_append_printf(s, "%-8u %6u %12s %12s %12s %-5s  %s\n", r->rank,
+                                   r->multiplicity, FB(st->allocated.peak), FB(st->reserved.peak),
+                                   FB(r->device_total),
+                                   rep->gpu_mem ? (r->fits ? "yes" : "NO") : "-", where);
+        }
+    } else {
+        g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10s\n", "rank",
+                               "peak alloc", "peak reserv", "peak active", "peak request",
+                               "final alloc", "final reserv", "events");
+        for (guint i = 0; i < rep->n_ranks; i++) {
+            const MemsimRankReport *r = &rep->ranks[i];
+            const MemsimAllocStats *st = &r->stats;
+            g_autofree char *label = r->multiplicity > 1
+                                         ? g_strdup_printf("%u×%u", r->rank, r->multiplicity)
+                                         : g_strdup_printf("%u", r->rank);
+            g_string_append_printf(s, "%-6s %12s %12s %12s %12s %12s %12s %10" PRIu64 "\n",
+                                   label, FB(st->allocated.peak), FB(st->reserved.peak),
+                                   FB(st->active.peak), FB(st->requested.peak),
+                                   FB(st->allocated.current), FB(st->reserved.current),
+                                   r->n_events);
+        }
     }
     for (guint i = 0; i < rep->n_ranks; i++) {
         const MemsimRankReport *r = &rep->ranks[i];

@@ -339,6 +339,25 @@ char *memsim_run_describe(const MemsimRun *run)
             g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
         }
     }
+    if (run->gpus > 1 || run->method != MEMSIM_METHOD_NONE || run->tp > 1 || run->pp > 1) {
+        static const char *meths[] = {"none", "ddp", "zero1", "zero2", "zero3", "fsdp",
+                                      "fsdp-grad-op", "hsdp", "megatron"};
+        static const char *scheds[] = {"1f1b", "gpipe", "interleaved"};
+        MemsimMethod m = run->method == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1)
+                             ? MEMSIM_METHOD_MEGATRON
+                             : run->method;
+        g_string_append_printf(s, ", %d GPUs: %s", run->gpus, meths[m]);
+        if (m == MEMSIM_METHOD_MEGATRON) {
+            int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
+            int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+            g_string_append_printf(s, " tp %d × pp %d × dp %d", tp, pp, dp);
+            if (pp > 1)
+                g_string_append_printf(s, ", %s, %d micro-batches", scheds[run->pp_schedule],
+                                       run->microbatches ? run->microbatches : pp);
+            if (run->sequence_parallel)
+                g_string_append(s, ", sequence parallel");
+        }
+    }
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
                            run->device_cpu ? " (CPU kernels)" : "");
     return g_string_free(s, FALSE);
