@@ -79,6 +79,19 @@ static void install(Install *in)
     in->pythondir = py ? under(in->destdir, py) : NULL;
 }
 
+static void install_clear(Install *in)
+{
+    g_free(in->destdir);
+    g_free(in->root);
+    g_free(in->libdir);
+    g_free(in->bindir);
+    g_free(in->includedir);
+    g_free(in->mandir);
+    g_free(in->datadir);
+    g_free(in->pythondir);
+    g_free(in->tmp);
+}
+
 static void expect_file(const char *dir, const char *name)
 {
     g_autofree char *p = g_build_filename(dir, name, NULL);
@@ -115,6 +128,7 @@ Test(install, layout)
     g_autofree char *out = NULL;
     cr_expect_eq(run(argv, env, &out, NULL), 0);
     cr_expect(g_str_has_prefix(out, "memsim "), "%s", out);
+    install_clear(&in);
 }
 
 /* `pkg-config ARGS memsim` with the installed .pc; a newly allocated argv. */
@@ -148,6 +162,13 @@ static void compile(const char *exe, char **flags)
     g_ptr_array_add(argv, (gpointer) "-std=c11");
     g_ptr_array_add(argv, (gpointer) "-Wall");
     g_ptr_array_add(argv, (gpointer) "-Werror");
+    /* A sanitized build installs a sanitized library: its users link the runtime too. */
+    g_autofree char *fsan = NULL;
+    const char *san = g_getenv("MEMSIM_SANITIZE");
+    if (san && *san && strcmp(san, "none") != 0) {
+        fsan = g_strdup_printf("-fsanitize=%s", san);
+        g_ptr_array_add(argv, fsan);
+    }
     g_ptr_array_add(argv, src);
     g_ptr_array_add(argv, (gpointer) "-o");
     g_ptr_array_add(argv, (gpointer)exe);
@@ -229,6 +250,7 @@ Test(install, example_against_installed_library)
     g_ptr_array_free(fl, TRUE);
     g_autofree char *sgot = example_output(sexe, NULL, trace);
     cr_expect_str_eq(sgot, expected, "the statically linked example and the command disagree");
+    install_clear(&in);
 }
 
 /* The example built in the tree (tests/meson.build) agrees with the build's command. */
@@ -260,6 +282,9 @@ Test(install, python_module_finds_installed_library)
     const char *python = g_getenv("MEMSIM_PYTHON");
     if (!python)
         cr_skip_test("no python3 found at configure time");
+    const char *san = g_getenv("MEMSIM_SANITIZE");
+    if (san && *san && strcmp(san, "none") != 0)
+        cr_skip_test("sanitized build (%s): python3 cannot load a sanitized library", san);
     Install in = {0};
     install(&in);
     cr_assert(in.pythondir);
@@ -274,4 +299,5 @@ Test(install, python_module_finds_installed_library)
     cr_assert_eq(rc, 0, "%s", err);
     cr_expect(g_str_has_prefix(out, in.destdir), "module loaded %s, not the installed library",
               out);
+    install_clear(&in);
 }

@@ -101,7 +101,8 @@ static char *rendered(void)
 
 static void skip_without_man(void)
 {
-    if (!g_find_program_in_path("man"))
+    g_autofree char *man = g_find_program_in_path("man");
+    if (!man)
         cr_skip_test("man is not installed (tools/install-deps.sh installs man-db)");
 }
 
@@ -169,7 +170,8 @@ Test(manpage, every_subcommand_and_flag)
 /* COMPREPLY for the words typed so far (the last one being completed), one per line. */
 static char *complete(const char *const *words)
 {
-    if (!g_find_program_in_path("bash"))
+    g_autofree char *bash = g_find_program_in_path("bash");
+    if (!bash)
         cr_skip_test("bash is not installed");
     g_autofree char *script = source_path("tools/completion/memsim.bash");
     GString *cmd = g_string_new(NULL);
