@@ -180,20 +180,43 @@ class Compare(unittest.TestCase):
     def test_same_dict_as_the_command(self):
         if not self.has_command:
             self.skipTest("this memsim has no compare command")
-        for specs in ("torch,exact", "torch,torch:expandable_segments=True"):
+        for specs in ("torch,exact", "torch,torch:expandable_segments=True,bfc", "all"):
             with self.subTest(allocators=specs):
                 self.assertEqual(memsim.compare(self.trace, allocators=specs),
                                  cli_json("compare", self.trace, "--allocators", specs))
+        self.assertEqual(memsim.compare(self.trace, allocators=["torch", "exact"],
+                                        gpu_mem="1GiB"),
+                         cli_json("compare", self.trace, "--allocators", "torch,exact",
+                                  "--gpu-mem", "1GiB"))
+        run = dict(seq=64, batch=2, finetune="lora")
+        self.assertEqual(memsim.compare(model="opt-125m", allocators="torch,buddy",
+                                        gpu_mem="8GiB", **run),
+                         cli_json("compare", "--model", "opt-125m", "--allocators",
+                                  "torch,buddy", "--gpu-mem", "8GiB", *flags(run)))
 
     def test_shape(self):
+        if not self.has_command:
+            self.skipTest("this memsim has no compare command")
         got = memsim.compare(self.trace, allocators="torch,exact")
         self.assertEqual([p["allocator"] for p in got["policies"]], ["torch", "exact"])
         for p in got["policies"]:
+            self.assertIsNone(p["error"])
             self.assertEqual(p["ranks"], memsim.replay(self.trace, allocator=p["allocator"])
                              ["ranks"])
-        gen = memsim.compare(None, allocators=["exact"], model="gpt2", seq=128)
-        self.assertEqual(gen["policies"][0]["ranks"][0]["peak_allocated"],
-                         got["policies"][1]["ranks"][0]["peak_allocated"])
+
+    def test_errors(self):
+        if not self.has_command:
+            self.skipTest("this memsim has no compare command")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.compare(self.trace, allocators="torch,no-such-policy")
+        self.assertEqual(cli("compare", self.trace, "--allocators", "torch,no-such-policy")[2],
+                         "memsim compare: %s\n" % cm.exception)
+        missing = os.path.join(self.tmp, "missing.mst")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.compare(missing)
+        self.assertEqual(cli("compare", missing)[2], "memsim compare: %s\n" % cm.exception)
+        with self.assertRaises(memsim.Error):
+            memsim.compare(self.trace, model="gpt2")
 
 
 class Models(unittest.TestCase):

@@ -163,6 +163,17 @@ def _load():
     fn("memsim_report_to_json", P, P)
     fn("memsim_report_free", None, P)
     fn("memsim_convert", B, S, S, _ERR)
+    fn("memsim_run_describe", P, ctypes.POINTER(_Run))
+    fn("memsim_generate", P, P, ctypes.POINTER(_Run), _ERR)
+    fn("memsim_trace_load", P, S, _ERR)
+    fn("memsim_trace_free", None, P)
+    if hasattr(lib, "memsim_compare_trace"):  # libraries from before `memsim compare` lack it
+        fn("memsim_compare_parse_specs", ctypes.POINTER(S), S, _ERR)
+        fn("memsim_compare_trace", P, P, ctypes.POINTER(S), ctypes.POINTER(_ReplayOptions),
+           _ERR)
+        fn("memsim_comparison_set_device", None, P, ctypes.c_uint64, ctypes.c_uint64)
+        fn("memsim_comparison_to_json", P, P)
+        fn("memsim_comparison_free", None, P)
     _glib = glib
     _lib = lib
     return lib
@@ -239,12 +250,7 @@ def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=No
     m = rep = None
     try:
         # In the command's order: the run flags as given, then the sizes, then the model.
-        for key, v in run.items():
-            name = key.replace("_", "-")
-            if name == "run":
-                _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
-            else:
-                _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
+        _apply_run(lib, r, run)
         eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT, 0)
         if gpu_mem is not None:
             eo.gpu_mem = _size(gpu_mem)
@@ -287,71 +293,74 @@ def replay(path, alloc_conf=None, allocator=None, gpu_mem=None, verify=False):
     return alt
 
 
-def compare(path, allocators="torch,exact", model=None, gpu_mem=None, alloc_conf=None,
-            **run):
-    """One trace through several allocator policies, as `memsim compare --json` prints it:
-    {"policies": [{"allocator": SPEC, "ranks": [...]}, ...]}, one entry per policy in the
-    order given. path: a trace file, or None with model (and run settings) to compare the
-    generated trace of that run. allocators: comma-separated specs (or a list).
-    Raises Error on bad input."""
+def _apply_run(lib, r, run):
+    """Sets the run settings of keyword arguments on a _Run, in the order given."""
+    for key, v in run.items():
+        name = key.replace("_", "-")
+        if name == "run":
+            _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
+        else:
+            _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
+
+
+def compare(path=None, allocators="all", model=None, gpu_mem=None, cuda_context=None, **run):
+    """One trace through several allocator policies, side by side, as `memsim compare
+    --json` prints it: {"source", "capacity", "baseline", "policies": [{"allocator",
+    "error", "ranks", "peak_reserved_vs_exact"}, ...]}, one policy per spec in the order
+    given. path: a trace file; or path None and model (with run settings) to compare on the
+    generated trace of that run. allocators: comma-separated specs, a list, or "all".
+    gpu_mem, cuda_context: sizes (cuda_context defaults to 500MiB with a model, 0 with a
+    trace file). Raises Error on bad input."""
     lib = _load()
-    specs = allocators.split(",") if isinstance(allocators, str) else list(allocators)
-    specs = [s.strip() for s in specs if s.strip()]
-    if not specs:
-        raise Error("no allocator to compare")
-    tmpdir = None
-    try:
-        if path is None:
-            if model is None:
-                raise Error("a trace or a model is required")
-            tmpdir = tempfile.mkdtemp(prefix="memsim-compare-")
-            path = os.path.join(tmpdir, "run.mst")
-            _generate(lib, model, run, path)
-        elif run:
-            raise Error("run settings apply only to a generated trace (path None, model set)")
-        capacity = _size(gpu_mem) if gpu_mem is not None else 0
-        policies = []
-        for spec in specs:
-            rep = _replay_report(path, spec, alloc_conf, capacity, False)
-            policies.append({"allocator": rep["allocator"], "ranks": rep["ranks"]})
-        return {"policies": policies}
-    finally:
-        if tmpdir:
-            for f in os.listdir(tmpdir):
-                os.unlink(os.path.join(tmpdir, f))
-            os.rmdir(tmpdir)
-
-
-def _generate(lib, model, run, out):
-    """Writes the generated trace of a run (memsim gen) to `out`."""
-    if not hasattr(lib, "memsim_generate"):
-        raise Error("this libmemsim cannot generate traces")
-    gen = lib.memsim_generate
-    gen.restype = ctypes.c_void_p
-    gen.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Run), _ERR]
-    save = lib.memsim_trace_save
-    save.restype = ctypes.c_int
-    save.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, _ERR]
-    tfree = lib.memsim_trace_free
-    tfree.restype = None
-    tfree.argtypes = [ctypes.c_void_p]
+    if not hasattr(lib, "memsim_compare_trace"):
+        raise Error("this libmemsim has no policy comparison (memsim_compare_trace)")
+    if (model is None) == (path is None):
+        raise Error("give one trace file or a model")
+    if not isinstance(allocators, str):
+        allocators = ",".join(allocators)
     r = lib.memsim_run_defaults()
-    m = t = None
+    m = t = c = specs = None
     try:
-        for key, v in run.items():
-            name = key.replace("_", "-")
-            if name == "run":
-                _call(lib.memsim_run_load_file, ctypes.byref(r), _b(_value(v)))
-            else:
-                _call(lib.memsim_run_set, ctypes.byref(r), _b(name), _b(_value(v)))
-        m = _call(lib.memsim_model_load, _b(_value(model)))
-        t = _call(gen, m, ctypes.byref(r))
-        _call(save, t, _b(out), 0)
+        # In the command's order: the run flags, the sizes, the specs, then the trace.
+        _apply_run(lib, r, run)
+        gpu = _size(gpu_mem) if gpu_mem is not None else 0
+        ctxb = _CONTEXT_DEFAULT if model is not None else 0
+        if cuda_context is not None:
+            ctxb = _size(cuda_context)
+        specs = _call(lib.memsim_compare_parse_specs, _b(allocators or "all"))
+        if gpu and ctxb >= gpu:
+            raise Error("--cuda-context leaves nothing of --gpu-mem %s" % gpu_mem)
+        o = _ReplayOptions(None, None, gpu - ctxb if gpu else 0, False, False, None)
+        if model is not None:
+            m = _call(lib.memsim_model_load, _b(_value(model)))
+            t = _call(lib.memsim_generate, m, ctypes.byref(r))
+        else:
+            t = _call(lib.memsim_trace_load, _b(_value(path)))
+        c = _call(lib.memsim_compare_trace, t, specs, ctypes.byref(o))
+        lib.memsim_comparison_set_device(c, gpu, ctxb)
+        s = lib.memsim_comparison_to_json(c)
+        try:
+            out = json.loads(ctypes.string_at(s).decode("utf-8"))
+        finally:
+            _glib.g_free(s)
+        if m:
+            # The command names a generated trace after the model and the run.
+            d = lib.memsim_run_describe(ctypes.byref(r))
+            try:
+                out["source"] = "%s, %s" % (lib.memsim_model_name(m).decode("utf-8"),
+                                            ctypes.string_at(d).decode("utf-8"))
+            finally:
+                _glib.g_free(d)
+        return out
     finally:
+        if c:
+            lib.memsim_comparison_free(c)
         if t:
-            tfree(t)
+            lib.memsim_trace_free(t)
         if m:
             lib.memsim_model_free(m)
+        if specs:
+            _glib.g_strfreev(ctypes.cast(specs, ctypes.c_void_p))
         lib.memsim_run_clear(ctypes.byref(r))
 
 
