@@ -50,7 +50,7 @@ _memsim_values()
     --use-cache | --keep-outputs) echo true false ;;
     --allocator | --allocators)
         _memsim_query "$1" replay --allocator help | awk '/^[a-z]/ {print $1}'
-        [ "$3" = --allocator ] && echo help ;;
+        if [ "$3" = --allocator ]; then echo help; else echo all; fi ;;
     --alloc-conf)
         echo expandable_segments:True max_split_size_mb: roundup_power2_divisions: \
             garbage_collection_threshold: ;;
@@ -104,7 +104,13 @@ _memsim()
         *" __file__ "*)
             COMPREPLY=($(compgen -W "${values//__file__/}" -- "$cur") $(compgen -f -- "$cur")) ;;
         *" __none__ "*) ;;
-        *) COMPREPLY=($(compgen -W "$values" -- "$cur")) ;;
+        *)
+            if [ "$opt" = --allocators ] && [[ $cur == *,* ]]; then
+                # A comma-separated list: complete its last element.
+                COMPREPLY=($(compgen -P "${cur%,*}," -W "$values" -- "${cur##*,}"))
+            else
+                COMPREPLY=($(compgen -W "$values" -- "$cur"))
+            fi ;;
         esac
         return
     fi

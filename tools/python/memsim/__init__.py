@@ -28,7 +28,7 @@ ctypes.util.find_library("memsim"); a build folder (build*/) of the source tree 
 lies in. The library is thread-safe for distinct calls; ctypes releases the GIL while it
 runs, so threads estimate in parallel.
 
-There is no plan() yet: the library has no plan function.
+There is no plan() yet.
 """
 
 import contextlib
@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import tempfile
+import threading
 
 __all__ = ["Error", "estimate", "replay", "compare", "models", "convert", "record",
            "library_path"]
@@ -87,6 +88,7 @@ _ERR = ctypes.POINTER(ctypes.POINTER(_GError))
 _lib = None
 _glib = None
 _lib_path = None
+_load_lock = threading.Lock()
 
 
 def _here():
@@ -115,9 +117,14 @@ def _candidates():
 
 
 def _load():
-    global _lib, _glib, _lib_path
     if _lib is not None:
         return _lib
+    with _load_lock:
+        return _lib if _lib is not None else _load_locked()
+
+
+def _load_locked():
+    global _lib, _glib, _lib_path
     tried = []
     lib = None
     for path in _candidates():
