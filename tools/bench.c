@@ -16,7 +16,7 @@
  *       N events: the replay alone, the replay recording a timeline (its cost per event),
  *       then the Perfetto JSON, SVG, PNG and CSV written from the timeline, with file sizes.
  *       Exports depend on the timeline's bucket count, not on the trace length; the replay
- *       with a timeline must stay linear.
+ *       with a timeline must stay linear. CPU time of this process.
  *
  * The synthetic program looks like training: activations pile up through a "forward" pass
  * and are released in reverse through a "backward" pass, with short-lived temporaries in
@@ -225,11 +225,6 @@ static int bench_estimate(int argc, char **argv)
 
 /* ---- export ---- */
 
-static double wall_seconds(void)
-{
-    return (double)g_get_monotonic_time() / 1e6;
-}
-
 static double file_mib(const char *path)
 {
     GStatBuf sb;
@@ -241,16 +236,16 @@ static gboolean bench_export_one(const char *trace, const char *dir, uint64_t n_
                                  GError **error)
 {
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    double t0 = wall_seconds();
+    double t0 = cpu_seconds();
     MemsimReport *rep = memsim_replay_path(trace, &o, error);
     if (!rep)
         return FALSE;
-    double t1 = wall_seconds();
+    double t1 = cpu_seconds();
     memsim_report_free(rep);
     MemsimTimeline *tl = memsim_timeline_new(16384);
     o.timeline = tl;
     rep = memsim_replay_path(trace, &o, error);
-    double t2 = wall_seconds();
+    double t2 = cpu_seconds();
     if (!rep) {
         memsim_timeline_free(tl);
         return FALSE;
@@ -263,14 +258,14 @@ static gboolean bench_export_one(const char *trace, const char *dir, uint64_t n_
     gboolean ok = TRUE;
     for (gsize i = 0; ok && i < G_N_ELEMENTS(names); i++) {
         g_autofree char *path = g_build_filename(dir, names[i], NULL);
-        double a = wall_seconds();
+        double a = cpu_seconds();
         if (i == 0)
             ok = memsim_export_perfetto(tl, path, error);
         else if (i == 3)
             ok = memsim_export_timeline_csv(tl, path, error);
         else
             ok = memsim_export_timeline_plot(tl, NULL, path, error);
-        double b = wall_seconds();
+        double b = cpu_seconds();
         if (ok)
             printf("            %-9s %.3f s, %.2f MiB\n", names[i] + 4, b - a, file_mib(path));
         g_unlink(path);
