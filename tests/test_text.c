@@ -116,6 +116,42 @@ Test(text, small_is_canonical_through_mst)
     g_free(out);
 }
 
+/* Every text file of tests/data/good is canonical (comments aside). */
+Test(text, good_texts_are_canonical)
+{
+    char *gdir = tu_test_data("good");
+    char *dir = tu_tmpdir();
+    GDir *d = g_dir_open(gdir, 0, NULL);
+    cr_assert(d != NULL);
+    const char *f;
+    while ((f = g_dir_read_name(d))) {
+        if (!g_str_has_suffix(f, ".txt"))
+            continue;
+        char *in = g_build_filename(gdir, f, NULL);
+        char *mst = g_build_filename(dir, "x.mst", NULL),
+             *out = g_build_filename(dir, "x.txt", NULL);
+        GError *err = NULL;
+        cr_assert(memsim_convert(in, mst, &err), "%s", err ? err->message : "?");
+        cr_assert(memsim_convert(mst, out, &err), "%s", err ? err->message : "?");
+        gsize n1, n2;
+        char *a = tg_read_file(in, &n1), *b = tg_read_file(out, &n2);
+        char *expected = strip_comments(a);
+        cr_expect_str_eq(b, expected, "%s is not canonical", f);
+        g_free(expected);
+        g_free(a);
+        g_free(b);
+        g_unlink(mst);
+        g_unlink(out);
+        g_free(in);
+        g_free(mst);
+        g_free(out);
+    }
+    g_dir_close(d);
+    g_rmdir(dir);
+    g_free(dir);
+    g_free(gdir);
+}
+
 Test(text, good_mst_matches_good_text)
 {
     GError *err = NULL;
