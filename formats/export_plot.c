@@ -217,10 +217,11 @@ static double x_max(const MemsimTimelineRank *r)
 {
     double m = 1;
     if (r->has_time) {
+        /* the memory's own clock: allocations happen at the host's time */
         for (gsize i = 0; i < r->n_samples; i++)
             m = MAX(m, r->samples[i].time_last_us);
-        for (gsize i = 0; i < r->n_slices; i++)
-            m = MAX(m, r->slices[i].time_last_us);
+        if (r->oom)
+            m = MAX(m, r->oom_point.time_us);
     } else {
         m = MAX(m, (double)(r->n_events ? r->n_events - 1 : 0));
         if (r->n_samples)

@@ -444,14 +444,18 @@ static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, 
 {
     MemsimTimeline *tl = r->rp->opt.timeline;
     if (ev->kind == MEMSIM_EV_OP) {
-        memsim_timeline_op(tl, h, rank, index, r->cur_op, ev->stream);
+        /* a timed op just ended its stream's work; an untimed one runs at the host's time */
+        double dur = h->ops[r->cur_op].duration_us;
+        double end = dur > 0.0 ? *stream_slot(r->last_end, ev->stream) : r->cpu_us;
+        memsim_timeline_op(tl, h, rank, index, r->cur_op, ev->stream, dur > 0.0 ? end - dur : end,
+                           end);
     } else if (ev->kind == MEMSIM_EV_ALLOC && r->stopped) {
         const MemsimOomInfo *o = &r->rep.oom;
-        memsim_timeline_oom(tl, h, rank, index, r->cur_op, o->requested, (int64_t)o->allocated,
-                            (int64_t)o->reserved, r->live_cat);
+        memsim_timeline_oom(tl, h, rank, index, r->cpu_us, r->cur_op, o->requested,
+                            (int64_t)o->allocated, (int64_t)o->reserved, r->live_cat);
     } else if (ev->kind != MEMSIM_EV_USE) {
         MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-        memsim_timeline_sample(tl, h, rank, index, r->cur_op, st.allocated.current,
+        memsim_timeline_sample(tl, h, rank, index, r->cpu_us, r->cur_op, st.allocated.current,
                                st.reserved.current, r->live_cat);
     }
 }

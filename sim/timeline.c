@@ -27,8 +27,6 @@ typedef struct {
     uint64_t width;  /* samples per bucket */
     GArray *streams; /* StreamSlices by stream index */
     GArray *flat;    /* MemsimTimelineSlice: every stream's slices, built by end() */
-    double clock_us; /* start of the running op (serial sum of op durations) */
-    int64_t last_op;     /* the running op, -1 before the first */
     uint32_t cur_stream; /* stream of the running op */
     gboolean ended;
 } RankTL;
@@ -111,7 +109,6 @@ void memsim_timeline_begin(MemsimTimeline *tl, const MemsimTraceHeader *h, const
         r->pub.peak_allocated.allocated = r->pub.peak_reserved.reserved = -1;
         r->samples = g_array_sized_new(FALSE, TRUE, sizeof(MemsimTimelineSample), tl->k);
         r->width = 1;
-        r->last_op = -1;
         r->streams = g_array_new(FALSE, TRUE, sizeof(StreamSlices));
     }
 }
@@ -172,12 +169,12 @@ static void slice_merge(MemsimTimelineSlice *a, const MemsimTimelineSlice *b)
 }
 
 void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 rank,
-                            uint64_t event, int64_t op, int64_t allocated, int64_t reserved,
-                            const int64_t *by_category)
+                            uint64_t event, double time_us, int64_t op, int64_t allocated,
+                            int64_t reserved, const int64_t *by_category)
 {
     g_return_if_fail(rank < tl->n_ranks);
     RankTL *r = &tl->ranks[rank];
-    double now = r->clock_us;
+    double now = time_us;
     if (op >= 0 && (guint64)op >= tl->ops->len)
         name_ops(tl, h, op);
     if (allocated > r->pub.peak_allocated.allocated) {
@@ -262,18 +259,15 @@ static void push_slice(MemsimTimeline *tl, StreamSlices *ss)
 }
 
 void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 rank,
-                        uint64_t event, int64_t op, uint32_t stream)
+                        uint64_t event, int64_t op, uint32_t stream, double start_us,
+                        double end_us)
 {
     g_return_if_fail(rank < tl->n_ranks);
     RankTL *r = &tl->ranks[rank];
     if (op >= 0 && (guint64)op >= tl->ops->len)
         name_ops(tl, h, op);
-    /* The serial clock: the previous op of the rank ends when this one starts. */
-    if (r->last_op >= 0 && (guint64)r->last_op < h->n_ops)
-        r->clock_us += h->ops[r->last_op].duration_us;
-    if (op >= 0 && (guint64)op < h->n_ops && h->ops[op].duration_us > 0)
+    if (end_us > start_us)
         r->pub.has_time = TRUE;
-    r->last_op = op;
     if (stream >= r->streams->len) {
         guint from = r->streams->len;
         g_array_set_size(r->streams, stream + 1);
@@ -287,14 +281,13 @@ void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 
     StreamSlices *ss = &g_array_index(r->streams, StreamSlices, stream);
     if (ss->has_open) {
         ss->open.event_last = event > ss->open.event_first ? event - 1 : event;
-        ss->open.time_last_us = r->clock_us;
         push_slice(tl, ss);
     }
     MemsimTimelineSlice s = {
         .event_first = event,
         .event_last = event,
-        .time_first_us = r->clock_us,
-        .time_last_us = r->clock_us,
+        .time_first_us = start_us,
+        .time_last_us = MAX(end_us, start_us),
         .op = op,
         .n_ops = 1,
         .stream = stream,
@@ -306,8 +299,8 @@ void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 
 }
 
 void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 rank,
-                         uint64_t event, int64_t op, memsim_size_t requested, int64_t allocated,
-                         int64_t reserved, const int64_t *by_category)
+                         uint64_t event, double time_us, int64_t op, memsim_size_t requested,
+                         int64_t allocated, int64_t reserved, const int64_t *by_category)
 {
     g_return_if_fail(rank < tl->n_ranks);
     RankTL *r = &tl->ranks[rank];
@@ -316,7 +309,7 @@ void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32
     if (r->pub.oom)
         return;
     r->pub.oom = TRUE;
-    set_point(&r->pub.oom_point, event, r->clock_us, op, allocated, reserved, by_category);
+    set_point(&r->pub.oom_point, event, time_us, op, allocated, reserved, by_category);
     r->pub.oom_point.requested = requested;
 }
 
@@ -331,8 +324,7 @@ void memsim_timeline_end(MemsimTimeline *tl, guint32 rank, uint64_t n_events)
     for (guint s = 0; s < r->streams->len; s++) {
         StreamSlices *ss = &g_array_index(r->streams, StreamSlices, s);
         if (ss->has_open) {
-            ss->open.event_last = n_events ? n_events - 1 : 0;
-            ss->open.time_last_us = r->clock_us;
+            ss->open.event_last = MAX(n_events ? n_events - 1 : 0, ss->open.event_first);
             push_slice(tl, ss);
         }
         g_array_append_vals(r->flat, ss->slices->data, ss->slices->len);

@@ -57,7 +57,7 @@ static uint64_t xs(uint64_t *s)
 
 /* A training-like program on each of `n_ranks` ranks: ops of every phase, tensors of every
  * category piling up and going away, from a fixed seed. */
-static MemsimTrace *synthetic(guint n_ranks, guint n_ops)
+static MemsimTrace *synthetic_timed(guint n_ranks, guint n_ops, double duration_us)
 {
     MemsimTrace *t = memsim_trace_new("synthetic export test");
     for (guint r = 0; r < n_ranks; r++)
@@ -66,7 +66,8 @@ static MemsimTrace *synthetic(guint n_ranks, guint n_ops)
     for (int i = 0; i < 16; i++) {
         char name[32];
         g_snprintf(name, sizeof name, "layers.%d.op", i);
-        MemsimOpInfo op = {memsim_trace_intern(t, name), (uint8_t)(1 + i % 3), i, -1, 0};
+        MemsimOpInfo op = {memsim_trace_intern(t, name), (uint8_t)(1 + i % 3), i, -1,
+                           duration_us};
         ops[i] = memsim_trace_add_op(t, &op);
     }
     for (guint r = 0; r < n_ranks; r++) {
@@ -100,6 +101,11 @@ static MemsimTrace *synthetic(guint n_ranks, guint n_ops)
         g_array_unref(live);
     }
     return t;
+}
+
+static MemsimTrace *synthetic(guint n_ranks, guint n_ops)
+{
+    return synthetic_timed(n_ranks, n_ops, 0.0);
 }
 
 static char *tmp_path(const char *dir, const char *name)
@@ -148,7 +154,7 @@ Test(timeline, bounded_and_exact_peak)
     for (uint64_t i = 0; i < n; i++) {
         int64_t a = (int64_t)(xs(&rng) % 1000000), r = a + (int64_t)(xs(&rng) % 1000);
         cat[MEMSIM_CAT_ACTIVATION] = a;
-        memsim_timeline_sample(tl, memsim_trace_header(t), 0, i * 2, -1, a, r, cat);
+        memsim_timeline_sample(tl, memsim_trace_header(t), 0, i * 2, 0.0, -1, a, r, cat);
         if (a > peak) {
             peak = a;
             peak_ev = i * 2;
@@ -512,6 +518,50 @@ Test(perfetto, counters_slices_instants_and_csv)
         cr_expect_eq(csv_max[r], peak_instant[r], "CSV max against the JSON peak, rank %d", r);
         cr_expect_eq(rows[r], (int)memsim_timeline_rank(tl, r)->n_samples);
     }
+    memsim_report_free(rep);
+    memsim_timeline_free(tl);
+    memsim_trace_free(t);
+}
+
+/* Ops with durations: the simulated clock becomes the time axis; each op's slice lasts its
+ * duration, and time never goes back. */
+Test(perfetto, simulated_time)
+{
+    MemsimTrace *t = synthetic_timed(1, 400, 250.0);
+    MemsimTimeline *tl = memsim_timeline_new(0);
+    MemsimReport *rep = replay_tl(t, tl, 0);
+    const MemsimTimelineRank *r = memsim_timeline_rank(tl, 0);
+    cr_assert(r->has_time);
+    cr_assert_eq(r->n_slices, 400);
+    for (gsize i = 0; i < r->n_slices; i++) {
+        cr_expect(fabs(r->slices[i].time_last_us - r->slices[i].time_first_us - 250.0) < 1e-6);
+        if (i)
+            cr_expect_geq(r->slices[i].time_first_us, r->slices[i - 1].time_last_us);
+    }
+    for (gsize i = 1; i < r->n_samples; i++)
+        cr_expect_geq(r->samples[i].time_first_us, r->samples[i - 1].time_last_us);
+    /* allocations happen at the host's time, which runs ahead of the streams' work */
+    cr_expect_gt(r->samples[r->n_samples - 1].time_last_us, 0);
+    cr_expect_leq(r->samples[r->n_samples - 1].time_last_us,
+                  r->slices[r->n_slices - 1].time_last_us);
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *json = tmp_path(dir, "t.json");
+    GError *e = NULL;
+    cr_assert(memsim_export_perfetto(tl, json, &e), "%s", e ? e->message : "");
+    g_autofree char *text = NULL;
+    cr_assert(g_file_get_contents(json, &text, NULL, NULL));
+    JsonNode *root = parse_json(text);
+    JsonArray *evs = json_object_get_array_member(json_node_get_object(root), "traceEvents");
+    int n = 0;
+    for (guint i = 0; i < json_array_get_length(evs); i++) {
+        JsonObject *o = json_array_get_object_element(evs, i);
+        if (strcmp(json_object_get_string_member(o, "ph"), "X") == 0) {
+            cr_expect(fabs(json_object_get_double_member(o, "dur") - 250.0) < 1e-6);
+            n++;
+        }
+    }
+    cr_expect_eq(n, 400);
+    json_node_unref(root);
     memsim_report_free(rep);
     memsim_timeline_free(tl);
     memsim_trace_free(t);

@@ -21,8 +21,9 @@
  * way: merged pairs are named after the op that held the most memory.
  *
  * Memory: O(max_buckets × (ranks + streams)), whatever the trace length; adding a sample is
- * O(1) amortised. Time: the event index, or the simulated time (µs) when the trace's ops
- * carry estimated durations (has_time).
+ * O(1) amortised. Time: the replay's simulated time (µs) is kept beside the event index;
+ * has_time says whether the trace's ops carry durations (else it stays 0 and the event index
+ * is the only clock).
  */
 #ifndef MEMSIM_TIMELINE_H
 #define MEMSIM_TIMELINE_H
@@ -36,7 +37,7 @@ typedef struct MemsimTimeline MemsimTimeline;
 /* One bucket: a run of consecutive samples. */
 typedef struct {
     uint64_t event_first, event_last; /* events of its first and last samples */
-    double time_first_us, time_last_us; /* simulated time of those events (has_time) */
+    double time_first_us, time_last_us; /* simulated time of those events */
     uint64_t event_at_max;            /* the event of the max allocated */
     int64_t op_at_max;                /* the op running then, -1 if none */
     int64_t allocated_min, allocated_max;
@@ -45,7 +46,8 @@ typedef struct {
     uint32_t n_samples;
 } MemsimTimelineSample;
 
-/* An op's run on a stream: from its OP event to the next OP event of the stream. */
+/* An op's run on a stream: from its OP event to the next OP event of the stream (events), from
+ * its start to its end on the stream (time). */
 typedef struct {
     uint64_t event_first, event_last;
     double time_first_us, time_last_us;
@@ -108,17 +110,20 @@ const char *memsim_timeline_allocator(const MemsimTimeline *tl);
  * begin clears the first). */
 void memsim_timeline_begin(MemsimTimeline *tl, const MemsimTraceHeader *header,
                            const char *allocator, memsim_size_t capacity);
-/* The figures after event `event` of `rank`; by_category: live bytes per category. */
+/* The figures after event `event` of `rank`, at simulated time `time_us` (the host's, when the
+ * allocator was called); by_category: live bytes per category. */
 void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
-                            uint64_t event, int64_t op, int64_t allocated, int64_t reserved,
-                            const int64_t *by_category);
-/* An OP event: op `op` starts on `stream`. */
+                            uint64_t event, double time_us, int64_t op, int64_t allocated,
+                            int64_t reserved, const int64_t *by_category);
+/* An OP event: op `op` runs on `stream` from start_us to end_us (equal when it has no
+ * duration). */
 void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
-                        uint64_t event, int64_t op, uint32_t stream);
+                        uint64_t event, int64_t op, uint32_t stream, double start_us,
+                        double end_us);
 /* The rank ran out of memory at `event` asking for `requested` bytes. */
 void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
-                         uint64_t event, int64_t op, memsim_size_t requested, int64_t allocated,
-                         int64_t reserved, const int64_t *by_category);
+                         uint64_t event, double time_us, int64_t op, memsim_size_t requested,
+                         int64_t allocated, int64_t reserved, const int64_t *by_category);
 /* The rank's program ended after n_events events. */
 void memsim_timeline_end(MemsimTimeline *tl, guint32 rank, uint64_t n_events);
 
