@@ -79,8 +79,13 @@ static void install(Install *in)
     in->pythondir = py ? under(in->destdir, py) : NULL;
 }
 
+/* Removes the DESTDIR copy (tens of MB) and frees the paths. */
 static void install_clear(Install *in)
 {
+    if (in->tmp) {
+        const char *argv[] = {"rm", "-rf", in->tmp, NULL};
+        cr_expect_eq(run(argv, NULL, NULL, NULL), 0, "rm -rf %s", in->tmp);
+    }
     g_free(in->destdir);
     g_free(in->root);
     g_free(in->libdir);
@@ -274,6 +279,8 @@ Test(install, example_in_build_tree)
     g_autofree char *err = NULL;
     cr_expect_eq(run(bad, NULL, NULL, &err), 2);
     cr_expect(strstr(err, "precision: 'fp8' is not one of") != NULL, "%s", err);
+    const char *rm[] = {"rm", "-rf", tmp, NULL};
+    cr_expect_eq(run(rm, NULL, NULL, NULL), 0);
 }
 
 /* The installed Python module finds the installed library by itself (no MEMSIM_LIBRARY). */
