@@ -118,8 +118,14 @@ void memsim_trace_append(MemsimTrace *t, guint32 rank, const MemsimEvent *events
         guint32 need = (guint32)events[i].stream + 1;
         if (events[i].kind == MEMSIM_EV_WAIT && events[i].id + 1 > need)
             need = (guint32)events[i].id + 1;
-        if (need > r->n_streams)
+        if (need > r->n_streams) {
+            if (r->stream_handles) { /* keep the handle array as long as the stream count */
+                r->stream_handles = g_renew(uint64_t, r->stream_handles, need);
+                for (guint32 k = r->n_streams; k < need; k++)
+                    r->stream_handles[k] = 0;
+            }
             r->n_streams = need;
+        }
     }
     g_array_append_vals(g_ptr_array_index(t->programs, rank), events, (guint)n);
 }
