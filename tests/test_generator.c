@@ -1,6 +1,7 @@
 /* The generator: presets against published parameter counts, the model-state bytes those
  * counts imply, run settings, and bad configs. */
 #include <criterion/criterion.h>
+#include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 #include <string.h>
@@ -258,4 +259,31 @@ Test(generator, estimate_json_shape)
     g_autofree char *out2 = NULL;
     cr_expect_eq(tu_run_memsim(small, &out2, NULL), 1, "does not fit: exit 1");
     cr_expect(strstr(out2, "DOES NOT FIT") || strstr(out2, "OUT OF MEMORY"), "%s", out2);
+}
+
+/* The same run gives the same trace, event for event (nothing depends on where objects sit
+ * in host memory). */
+Test(generator, deterministic)
+{
+    g_autofree char *dir = tu_tmpdir();
+    char *texts[2];
+    for (int i = 0; i < 2; i++) {
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load("llama-2-7b", &error);
+        MemsimRun run = memsim_run_defaults();
+        memsim_run_set(&run, "seq", "128", &error);
+        memsim_run_set(&run, "gpus", "4", &error);
+        memsim_run_set(&run, "method", "fsdp", &error);
+        MemsimTrace *t = memsim_generate(m, &run, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        g_autofree char *path = g_strdup_printf("%s/t%d.txt", dir, i);
+        cr_assert(memsim_trace_save(t, path, MEMSIM_FORMAT_TEXT, &error));
+        cr_assert(g_file_get_contents(path, &texts[i], NULL, NULL));
+        memsim_trace_free(t);
+        memsim_run_clear(&run);
+        memsim_model_free(m);
+    }
+    cr_expect(strcmp(texts[0], texts[1]) == 0, "two generations differ");
+    g_free(texts[0]);
+    g_free(texts[1]);
 }

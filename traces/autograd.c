@@ -23,6 +23,7 @@ struct AgGraph {
     GHashTable *op_index;  /* OpKey → op index + 1 */
     GPtrArray *heap;       /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
+    GPtrArray *cast_order;  /* the cached copies in insertion order: released in that order */
     bool teardown;
     AgHooks hooks;
     AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
@@ -79,6 +80,7 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->op_index = g_hash_table_new_full(opkey_hash, opkey_equal, g_free, NULL);
     g->heap = g_ptr_array_new();
     g->cast_cache = g_hash_table_new(NULL, NULL);
+    g->cast_order = g_ptr_array_new();
     g->stack = g_ptr_array_new();
     return g;
 }
@@ -97,6 +99,7 @@ void gg_free(AgGraph *g)
     g_ptr_array_unref(g->heap);
     g_assert(g_hash_table_size(g->cast_cache) == 0);
     g_hash_table_unref(g->cast_cache);
+    g_ptr_array_unref(g->cast_order);
     g_ptr_array_unref(g->stack);
     g_free(g);
 }
@@ -767,17 +770,16 @@ AgTensor *gg_autocast_cached(AgGraph *g, AgTensor *leaf)
 void gg_autocast_store(AgGraph *g, AgTensor *leaf, AgTensor *copy)
 {
     g_hash_table_insert(g->cast_cache, leaf, gt_ref(copy));
+    g_ptr_array_add(g->cast_order, copy);
 }
 
 void gg_autocast_clear(AgGraph *g)
 {
-    GHashTableIter it;
-    gpointer k, v;
-    g_hash_table_iter_init(&it, g->cast_cache);
-    while (g_hash_table_iter_next(&it, &k, &v)) {
-        g_hash_table_iter_steal(&it);
-        gt_unref(g, v);
-    }
+    /* in insertion order, so the trace does not depend on where objects were allocated */
+    g_hash_table_remove_all(g->cast_cache);
+    for (guint i = 0; i < g->cast_order->len; i++)
+        gt_unref(g, g->cast_order->pdata[i]);
+    g_ptr_array_set_size(g->cast_order, 0);
 }
 
 void gg_teardown(AgGraph *g)
