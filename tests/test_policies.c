@@ -22,6 +22,8 @@
 #include <memsim/formats.h>
 #include <memsim/sim.h>
 
+#include <glib/gstdio.h>
+#include <json-glib/json-glib.h>
 #include <math.h>
 #include <string.h>
 
@@ -682,25 +684,18 @@ Test(policies, settings_change_behaviour)
 
 /* Per rank, the peak of live requests rounded by `a` (recorded live blocks rounded to 256
  * bytes: every policy charges a recorded block at least its request rounded so). */
-static GArray *trace_peak_rounded(const char *path, MemsimAlloc *a)
+static GArray *trace_peak_rounded(MemsimTrace *t, MemsimAlloc *a)
 {
-    GError *error = NULL;
-    MemsimTraceReader *rd = memsim_trace_reader_open(path, &error);
-    cr_assert(rd, "%s: %s", path, error ? error->message : "?");
+    const MemsimTraceHeader *h = memsim_trace_header(t);
     GArray *peaks = g_array_new(FALSE, TRUE, sizeof(int64_t));
-    GArray *cur = g_array_new(FALSE, TRUE, sizeof(int64_t));
-    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
-    const MemsimEvent *ev;
-    guint32 rank;
-    gsize n;
-    while ((n = memsim_trace_reader_next(rd, &rank, &ev, &error)) > 0) {
-        if (rank >= peaks->len) {
-            g_array_set_size(peaks, rank + 1);
-            g_array_set_size(cur, rank + 1);
-        }
-        int64_t *c = &g_array_index(cur, int64_t, rank), *pk = &g_array_index(peaks, int64_t, rank);
+    g_array_set_size(peaks, h->n_ranks);
+    for (guint32 rank = 0; rank < h->n_ranks; rank++) {
+        GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+        gsize n;
+        const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
+        int64_t cur = 0, *pk = &g_array_index(peaks, int64_t, rank);
         for (gsize i = 0; i < n; i++) {
-            int64_t key = (int64_t)(ev[i].id * 64 + rank), bytes = 0;
+            int64_t key = (int64_t)ev[i].id, bytes = 0;
             if (ev[i].kind == MEMSIM_EV_ALLOC)
                 bytes = (int64_t)memsim_alloc_round_size(a, ev[i].size);
             else if (ev[i].kind == MEMSIM_EV_INIT_BLOCK)
@@ -710,22 +705,19 @@ static GArray *trace_peak_rounded(const char *path, MemsimAlloc *a)
                 *k = key;
                 *v = bytes;
                 g_hash_table_replace(live, k, v);
-                *c += bytes;
-                if (*c > *pk)
-                    *pk = *c;
+                cur += bytes;
+                if (cur > *pk)
+                    *pk = cur;
             } else if (ev[i].kind == MEMSIM_EV_FREE) {
                 int64_t *v = g_hash_table_lookup(live, &key);
                 if (v) {
-                    *c -= *v;
+                    cur -= *v;
                     g_hash_table_remove(live, &key);
                 }
             }
         }
+        g_hash_table_unref(live);
     }
-    cr_assert(error == NULL, "%s: %s", path, error ? error->message : "");
-    memsim_trace_reader_free(rd);
-    g_hash_table_unref(live);
-    g_array_unref(cur);
     return peaks;
 }
 
@@ -756,13 +748,15 @@ Test(policies, real_snapshots, .timeout = 600)
         GError *error = NULL;
         MemsimReport *exact = memsim_replay_path(path, &o, &error);
         cr_assert(exact, "%s: %s", path, error ? error->message : "?");
+        MemsimTrace *trace = memsim_trace_load(path, &error);
+        cr_assert(trace, "%s: %s", path, error ? error->message : "?");
         for (const MemsimAllocOps *const *q = memsim_alloc_registry(); *q; q++) {
             o.allocator = (*q)->name;
             o.check_invariants = TRUE; /* a broken invariant aborts with its message */
             MemsimReport *rep = memsim_replay_path(path, &o, &error);
             cr_assert(rep, "%s through %s: %s", path, (*q)->name, error ? error->message : "?");
             MemsimAlloc *rounder = memsim_alloc_new(*q, "", NULL, NULL);
-            GArray *bound = trace_peak_rounded(path, rounder);
+            GArray *bound = trace_peak_rounded(trace, rounder);
             gboolean coarser = TRUE;
             for (memsim_size_t s = 1; s < 4 * MiB; s = s * 3 + 1)
                 if (memsim_alloc_round_size(rounder, s) < exact_rounding(s))
@@ -790,6 +784,7 @@ Test(policies, real_snapshots, .timeout = 600)
             o.check_invariants = FALSE;
         }
         memsim_report_free(exact);
+        memsim_trace_free(trace);
         replayed++;
     }
     cr_assert(replayed >= 20);
@@ -1087,4 +1082,174 @@ Test(buddy, powers_of_two_and_merging)
     cr_assert_eq(memsim_alloc_shape(a).n_free_blocks, 2);
     memsim_alloc_free_instance(a);
     rig_clear(&r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Comparing policies (sim/compare.c) and `memsim compare` */
+
+static char **specs_of(const char *list)
+{
+    GError *error = NULL;
+    char **v = memsim_compare_parse_specs(list, &error);
+    cr_assert(v, "'%s': %s", list, error ? error->message : "?");
+    return v;
+}
+
+Test(compare, parse_specs)
+{
+    g_auto(GStrv) a = specs_of("torch,torch:expandable_segments=True,bfc,buddy,exact");
+    cr_assert_eq(g_strv_length(a), 5);
+    cr_assert_str_eq(a[1], "torch:expandable_segments=True");
+    /* A token that is not a policy name continues the settings before it. */
+    g_auto(GStrv) b = specs_of("torch:expandable_segments=True,max_split_size_mb=128, bfc");
+    cr_assert_eq(g_strv_length(b), 2);
+    cr_assert_str_eq(b[0], "torch:expandable_segments=True,max_split_size_mb=128");
+    cr_assert_str_eq(b[1], "bfc");
+    /* Commas inside torch's [B:N,...] lists do not split. */
+    g_auto(GStrv) c = specs_of("torch:roundup_power2_divisions=[256:1,512:2];stitch");
+    cr_assert_eq(g_strv_length(c), 2);
+    cr_assert_str_eq(c[0], "torch:roundup_power2_divisions=[256:1,512:2]");
+    guint n = 0;
+    while (memsim_alloc_registry()[n])
+        n++;
+    g_auto(GStrv) all = specs_of("all");
+    cr_assert_eq(g_strv_length(all), n);
+    const char *bad[] = {"", "nope", "torch,expandable_segments=True", " , "};
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        GError *error = NULL;
+        cr_assert_null(memsim_compare_parse_specs(bad[i], &error), "'%s' accepted", bad[i]);
+        cr_assert(g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT));
+        cr_assert(strstr(error->message, "exact"), "'%s': the message lists the policies: %s",
+                  bad[i], error->message);
+        g_error_free(error);
+    }
+}
+
+/* Two ranks: rank 0 keeps four 3 MiB tensors alive and frees every other one before asking
+ * for 5 MiB ones; rank 1 allocates 1 GiB. */
+static MemsimTrace *two_rank_trace(void)
+{
+    MemsimTrace *t = memsim_trace_new("two ranks");
+    memsim_trace_add_rank(t, 0, 1);
+    memsim_trace_add_rank(t, 1, 1);
+    for (uint64_t id = 1; id <= 4; id++) {
+        MemsimEvent e = {.kind = MEMSIM_EV_ALLOC, .id = id, .size = 3 * MiB};
+        memsim_trace_append(t, 0, &e, 1);
+    }
+    for (uint64_t id = 1; id <= 4; id += 2) {
+        MemsimEvent e = {.kind = MEMSIM_EV_FREE, .id = id};
+        memsim_trace_append(t, 0, &e, 1);
+    }
+    for (uint64_t id = 5; id <= 6; id++) {
+        MemsimEvent e = {.kind = MEMSIM_EV_ALLOC, .id = id, .size = 5 * MiB};
+        memsim_trace_append(t, 0, &e, 1);
+    }
+    MemsimEvent big = {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = GiB};
+    memsim_trace_append(t, 1, &big, 1);
+    return t;
+}
+
+Test(compare, every_policy_on_a_trace)
+{
+    MemsimTrace *t = two_rank_trace();
+    g_auto(GStrv) specs = specs_of("all,torch:expandable_segments=True");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    GError *error = NULL;
+    MemsimComparison *c = memsim_compare_trace(t, (const char *const *)specs, &o, &error);
+    cr_assert(c, "%s", error ? error->message : "?");
+    cr_assert_eq(c->n_runs, g_strv_length(specs));
+    cr_assert_eq(c->baseline->n_ranks, 2);
+    /* exact peaks: rank 0 at 4 x 3 MiB + ... = max(12, 6 + 10) = 16 MiB; rank 1 at 1 GiB. */
+    cr_assert_eq(c->baseline->ranks[0].stats.reserved.peak, (int64_t)(16 * MiB));
+    cr_assert_eq(c->baseline->ranks[1].stats.reserved.peak, (int64_t)GiB);
+    for (guint i = 0; i < c->n_runs; i++) {
+        cr_assert(c->runs[i].report, "%s: %s", c->runs[i].spec, c->runs[i].error);
+        cr_assert_eq(c->runs[i].report->n_ranks, 2);
+        for (guint k = 0; k < 2; k++)
+            cr_assert(memsim_comparison_vs_exact(c, i, k) >= 1.0 ||
+                          strcmp(c->runs[i].spec, "bfc") == 0,
+                      "%s rank %u below exact", c->runs[i].spec, k);
+        if (strcmp(c->runs[i].spec, "exact") == 0)
+            cr_assert_float_eq(memsim_comparison_vs_exact(c, i, 0), 1.0, 1e-12);
+    }
+    /* JSON: the policies in order, each with the replay's rank entries. */
+    g_autofree char *j = memsim_comparison_to_json(c);
+    JsonParser *p = json_parser_new();
+    cr_assert(json_parser_load_from_data(p, j, -1, NULL));
+    JsonObject *root = json_node_get_object(json_parser_get_root(p));
+    JsonArray *pol = json_object_get_array_member(root, "policies");
+    cr_assert_eq(json_array_get_length(pol), c->n_runs);
+    for (guint i = 0; i < c->n_runs; i++) {
+        JsonObject *e = json_array_get_object_element(pol, i);
+        cr_assert_str_eq(json_object_get_string_member(e, "allocator"), specs[i]);
+        JsonArray *ranks = json_object_get_array_member(e, "ranks");
+        cr_assert_eq(json_array_get_length(ranks), 2);
+        JsonObject *r0 = json_array_get_object_element(ranks, 0);
+        cr_assert_eq(json_object_get_int_member(r0, "peak_reserved"),
+                     c->runs[i].report->ranks[0].stats.reserved.peak);
+    }
+    g_object_unref(p);
+    g_autofree char *txt = memsim_comparison_to_text(c);
+    cr_assert(strstr(txt, "stitch [rank 1]") && strstr(txt, "x exact"), "%s", txt);
+    memsim_comparison_free(c);
+
+    /* Bad settings fail the comparison and name the spec. */
+    const char *bad[] = {"bfc:allow_growth=sometimes", NULL};
+    c = memsim_compare_trace(t, bad, &o, &error);
+    cr_assert(c == NULL && error && strstr(error->message, "bfc:allow_growth=sometimes"));
+    g_clear_error(&error);
+
+    /* At a 12 MiB capacity rank 1 runs out of memory everywhere, and its row says so. */
+    o.capacity = 12 * MiB;
+    const char *two[] = {"best-fit", "stitch", NULL};
+    c = memsim_compare_trace(t, two, &o, &error);
+    cr_assert(c, "%s", error ? error->message : "?");
+    for (guint i = 0; i < c->n_runs; i++)
+        cr_assert(c->runs[i].report->ranks[1].oom.happened, "%s", c->runs[i].spec);
+    g_autofree char *txt2 = memsim_comparison_to_text(c);
+    cr_assert(strstr(txt2, "event 0: 1024.00 MiB requested"), "%s", txt2);
+    memsim_comparison_free(c);
+    memsim_trace_free(t);
+}
+
+Test(compare, command)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *small = g_build_filename(dir, "two-ranks.mst", NULL);
+    MemsimTrace *t = two_rank_trace();
+    GError *error = NULL;
+    cr_assert(memsim_trace_save(t, small, MEMSIM_FORMAT_AUTO, &error), "%s",
+              error ? error->message : "?");
+    memsim_trace_free(t);
+    const char *argv1[] = {"compare", small, "--allocators", "all", "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    int rc = tu_run_memsim(argv1, &out, &err);
+    cr_assert_eq(rc, 0, "memsim compare: %s", err);
+    JsonParser *p = json_parser_new();
+    cr_assert(json_parser_load_from_data(p, out, -1, NULL), "not JSON: %s", out);
+    JsonArray *pol = json_object_get_array_member(json_node_get_object(json_parser_get_root(p)),
+                                                  "policies");
+    guint n = 0;
+    while (memsim_alloc_registry()[n])
+        n++;
+    cr_assert_eq(json_array_get_length(pol), n);
+    g_object_unref(p);
+    g_unlink(small);
+
+    const char *argv2[] = {"compare", "--model", "gpt2", "--seq", "128", "--allocators",
+                           "exact,bfc,stitch", "--gpu-mem", "2GiB", NULL};
+    g_autofree char *out2 = NULL, *err2 = NULL;
+    rc = tu_run_memsim(argv2, &out2, &err2);
+    cr_assert(rc == 0 || rc == 1, "memsim compare --model: %d %s", rc, err2);
+    cr_assert(strstr(out2, "gpt2") && strstr(out2, "stitch") && strstr(out2, "bfc"), "%s",
+              out2);
+
+    const char *argv3[] = {"compare", small, "--allocators", "torch,nonsense", NULL};
+    g_autofree char *out3 = NULL, *err3 = NULL;
+    cr_assert_eq(tu_run_memsim(argv3, &out3, &err3), 2);
+    cr_assert(strstr(err3, "nonsense"), "%s", err3);
+    g_rmdir(dir);
+    const char *argv4[] = {"compare", NULL};
+    g_autofree char *err4 = NULL;
+    cr_assert_eq(tu_run_memsim(argv4, NULL, &err4), 2);
 }

@@ -618,6 +618,106 @@ out:
     return rc;
 }
 
+/* ---- compare ---- */
+
+static int cmd_compare(int argc, char **argv)
+{
+    char *model = NULL, *allocators = NULL, *gpu_mem = NULL, *context = NULL;
+    gboolean json = FALSE;
+    MemsimRun run = memsim_run_defaults();
+    GOptionEntry entries[] = {
+        {"allocators", 0, 0, G_OPTION_ARG_STRING, &allocators,
+         "Policies to compare, comma-separated, each name[:key=value,...], or all (default "
+         "all)", "LIST"},
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model,
+         "Compare on the generated trace of a run of this model (a preset or a config.json) "
+         "instead of a trace file", "MODEL"},
+        {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
+         "Device memory, e.g. 80GiB: where each policy runs out (default: unlimited)", "SIZE"},
+        {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
+         "With --model: memory outside the allocator (default 500MiB; a trace file: 0)", "SIZE"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {NULL}};
+    GOptionContext *ctx = make_context(
+        "compare", "[TRACE]",
+        "Replay one trace (.mst, text, a PyTorch snapshot pickle, or a run generated with "
+        "--model) through several allocator policies, side by side: peak reserved and "
+        "allocated bytes, fragmentation at the peak, driver calls, the ratio to the `exact` "
+        "lower bound, and where each runs out of memory at --gpu-mem.",
+        "Examples:\n"
+        "  memsim compare run.pickle --allocators torch,torch:expandable_segments=True,bfc,buddy,"
+        "exact\n"
+        "  memsim compare --model llama-2-7b --batch 4 --seq 2048 --allocators all --gpu-mem "
+        "80GiB\n"
+        "  memsim replay --allocator help      (the policies and their settings)\n",
+        entries);
+    g_option_context_add_group(ctx, run_group(&run));
+    int rc = EXIT_BAD;
+    GError *error = NULL;
+    MemsimModel *m = NULL;
+    MemsimTrace *t = NULL;
+    MemsimComparison *c = NULL;
+    char **specs = NULL, *text = NULL;
+    if (!parse(ctx, "compare", &argc, &argv))
+        goto out;
+    if ((model != NULL) == (argc == 2) || argc > 2) {
+        fprintf(stderr, "memsim compare: give one trace file or --model (see memsim compare "
+                        "--help)\n");
+        goto out;
+    }
+    memsim_size_t gpu = 0, ctxb = model ? MEMSIM_ESTIMATE_CONTEXT_DEFAULT : 0;
+    if ((gpu_mem && !memsim_parse_size(gpu_mem, &gpu, &error)) ||
+        (context && !memsim_parse_size(context, &ctxb, &error)) ||
+        !(specs = memsim_compare_parse_specs(allocators ? allocators : "all", &error))) {
+        rc = report_error("compare", error);
+        goto out;
+    }
+    if (gpu && ctxb >= gpu) {
+        fprintf(stderr, "memsim compare: --cuda-context leaves nothing of --gpu-mem %s\n",
+                gpu_mem);
+        goto out;
+    }
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.capacity = gpu ? gpu - ctxb : 0;
+    if (model ? !(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error))
+              : !(t = memsim_trace_load(argv[1], &error))) {
+        rc = report_error("compare", error);
+        goto out;
+    }
+    if (!(c = memsim_compare_trace(t, (const char *const *)specs, &o, &error))) {
+        rc = report_error("compare", error);
+        goto out;
+    }
+    if (m) {
+        g_free(c->source);
+        g_autofree char *desc = memsim_run_describe(&run);
+        c->source = g_strdup_printf("%s, %s", memsim_model_name(m), desc);
+    }
+    memsim_comparison_set_device(c, gpu, ctxb);
+    text = json ? memsim_comparison_to_json(c) : memsim_comparison_to_text(c);
+    fputs(text, stdout);
+    if (json)
+        putchar('\n');
+    rc = EXIT_OK;
+    for (guint i = 0; i < c->n_runs; i++)
+        for (guint k = 0; c->runs[i].report && k < c->runs[i].report->n_ranks; k++)
+            if (!c->runs[i].report->ranks[k].fits)
+                rc = EXIT_NO;
+out:
+    g_free(text);
+    memsim_comparison_free(c);
+    memsim_trace_free(t);
+    memsim_model_free(m);
+    memsim_run_clear(&run);
+    g_strfreev(specs);
+    g_option_context_free(ctx);
+    g_free(model);
+    g_free(allocators);
+    g_free(gpu_mem);
+    g_free(context);
+    return rc;
+}
+
 /* ---- main ---- */
 
 typedef struct {
@@ -631,6 +731,7 @@ static const Command commands[] = {
     {"gen", cmd_gen, "write the generated trace of a run to a file"},
     {"models", cmd_models, "list the model presets"},
     {"replay", cmd_replay, "replay a trace or a PyTorch snapshot through an allocator model"},
+    {"compare", cmd_compare, "one trace through several allocator policies, side by side"},
     {"convert", cmd_convert, "convert a trace between .mst, text and snapshot formats"},
 };
 

@@ -165,6 +165,59 @@ char *memsim_report_to_json(const MemsimReport *report);
  * g_free() it. */
 char *memsim_report_to_text(const MemsimReport *report);
 
+/* ---- Comparing policies (sim/compare.c) ----
+ *
+ *     char **specs = memsim_compare_parse_specs("torch,torch:expandable_segments=True,bfc", &err);
+ *     MemsimComparison *c = memsim_compare_path("run.pickle", (const char *const *)specs, &o,
+ *                                               &err);          // o: capacity, alloc_conf...
+ *     char *table = memsim_comparison_to_text(c);             // g_free() it
+ *     memsim_comparison_free(c); g_strfreev(specs);
+ */
+
+/* One policy's replay of the compared trace. */
+typedef struct {
+    char *spec;           /* the policy spec, "name[:settings]" */
+    MemsimReport *report; /* its replay; NULL when it could not replay this trace */
+    char *error;          /* why not (NULL when report is set) */
+} MemsimCompareRun;
+
+typedef struct {
+    char *source;            /* the trace's name */
+    memsim_size_t capacity;  /* device bytes for the allocator; 0 = unlimited */
+    guint n_runs;
+    MemsimCompareRun *runs;  /* in the order of the specs */
+    MemsimReport *baseline;  /* `exact` on an unlimited device: the ratios' denominator */
+} MemsimComparison;
+
+/* Splits a list of policy specs: comma- (or semicolon-) separated, where a token that does
+ * not start with a policy name continues the previous spec's settings
+ * ("torch:expandable_segments=True,max_split_size_mb=128,bfc" is two specs); "all" stands for
+ * every registered policy. Returns a new NULL-terminated array (free with g_strfreev), or
+ * NULL with error set (an unknown name, an empty list). */
+char **memsim_compare_parse_specs(const char *list, GError **error);
+/* Replays the trace through each spec with the options `opt` (its allocator is ignored;
+ * capacity 0 = the trace's). Bad settings, or a trace that even `exact` cannot replay, fail
+ * the comparison (NULL, error set); a policy that cannot replay this trace gets an error in
+ * its run instead. Returns a new comparison (free with memsim_comparison_free). */
+MemsimComparison *memsim_compare_trace(MemsimTrace *trace, const char *const *specs,
+                                       const MemsimReplayOptions *opt, GError **error);
+/* The same on a trace file of any format (read once). */
+MemsimComparison *memsim_compare_path(const char *path, const char *const *specs,
+                                      const MemsimReplayOptions *opt, GError **error);
+/* Sets the device figures of every run's report (memsim_report_set_device). */
+void memsim_comparison_set_device(MemsimComparison *c, memsim_size_t gpu_mem,
+                                  memsim_size_t context_bytes);
+/* Peak reserved of run `run`, rank `rank`, divided by the baseline's; 0 when unknown. */
+double memsim_comparison_vs_exact(const MemsimComparison *c, guint run, guint rank);
+void memsim_comparison_free(MemsimComparison *c);
+/* {"source", "capacity", "baseline", "policies": [{"allocator", "error", "ranks": [the rank
+ * entries of memsim_report_to_json], "peak_reserved_vs_exact": [per rank]}]}. Newly
+ * allocated; g_free() it. */
+char *memsim_comparison_to_json(const MemsimComparison *c);
+/* One row per policy (and rank): peak reserved and allocated, fragmentation at the peak of
+ * reserved, driver calls, the ratio to exact, the OOM point. Newly allocated; g_free() it. */
+char *memsim_comparison_to_text(const MemsimComparison *c);
+
 /* "12.50 GiB" style; writes into buf (at least 32 bytes) and returns it. Reentrant. */
 const char *memsim_format_bytes(memsim_size_t bytes, char *buf, gsize len);
 
