@@ -18,6 +18,13 @@
  *       Exports depend on the timeline's bucket count, not on the trace length; the replay
  *       with a timeline must stay linear. CPU time of this process.
  *
+ *   memsim-bench compare [--events N] [--allocators LIST|all]
+ *       Writes the synthetic trace of N events (default 10 million) once and loads it into
+ *       memory, then replays it through each policy (default torch, exact, bfc, buddy,
+ *       best-fit; `all` = every registered policy) and prints events per second of the replay
+ *       alone: the policy plus the replay's bookkeeping, without decoding the file. CPU time
+ *       of this process, one core.
+ *
  * The synthetic program looks like training: activations pile up through a "forward" pass
  * and are released in reverse through a "backward" pass, with short-lived temporaries in
  * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
@@ -315,10 +322,73 @@ static int bench_export(int argc, char **argv)
     return rc;
 }
 
+static int bench_compare(int argc, char **argv)
+{
+    gint64 n_events = 10000000;
+    char *list = NULL;
+    GOptionEntry entries[] = {
+        {"events", 0, 0, G_OPTION_ARG_INT64, &n_events, "Events in the synthetic trace", "N"},
+        {"allocators", 0, 0, G_OPTION_ARG_STRING, &list,
+         "Comma-separated policies, or all (default torch,exact,bfc,buddy,best-fit)", "LIST"},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("compare");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 1 || n_events <= 0) {
+        fprintf(stderr, "usage: memsim-bench compare [--events N] [--allocators LIST|all]\n%s\n",
+                error ? error->message : "");
+        g_option_context_free(ctx);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    char **specs = memsim_compare_parse_specs(list ? list : "torch,exact,bfc,buddy,best-fit",
+                                              &error);
+    g_autofree char *dir = specs ? g_dir_make_tmp("memsim-bench-XXXXXX", &error) : NULL;
+    g_autofree char *path = dir ? g_build_filename(dir, "synthetic.mst", NULL) : NULL;
+    MemsimTrace *t = NULL;
+    if (!dir || !write_synthetic(path, (uint64_t)n_events, &error) ||
+        !(t = memsim_trace_load(path, &error))) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    g_unlink(path);
+    g_rmdir(dir);
+    gsize n = 0;
+    memsim_trace_events(t, 0, &n);
+    printf("synthetic trace: %zu events in memory; replay alone, CPU time of one core\n", n);
+    printf("%-12s %10s %12s %14s %14s\n", "policy", "seconds", "M events/s", "peak alloc.",
+           "peak reserved");
+    int rc = 0;
+    for (char **spec = specs; *spec; spec++) {
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.allocator = *spec;
+        double t0 = cpu_seconds();
+        MemsimReport *rep = memsim_replay_trace(t, &o, &error);
+        double t1 = cpu_seconds();
+        if (!rep) {
+            fprintf(stderr, "memsim-bench: %s: %s\n", *spec, error->message);
+            g_clear_error(&error);
+            rc = 2;
+            continue;
+        }
+        char a[32], b[32];
+        printf("%-12s %10.3f %12.1f %14s %14s\n", *spec, t1 - t0, (double)n / (t1 - t0) / 1e6,
+               memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.allocated.peak, a, 32),
+               memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.reserved.peak, b, 32));
+        memsim_report_free(rep);
+    }
+    memsim_trace_free(t);
+    g_strfreev(specs);
+    g_free(list);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
         return bench_estimate(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "compare") == 0)
+        return bench_compare(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "export") == 0)
         return bench_export(argc - 1, argv + 1);
     gint64 n_events = 10000000;
