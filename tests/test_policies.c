@@ -161,6 +161,8 @@ static MemsimAllocStats player_stats(Player *p)
     return memsim_alloc_stats(p->a);
 }
 
+static void player_check_listing(Player *p);
+
 static void player_verify(Player *p, const char *what)
 {
     GError *error = NULL;
@@ -185,6 +187,64 @@ static void player_verify(Player *p, const char *what)
         CHECK(st.reserved.current <= (int64_t)p->capacity,
               "%s, %s: reserved %" G_GINT64_FORMAT " above the capacity", p->spec, what,
               st.reserved.current);
+    if (p->n_events % 32 == 0)
+        player_check_listing(p);
+}
+
+/* The block listing (foreach_block) against the statistics: each segment listed as one run
+ * of blocks that covers it, allocated blocks adding up to allocated bytes, mapped ones to
+ * reserved bytes. */
+typedef struct {
+    memsim_addr_t seg, seg_end, next;
+    int64_t allocated, mapped;
+    gboolean broken;
+    char why[160];
+} Listing;
+
+static void listing_block(void *user, const MemsimBlockInfo *b)
+{
+    Listing *l = user;
+    if (l->broken)
+        return;
+    if (b->segment != l->seg) {
+        if (l->next != l->seg_end) {
+            l->broken = TRUE;
+            g_snprintf(l->why, sizeof l->why, "segment 0x%" G_GINT64_MODIFIER "x not covered",
+                       l->seg);
+            return;
+        }
+        l->seg = l->next = b->segment;
+        l->seg_end = b->segment + b->segment_size;
+    }
+    if (b->addr != l->next || b->addr + b->size > l->seg_end || b->size == 0) {
+        l->broken = TRUE;
+        g_snprintf(l->why, sizeof l->why, "block 0x%" G_GINT64_MODIFIER "x out of place",
+                   b->addr);
+        return;
+    }
+    l->next += b->size;
+    if (b->state == MEMSIM_BLOCK_ALLOCATED || b->state == MEMSIM_BLOCK_PENDING_FREE)
+        l->allocated += (int64_t)b->size;
+    if (b->state != MEMSIM_BLOCK_UNMAPPED)
+        l->mapped += (int64_t)b->size;
+}
+
+static void player_check_listing(Player *p)
+{
+    Listing l = {0};
+    if (!memsim_alloc_foreach_block(p->a, listing_block, &l))
+        return;
+    MemsimAllocStats st = player_stats(p);
+    CHECK(!l.broken && l.next == l.seg_end, "%s: block listing: %s", p->spec,
+          l.broken ? l.why : "the last segment is not covered");
+    CHECK(l.allocated == st.allocated.current,
+          "%s: listed blocks in use add up to %" G_GINT64_FORMAT ", allocated is %"
+          G_GINT64_FORMAT, p->spec, l.allocated, st.allocated.current);
+    /* exact lists nothing but its blocks; stitch's segment bytes are not all mapped. */
+    if (p->seg_events_are_reserved)
+        CHECK(l.mapped == st.reserved.current,
+              "%s: listed mapped blocks add up to %" G_GINT64_FORMAT ", reserved is %"
+              G_GINT64_FORMAT, p->spec, l.mapped, st.reserved.current);
 }
 
 static Live *player_live(Player *p, guint id)
@@ -281,6 +341,7 @@ static void player_empty_cache(Player *p)
 /* Frees what is live, empties the cache; returns the final statistics. */
 static MemsimAllocStats player_end(Player *p)
 {
+    player_check_listing(p);
     for (guint id = 0; id < p->ids->len; id++)
         if (g_array_index(p->ids, Live, id).live)
             player_free(p, id);

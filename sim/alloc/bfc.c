@@ -431,6 +431,20 @@ static MemsimAllocShape bfc_shape(void *state)
     return sh;
 }
 
+static void bfc_foreach_block(void *state, MemsimBlockFunc fn, void *user)
+{
+    Bfc *a = state;
+    for (guint i = 0; i < a->regions.n; i++) {
+        Region *r = (Region *)a->regions.v[i];
+        for (Chunk *c = r->first; c; c = c->next) {
+            MemsimBlockInfo info = {r->seg.base, r->seg.size, 0, 0, c->ptr, c->size,
+                                    c->in_use ? c->requested : 0,
+                                    c->in_use ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            fn(user, &info);
+        }
+    }
+}
+
 #define FAIL(...)                                                                              \
     do {                                                                                       \
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "bfc: " __VA_ARGS__);         \
@@ -663,6 +677,7 @@ static const MemsimAllocOps bfc_ops = {
     .seed_segment = bfc_seed_segment,
     .seed_block = bfc_seed_block,
     .round_size = bfc_round,
+    .foreach_block = bfc_foreach_block,
 };
 
 const MemsimAllocOps *memsim_alloc_bfc_ops(void)

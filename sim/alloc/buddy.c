@@ -399,6 +399,21 @@ static MemsimAllocShape buddy_shape(void *state)
     return sh;
 }
 
+static void buddy_foreach_block(void *state, MemsimBlockFunc fn, void *user)
+{
+    Buddy *a = state;
+    for (guint i = 0; i < a->arenas.n; i++) {
+        BArena *ar = (BArena *)a->arenas.v[i];
+        for (BBlk *b = ar->first; b; b = b->anext) {
+            gboolean used = b->state == B_USED;
+            MemsimBlockInfo info = {ar->k.base, ar->k.size, 0, 0, b->ptr, blk_bytes(a, b),
+                                    used ? b->requested : 0,
+                                    used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            fn(user, &info);
+        }
+    }
+}
+
 #define FAIL(...)                                                                              \
     do {                                                                                       \
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "buddy: " __VA_ARGS__);       \
@@ -669,6 +684,7 @@ static const MemsimAllocOps buddy_ops = {
     .seed_segment = buddy_seed_segment,
     .seed_block = buddy_seed_block,
     .round_size = buddy_round,
+    .foreach_block = buddy_foreach_block,
 };
 
 const MemsimAllocOps *memsim_alloc_buddy_ops(void)

@@ -362,6 +362,20 @@ static MemsimAllocShape fit_shape(void *state)
     return sh;
 }
 
+static void fit_foreach_block(void *state, MemsimBlockFunc fn, void *user)
+{
+    Fit *f = state;
+    for (guint i = 0; i < f->segs.n; i++) {
+        Seg *s = (Seg *)f->segs.v[i];
+        for (Blk *b = s->first; b; b = b->next) {
+            MemsimBlockInfo info = {s->k.base, s->k.size, 0, 0, b->ptr, b->size,
+                                    b->used ? b->requested : 0,
+                                    b->used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            fn(user, &info);
+        }
+    }
+}
+
 #define FAIL(...)                                                                              \
     do {                                                                                       \
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "first-fit: " __VA_ARGS__);    \
@@ -556,6 +570,7 @@ static const MemsimAllocOps first_fit_ops = {
     .seed_segment = fit_seed_segment,
     .seed_block = fit_seed_block,
     .round_size = fit_round,
+    .foreach_block = fit_foreach_block,
 };
 
 const MemsimAllocOps *memsim_alloc_first_fit_ops(void)

@@ -453,6 +453,24 @@ static MemsimAllocShape stitch_shape(void *state)
     return sh;
 }
 
+/* A virtual range is listed as an expandable segment (mapped runs and unmapped holes), as a
+ * snapshot of PyTorch's expandable segments shows one. */
+static void stitch_foreach_block(void *state, MemsimBlockFunc fn, void *user)
+{
+    Stitch *s = state;
+    static const uint32_t flags[] = {MEMSIM_SEGF_SMALL, MEMSIM_SEGF_EXPANDABLE, 0};
+    static const uint32_t states[] = {MEMSIM_BLOCK_FREE, MEMSIM_BLOCK_ALLOCATED,
+                                      MEMSIM_BLOCK_UNMAPPED};
+    for (guint i = 0; i < s->segs.n; i++) {
+        SSeg *g = (SSeg *)s->segs.v[i];
+        for (SBlk *b = g->first; b; b = b->next) {
+            MemsimBlockInfo info = {g->k.base, g->k.size, 0, flags[g->kind], b->ptr, b->size,
+                                    b->state == S_USED ? b->requested : 0, states[b->state]};
+            fn(user, &info);
+        }
+    }
+}
+
 #define FAIL(...)                                                                              \
     do {                                                                                       \
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "stitch: " __VA_ARGS__);      \
@@ -693,6 +711,7 @@ static const MemsimAllocOps stitch_ops = {
     .seed_segment = stitch_seed_segment,
     .seed_block = stitch_seed_block,
     .round_size = stitch_round,
+    .foreach_block = stitch_foreach_block,
 };
 
 const MemsimAllocOps *memsim_alloc_stitch_ops(void)
