@@ -122,8 +122,8 @@ MemsimComparison *memsim_compare_trace(MemsimTrace *trace, const char *const *sp
         GError *e = NULL;
         MemsimAlloc *a = memsim_alloc_new_from_spec(specs[i], &dev, &e);
         if (!a) {
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "allocator '%s': %s",
-                        specs[i], e->message);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "allocator '%s': %s", specs[i],
+                        e->message);
             g_error_free(e);
             return NULL;
         }
@@ -280,8 +280,8 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
             width = w;
     }
     g_string_append_printf(s, "\n%-*s %14s %14s %11s %11s %13s %8s  %s\n", width, "policy",
-                           "peak reserved", "peak alloc.", "rounding", "holes",
-                           "driver a / f", "x exact", "out of memory");
+                           "peak reserved", "peak alloc.", "rounding", "holes", "driver a / f",
+                           "x exact", "out of memory");
     for (guint i = 0; i < c->n_runs; i++) {
         const MemsimCompareRun *r = &c->runs[i];
         if (!r->report) {
@@ -291,14 +291,13 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
         }
         for (guint k = 0; k < r->report->n_ranks; k++) {
             const MemsimRankReport *x = &r->report->ranks[k];
-            g_autofree char *label = multi ? g_strdup_printf("%s [rank %u]", r->spec, x->rank)
-                                           : g_strdup(r->spec);
+            g_autofree char *label =
+                multi ? g_strdup_printf("%s [rank %u]", r->spec, x->rank) : g_strdup(r->spec);
             memsim_size_t reserved = (memsim_size_t)x->stats.reserved.peak;
             memsim_size_t alloc_at = x->at_peak_reserved_allocated;
             memsim_size_t req_at = x->at_peak_reserved_requested;
             g_autofree char *drv = g_strdup_printf("%" G_GUINT64_FORMAT " / %" G_GUINT64_FORMAT,
-                                                   x->stats.n_device_alloc,
-                                                   x->stats.n_device_free);
+                                                   x->stats.n_device_alloc, x->stats.n_device_free);
             /* A run cut short by an OOM has no comparable peak. */
             double ratio = x->oom.happened ? 0.0 : memsim_comparison_vs_exact(c, i, k);
             g_autofree char *rs = ratio > 0 ? g_strdup_printf("%.3f", ratio) : g_strdup("-");
@@ -317,8 +316,7 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
                 memsim_format_bytes(reserved, b1, sizeof b1),
                 memsim_format_bytes((memsim_size_t)x->stats.allocated.peak, b2, sizeof b2),
                 memsim_format_bytes(alloc_at > req_at ? alloc_at - req_at : 0, b3, sizeof b3),
-                memsim_format_bytes(reserved > alloc_at ? reserved - alloc_at : 0, b4,
-                                    sizeof b4),
+                memsim_format_bytes(reserved > alloc_at ? reserved - alloc_at : 0, b4, sizeof b4),
                 drv, rs, oom);
         }
     }

@@ -120,8 +120,8 @@ typedef struct {
     Rig rig;
     memsim_size_t capacity;
     gboolean seg_events_are_reserved;
-    GArray *ids;    /* Live, by id */
-    GTree *ranges;  /* live extents: addr → end */
+    GArray *ids;   /* Live, by id */
+    GTree *ranges; /* live extents: addr → end */
     int64_t live_req, live_rounded, peak_rounded;
     int64_t n_live;
     gboolean coarser_than_exact; /* every request so far rounds to >= exact's rounding */
@@ -175,10 +175,12 @@ static void player_verify(Player *p, const char *what)
           p->spec, what, st.requested.current, st.allocations.current, p->live_req, p->n_live);
     CHECK(st.allocated.current <= st.reserved.current && st.allocated.current >= p->live_req,
           "%s, %s: allocated %" G_GINT64_FORMAT " outside [requested, reserved %" G_GINT64_FORMAT
-          "]", p->spec, what, st.allocated.current, st.reserved.current);
+          "]",
+          p->spec, what, st.allocated.current, st.reserved.current);
     CHECK(p->rig.ev_requested == st.requested.current,
-          "%s, %s: ALLOC/FREE_COMPLETED events say %" G_GINT64_FORMAT " requested, stats %"
-          G_GINT64_FORMAT, p->spec, what, p->rig.ev_requested, st.requested.current);
+          "%s, %s: ALLOC/FREE_COMPLETED events say %" G_GINT64_FORMAT
+          " requested, stats %" G_GINT64_FORMAT,
+          p->spec, what, p->rig.ev_requested, st.requested.current);
     if (p->seg_events_are_reserved)
         CHECK(p->rig.ev_reserved == st.reserved.current,
               "%s, %s: segment events say %" G_GINT64_FORMAT " reserved, stats %" G_GINT64_FORMAT,
@@ -218,8 +220,7 @@ static void listing_block(void *user, const MemsimBlockInfo *b)
     }
     if (b->addr != l->next || b->addr + b->size > l->seg_end || b->size == 0) {
         l->broken = TRUE;
-        g_snprintf(l->why, sizeof l->why, "block 0x%" G_GINT64_MODIFIER "x out of place",
-                   b->addr);
+        g_snprintf(l->why, sizeof l->why, "block 0x%" G_GINT64_MODIFIER "x out of place", b->addr);
         return;
     }
     l->next += b->size;
@@ -238,13 +239,14 @@ static void player_check_listing(Player *p)
     CHECK(!l.broken && l.next == l.seg_end, "%s: block listing: %s", p->spec,
           l.broken ? l.why : "the last segment is not covered");
     CHECK(l.allocated == st.allocated.current,
-          "%s: listed blocks in use add up to %" G_GINT64_FORMAT ", allocated is %"
-          G_GINT64_FORMAT, p->spec, l.allocated, st.allocated.current);
+          "%s: listed blocks in use add up to %" G_GINT64_FORMAT ", allocated is %" G_GINT64_FORMAT,
+          p->spec, l.allocated, st.allocated.current);
     /* exact lists nothing but its blocks; stitch's segment bytes are not all mapped. */
     if (p->seg_events_are_reserved)
         CHECK(l.mapped == st.reserved.current,
-              "%s: listed mapped blocks add up to %" G_GINT64_FORMAT ", reserved is %"
-              G_GINT64_FORMAT, p->spec, l.mapped, st.reserved.current);
+              "%s: listed mapped blocks add up to %" G_GINT64_FORMAT
+              ", reserved is %" G_GINT64_FORMAT,
+              p->spec, l.mapped, st.reserved.current);
 }
 
 static Live *player_live(Player *p, guint id)
@@ -272,12 +274,12 @@ static MemsimAllocResult player_alloc(Player *p, guint id, memsim_size_t size, u
               "%s: malloc(%" G_GUINT64_FORMAT ") failed without an OOM event", p->spec, size);
         CHECK(p->rig.last.size == rounded,
               "%s: OOM event for %" G_GUINT64_FORMAT " bytes says %" G_GUINT64_FORMAT
-              ", the rounded request is %" G_GUINT64_FORMAT, p->spec, size, p->rig.last.size,
-              rounded);
+              ", the rounded request is %" G_GUINT64_FORMAT,
+              p->spec, size, p->rig.last.size, rounded);
         CHECK(p->rig.last.addr == (p->capacity > held ? p->capacity - held : 0),
-              "%s: OOM event gives %" G_GUINT64_FORMAT " device free bytes, expected %"
-              G_GUINT64_FORMAT, p->spec, p->rig.last.addr,
-              p->capacity > held ? p->capacity - held : 0);
+              "%s: OOM event gives %" G_GUINT64_FORMAT
+              " device free bytes, expected %" G_GUINT64_FORMAT,
+              p->spec, p->rig.last.addr, p->capacity > held ? p->capacity - held : 0);
         player_verify(p, "after an OOM");
         return res;
     }
@@ -293,7 +295,8 @@ static MemsimAllocResult player_alloc(Player *p, guint id, memsim_size_t size, u
     GTreeNode *n = g_tree_upper_bound(p->ranges, &addr);
     CHECK(!n || addr + len <= *(memsim_addr_t *)g_tree_node_key(n),
           "%s: block 0x%" G_GINT64_MODIFIER "x (+%" G_GUINT64_FORMAT ") overlaps the live block "
-          "above it", p->spec, addr, len);
+          "above it",
+          p->spec, addr, len);
     GTreeNode *below = n ? g_tree_node_previous(n) : g_tree_node_last(p->ranges);
     CHECK(!below || *(memsim_addr_t *)g_tree_node_value(below) <= addr,
           "%s: block 0x%" G_GINT64_MODIFIER "x overlaps the live block below it", p->spec, addr);
@@ -350,8 +353,9 @@ static MemsimAllocStats player_end(Player *p)
     CHECK(st.allocated.current == 0 && st.requested.current == 0,
           "%s: bytes remain allocated after everything was freed", p->spec);
     CHECK(st.reserved.peak >= p->peak_rounded,
-          "%s: peak reserved %" G_GINT64_FORMAT " below the peak of the rounded live requests %"
-          G_GINT64_FORMAT, p->spec, st.reserved.peak, p->peak_rounded);
+          "%s: peak reserved %" G_GINT64_FORMAT
+          " below the peak of the rounded live requests %" G_GINT64_FORMAT,
+          p->spec, st.reserved.peak, p->peak_rounded);
     memsim_alloc_free_instance(p->a);
     rig_clear(&p->rig);
     g_array_unref(p->ids);
@@ -494,8 +498,7 @@ Test(policies, registry_order_and_tables)
         const MemsimAllocOps *o = memsim_alloc_find(wanted[i]);
         cr_assert(o, "%s is not registered", wanted[i]);
         cr_assert(o->settings_help && *o->settings_help, "%s has no settings_help", wanted[i]);
-        cr_assert(o->seed_segment && o->seed_block, "%s cannot start from a recording",
-                  wanted[i]);
+        cr_assert(o->seed_segment && o->seed_block, "%s cannot start from a recording", wanted[i]);
     }
 }
 
@@ -517,8 +520,8 @@ Test(policies, random_traces_at_capacity, .timeout = 600)
     const uint64_t seeds[] = {5, 6, 7};
     for (gsize i = 0; i < G_N_ELEMENTS(seeds); i++) {
         GArray *ops = random_program(seeds[i], 1500, 3);
-        g_autofree char *name = g_strdup_printf("random seed %" G_GUINT64_FORMAT " at 24 GiB",
-                                                seeds[i]);
+        g_autofree char *name =
+            g_strdup_printf("random seed %" G_GUINT64_FORMAT " at 24 GiB", seeds[i]);
         run_everywhere(name, (Op *)ops->data, ops->len, 24 * GiB);
         g_array_unref(ops);
     }
@@ -660,8 +663,7 @@ Test(policies, settings_errors_name_the_key)
         GError *error = NULL;
         MemsimAlloc *a = memsim_alloc_new(*q, "no_such_key=1", NULL, &error);
         cr_assert(a == NULL && error, "%s accepted an unknown setting", (*q)->name);
-        cr_assert(g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT), "%s",
-                  (*q)->name);
+        cr_assert(g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT), "%s", (*q)->name);
         cr_assert(strstr(error->message, "no_such_key"), "%s: '%s' does not name the key",
                   (*q)->name, error->message);
         g_error_free(error);
@@ -688,8 +690,7 @@ Test(policies, settings_errors_name_the_key)
         GError *error = NULL;
         MemsimAlloc *a = memsim_alloc_new_from_spec(bad[i].spec, NULL, &error);
         cr_assert(a == NULL && error, "'%s' was accepted", bad[i].spec);
-        cr_assert(g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT), "%s",
-                  bad[i].spec);
+        cr_assert(g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT), "%s", bad[i].spec);
         for (int w = 0; w < 2; w++)
             cr_assert(strstr(error->message, bad[i].words[w]), "'%s': '%s' does not say '%s'",
                       bad[i].spec, error->message, bad[i].words[w]);
@@ -724,12 +725,9 @@ Test(policies, settings_change_behaviour)
     struct {
         const char *a, *b;
     } pairs[] = {
-        {"buddy", "buddy:segment_mb=1024"},
-        {"buddy", "buddy:segment_mb=2"},
-        {"first-fit", "first-fit:segment_mb=512"},
-        {"best-fit", "best-fit:segment_mb=2"},
-        {"stitch", "stitch:granularity_mb=8"},
-        {"stitch", "stitch:fragment_limit_mb=64"},
+        {"buddy", "buddy:segment_mb=1024"},        {"buddy", "buddy:segment_mb=2"},
+        {"first-fit", "first-fit:segment_mb=512"}, {"best-fit", "best-fit:segment_mb=2"},
+        {"stitch", "stitch:granularity_mb=8"},     {"stitch", "stitch:fragment_limit_mb=64"},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(pairs); i++) {
         Outcome x = run_program(pairs[i].a, (Op *)ops->data, ops->len, 0);
@@ -830,8 +828,9 @@ Test(policies, real_snapshots, .timeout = 600)
                           (*q)->name);
                 int64_t lb = r < bound->len ? g_array_index(bound, int64_t, r) : 0;
                 CHECK(x->stats.reserved.peak >= lb && x->stats.allocated.peak >= lb,
-                      "%s through %s, rank %u: peak reserved %" G_GINT64_FORMAT " / allocated %"
-                      G_GINT64_FORMAT " below the rounded live requests %" G_GINT64_FORMAT,
+                      "%s through %s, rank %u: peak reserved %" G_GINT64_FORMAT
+                      " / allocated %" G_GINT64_FORMAT
+                      " below the rounded live requests %" G_GINT64_FORMAT,
                       path, (*q)->name, r, x->stats.reserved.peak, x->stats.allocated.peak, lb);
                 if (coarser)
                     CHECK(x->stats.reserved.peak >= exact->ranks[r].stats.reserved.peak,
@@ -875,16 +874,16 @@ Test(bfc, bin_for_size)
 {
     /* BinNumForSize: v = max(bytes, 256) >> kMinAllocationBits (8);
      * bin = min(kNumBins - 1, Log2Floor64(v)), kNumBins = 21. */
-    cr_assert_eq(bin_for_size(1), 0);       /* max(1, 256) >> 8 = 1, log2 = 0 */
-    cr_assert_eq(bin_for_size(256), 0);     /* 1 */
-    cr_assert_eq(bin_for_size(511), 0);     /* 511 >> 8 = 1 */
-    cr_assert_eq(bin_for_size(512), 1);     /* 2 */
-    cr_assert_eq(bin_for_size(1023), 1);    /* 3 */
-    cr_assert_eq(bin_for_size(1024), 2);    /* 4 */
-    cr_assert_eq(bin_for_size(MiB), 12);    /* 2^20 >> 8 = 2^12 */
-    cr_assert_eq(bin_for_size(3 * MiB), 13); /* 3 * 2^12, log2 floor 13 */
-    cr_assert_eq(bin_for_size(256 * MiB - 1), 19); /* (2^28 - 1) >> 8 = 2^20 - 1 */
-    cr_assert_eq(bin_for_size(256 * MiB), 20);     /* 2^20: the last bin */
+    cr_assert_eq(bin_for_size(1), 0);                       /* max(1, 256) >> 8 = 1, log2 = 0 */
+    cr_assert_eq(bin_for_size(256), 0);                     /* 1 */
+    cr_assert_eq(bin_for_size(511), 0);                     /* 511 >> 8 = 1 */
+    cr_assert_eq(bin_for_size(512), 1);                     /* 2 */
+    cr_assert_eq(bin_for_size(1023), 1);                    /* 3 */
+    cr_assert_eq(bin_for_size(1024), 2);                    /* 4 */
+    cr_assert_eq(bin_for_size(MiB), 12);                    /* 2^20 >> 8 = 2^12 */
+    cr_assert_eq(bin_for_size(3 * MiB), 13);                /* 3 * 2^12, log2 floor 13 */
+    cr_assert_eq(bin_for_size(256 * MiB - 1), 19);          /* (2^28 - 1) >> 8 = 2^20 - 1 */
+    cr_assert_eq(bin_for_size(256 * MiB), 20);              /* 2^20: the last bin */
     cr_assert_eq(bin_for_size((memsim_size_t)1 << 40), 20); /* capped at kNumBins - 1 */
     /* The constructor's CHECKs: BinNumToSize(b) = 256 << b, and bin b holds
      * [256 << b, 512 << b). */
@@ -1288,8 +1287,8 @@ Test(compare, command)
     cr_assert_eq(rc, 0, "memsim compare: %s", err);
     JsonParser *p = json_parser_new();
     cr_assert(json_parser_load_from_data(p, out, -1, NULL), "not JSON: %s", out);
-    JsonArray *pol = json_object_get_array_member(json_node_get_object(json_parser_get_root(p)),
-                                                  "policies");
+    JsonArray *pol =
+        json_object_get_array_member(json_node_get_object(json_parser_get_root(p)), "policies");
     guint n = 0;
     while (memsim_alloc_registry()[n])
         n++;
@@ -1297,13 +1296,12 @@ Test(compare, command)
     g_object_unref(p);
     g_unlink(small);
 
-    const char *argv2[] = {"compare", "--model", "gpt2", "--seq", "128", "--allocators",
-                           "exact,bfc,stitch", "--gpu-mem", "2GiB", NULL};
+    const char *argv2[] = {"compare",      "--model",          "gpt2",      "--seq", "128",
+                           "--allocators", "exact,bfc,stitch", "--gpu-mem", "2GiB",  NULL};
     g_autofree char *out2 = NULL, *err2 = NULL;
     rc = tu_run_memsim(argv2, &out2, &err2);
     cr_assert(rc == 0 || rc == 1, "memsim compare --model: %d %s", rc, err2);
-    cr_assert(strstr(out2, "gpt2") && strstr(out2, "stitch") && strstr(out2, "bfc"), "%s",
-              out2);
+    cr_assert(strstr(out2, "gpt2") && strstr(out2, "stitch") && strstr(out2, "bfc"), "%s", out2);
 
     const char *argv3[] = {"compare", small, "--allocators", "torch,nonsense", NULL};
     g_autofree char *out3 = NULL, *err3 = NULL;

@@ -437,18 +437,24 @@ static void bfc_foreach_block(void *state, MemsimBlockFunc fn, void *user)
     for (guint i = 0; i < a->regions.n; i++) {
         Region *r = (Region *)a->regions.v[i];
         for (Chunk *c = r->first; c; c = c->next) {
-            MemsimBlockInfo info = {r->seg.base, r->seg.size, 0, 0, c->ptr, c->size,
-                                    c->in_use ? c->requested : 0,
-                                    c->in_use ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            MemsimBlockInfo info = {.segment = r->seg.base,
+                                    .segment_size = r->seg.size,
+                                    .stream = 0,
+                                    .segment_flags = 0,
+                                    .addr = c->ptr,
+                                    .size = c->size,
+                                    .requested = c->in_use ? c->requested : 0,
+                                    .state =
+                                        c->in_use ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
             fn(user, &info);
         }
     }
 }
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "bfc: " __VA_ARGS__);         \
-        return FALSE;                                                                          \
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "bfc: " __VA_ARGS__);             \
+        return FALSE;                                                                              \
     } while (0)
 
 static gboolean bfc_check(void *state, GError **error)
@@ -468,8 +474,9 @@ static gboolean bfc_check(void *state, GError **error)
             if (c->prev != prev || c->region != r)
                 FAIL("chunk 0x%" G_GINT64_MODIFIER "x: broken links", c->ptr);
             if (c->ptr != expect || c->size == 0 || c->size % MIN_ALLOC)
-                FAIL("region 0x%" G_GINT64_MODIFIER "x: chunk 0x%" G_GINT64_MODIFIER "x of %"
-                     G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER "x was expected "
+                FAIL("region 0x%" G_GINT64_MODIFIER "x: chunk 0x%" G_GINT64_MODIFIER
+                     "x of %" G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER
+                     "x was expected "
                      "(chunks must tile their region in 256-byte units)",
                      r->seg.base, c->ptr, c->size, expect);
             expect += c->size;
@@ -480,28 +487,33 @@ static gboolean bfc_check(void *state, GError **error)
                 requested += (int64_t)c->requested;
                 if (c->bin != -1 || kit_map_get(&a->live, c->ptr) != c)
                     FAIL("chunk 0x%" G_GINT64_MODIFIER "x in use but not (only) in the address "
-                         "map", c->ptr);
+                         "map",
+                         c->ptr);
                 if (rounded_bytes(c->requested) > c->size)
                     FAIL("chunk 0x%" G_GINT64_MODIFIER "x smaller than its request", c->ptr);
             } else {
                 n_free++;
                 if (prev && !prev->in_use)
                     FAIL("free chunks 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
-                         "x were not coalesced", prev->ptr, c->ptr);
-                if (c->bin != bin_for_size(c->size) || !kit_tree_contains(a->bins[c->bin],
-                                                                          &c->node))
+                         "x were not coalesced",
+                         prev->ptr, c->ptr);
+                if (c->bin != bin_for_size(c->size) ||
+                    !kit_tree_contains(a->bins[c->bin], &c->node))
                     FAIL("free chunk 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT
-                         " bytes) is not in bin %d", c->ptr, c->size, bin_for_size(c->size));
+                         " bytes) is not in bin %d",
+                         c->ptr, c->size, bin_for_size(c->size));
                 if (is_split(c))
                     split += (int64_t)c->size;
             }
         }
         if (expect != r->seg.base + r->seg.size)
-            FAIL("region 0x%" G_GINT64_MODIFIER "x: chunks cover %" G_GUINT64_FORMAT " of %"
-                 G_GUINT64_FORMAT " bytes", r->seg.base, expect - r->seg.base, r->seg.size);
+            FAIL("region 0x%" G_GINT64_MODIFIER "x: chunks cover %" G_GUINT64_FORMAT
+                 " of %" G_GUINT64_FORMAT " bytes",
+                 r->seg.base, expect - r->seg.base, r->seg.size);
         if (in_use != r->n_in_use)
             FAIL("region 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " chunks in use, "
-                 "holds %" G_GUINT64_FORMAT, r->seg.base, r->n_in_use, in_use);
+                 "holds %" G_GUINT64_FORMAT,
+                 r->seg.base, r->n_in_use, in_use);
     }
     int64_t binned = 0;
     for (int b = 0; b < N_BINS; b++) {
@@ -520,8 +532,8 @@ static gboolean bfc_check(void *state, GError **error)
         FAIL("bins hold %" G_GINT64_FORMAT " chunks, regions have %" G_GINT64_FORMAT " free",
              binned, n_free);
     if ((int64_t)a->live.n != n_use)
-        FAIL("address map holds %" G_GUINT64_FORMAT " chunks, regions %" G_GINT64_FORMAT,
-             a->live.n, n_use);
+        FAIL("address map holds %" G_GUINT64_FORMAT " chunks, regions %" G_GINT64_FORMAT, a->live.n,
+             n_use);
     if (reserved > (int64_t)a->memory_limit)
         FAIL("regions hold %" G_GINT64_FORMAT " bytes, above the memory limit", reserved);
     KitCheck cmp[] = {
@@ -545,10 +557,11 @@ static gboolean bfc_seed_segment(void *state, memsim_addr_t addr, memsim_size_t 
                                  uint32_t stream, uint32_t flags, GError **error)
 {
     Bfc *a = state;
-    if (size == 0 || size % MIN_ALLOC || addr % MIN_ALLOC || kit_segs_overlap(&a->regions, addr,
-                                                                              size))
+    if (size == 0 || size % MIN_ALLOC || addr % MIN_ALLOC ||
+        kit_segs_overlap(&a->regions, addr, size))
         FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in 256-byte units, or overlapping another)", addr, size);
+             " bytes (empty, not in 256-byte units, or overlapping another)",
+             addr, size);
     add_region(a, addr, size);
     kit_reset_peaks(&a->st);
     return TRUE;
@@ -565,7 +578,8 @@ static gboolean bfc_seed_block(void *state, memsim_addr_t addr, memsim_size_t bl
         f = f->next;
     if (!n || !f || f->in_use || addr % MIN_ALLOC || addr + n > f->ptr + f->size)
         FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not "
-             "lie inside one free chunk of a seeded segment", addr, n);
+             "lie inside one free chunk of a seeded segment",
+             addr, n);
     bin_remove(a, f);
     if (f->ptr < addr) {
         Chunk *front = f;

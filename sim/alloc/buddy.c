@@ -53,8 +53,8 @@ struct BBlk {
     memsim_size_t requested;
     BArena *arena;
     memsim_size_t pinned; /* a recorded block (seeded): its size in bytes; 0 otherwise */
-    uint8_t order; /* size = min_block << order (unless pinned) */
-    uint8_t root;  /* order of the root it lies in: it never merges beyond */
+    uint8_t order;        /* size = min_block << order (unless pinned) */
+    uint8_t root;         /* order of the root it lies in: it never merges beyond */
     uint8_t state;
 };
 
@@ -311,8 +311,8 @@ static MemsimAllocResult buddy_malloc(void *state, memsim_size_t size, uint32_t 
         if (!grow(a, k, stream)) {
             memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
             a->st.n_ooms++;
-            memsim_device_emit(a->dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0,
-                               bsize(a, k), stream);
+            memsim_device_emit(a->dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0, bsize(a, k),
+                               stream);
             return MEMSIM_ALLOC_OOM;
         }
         usable = a->list_bits & ~((1ull << k) - 1);
@@ -406,18 +406,23 @@ static void buddy_foreach_block(void *state, MemsimBlockFunc fn, void *user)
         BArena *ar = (BArena *)a->arenas.v[i];
         for (BBlk *b = ar->first; b; b = b->anext) {
             gboolean used = b->state == B_USED;
-            MemsimBlockInfo info = {ar->k.base, ar->k.size, 0, 0, b->ptr, blk_bytes(a, b),
-                                    used ? b->requested : 0,
-                                    used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            MemsimBlockInfo info = {.segment = ar->k.base,
+                                    .segment_size = ar->k.size,
+                                    .stream = 0,
+                                    .segment_flags = 0,
+                                    .addr = b->ptr,
+                                    .size = blk_bytes(a, b),
+                                    .requested = used ? b->requested : 0,
+                                    .state = used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
             fn(user, &info);
         }
     }
 }
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "buddy: " __VA_ARGS__);       \
-        return FALSE;                                                                          \
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "buddy: " __VA_ARGS__);           \
+        return FALSE;                                                                              \
     } while (0)
 
 static gboolean buddy_check(void *state, GError **error)
@@ -458,10 +463,11 @@ static gboolean buddy_check(void *state, GError **error)
                      base, b->ptr, p);
             if (b->pinned ? (b->state != B_USED || (p - base) % a->min_block ||
                              size % a->min_block || p + size > end)
-                          : (((p - base) & (size - 1)) || b->order > b->root ||
-                             b->root != root || p + size > root_end))
+                          : (((p - base) & (size - 1)) || b->order > b->root || b->root != root ||
+                             p + size > root_end))
                 FAIL("block 0x%" G_GINT64_MODIFIER "x of order %d is not an aligned part of "
-                     "root order %d", p, b->order, b->root);
+                     "root order %d",
+                     p, b->order, b->root);
             if (b->state == B_FREE) {
                 n_free++;
                 if (b->order < b->root) {
@@ -470,7 +476,8 @@ static gboolean buddy_check(void *state, GError **error)
                     BBlk *q = ((p - base) & size) ? b->aprev : b->anext;
                     if (q && q->state == B_FREE && q->order == b->order && !q->pinned)
                         FAIL("free buddies 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
-                             "x were not merged", p, q->ptr);
+                             "x were not merged",
+                             p, q->ptr);
                 }
             } else {
                 if (kit_map_get(&a->blocks, p) != b)
@@ -487,11 +494,13 @@ static gboolean buddy_check(void *state, GError **error)
             p += size;
         }
         if (p != end)
-            FAIL("arena 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT " of %"
-                 G_GUINT64_FORMAT " bytes", base, p - base, ar->k.size);
+            FAIL("arena 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT
+                 " of %" G_GUINT64_FORMAT " bytes",
+                 base, p - base, ar->k.size);
         if (used != ar->n_used)
             FAIL("arena 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " blocks in use, "
-                 "holds %" G_GUINT64_FORMAT, base, ar->n_used, used);
+                 "holds %" G_GUINT64_FORMAT,
+                 base, ar->n_used, used);
     }
     uint64_t listed = 0;
     for (int o = 0; o < MAX_ORDERS; o++) {
@@ -508,7 +517,8 @@ static gboolean buddy_check(void *state, GError **error)
     }
     if (listed != n_free || listed != a->n_free)
         FAIL("free lists hold %" G_GUINT64_FORMAT " blocks (counted %" G_GUINT64_FORMAT
-             "), arenas have %" G_GUINT64_FORMAT " free", listed, a->n_free, n_free);
+             "), arenas have %" G_GUINT64_FORMAT " free",
+             listed, a->n_free, n_free);
     if (a->blocks.n != n_blocks)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, arenas %" G_GUINT64_FORMAT,
              a->blocks.n, n_blocks);
@@ -605,7 +615,8 @@ static gboolean buddy_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     return TRUE;
 bad:
     FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not lie "
-         "in free space of a seeded segment", addr, n);
+         "in free space of a seeded segment",
+         addr, n);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -642,8 +653,7 @@ static gboolean buddy_setting(void *cfgp, const char *key, const char *value, GE
 static void *buddy_create(const char *settings, MemsimDevice *dev, GError **error)
 {
     BuddyConfig cfg = {64 * KIT_MIB, 512};
-    if (!kit_parse_settings("buddy", settings, "segment_mb, min_block", buddy_setting, &cfg,
-                            error))
+    if (!kit_parse_settings("buddy", settings, "segment_mb, min_block", buddy_setting, &cfg, error))
         return NULL;
     Buddy *a = g_new0(Buddy, 1);
     a->dev = dev;

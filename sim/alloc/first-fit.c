@@ -368,18 +368,23 @@ static void fit_foreach_block(void *state, MemsimBlockFunc fn, void *user)
     for (guint i = 0; i < f->segs.n; i++) {
         Seg *s = (Seg *)f->segs.v[i];
         for (Blk *b = s->first; b; b = b->next) {
-            MemsimBlockInfo info = {s->k.base, s->k.size, 0, 0, b->ptr, b->size,
-                                    b->used ? b->requested : 0,
-                                    b->used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
+            MemsimBlockInfo info = {.segment = s->k.base,
+                                    .segment_size = s->k.size,
+                                    .stream = 0,
+                                    .segment_flags = 0,
+                                    .addr = b->ptr,
+                                    .size = b->size,
+                                    .requested = b->used ? b->requested : 0,
+                                    .state = b->used ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
             fn(user, &info);
         }
     }
 }
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "first-fit: " __VA_ARGS__);    \
-        return FALSE;                                                                          \
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "first-fit: " __VA_ARGS__);       \
+        return FALSE;                                                                              \
     } while (0)
 
 static gboolean fit_check(void *state, GError **error)
@@ -399,8 +404,9 @@ static gboolean fit_check(void *state, GError **error)
             if (b->prev != prev || b->seg != s)
                 FAIL("block 0x%" G_GINT64_MODIFIER "x: broken links", b->ptr);
             if (b->ptr != expect || b->size == 0 || b->size % MIN_BLOCK)
-                FAIL("segment 0x%" G_GINT64_MODIFIER "x: block 0x%" G_GINT64_MODIFIER "x of %"
-                     G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER "x was expected "
+                FAIL("segment 0x%" G_GINT64_MODIFIER "x: block 0x%" G_GINT64_MODIFIER
+                     "x of %" G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER
+                     "x was expected "
                      "(blocks must tile their segment in 512-byte units)",
                      s->k.base, b->ptr, b->size, expect);
             expect += b->size;
@@ -417,7 +423,8 @@ static gboolean fit_check(void *state, GError **error)
                 n_free++;
                 if (prev && !prev->used)
                     FAIL("free blocks 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
-                         "x were not merged", prev->ptr, b->ptr);
+                         "x were not merged",
+                         prev->ptr, b->ptr);
                 if (!kit_tree_contains(f->free_root, &b->node))
                     FAIL("free block 0x%" G_GINT64_MODIFIER "x is not in the free set", b->ptr);
                 if (is_split(b))
@@ -425,11 +432,13 @@ static gboolean fit_check(void *state, GError **error)
             }
         }
         if (expect != s->k.base + s->k.size)
-            FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT " of %"
-                 G_GUINT64_FORMAT " bytes", s->k.base, expect - s->k.base, s->k.size);
+            FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT
+                 " of %" G_GUINT64_FORMAT " bytes",
+                 s->k.base, expect - s->k.base, s->k.size);
         if (used != s->n_used)
             FAIL("segment 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " blocks in use, "
-                 "holds %" G_GUINT64_FORMAT, s->k.base, s->n_used, used);
+                 "holds %" G_GUINT64_FORMAT,
+                 s->k.base, s->n_used, used);
         n_used += (int64_t)used;
     }
     int64_t in_tree = kit_tree_verify(f->free_root, blk_less);
@@ -443,11 +452,13 @@ static gboolean fit_check(void *state, GError **error)
         blk_fix(x);
         if (m != b->max)
             FAIL("block 0x%" G_GINT64_MODIFIER "x records %" G_GUINT64_FORMAT " as its "
-                 "subtree's largest size, which is %" G_GUINT64_FORMAT, b->ptr, m, b->max);
+                 "subtree's largest size, which is %" G_GUINT64_FORMAT,
+                 b->ptr, m, b->max);
     }
     if (in_tree != n_free || (uint64_t)n_free != f->n_free)
         FAIL("the free set holds %" G_GINT64_FORMAT " blocks (counted %" G_GUINT64_FORMAT
-             "), segments have %" G_GINT64_FORMAT, in_tree, f->n_free, n_free);
+             "), segments have %" G_GINT64_FORMAT,
+             in_tree, f->n_free, n_free);
     if ((int64_t)f->live.n != n_used)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, segments %" G_GINT64_FORMAT,
              f->live.n, n_used);
@@ -471,10 +482,10 @@ static gboolean fit_seed_segment(void *state, memsim_addr_t addr, memsim_size_t 
                                  uint32_t stream, uint32_t flags, GError **error)
 {
     Fit *f = state;
-    if (size == 0 || size % MIN_BLOCK || addr % MIN_BLOCK || kit_segs_overlap(&f->segs, addr,
-                                                                              size))
+    if (size == 0 || size % MIN_BLOCK || addr % MIN_BLOCK || kit_segs_overlap(&f->segs, addr, size))
         FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in 512-byte units, or overlapping another)", addr, size);
+             " bytes (empty, not in 512-byte units, or overlapping another)",
+             addr, size);
     add_seg(f, addr, size);
     kit_reset_peaks(&f->st);
     return TRUE;
@@ -491,7 +502,8 @@ static gboolean fit_seed_block(void *state, memsim_addr_t addr, memsim_size_t bl
         b = b->next;
     if (!b || b->used || addr % MIN_BLOCK || addr + n > b->ptr + b->size)
         FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not "
-             "lie inside one free block of a seeded segment", addr, n);
+             "lie inside one free block of a seeded segment",
+             addr, n);
     free_remove(f, b);
     if (b->ptr < addr) {
         Blk *front = b;

@@ -595,13 +595,12 @@ static inline gboolean kit_check_stats(const char *policy, const MemsimAllocStat
     for (gsize i = 0; i < n; i++)
         if (c[i].recount != c[i].stat) {
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                        "%s: stat %s is %" G_GINT64_FORMAT " but a recount gives %"
-                        G_GINT64_FORMAT, policy, c[i].name, c[i].stat, c[i].recount);
+                        "%s: stat %s is %" G_GINT64_FORMAT " but a recount gives %" G_GINT64_FORMAT,
+                        policy, c[i].name, c[i].stat, c[i].recount);
             return FALSE;
         }
-    const MemsimStat *pk[] = {&st->allocated, &st->reserved,       &st->active,
-                              &st->requested, &st->inactive_split, &st->segments,
-                              &st->allocations};
+    const MemsimStat *pk[] = {&st->allocated,      &st->reserved, &st->active,     &st->requested,
+                              &st->inactive_split, &st->segments, &st->allocations};
     for (gsize i = 0; i < G_N_ELEMENTS(pk); i++)
         if (pk[i]->peak < pk[i]->current || pk[i]->current < 0) {
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,

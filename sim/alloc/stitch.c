@@ -62,7 +62,7 @@
 #include "sim/alloc/policies.h"
 
 #define MIN_BLOCK ((memsim_size_t)512)
-#define SMALL_SIZE KIT_MIB        /* kSmallSize */
+#define SMALL_SIZE KIT_MIB          /* kSmallSize */
 #define SMALL_SEGMENT (2 * KIT_MIB) /* kSmallBuffer */
 
 enum { S_FREE = 0, S_USED, S_UNMAPPED };
@@ -98,7 +98,7 @@ typedef struct {
 typedef struct {
     MemsimDevice *dev;
     StitchConfig cfg;
-    KitBins free_sets[3]; /* by segment kind, each ordered (size, address) */
+    KitBins free_sets[3];           /* by segment kind, each ordered (size, address) */
     memsim_size_t free_range_bytes; /* free (mapped) bytes in virtual ranges: stitchable */
     KitAddrMap live;
     KitSlab blocks, seg_slab;
@@ -464,17 +464,23 @@ static void stitch_foreach_block(void *state, MemsimBlockFunc fn, void *user)
     for (guint i = 0; i < s->segs.n; i++) {
         SSeg *g = (SSeg *)s->segs.v[i];
         for (SBlk *b = g->first; b; b = b->next) {
-            MemsimBlockInfo info = {g->k.base, g->k.size, 0, flags[g->kind], b->ptr, b->size,
-                                    b->state == S_USED ? b->requested : 0, states[b->state]};
+            MemsimBlockInfo info = {.segment = g->k.base,
+                                    .segment_size = g->k.size,
+                                    .stream = 0,
+                                    .segment_flags = flags[g->kind],
+                                    .addr = b->ptr,
+                                    .size = b->size,
+                                    .requested = b->state == S_USED ? b->requested : 0,
+                                    .state = states[b->state]};
             fn(user, &info);
         }
     }
 }
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "stitch: " __VA_ARGS__);      \
-        return FALSE;                                                                          \
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "stitch: " __VA_ARGS__);          \
+        return FALSE;                                                                              \
     } while (0)
 
 static gboolean stitch_check(void *state, GError **error)
@@ -497,15 +503,16 @@ static gboolean stitch_check(void *state, GError **error)
             if (b->prev != prev || b->seg != g)
                 FAIL("block 0x%" G_GINT64_MODIFIER "x: broken links", b->ptr);
             if (b->ptr != expect || b->size == 0 || b->size % unit)
-                FAIL("segment 0x%" G_GINT64_MODIFIER "x: block 0x%" G_GINT64_MODIFIER "x of %"
-                     G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER "x was expected "
+                FAIL("segment 0x%" G_GINT64_MODIFIER "x: block 0x%" G_GINT64_MODIFIER
+                     "x of %" G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER
+                     "x was expected "
                      "(blocks must tile their segment in %" G_GUINT64_FORMAT "-byte units)",
                      g->k.base, b->ptr, b->size, expect, unit);
             expect += b->size;
             if (prev && prev->state == b->state && b->state != S_USED)
                 FAIL("neighbours 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER "x, both "
-                     "%s, were not merged", prev->ptr, b->ptr,
-                     b->state == S_FREE ? "free" : "unmapped");
+                     "%s, were not merged",
+                     prev->ptr, b->ptr, b->state == S_FREE ? "free" : "unmapped");
             switch (b->state) {
             case S_USED:
                 used++;
@@ -538,15 +545,17 @@ static gboolean stitch_check(void *state, GError **error)
             }
         }
         if (expect != g->k.base + g->k.size)
-            FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT " of %"
-                 G_GUINT64_FORMAT " bytes", g->k.base, expect - g->k.base, g->k.size);
+            FAIL("segment 0x%" G_GINT64_MODIFIER "x: blocks cover %" G_GUINT64_FORMAT
+                 " of %" G_GUINT64_FORMAT " bytes",
+                 g->k.base, expect - g->k.base, g->k.size);
         if (mapped != g->mapped || mapped == 0)
             FAIL("segment 0x%" G_GINT64_MODIFIER "x: %" G_GUINT64_FORMAT " bytes mapped, "
                  "counted %" G_GUINT64_FORMAT " (a range with nothing mapped must be gone)",
                  g->k.base, mapped, g->mapped);
         if (used != g->n_used)
             FAIL("segment 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " blocks in use, "
-                 "holds %" G_GUINT64_FORMAT, g->k.base, g->n_used, used);
+                 "holds %" G_GUINT64_FORMAT,
+                 g->k.base, g->n_used, used);
         reserved += (int64_t)mapped;
         n_used += (int64_t)used;
     }
@@ -558,8 +567,9 @@ static gboolean stitch_check(void *state, GError **error)
             FAIL("free set %d: size classes are not well-formed trees sorted by (size, address)",
                  k);
         if ((uint64_t)n != n_free[k])
-            FAIL("free set %d holds %" G_GINT64_FORMAT " blocks, segments have %"
-                 G_GUINT64_FORMAT " free", k, n, n_free[k]);
+            FAIL("free set %d holds %" G_GINT64_FORMAT " blocks, segments have %" G_GUINT64_FORMAT
+                 " free",
+                 k, n, n_free[k]);
     }
     if (range_free != s->free_range_bytes)
         FAIL("%" G_GUINT64_FORMAT " free bytes in virtual ranges, counted %" G_GUINT64_FORMAT,
@@ -587,10 +597,10 @@ static gboolean stitch_seed_segment(void *state, memsim_addr_t addr, memsim_size
                                     uint32_t stream, uint32_t flags, GError **error)
 {
     Stitch *s = state;
-    if (size == 0 || size % MIN_BLOCK || addr % MIN_BLOCK || kit_segs_overlap(&s->segs, addr,
-                                                                              size))
+    if (size == 0 || size % MIN_BLOCK || addr % MIN_BLOCK || kit_segs_overlap(&s->segs, addr, size))
         FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in 512-byte units, or overlapping another)", addr, size);
+             " bytes (empty, not in 512-byte units, or overlapping another)",
+             addr, size);
     SSeg *g = add_seg(s, addr, size, (flags & MEMSIM_SEGF_SMALL) ? K_SMALL : K_RECORDED);
     free_insert(s, g->first);
     kit_reset_peaks(&s->st);
@@ -609,7 +619,8 @@ static gboolean stitch_seed_block(void *state, memsim_addr_t addr, memsim_size_t
     if (!n || !b || b->state != S_FREE || g->kind == K_RANGE || addr % MIN_BLOCK ||
         addr + n > b->ptr + b->size)
         FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not "
-             "lie inside one free block of a seeded segment", addr, n);
+             "lie inside one free block of a seeded segment",
+             addr, n);
     free_remove(s, b);
     if (b->ptr < addr) {
         SBlk *front = b;
