@@ -42,7 +42,9 @@ _memsim_values()
     --weights) echo default int8 4bit ;;
     --device) echo cuda cpu ;;
     --method) echo none ddp zero1 zero2 zero3 fsdp fsdp-grad-op hsdp megatron ;;
-    --pp-schedule) echo 1f1b gpipe interleaved ;;
+    --pp-schedule | --schedules) echo 1f1b gpipe interleaved ;;
+    --methods) echo ddp zero1 zero2 zero3 zero fsdp fsdp-grad-op hsdp tp pp megatron all ;;
+    --checkpointing-modes) echo none selective full ;;
     --fsdp-wrap) echo layer model ;;
     --gpu) echo a100-40gb a100-80gb h100-80gb h200 v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
     --sequence-parallel | --inference) echo true false ;;
@@ -105,7 +107,8 @@ _memsim()
             COMPREPLY=($(compgen -W "${values//__file__/}" -- "$cur") $(compgen -f -- "$cur")) ;;
         *" __none__ "*) ;;
         *)
-            if [ "$opt" = --allocators ] && [[ $cur == *,* ]]; then
+            if [[ $opt == --@(allocators|methods|schedules|checkpointing-modes) ]] &&
+                [[ $cur == *,* ]]; then
                 # A comma-separated list: complete its last element.
                 COMPREPLY=($(compgen -P "${cur%,*}," -W "$values" -- "${cur##*,}"))
             else
