@@ -162,7 +162,10 @@ static SBlk *new_blk(Stitch *s, SSeg *g, memsim_addr_t ptr, memsim_size_t size, 
     return b;
 }
 
-static SSeg *add_seg(Stitch *s, memsim_addr_t base, memsim_size_t size, uint8_t kind)
+/* A segment of `size` bytes, all mapped, `fresh` of them new to the policy (the rest moved
+ * from other ranges by a stitch). */
+static SSeg *add_seg(Stitch *s, memsim_addr_t base, memsim_size_t size, uint8_t kind,
+                     memsim_size_t fresh)
 {
     SSeg *g = kit_slab_get(&s->seg_slab);
     g->k.base = base;
@@ -171,7 +174,7 @@ static SSeg *add_seg(Stitch *s, memsim_addr_t base, memsim_size_t size, uint8_t 
     g->mapped = size;
     kit_segs_insert(&s->segs, &g->k);
     g->first = new_blk(s, g, base, size, S_FREE);
-    memsim_stat_add(&s->st.reserved, (int64_t)size);
+    memsim_stat_add(&s->st.reserved, (int64_t)fresh);
     memsim_stat_add(&s->st.segments, 1);
     return g;
 }
@@ -251,9 +254,7 @@ static void unmap_blk(Stitch *s, SBlk *b, uint32_t stream)
 static SBlk *new_range(Stitch *s, memsim_size_t size, memsim_size_t fresh, uint32_t stream)
 {
     memsim_addr_t base = kit_segment_addr(s->dev, &s->segs, size, stream);
-    SSeg *g = add_seg(s, base, size, K_RANGE);
-    /* add_seg counted the whole range as new memory; only `fresh` bytes are. */
-    memsim_stat_sub(&s->st.reserved, (int64_t)(size - fresh));
+    SSeg *g = add_seg(s, base, size, K_RANGE, fresh);
     if (fresh)
         s->st.n_device_alloc++;
     memsim_device_emit(s->dev, MEMSIM_AEV_SEG_ALLOC, base, size, stream);
@@ -351,7 +352,7 @@ static SBlk *small_malloc(Stitch *s, memsim_size_t n, uint32_t stream)
     if (device_free(s) < SMALL_SEGMENT)
         return NULL;
     memsim_addr_t base = kit_segment_addr(s->dev, &s->segs, SMALL_SEGMENT, stream);
-    SSeg *g = add_seg(s, base, SMALL_SEGMENT, K_SMALL);
+    SSeg *g = add_seg(s, base, SMALL_SEGMENT, K_SMALL, SMALL_SEGMENT);
     s->st.n_device_alloc++;
     memsim_device_emit(s->dev, MEMSIM_AEV_SEG_ALLOC, base, SMALL_SEGMENT, stream);
     return carve(s, g->first, n);
@@ -601,7 +602,7 @@ static gboolean stitch_seed_segment(void *state, memsim_addr_t addr, memsim_size
         FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
              " bytes (empty, not in 512-byte units, or overlapping another)",
              addr, size);
-    SSeg *g = add_seg(s, addr, size, (flags & MEMSIM_SEGF_SMALL) ? K_SMALL : K_RECORDED);
+    SSeg *g = add_seg(s, addr, size, (flags & MEMSIM_SEGF_SMALL) ? K_SMALL : K_RECORDED, size);
     free_insert(s, g->first);
     kit_reset_peaks(&s->st);
     return TRUE;
