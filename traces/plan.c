@@ -1,0 +1,1783 @@
+/* `memsim plan` (include/memsim/plan.h): sweep the configurations of a run on a cluster,
+ * simulate each the way `memsim estimate` does, rank those that fit by the cost model of
+ * traces/cost.c.
+ *
+ * The search space. A layout is a method with its degrees: DDP, ZeRO-1/2/3, FSDP
+ * FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD (across nodes only), Megatron tp × pp × dp (tp
+ * within a node and dividing the heads, key/value heads and MLP width; pp dividing the
+ * layers), one GPU, or LoRA/QLoRA replicas. Its members (configurations) add the schedule
+ * (1F1B, interleaved with 2 virtual stages, GPipe on request) and the checkpointing mode
+ * (none, selective, full). Each member takes the micro-batches b that divide its replica's
+ * share of the global batch (without one: powers of two up to max_batch); going up from the
+ * smallest b that fits, a larger one is chosen only when the cost model makes it more than
+ * 2% faster (BATCH_GAIN); its allocator setting is the default, or expandable_segments when
+ * only that fits. A layout's row is its fastest member's (ties: the first enumerated); rows
+ * are ranked by tokens per second, then the smaller peak, then the enumeration order: a
+ * total order, so the result does not depend on the thread count (the statistics do).
+ *
+ * The search. Layouts are spread over a GThreadPool, fastest possible first (the cost model
+ * at every b, before any simulation); within a layout one thread works alone.
+ *   1. Memory bound: the model-state lower bound (below) plus the CUDA context and NCCL
+ *      above the memory rules the layout out, unsimulated.
+ *   2. Cost bound: a layout (or member, or micro-batch) whose best possible speed is below
+ *      the threshold — the K-th best of the layouts' rows known to be possible (each
+ *      layout's row is at least as fast as its choice among the b known to fit) — cannot
+ *      enter the top K; nor can a member slower than its layout's best known row. The
+ *      threshold only rises, so what it skips never shows, whatever the timing.
+ *   3. Members are taken by what they could still reach. Whether the smallest b fits is
+ *      settled by probing the middle of the member's chain of checkpointing modes (the peak
+ *      of full ≤ selective ≤ none: a fit tells about the lighter ones, a miss about the
+ *      heavier); then the probes aim at the smallest b that would change the choice and
+ *      matter, galloping up and bisecting down, the peak assumed to grow with b.
+ *   4. A probe generates the trace once and replays it through torch with the default
+ *      settings (first without a memory limit where a miss would be measured anyway: below
+ *      the capacity it is the same run, and its requested bytes bound every setting from
+ *      below); when that does not fit, through the `exact` policy (a lower bound of torch's
+ *      peak under any setting) before trying expandable_segments.
+ * The assumptions (the peak grows with b and with less checkpointing) are checked against
+ * MemsimPlanOptions.exhaustive, which simulates every member and micro-batch with both
+ * settings (tests/test_plan.c). The closest misses are the members whose smallest b does
+ * not fit and would beat the recommendation, fastest first; those only inferred to miss
+ * are simulated at the end for their figures.
+ *
+ * The model-state lower bound per rank, from the tensors alive together at the optimizer
+ * step (the closed forms tests/test_distributed.c checks; padding and ceilings left out so
+ * that they stay below): DDP 2 p Ψ + Adam 2 p Ψ (p = 4 under autocast); ZeRO-1 2 c Ψ + 12
+ * Ψ/N; ZeRO-2 c Ψ + 12 Ψ/N; ZeRO-3 c Ψ/N + 12 Ψ/N; FSDP 16 Ψ/N (HSDP: N = GPUs per node);
+ * SHARD_GRAD_OP also c Ψ + 4 Ψ/N (every unit unsharded at the end of the forward); Megatron
+ * (c + 4) Ψ/(tp pp) + 12 Ψ/(tp pp dp) (the largest stage holds at least the average); one
+ * GPU, full fine-tuning, 2 p Ψ. c is the compute dtype's size.
+ *
+ * CPU offload of the optimizer state, the last resort when nothing fits: a run is replayed
+ * without a memory limit and its device total minus the optimizer state allocated at the
+ * optimizer step (the fp32 master and moments) must fit; that state is the host memory per
+ * GPU. An approximation: the transfer buffers offloading needs, and pinned memory, are not
+ * modelled, and `memsim estimate` cannot replay it.
+ *
+ * MIG (one GPU): each slice profile's memory as `nvidia-smi mig -lgip` lists it and its SMs;
+ * the sweep runs per slice with the compute scaled by SMs / the GPU's SMs and the memory
+ * bandwidth by the memory slices / 8.
+ */
+#include <memsim/plan.h>
+#include <memsim/sim.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "traces/cost.h"
+#include "traces/model.h"
+
+#define DEFAULT_MAX_BATCH 256
+#define DEFAULT_TOP 5
+#define DEFAULT_MISSES 5
+#define BATCH_GAIN 1.02 /* a larger micro-batch must be 2% faster to be chosen */
+
+/* ---- MIG profiles ----
+ *
+ * Memory: the GiB `nvidia-smi mig -lgip` lists (public listings of A100-SXM4-40GB,
+ * A100-SXM4-80GB and H100-SXM5-80GB). H200: 7g.141gb as a public lgip listing gives it
+ * (140.00 GiB) and 3g/4g.71gb as torch reports a 3g.71gb slice (69.8 GiB); 1g.18gb and
+ * the 35gb profiles are scaled from H100's listing (verify with nvidia-smi mig -lgip).
+ * Instances: the MIG user guide's "number of instances available". SMs: lgip's SM column
+ * (A100: 108 SMs in all, of which 98 in 7g; H100/H200: 132). */
+typedef struct {
+    const char *gpu;
+    const char *name;
+    int mem_mib;
+    int sms;
+    int mem_slices; /* of 8 */
+    int instances;
+} MigProfile;
+
+static const MigProfile mig_profiles[] = {
+    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},      {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
+    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},    {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
+    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},    {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
+    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},    {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
+    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},    {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
+    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},    {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
+    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},    {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
+    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},    {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
+    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1},   {"h200", "1g.18gb", 17536, 16, 1, 7},
+    {"h200", "1g.35gb", 35456, 26, 2, 4},         {"h200", "2g.35gb", 35456, 32, 2, 3},
+    {"h200", "3g.71gb", 71424, 60, 4, 2},         {"h200", "4g.71gb", 71424, 64, 4, 1},
+    {"h200", "7g.141gb", 143360, 132, 8, 1},
+};
+
+static int full_sms(const char *gpu)
+{
+    return g_str_has_prefix(gpu, "a100") ? 108 : 132;
+}
+
+/* ---- the sweep's state ---- */
+
+typedef struct {
+    gboolean done;
+    gboolean failed;          /* the generator refused it (the message is kept) */
+    gboolean fits;            /* under some allocator setting (or with offload) */
+    gboolean expandable;      /* fits only with expandable_segments */
+    gboolean measured;        /* the figures are a full replay (fits, or the miss measured
+                                 without a memory limit) */
+    memsim_size_t peak;       /* largest device total (offload: minus the optimizer state) */
+    memsim_size_t host;       /* offload: largest optimizer state */
+    uint32_t n_ranks;
+    MemsimPlanRank *ranks;
+    char *error;
+} Probe;
+
+typedef struct {
+    int idx;                  /* enumeration order: the last tie-break */
+    MemsimMethod method;
+    gboolean replicas;
+    int tp, pp, dp, v;
+    MemsimPipeSchedule schedule;
+    MemsimCheckpointing ckpt;
+    int replicas_n;           /* data-parallel replicas */
+    int nb;
+    int64_t *bs;              /* micro-batches, ascending */
+    int *n_micro;             /* micro-batches per step at each b */
+    CostResult *cost;         /* at each b */
+    double best_tps;          /* the best any b could do */
+    memsim_size_t bound;      /* lower bound of the device total (state + context + NCCL) */
+    gboolean pruned_bound, pruned_cost;
+    Probe *probes;
+    int row;                  /* the chosen b, or −1 */
+    gboolean miss;            /* b = bs[0] does not fit */
+    int fam;                  /* its family (same method and degrees) */
+    int64_t fit_max;          /* largest b known to fit (0: none), by its own probes or
+                                 inferred from a family member that needs more memory */
+    int64_t fail_min;         /* smallest b known not to fit (G_MAXINT64: none) */
+    int miss_from;            /* a miss inferred from this group's miss (−1: probed) */
+} Group;
+
+/* Configurations with the same method and degrees: their peaks are ordered by the
+ * checkpointing mode (full ≤ selective ≤ none) and the schedule (1F1B ≤ interleaved,
+ * 1F1B ≤ GPipe), so what one probe shows about one member says something of the others. */
+typedef struct {
+    int first, n;             /* groups[first .. first + n) */
+    double best_tps;          /* the best any member could do */
+    gboolean pruned_bound;
+    gboolean pruned_cost;     /* could not reach the top rows */
+    int row;                  /* the member whose row is the family's, or −1 */
+} Degrees;
+
+typedef struct {
+    const MemsimModel *model;
+    MemsimPlanOptions opt;
+    const MemsimGpu *gpu;
+    const char *gpu_name;
+    MemsimRun base;
+    memsim_size_t gpu_mem, ctx;
+    double compute_fraction, memory_fraction;
+    gboolean offload;         /* the offload phase */
+    int K;                    /* rows that matter (G_MAXINT = all) */
+    double *known;            /* per family: the fastest row known to be possible (0: none) */
+    Group *groups;
+    int n_groups;
+    Degrees *fams;
+    int n_fams;
+    GMutex lock;
+    guint done, total;
+    guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
+} Sweep;
+
+static const char *method_names[] = {"one GPU", "ddp",  "zero1", "zero2",   "zero3",
+                                     "fsdp",    "fsdp-grad-op", "hsdp", "megatron"};
+static const char *ckpt_names[] = {"none", "full", "selective"};
+static const char *sched_names[] = {"1f1b", "gpipe", "interleaved"};
+
+MemsimPlanOptions memsim_plan_options_defaults(void)
+{
+    MemsimPlanOptions o = {0};
+    o.gpus = 1;
+    o.top = DEFAULT_TOP;
+    o.misses = DEFAULT_MISSES;
+    o.context_bytes = MEMSIM_ESTIMATE_CONTEXT_DEFAULT;
+    return o;
+}
+
+gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits, GError **error)
+{
+    static const struct {
+        const char *key, *word;
+        guint bits;
+    } words[] = {
+        {"methods", "ddp", MEMSIM_PLAN_DDP},
+        {"methods", "zero1", MEMSIM_PLAN_ZERO1},
+        {"methods", "zero2", MEMSIM_PLAN_ZERO2},
+        {"methods", "zero3", MEMSIM_PLAN_ZERO3},
+        {"methods", "zero", MEMSIM_PLAN_ZERO1 | MEMSIM_PLAN_ZERO2 | MEMSIM_PLAN_ZERO3},
+        {"methods", "fsdp", MEMSIM_PLAN_FSDP},
+        {"methods", "fsdp-grad-op", MEMSIM_PLAN_FSDP_GRAD_OP},
+        {"methods", "hsdp", MEMSIM_PLAN_HSDP},
+        {"methods", "tp", MEMSIM_PLAN_TP},
+        {"methods", "pp", MEMSIM_PLAN_PP},
+        {"methods", "megatron", MEMSIM_PLAN_TP | MEMSIM_PLAN_PP},
+        {"methods", "all", MEMSIM_PLAN_ALL},
+        {"schedules", "1f1b", 1u << MEMSIM_PP_1F1B},
+        {"schedules", "gpipe", 1u << MEMSIM_PP_GPIPE},
+        {"schedules", "interleaved", 1u << MEMSIM_PP_INTERLEAVED},
+        {"checkpointing", "none", 1u << MEMSIM_CKPT_NONE},
+        {"checkpointing", "selective", 1u << MEMSIM_CKPT_SELECTIVE},
+        {"checkpointing", "full", 1u << MEMSIM_CKPT_FULL},
+    };
+    g_auto(GStrv) parts = g_strsplit(value ? value : "", ",", -1);
+    guint out = 0;
+    for (char **p = parts; *p; p++) {
+        char *w = g_strstrip(*p);
+        gboolean found = FALSE;
+        for (gsize i = 0; i < G_N_ELEMENTS(words) && !found; i++)
+            if (strcmp(words[i].key, key) == 0 && g_ascii_strcasecmp(words[i].word, w) == 0) {
+                out |= words[i].bits;
+                found = TRUE;
+            }
+        if (!found) {
+            GString *known = g_string_new(NULL);
+            for (gsize i = 0; i < G_N_ELEMENTS(words); i++)
+                if (strcmp(words[i].key, key) == 0)
+                    g_string_append_printf(known, "%s%s", known->len ? ", " : "", words[i].word);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: unknown '%s' (known: %s)", key, w, known->str);
+            g_string_free(known, TRUE);
+            return FALSE;
+        }
+    }
+    if (!out) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: empty list", key);
+        return FALSE;
+    }
+    *bits = out;
+    return TRUE;
+}
+
+/* ---- what memsim_estimate does after generating (sim/replay.c), on a trace we keep ---- */
+
+static memsim_size_t nccl_of(const MemsimRun *run, memsim_size_t per)
+{
+    memsim_size_t nccl = 0;
+    if (run->gpus > 1) {
+        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
+        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
+        for (int i = 0; i < 3; i++)
+            if (groups[i] > 1)
+                nccl += per ? per
+                        : groups[i] == 2 ? (memsim_size_t)544000000
+                                         : (memsim_size_t)688000000;
+    }
+    return nccl;
+}
+
+/* Replays `t` as memsim_estimate would with these settings; `reserve` more bytes are kept
+ * off the allocator's capacity (the exact bound judges NCCL's share up front). */
+static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
+                            const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
+{
+    memsim_size_t nccl = nccl_of(run, sw->opt.nccl_bytes);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = allocator;
+    o.alloc_conf = alloc_conf;
+    o.capacity = gpu_mem ? gpu_mem - sw->ctx - reserve : 0;
+    GError *e = NULL;
+    MemsimReport *rep = memsim_replay_trace(t, &o, &e);
+    g_mutex_lock(&sw->lock);
+    sw->n_replays++;
+    g_mutex_unlock(&sw->lock);
+    if (!rep) {
+        /* a generated trace that does not replay is a bug of the generator */
+        g_error("plan: replaying a generated trace failed: %s", e->message);
+    }
+    memsim_report_set_device(rep, gpu_mem, sw->ctx + nccl);
+    rep->nccl_bytes = nccl;
+    return rep;
+}
+
+static gboolean report_fits(const MemsimReport *rep)
+{
+    for (guint i = 0; i < rep->n_ranks; i++)
+        if (!rep->ranks[i].fits)
+            return FALSE;
+    return TRUE;
+}
+
+static memsim_size_t optimizer_state_of(const MemsimRankReport *r)
+{
+    for (guint i = 0; i < r->n_breakdowns; i++)
+        if (strstr(r->breakdowns[i].name, "model state"))
+            return (memsim_size_t)r->breakdowns[i].allocated[MEMSIM_CAT_OPTIMIZER_STATE];
+    return 0;
+}
+
+static void probe_clear(Probe *p)
+{
+    for (guint32 i = 0; i < p->n_ranks; i++)
+        g_free(p->ranks[i].role);
+    g_free(p->ranks);
+    g_free(p->error);
+    memset(p, 0, sizeof *p);
+}
+
+/* Takes the figures of `rep` into `p`. */
+static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
+{
+    for (guint32 i = 0; i < p->n_ranks; i++)
+        g_free(p->ranks[i].role);
+    g_free(p->ranks);
+    p->n_ranks = rep->n_ranks;
+    p->ranks = g_new0(MemsimPlanRank, rep->n_ranks);
+    p->peak = 0;
+    p->host = 0;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        MemsimPlanRank *o = &p->ranks[i];
+        o->rank = r->rank;
+        o->multiplicity = r->multiplicity;
+        o->role = g_strdup(r->role ? r->role : "");
+        o->peak_allocated = (memsim_size_t)r->stats.allocated.peak;
+        o->peak_reserved = (memsim_size_t)r->stats.reserved.peak;
+        o->device_total = r->device_total;
+        o->optimizer_state = optimizer_state_of(r);
+        memsim_size_t need = r->device_total;
+        if (offload)
+            need = need > o->optimizer_state ? need - o->optimizer_state : 0;
+        if (need > p->peak)
+            p->peak = need;
+        if (o->optimizer_state > p->host)
+            p->host = o->optimizer_state;
+    }
+}
+
+/* ---- candidates ---- */
+
+/* The run of configuration `g` at micro-batch index j. Strings are borrowed from sw->base. */
+static void candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
+{
+    *r = sw->base;
+    r->gpu = (char *)sw->gpu_name;
+    r->checkpointing = g->ckpt;
+    r->batch = g->bs[j];
+    r->sequence_parallel = FALSE;
+    r->tp = r->pp = r->dp = 0;
+    r->microbatches = 0;
+    r->virtual_stages = 1;
+    r->pp_schedule = MEMSIM_PP_1F1B;
+    r->grad_accum = 1;
+    if (g->method == MEMSIM_METHOD_NONE) {
+        r->gpus = 1;
+        r->method = MEMSIM_METHOD_NONE;
+        r->grad_accum = g->n_micro[j];
+    } else if (g->method == MEMSIM_METHOD_MEGATRON) {
+        r->gpus = sw->opt.gpus;
+        r->method = MEMSIM_METHOD_MEGATRON;
+        r->tp = g->tp;
+        r->pp = g->pp;
+        r->dp = g->dp;
+        r->pp_schedule = g->schedule;
+        r->virtual_stages = g->v;
+        r->microbatches = g->n_micro[j];
+    } else {
+        r->gpus = sw->opt.gpus;
+        r->method = g->method;
+        r->grad_accum = g->n_micro[j];
+    }
+}
+
+static double psi_of(const Sweep *sw)
+{
+    return (double)memsim_model_n_params(sw->model);
+}
+
+/* Bytes of model state that must be on the device together (see the file's header). */
+static memsim_size_t state_bound(const Sweep *sw, const Group *g, gboolean with_optimizer)
+{
+    double psi = psi_of(sw);
+    MemsimPrecision pr = sw->base.precision;
+    double c = pr == MEMSIM_PREC_FP32 ? 4.0 : 2.0;
+    double p = pr == MEMSIM_PREC_BF16 || pr == MEMSIM_PREC_FP16 ? 2.0 : 4.0;
+    double N = sw->opt.gpus, o = with_optimizer ? 1.0 : 0.0, b = 0;
+    switch (g->method) {
+    case MEMSIM_METHOD_NONE:
+        b = sw->base.finetune == MEMSIM_FT_FULL ? 2.0 * p * psi : 0.0;
+        break;
+    case MEMSIM_METHOD_DDP:
+        b = 2.0 * p * psi + o * 2.0 * p * psi;
+        break;
+    case MEMSIM_METHOD_ZERO1:
+        b = 2.0 * c * psi + o * 12.0 * psi / N;
+        break;
+    case MEMSIM_METHOD_ZERO2:
+        b = c * psi + o * 12.0 * psi / N;
+        break;
+    case MEMSIM_METHOD_ZERO3:
+        b = c * psi / N + o * 12.0 * psi / N;
+        break;
+    case MEMSIM_METHOD_FSDP:
+    case MEMSIM_METHOD_HSDP:
+    case MEMSIM_METHOD_FSDP_GRAD_OP: {
+        int gpn = sw->base.gpus_per_node;
+        double n = g->method == MEMSIM_METHOD_HSDP && gpn < N ? gpn : N;
+        b = 8.0 * psi / n + o * 8.0 * psi / n;
+        if (g->method == MEMSIM_METHOD_FSDP_GRAD_OP && c * psi + 4.0 * psi / n > b)
+            b = c * psi + 4.0 * psi / n;
+        break;
+    }
+    case MEMSIM_METHOD_MEGATRON: {
+        double stage = psi / ((double)g->tp * g->pp);
+        b = (c + 4.0) * stage + o * 12.0 * stage / g->dp;
+        break;
+    }
+    default:
+        break;
+    }
+    return (memsim_size_t)floor(b * 0.999); /* floating-point slack: stay below */
+}
+
+static void fill_costs(Sweep *sw, Group *g)
+{
+    g->best_tps = 0;
+    for (int j = 0; j < g->nb; j++) {
+        CostInput in = {0};
+        in.model = sw->model;
+        in.gpu = sw->gpu;
+        in.compute_fraction = sw->compute_fraction;
+        in.memory_fraction = sw->memory_fraction;
+        in.efficiency = sw->opt.efficiency;
+        in.network_gbs = sw->opt.network_gbs;
+        in.gpus = sw->opt.gpus;
+        in.gpus_per_node = sw->base.gpus_per_node;
+        in.precision = sw->base.precision;
+        in.finetune = sw->base.finetune;
+        in.lora_rank = sw->base.lora_rank;
+        in.seq = sw->base.seq;
+        in.method = g->method;
+        in.replicas = g->replicas;
+        in.tp = g->tp;
+        in.pp = g->pp;
+        in.dp = g->dp;
+        in.v = g->v;
+        in.schedule = g->schedule;
+        in.checkpointing = g->ckpt;
+        in.batch = g->bs[j];
+        in.n_micro = g->n_micro[j];
+        in.offload = sw->offload;
+        cost_step(&in, &g->cost[j]);
+        if (g->cost[j].tokens_per_s > g->best_tps)
+            g->best_tps = g->cost[j].tokens_per_s;
+    }
+}
+
+/* Micro-batches of a configuration; FALSE when none (the global batch does not divide). */
+static gboolean fill_batches(Sweep *sw, Group *g)
+{
+    int64_t G = sw->opt.global_batch, maxb = sw->opt.max_batch;
+    GArray *bs = g_array_new(FALSE, FALSE, sizeof(int64_t));
+    GArray *ms = g_array_new(FALSE, FALSE, sizeof(int));
+    bool mega = g->method == MEMSIM_METHOD_MEGATRON;
+    if (G) {
+        int64_t per = G % g->replicas_n == 0 ? G / g->replicas_n : 0;
+        for (int64_t b = 1; per && b <= per && (!maxb || b <= maxb); b++) {
+            if (per % b)
+                continue;
+            int64_t m = per / b;
+            if (m > (mega ? 65536 : 4096))
+                continue;
+            if (mega && g->schedule == MEMSIM_PP_INTERLEAVED && m % g->pp)
+                continue;
+            int mi = (int)m;
+            g_array_append_val(bs, b);
+            g_array_append_val(ms, mi);
+        }
+    } else {
+        int m = mega ? g->pp : 1;
+        for (int64_t b = 1; b <= (maxb ? maxb : DEFAULT_MAX_BATCH); b *= 2) {
+            g_array_append_val(bs, b);
+            g_array_append_val(ms, m);
+        }
+    }
+    g->nb = (int)bs->len;
+    g->bs = (int64_t *)g_array_free(bs, FALSE);
+    g->n_micro = (int *)g_array_free(ms, FALSE);
+    g->cost = g_new0(CostResult, g->nb ? g->nb : 1);
+    g->probes = g_new0(Probe, g->nb ? g->nb : 1);
+    g->row = -1;
+    return g->nb > 0;
+}
+
+static void add_group(Sweep *sw, GArray *out, MemsimMethod meth, int tp, int pp, int dp,
+                      MemsimPipeSchedule sched, int v, guint ckpts, guint64 *n_bad_batch)
+{
+    for (int k = 0; k < 3; k++) {
+        static const MemsimCheckpointing order[] = {MEMSIM_CKPT_NONE, MEMSIM_CKPT_SELECTIVE,
+                                                    MEMSIM_CKPT_FULL};
+        MemsimCheckpointing ck = order[k];
+        if (!(ckpts & (1u << ck)))
+            continue;
+        Group g = {0};
+        g.method = meth;
+        g.replicas = meth == MEMSIM_METHOD_NONE && sw->opt.gpus > 1;
+        g.tp = tp;
+        g.pp = pp;
+        g.dp = dp;
+        g.v = v;
+        g.schedule = sched;
+        g.ckpt = ck;
+        g.replicas_n = meth == MEMSIM_METHOD_MEGATRON ? dp
+                       : meth == MEMSIM_METHOD_NONE && !g.replicas ? 1
+                                                                   : sw->opt.gpus;
+        if (!fill_batches(sw, &g)) {
+            (*n_bad_batch)++;
+            g_free(g.bs);
+            g_free(g.n_micro);
+            g_free(g.cost);
+            g_free(g.probes);
+            continue;
+        }
+        g.idx = (int)out->len;
+        g_array_append_val(out, g);
+    }
+}
+
+/* Every configuration of the sweep, in a fixed order. */
+static gboolean enumerate(Sweep *sw, GError **error)
+{
+    const MemsimModel *m = sw->model;
+    const MemsimPlanOptions *o = &sw->opt;
+    guint meth = o->methods ? o->methods : MEMSIM_PLAN_ALL;
+    guint ckpts = o->checkpointing ? o->checkpointing : 7u;
+    guint scheds = o->schedules ? o->schedules
+                                : (1u << MEMSIM_PP_1F1B) | (1u << MEMSIM_PP_INTERLEAVED);
+    int gpus = o->gpus, gpn = sw->base.gpus_per_node;
+    guint64 bad = 0;
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(Group));
+    if (gpus == 1 || sw->base.finetune != MEMSIM_FT_FULL) {
+        add_group(sw, out, MEMSIM_METHOD_NONE, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
+    } else {
+        static const struct {
+            guint bit;
+            MemsimMethod m;
+        } dpm[] = {
+            {MEMSIM_PLAN_DDP, MEMSIM_METHOD_DDP},     {MEMSIM_PLAN_ZERO1, MEMSIM_METHOD_ZERO1},
+            {MEMSIM_PLAN_ZERO2, MEMSIM_METHOD_ZERO2}, {MEMSIM_PLAN_ZERO3, MEMSIM_METHOD_ZERO3},
+            {MEMSIM_PLAN_FSDP, MEMSIM_METHOD_FSDP},   {MEMSIM_PLAN_FSDP_GRAD_OP, MEMSIM_METHOD_FSDP_GRAD_OP},
+            {MEMSIM_PLAN_HSDP, MEMSIM_METHOD_HSDP},
+        };
+        for (gsize i = 0; i < G_N_ELEMENTS(dpm); i++) {
+            if (!(meth & dpm[i].bit))
+                continue;
+            /* HSDP within one node is FSDP */
+            if (dpm[i].m == MEMSIM_METHOD_HSDP && (gpus <= gpn || gpus % gpn))
+                continue;
+            add_group(sw, out, dpm[i].m, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
+        }
+        for (int tp = 1; tp <= gpus && tp <= gpn; tp++) {
+            if (gpus % tp || m->nh % tp || (m->nkv != 1 && m->nkv % tp) || m->I % tp)
+                continue;
+            for (int pp = 1; pp <= gpus / tp; pp++) {
+                if ((gpus / tp) % pp || pp > m->L || m->L % pp)
+                    continue;
+                int dp = gpus / (tp * pp);
+                if (pp == 1) {
+                    if (meth & MEMSIM_PLAN_TP)
+                        add_group(sw, out, MEMSIM_METHOD_MEGATRON, tp, 1, dp, MEMSIM_PP_1F1B, 1,
+                                  ckpts, &bad);
+                    continue;
+                }
+                if (!(meth & MEMSIM_PLAN_PP))
+                    continue;
+                static const MemsimPipeSchedule ss[] = {MEMSIM_PP_1F1B, MEMSIM_PP_INTERLEAVED,
+                                                        MEMSIM_PP_GPIPE};
+                for (gsize s = 0; s < G_N_ELEMENTS(ss); s++) {
+                    if (!(scheds & (1u << ss[s])))
+                        continue;
+                    int v = ss[s] == MEMSIM_PP_INTERLEAVED ? 2 : 1;
+                    if (m->L % ((int64_t)pp * v))
+                        continue;
+                    add_group(sw, out, MEMSIM_METHOD_MEGATRON, tp, pp, dp, ss[s], v, ckpts, &bad);
+                }
+            }
+        }
+    }
+    sw->n_groups = (int)out->len;
+    sw->groups = (Group *)g_array_free(out, FALSE);
+    GArray *fams = g_array_new(FALSE, TRUE, sizeof(Degrees));
+    for (int i = 0; i < sw->n_groups; i++) {
+        Group *g = &sw->groups[i];
+        Degrees *last = fams->len ? &g_array_index(fams, Degrees, fams->len - 1) : NULL;
+        const Group *h = last ? &sw->groups[last->first] : NULL;
+        if (!h || h->method != g->method || h->tp != g->tp || h->pp != g->pp || h->dp != g->dp) {
+            Degrees f = {i, 0, 0, FALSE, FALSE, -1};
+            g_array_append_val(fams, f);
+            last = &g_array_index(fams, Degrees, fams->len - 1);
+        }
+        last->n++;
+        g->fam = (int)fams->len - 1;
+    }
+    sw->n_fams = (int)fams->len;
+    sw->fams = (Degrees *)g_array_free(fams, FALSE);
+    if (sw->n_groups == 0) {
+        if (bad && o->global_batch)
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "global-batch: %" G_GINT64_FORMAT " sequences do not divide among the "
+                        "data-parallel replicas of any configuration (%d GPUs%s)",
+                        o->global_batch, gpus,
+                        gpus > 1 && sw->base.finetune != MEMSIM_FT_FULL
+                            ? ": LoRA/QLoRA replicas need a multiple of the GPU count"
+                            : ": data-parallel methods need a multiple of the GPU count, "
+                              "Megatron a multiple of gpus / (tp pp)");
+        else
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "methods: no configuration of the chosen methods splits %s over %d GPUs "
+                        "(tensor parallelism must divide the heads and MLP width, pipelines "
+                        "the layers)",
+                        memsim_model_name(m), gpus);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* ---- the search ---- */
+
+/* The K-th best lower bound of a configuration's row so far (each configuration's row is at
+ * least as fast as the fastest b known to fit it): rows below it cannot be in the top K. */
+static double threshold(Sweep *sw)
+{
+    if (sw->K == G_MAXINT)
+        return -1.0;
+    g_mutex_lock(&sw->lock);
+    double *best = g_newa(double, sw->K);
+    int n = 0;
+    for (int i = 0; i < sw->n_fams; i++) {
+        double v = sw->known[i];
+        if (v <= 0)
+            continue;
+        if (n < sw->K)
+            n++;
+        else if (v <= best[n - 1])
+            continue;
+        int k = n - 1;
+        while (k > 0 && best[k - 1] < v) {
+            best[k] = best[k - 1];
+            k--;
+        }
+        best[k] = v;
+    }
+    double T = n >= sw->K ? best[sw->K - 1] : -1.0;
+    g_mutex_unlock(&sw->lock);
+    return T;
+}
+
+static void know(Sweep *sw, const Group *g, double tps)
+{
+    g_mutex_lock(&sw->lock);
+    if (tps > sw->known[g->fam])
+        sw->known[g->fam] = tps;
+    g_mutex_unlock(&sw->lock);
+}
+
+static double known_of(Sweep *sw, const Degrees *f)
+{
+    g_mutex_lock(&sw->lock);
+    double v = sw->known[f - sw->fams];
+    g_mutex_unlock(&sw->lock);
+    return v;
+}
+
+static void count(Sweep *sw, guint *counter)
+{
+    g_mutex_lock(&sw->lock);
+    (*counter)++;
+    g_mutex_unlock(&sw->lock);
+}
+
+/* The largest device total and the largest requested peak (plus the overheads) of a
+ * replay: the latter bounds from below what any allocator setting could reach. */
+static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
+{
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        memsim_size_t over = r->device_total - (memsim_size_t)r->stats.reserved.peak;
+        if ((memsim_size_t)r->stats.requested.peak + over > gpu_mem)
+            return TRUE;
+    }
+    return FALSE;
+}
+
+static char *label_of(const Group *g);
+
+static void probe(Sweep *sw, Group *g, int j, gboolean want_miss)
+{
+    Probe *p = &g->probes[j];
+    if (p->done)
+        return;
+    p->done = TRUE;
+    MemsimRun r;
+    candidate_run(sw, g, j, &r);
+    GError *e = NULL;
+    MemsimTrace *t = memsim_generate(sw->model, &r, &e);
+    count(sw, &sw->n_generated);
+    if (!t) {
+        p->failed = TRUE;
+        p->error = g_strdup(e->message);
+        g_error_free(e);
+        return;
+    }
+    if (sw->offload) {
+        /* no memory limit: the whole peak, minus the state that would live on the host */
+        MemsimReport *rep = replay(sw, t, &r, NULL, NULL, 0, 0);
+        probe_take(p, rep, TRUE);
+        p->fits = p->peak <= sw->gpu_mem;
+        p->measured = TRUE;
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        return;
+    }
+    memsim_size_t nccl = nccl_of(&r, sw->opt.nccl_bytes);
+    gboolean hopeless = sw->ctx + nccl >= sw->gpu_mem;
+    MemsimReport *rep = NULL;
+    if (want_miss && !sw->opt.exhaustive) {
+        /* where a miss would be measured anyway, the run without a memory limit first: below
+         * the capacity it is the limited run too; its requested bytes bound every setting */
+        MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
+        memsim_size_t cap = sw->gpu_mem - sw->ctx;
+        gboolean below = TRUE;
+        for (guint i = 0; i < u->n_ranks; i++)
+            below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= cap;
+        if (below) {
+            memsim_report_set_device(u, sw->gpu_mem, u->context_bytes);
+            rep = u;
+        } else {
+            probe_take(p, u, FALSE);
+            p->measured = TRUE;
+            if (needs_more_than(u, sw->gpu_mem)) {
+                count(sw, &sw->n_pruned_exact);
+                memsim_report_free(u);
+                memsim_trace_free(t);
+                return;
+            }
+            memsim_report_free(u);
+        }
+    }
+    if (!rep)
+        rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
+    if (report_fits(rep)) {
+        p->fits = TRUE;
+        p->measured = TRUE;
+        probe_take(p, rep, FALSE);
+        if (sw->opt.exhaustive && !sw->opt.no_expandable) /* every candidate, evaluated */
+            memsim_report_free(replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0));
+    } else {
+        gboolean try_exp = !sw->opt.no_expandable;
+        if (try_exp && !sw->opt.exhaustive) {
+            /* exact's peak bounds torch's under any setting from below */
+            if (!hopeless) {
+                MemsimReport *ex = replay(sw, t, &r, "exact", NULL, sw->gpu_mem, nccl);
+                hopeless = !report_fits(ex);
+                memsim_report_free(ex);
+            }
+            if (hopeless) {
+                try_exp = FALSE;
+                count(sw, &sw->n_pruned_exact);
+            }
+        }
+        if (try_exp) {
+            MemsimReport *x = replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
+            if (report_fits(x)) {
+                p->fits = TRUE;
+                p->expandable = TRUE;
+                p->measured = TRUE;
+                probe_take(p, x, FALSE);
+            }
+            memsim_report_free(x);
+        }
+        if (!p->fits && want_miss && !p->measured) {
+            /* how much it needs: the same run without a memory limit */
+            MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
+            probe_take(p, u, FALSE);
+            p->measured = TRUE;
+            memsim_report_free(u);
+        } else if (!p->fits && !p->measured) {
+            probe_take(p, rep, FALSE);
+        }
+    }
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+}
+
+static int ckpt_rank(MemsimCheckpointing c)
+{
+    return c == MEMSIM_CKPT_FULL ? 0 : c == MEMSIM_CKPT_SELECTIVE ? 1 : 2;
+}
+
+/* x's peak is at most y's (same family): less checkpointing or a schedule holding more
+ * micro-batches only add memory. */
+static gboolean mem_leq(const Group *x, const Group *y)
+{
+    return ckpt_rank(x->ckpt) <= ckpt_rank(y->ckpt) && x->schedule == y->schedule;
+}
+
+/* Tells the family what probing b of g showed. */
+static void learn(Sweep *sw, Group *g, int64_t b, gboolean fits, gboolean measured)
+{
+    Degrees *f = &sw->fams[g->fam];
+    for (int i = f->first; i < f->first + f->n; i++) {
+        Group *y = &sw->groups[i];
+        if (fits && mem_leq(y, g) && b > y->fit_max)
+            y->fit_max = b;
+        if (!fits && mem_leq(g, y) && b < y->fail_min) {
+            y->fail_min = b;
+            if (y != g && y->miss_from < 0 && measured)
+                y->miss_from = g->idx;
+        }
+    }
+}
+
+/* The index range the family's knowledge leaves open: [0, lo] fit, [hi, nb) do not. */
+static void bounds(const Group *g, int *lo, int *hi)
+{
+    *lo = -1;
+    *hi = g->nb;
+    for (int j = 0; j < g->nb; j++) {
+        if (g->bs[j] <= g->fit_max)
+            *lo = j;
+        if (g->bs[j] >= g->fail_min && *hi == g->nb)
+            *hi = j;
+    }
+    if (*hi <= *lo) /* the peak did not grow as assumed: trust the larger fit */
+        *hi = *lo + 1;
+}
+
+static int best_known(const Group *g, int lo, gboolean need_fit);
+
+/* Each member's row will be at least as fast as its choice among the b known to fit. */
+static void know_family(Sweep *sw, const Group *g)
+{
+    const Degrees *f = &sw->fams[g->fam];
+    for (int i = f->first; i < f->first + f->n; i++) {
+        const Group *y = &sw->groups[i];
+        int lo, hi;
+        bounds(y, &lo, &hi);
+        if (lo >= 0)
+            know(sw, y, y->cost[best_known(y, lo, FALSE)].tokens_per_s);
+    }
+}
+
+static void probe_learn(Sweep *sw, Group *g, int j, gboolean want_miss)
+{
+    probe(sw, g, j, want_miss);
+    if (g->probes[j].failed)
+        return;
+    learn(sw, g, g->bs[j], g->probes[j].fits, g->probes[j].measured);
+    if (g->probes[j].fits)
+        know_family(sw, g);
+}
+
+/* The chosen b among indices [0, lo] (those simulated to fit, when need_fit): going up from
+ * the smallest, a larger b replaces the choice only when the cost model makes it more than
+ * BATCH_GAIN faster — finer differences are below what the model can tell, and the smaller
+ * micro-batch keeps more headroom. */
+static int best_known(const Group *g, int lo, gboolean need_fit)
+{
+    int best = -1;
+    for (int j = 0; j <= lo; j++) {
+        if (need_fit && (!g->probes[j].done || !g->probes[j].fits))
+            continue;
+        if (best < 0 || g->cost[j].tokens_per_s > BATCH_GAIN * g->cost[best].tokens_per_s)
+            best = j;
+    }
+    return best;
+}
+
+static void search_exhaustive(Sweep *sw, Group *g)
+{
+    for (int j = 0; j < g->nb; j++)
+        probe(sw, g, j, j == 0);
+    int best = best_known(g, g->nb - 1, TRUE);
+    if (best >= 0)
+        g->row = best;
+    else
+        g->miss = TRUE;
+}
+
+/* The best a member could still do: the fastest b not known to fail. */
+static double upside(const Group *g)
+{
+    int lo, hi;
+    bounds(g, &lo, &hi);
+    double u = 0;
+    for (int j = 0; j < hi; j++)
+        if (g->cost[j].tokens_per_s > u)
+            u = g->cost[j].tokens_per_s;
+    return u;
+}
+
+/* The best b of a member: aim at the smallest b that matters (one that would replace the
+ * choice among the b known to fit, and beat `cutoff`: the top rows or a faster member),
+ * galloping up or bisecting down; stop when none is left. */
+static void refine(Sweep *sw, Group *g, double cutoff)
+{
+    int lo, hi;
+    for (;;) {
+        bounds(g, &lo, &hi);
+        int bk = lo >= 0 ? best_known(g, lo, FALSE) : -1;
+        double have = bk >= 0 ? g->cost[bk].tokens_per_s : 0;
+        double cut = MAX(cutoff, threshold(sw));
+        int k0 = -1;
+        for (int k = lo + 1; k < hi && k0 < 0; k++)
+            if (g->cost[k].tokens_per_s > BATCH_GAIN * have && g->cost[k].tokens_per_s >= cut)
+                k0 = k;
+        if (k0 < 0)
+            break; /* nothing unresolved would replace the choice and matter */
+        int j = hi == g->nb ? (lo <= 0 ? lo + 1 : 2 * lo) : (lo + hi) / 2;
+        if (j < k0)
+            j = k0;
+        if (j >= hi)
+            j = hi - 1;
+        probe_learn(sw, g, j, j == 0);
+        if (j == 0 && !g->probes[0].fits) {
+            g->miss = TRUE;
+            return;
+        }
+    }
+    if (lo < 0 || g->cost[best_known(g, lo, FALSE)].tokens_per_s < MAX(cutoff, threshold(sw))) {
+        g->pruned_cost = TRUE; /* it cannot matter */
+        return;
+    }
+    /* every b up to lo fits by assumption; the chosen one is simulated for its figures */
+    int row = best_known(g, lo, FALSE);
+    probe_learn(sw, g, row, FALSE);
+    if (!g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
+        row = best_known(g, lo, TRUE);
+    if (row < 0) {
+        g->miss = TRUE;
+        return;
+    }
+    g->row = row;
+    know(sw, g, g->cost[row].tokens_per_s);
+}
+
+static gboolean open_member(const Group *g)
+{
+    return g->row < 0 && !g->miss && !g->pruned_cost;
+}
+
+/* A family's row: its members taken by what they could still reach, fastest first; the
+ * smallest b of a member is settled by bisecting its chain of checkpointing modes (full ≤
+ * selective ≤ none: a probe in the middle tells about one end); a member that fits is
+ * refined; members that cannot beat the family's best known row, or the top rows, stop. */
+static void family_search(Sweep *sw, Degrees *f)
+{
+    for (;;) {
+        double T = threshold(sw), have = known_of(sw, f);
+        Group *m = NULL;
+        double mu = 0;
+        for (int i = f->first; i < f->first + f->n; i++) {
+            Group *g = &sw->groups[i];
+            if (!open_member(g))
+                continue;
+            if (g->fail_min <= g->bs[0]) {
+                g->miss = TRUE; /* a member needing less memory did not fit */
+                continue;
+            }
+            double u = upside(g);
+            if (u < T || u < have) {
+                g->pruned_cost = TRUE; /* slower than what is known to be possible */
+                continue;
+            }
+            if (!m || u > mu) {
+                m = g;
+                mu = u;
+            }
+        }
+        if (!m)
+            break;
+        if (m->fail_min <= m->bs[0]) {
+            m->miss = TRUE;
+            continue;
+        }
+        if (m->fit_max >= m->bs[0] || m->cost[0].tokens_per_s < MAX(T, have)) {
+            /* its smallest b fits, or does not matter: aim at the b that does */
+            refine(sw, m, have);
+            continue;
+        }
+        /* settle bs[0] of m's chain: the middle of its open members, or the lower of two */
+        Group *chain[3];
+        int n = 0;
+        for (int rank = 0; rank < 3; rank++)
+            for (int i = f->first; i < f->first + f->n; i++) {
+                Group *g = &sw->groups[i];
+                if (g->schedule == m->schedule && ckpt_rank(g->ckpt) == rank && open_member(g) &&
+                    g->fit_max < g->bs[0] && g->fail_min > g->bs[0])
+                    chain[n++] = g;
+            }
+        Group *g = chain[(n - 1) / 2];
+        probe_learn(sw, g, 0, TRUE);
+        if (g->probes[0].failed)
+            g->miss = TRUE; /* the generator refused it: no memory to learn from */
+    }
+}
+
+static void worker(gpointer data, gpointer user)
+{
+    Sweep *sw = user;
+    Degrees *f = data;
+    if (sw->opt.exhaustive) {
+        for (int i = f->first; i < f->first + f->n; i++)
+            search_exhaustive(sw, &sw->groups[i]);
+    } else if (f->pruned_bound) {
+        for (int i = f->first; i < f->first + f->n; i++)
+            sw->groups[i].miss = TRUE;
+    } else if (f->best_tps < threshold(sw)) {
+        /* nothing of it can reach the top rows (whatever is probed later only raises the
+         * threshold, so what is skipped here never shows) */
+        f->pruned_cost = TRUE;
+        for (int i = f->first; i < f->first + f->n; i++)
+            sw->groups[i].pruned_cost = TRUE;
+    } else {
+        family_search(sw, f);
+    }
+    /* the family's row: its fastest member row (ties: the first enumerated) */
+    f->row = -1;
+    for (int i = f->first; i < f->first + f->n; i++) {
+        const Group *g = &sw->groups[i];
+        if (g->row >= 0 && (f->row < 0 || g->cost[g->row].tokens_per_s >
+                                              sw->groups[f->row].cost[sw->groups[f->row].row].tokens_per_s))
+            f->row = i;
+    }
+    g_mutex_lock(&sw->lock);
+    sw->done++;
+    if (sw->opt.progress)
+        sw->opt.progress(sw->done, sw->total, sw->opt.progress_user);
+    g_mutex_unlock(&sw->lock);
+}
+
+static int by_speed(gconstpointer a, gconstpointer b)
+{
+    const Degrees *x = *(Degrees *const *)a, *y = *(Degrees *const *)b;
+    if (x->best_tps != y->best_tps)
+        return x->best_tps > y->best_tps ? -1 : 1;
+    return x->first - y->first;
+}
+
+static void pool_run(Sweep *sw, GPtrArray *order)
+{
+    int threads = sw->opt.threads > 0 ? sw->opt.threads : (int)g_get_num_processors();
+    if (threads > (int)order->len)
+        threads = order->len ? (int)order->len : 1;
+    if (threads <= 1) {
+        for (guint i = 0; i < order->len; i++)
+            worker(order->pdata[i], sw);
+        return;
+    }
+    GThreadPool *pool = g_thread_pool_new(worker, sw, threads, TRUE, NULL);
+    for (guint i = 0; i < order->len; i++)
+        g_thread_pool_push(pool, order->pdata[i], NULL);
+    g_thread_pool_free(pool, FALSE, TRUE);
+}
+
+/* Runs one phase (with or without offload) over every configuration. */
+static void run_phase(Sweep *sw)
+{
+    for (int i = 0; i < sw->n_groups; i++) {
+        Group *g = &sw->groups[i];
+        for (int j = 0; j < g->nb; j++)
+            probe_clear(&g->probes[j]);
+        g->row = -1;
+        g->miss = g->pruned_bound = g->pruned_cost = FALSE;
+        g->fit_max = 0;
+        g->fail_min = G_MAXINT64;
+        g->miss_from = -1;
+        fill_costs(sw, g);
+        MemsimRun r;
+        candidate_run(sw, g, 0, &r);
+        g->bound = state_bound(sw, g, !sw->offload) + sw->ctx + nccl_of(&r, sw->opt.nccl_bytes);
+    }
+    GPtrArray *order = g_ptr_array_new();
+    for (int k = 0; k < sw->n_fams; k++) {
+        Degrees *f = &sw->fams[k];
+        f->best_tps = 0;
+        f->pruned_bound = f->pruned_cost = FALSE;
+        f->row = -1;
+        sw->known[k] = 0;
+        for (int i = f->first; i < f->first + f->n; i++) {
+            Group *g = &sw->groups[i];
+            if (g->best_tps > f->best_tps)
+                f->best_tps = g->best_tps;
+            if (!sw->opt.exhaustive && g->bound > sw->gpu_mem)
+                f->pruned_bound = g->pruned_bound = TRUE;
+        }
+        if (f->pruned_bound)
+            sw->n_pruned_bound += (guint)f->n;
+        g_ptr_array_add(order, f);
+    }
+    sw->total = order->len;
+    sw->done = 0;
+    g_ptr_array_sort(order, by_speed);
+    pool_run(sw, order);
+    g_ptr_array_unref(order);
+    for (int i = 0; i < sw->n_groups; i++)
+        if (sw->groups[i].pruned_cost)
+            sw->n_pruned_cost++;
+}
+
+/* ---- rows ---- */
+
+static char *size_flag(memsim_size_t b)
+{
+    if (b % ((memsim_size_t)1 << 20) == 0)
+        return g_strdup_printf("%" G_GUINT64_FORMAT "MiB", b >> 20);
+    return g_strdup_printf("%" G_GUINT64_FORMAT, b);
+}
+
+static void flag(GString *s, const char *name, const char *value)
+{
+    g_string_append_printf(s, " --%s", name);
+    if (value) {
+        g_autofree char *q = g_shell_quote(value);
+        gboolean plain = TRUE;
+        for (const char *c = value; *c; c++)
+            if (!g_ascii_isalnum(*c) && !strchr("-_.,:/=+", *c))
+                plain = FALSE;
+        g_string_append_printf(s, " %s", plain && *value ? value : q);
+    }
+}
+
+static void flag_int(GString *s, const char *name, int64_t v)
+{
+    char buf[32];
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, v);
+    flag(s, name, buf);
+}
+
+/* The `memsim estimate` command of a run: every setting that is not the default. */
+static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_mem,
+                        gboolean expandable)
+{
+    static const char *prec[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
+    static const char *optim[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
+    static const char *impl[] = {"default", "for-loop", "foreach", "fused"};
+    static const char *attn[] = {"sdpa", "eager", "sdpa-math", "flash", "mem-efficient"};
+    static const char *ft[] = {"full", "lora", "qlora"};
+    MemsimRun d = memsim_run_defaults();
+    GString *s = g_string_new("memsim estimate");
+    flag(s, "model", memsim_model_name(sw->model));
+    if (r->gpus > 1)
+        flag_int(s, "gpus", r->gpus);
+    if (r->method != MEMSIM_METHOD_NONE)
+        flag(s, "method", method_names[r->method]);
+    if (r->method == MEMSIM_METHOD_MEGATRON) {
+        flag_int(s, "tp", r->tp);
+        flag_int(s, "pp", r->pp);
+        flag_int(s, "dp", r->dp);
+        if (r->pp > 1)
+            flag(s, "pp-schedule", sched_names[r->pp_schedule]);
+        if (r->virtual_stages > 1)
+            flag_int(s, "virtual-stages", r->virtual_stages);
+        flag_int(s, "microbatches", r->microbatches);
+    }
+    flag_int(s, "batch", r->batch);
+    if (r->grad_accum != 1)
+        flag_int(s, "grad-accum", r->grad_accum);
+    flag_int(s, "seq", r->seq);
+    flag(s, "checkpointing", ckpt_names[r->checkpointing]);
+    if (r->steps != d.steps)
+        flag_int(s, "steps", r->steps);
+    if (r->precision != d.precision)
+        flag(s, "precision", prec[r->precision]);
+    if (r->optimizer != d.optimizer)
+        flag(s, "optimizer", optim[r->optimizer]);
+    if (r->optimizer_impl != d.optimizer_impl)
+        flag(s, "optimizer-impl", impl[r->optimizer_impl]);
+    if (r->zero_grad_set)
+        flag(s, "zero-grad", r->zero_grad_to_none ? "none" : "zero");
+    if (r->attention != d.attention)
+        flag(s, "attention", attn[r->attention]);
+    if (r->finetune != d.finetune) {
+        flag(s, "finetune", ft[r->finetune]);
+        if (r->lora_rank != d.lora_rank)
+            flag_int(s, "lora-rank", r->lora_rank);
+        if (r->lora_targets) {
+            g_autofree char *t = g_strjoinv(",", r->lora_targets);
+            flag(s, "lora-targets", t);
+        }
+    }
+    if (r->torch_version)
+        flag(s, "torch-version", r->torch_version);
+    if (r->use_cache >= 0)
+        flag(s, "use-cache", r->use_cache ? "true" : "false");
+    if (r->keep_outputs)
+        flag(s, "keep-outputs", "true");
+    if (r->device_cpu)
+        flag(s, "device", "cpu");
+    if (r->fsdp_wrap_model && (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
+                               r->method == MEMSIM_METHOD_HSDP))
+        flag(s, "fsdp-wrap", "model");
+    if (r->gpus_per_node != d.gpus_per_node)
+        flag_int(s, "gpus-per-node", r->gpus_per_node);
+    flag(s, "gpu", r->gpu);
+    if (r->cublas_workspace) {
+        g_autofree char *w = size_flag(r->cublas_workspace);
+        flag(s, "cublas-workspace", w);
+    }
+    g_autofree char *mem = size_flag(gpu_mem);
+    flag(s, "gpu-mem", mem);
+    if (sw->ctx != MEMSIM_ESTIMATE_CONTEXT_DEFAULT) {
+        g_autofree char *c = size_flag(sw->ctx);
+        flag(s, "cuda-context", c);
+    }
+    if (sw->opt.nccl_bytes) {
+        g_autofree char *n = size_flag(sw->opt.nccl_bytes);
+        flag(s, "nccl-mem", n);
+    }
+    if (expandable)
+        flag(s, "alloc-conf", "expandable_segments:True");
+    return g_string_free(s, FALSE);
+}
+
+/* The configuration in the words of the framework that runs it. */
+static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandable, gboolean offload)
+{
+    const MemsimRun *b = &sw->base;
+    GString *s = g_string_new(NULL);
+    int64_t mb = g->bs[j];
+    int acc = g->n_micro[j];
+    const char *ckpt_hf = g->ckpt == MEMSIM_CKPT_FULL        ? "gradient_checkpointing=True"
+                          : g->ckpt == MEMSIM_CKPT_SELECTIVE ? "selective recomputation of the attention core"
+                                                             : "no activation checkpointing";
+    const char *prec = b->precision == MEMSIM_PREC_FP32 ? "fp32"
+                       : b->precision == MEMSIM_PREC_FP16_MIXED || b->precision == MEMSIM_PREC_FP16
+                           ? "fp16"
+                           : "bf16";
+    switch (g->method) {
+    case MEMSIM_METHOD_NONE:
+        if (g->replicas)
+            g_string_append_printf(s, "torchrun --nproc_per_node %d (DDP over %d independent "
+                                      "replicas of the single-GPU run); ",
+                                   sw->opt.gpus < b->gpus_per_node ? sw->opt.gpus : b->gpus_per_node,
+                                   sw->opt.gpus);
+        g_string_append_printf(s, "Trainer: per_device_train_batch_size=%" G_GINT64_FORMAT
+                                  ", gradient_accumulation_steps=%d, %s=True, %s",
+                               mb, acc, prec, ckpt_hf);
+        if (b->finetune != MEMSIM_FT_FULL)
+            g_string_append_printf(s, ", peft LoRA r=%d%s", b->lora_rank,
+                                   b->finetune == MEMSIM_FT_QLORA ? " on a 4-bit (bitsandbytes nf4) base" : "");
+        break;
+    case MEMSIM_METHOD_DDP:
+        g_string_append_printf(s, "torchrun, DistributedDataParallel (bucket_cap_mb=25) over %d "
+                                  "GPUs: per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d "
+                                  "(no_sync between), autocast %s, %s",
+                               sw->opt.gpus, mb, acc, prec, ckpt_hf);
+        break;
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2:
+    case MEMSIM_METHOD_ZERO3:
+        g_string_append_printf(s, "DeepSpeed: zero_optimization.stage=%d, "
+                                  "train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
+                                  ", gradient_accumulation_steps=%d, %s.enabled=true, %s%s",
+                               g->method == MEMSIM_METHOD_ZERO1   ? 1
+                               : g->method == MEMSIM_METHOD_ZERO2 ? 2
+                                                                  : 3,
+                               mb, acc, prec, ckpt_hf,
+                               offload ? ", offload_optimizer.device=cpu" : "");
+        break;
+    case MEMSIM_METHOD_FSDP:
+    case MEMSIM_METHOD_FSDP_GRAD_OP:
+    case MEMSIM_METHOD_HSDP:
+        g_string_append_printf(s, "torchrun, FSDP: sharding_strategy=%s, auto_wrap_policy="
+                                  "transformer decoder layer, MixedPrecision(param_dtype=%s), "
+                                  "per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d, %s%s",
+                               g->method == MEMSIM_METHOD_FSDP           ? "FULL_SHARD"
+                               : g->method == MEMSIM_METHOD_FSDP_GRAD_OP ? "SHARD_GRAD_OP"
+                                                                         : "HYBRID_SHARD",
+                               prec, mb, acc, ckpt_hf,
+                               offload ? ", optimizer state on the CPU (DeepSpeed-style offload)" : "");
+        break;
+    case MEMSIM_METHOD_MEGATRON: {
+        int64_t G = (int64_t)g->dp * mb * acc;
+        g_string_append_printf(s, "Megatron-LM: --tensor-model-parallel-size %d "
+                                  "--pipeline-model-parallel-size %d",
+                               g->tp, g->pp);
+        if (g->schedule == MEMSIM_PP_INTERLEAVED)
+            g_string_append_printf(s, " --num-layers-per-virtual-pipeline-stage %" G_GINT64_FORMAT,
+                                   sw->model->L / (g->pp * g->v));
+        g_string_append_printf(s, " --micro-batch-size %" G_GINT64_FORMAT
+                                  " --global-batch-size %" G_GINT64_FORMAT
+                                  " --seq-length %" G_GINT64_FORMAT " --%s "
+                                  "--use-distributed-optimizer",
+                               mb, G, b->seq, prec);
+        if (g->ckpt == MEMSIM_CKPT_FULL)
+            g_string_append(s, " --recompute-granularity full --recompute-method uniform");
+        else if (g->ckpt == MEMSIM_CKPT_SELECTIVE)
+            g_string_append(s, " --recompute-granularity selective");
+        if (g->schedule == MEMSIM_PP_GPIPE)
+            g_string_append(s, " (all-forward-all-backward schedule, GPipe)");
+        if (offload)
+            g_string_append(s, " --optimizer-cpu-offload");
+        break;
+    }
+    default:
+        break;
+    }
+    if (expandable)
+        g_string_append(s, "; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    return g_string_free(s, FALSE);
+}
+
+static char *label_of(const Group *g)
+{
+    if (g->method == MEMSIM_METHOD_NONE)
+        return g_strdup(g->replicas ? "replicas" : "one GPU");
+    if (g->method != MEMSIM_METHOD_MEGATRON)
+        return g_strdup(method_names[g->method]);
+    if (g->pp == 1)
+        return g_strdup_printf("megatron tp%d dp%d", g->tp, g->dp);
+    return g_strdup_printf("megatron tp%d pp%d dp%d %s", g->tp, g->pp, g->dp,
+                           sched_names[g->schedule]);
+}
+
+static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, MemsimPlanRow *row)
+{
+    const Probe *p = &g->probes[j];
+    const CostResult *c = &g->cost[j];
+    memset(row, 0, sizeof *row);
+    row->label = label_of(g);
+    row->method = g->method;
+    row->replicas = g->replicas;
+    row->tp = g->tp;
+    row->pp = g->pp;
+    row->dp = g->replicas_n;
+    row->schedule = g->schedule;
+    row->virtual_stages = g->v;
+    row->batch = g->bs[j];
+    row->grad_accum = g->n_micro[j];
+    row->global_batch = (int64_t)g->replicas_n * g->bs[j] * g->n_micro[j];
+    row->checkpointing = g->ckpt;
+    row->expandable = p->expandable;
+    row->offload = sw->offload;
+    row->host_bytes = sw->offload ? p->host : 0;
+    row->step_s = c->step_s;
+    row->tokens_per_s = c->tokens_per_s;
+    row->compute_s = c->compute_s + c->recompute_s;
+    row->comm_s = c->comm_s;
+    row->bubble_s = c->bubble_s;
+    row->optimizer_s = c->optimizer_s + c->other_s;
+    if (miss && !p->done) {
+        /* not simulated: a family member needing less memory missed (its need bounds this
+         * one's from below), or the model-state bound ruled the family out */
+        const Group *src = g->miss_from >= 0 ? &sw->groups[g->miss_from] : NULL;
+        row->peak = src && src->probes[0].measured ? src->probes[0].peak : g->bound;
+        if (row->peak < g->bound)
+            row->peak = g->bound;
+        row->bound_only = TRUE;
+    } else {
+        row->peak = p->peak;
+        row->n_ranks = p->n_ranks;
+        row->ranks = g_new0(MemsimPlanRank, p->n_ranks ? p->n_ranks : 1);
+        for (guint32 i = 0; i < p->n_ranks; i++) {
+            row->ranks[i] = p->ranks[i];
+            row->ranks[i].role = g_strdup(p->ranks[i].role);
+        }
+    }
+    row->headroom = (int64_t)sw->gpu_mem - (int64_t)row->peak;
+    MemsimRun r;
+    candidate_run(sw, g, j, &r);
+    row->command = command_of(sw, &r, sw->gpu_mem, p->expandable);
+    row->recipe = recipe_of(sw, g, j, p->expandable, sw->offload);
+}
+
+static void row_clear(MemsimPlanRow *r)
+{
+    g_free(r->label);
+    for (guint32 i = 0; i < r->n_ranks; i++)
+        g_free(r->ranks[i].role);
+    g_free(r->ranks);
+    g_free(r->command);
+    g_free(r->recipe);
+}
+
+typedef struct {
+    const Group *g;
+    int j;
+    double tps;
+    memsim_size_t peak;
+    int64_t miss;
+} Ranked;
+
+static int by_row(gconstpointer a, gconstpointer b)
+{
+    const Ranked *x = a, *y = b;
+    if (x->tps != y->tps)
+        return x->tps > y->tps ? -1 : 1;
+    if (x->peak != y->peak)
+        return x->peak < y->peak ? -1 : 1;
+    return x->g->idx - y->g->idx;
+}
+
+static int by_row_peak_first(gconstpointer a, gconstpointer b)
+{
+    const Ranked *x = a, *y = b;
+    if (x->peak != y->peak)
+        return x->peak < y->peak ? -1 : 1;
+    return by_row(a, b);
+}
+
+static int by_miss(gconstpointer a, gconstpointer b)
+{
+    const Ranked *x = a, *y = b;
+    if (x->miss != y->miss)
+        return x->miss < y->miss ? -1 : 1;
+    return x->g->idx - y->g->idx;
+}
+
+/* The ranked rows and the closest misses of the last phase. */
+static void collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
+                    guint *n_misses)
+{
+    GArray *rows = g_array_new(FALSE, FALSE, sizeof(Ranked));
+    GArray *misses = g_array_new(FALSE, FALSE, sizeof(Ranked));
+    for (int k = 0; k < sw->n_fams; k++) {
+        if (sw->fams[k].row < 0)
+            continue;
+        const Group *g = &sw->groups[sw->fams[k].row];
+        Ranked r = {g, g->row, g->cost[g->row].tokens_per_s, g->probes[g->row].peak, 0};
+        g_array_append_val(rows, r);
+    }
+    g_array_sort(rows, by_row);
+    guint keep = sw->K == G_MAXINT ? rows->len : MIN(rows->len, (guint)sw->K);
+    double best = rows->len ? g_array_index(rows, Ranked, 0).tps : 0;
+    /* The misses: configurations whose smallest micro-batch does not fit but would beat the
+     * recommendation (all of them when nothing fits). Such configurations are never pruned
+     * by cost, so which they are does not depend on timing; the fastest are kept, and those
+     * whose miss was only inferred from a family member are simulated now. */
+    for (int i = 0; i < sw->n_groups; i++) {
+        const Group *g = &sw->groups[i];
+        if (g->nb == 0 || !g->miss || g->probes[0].failed)
+            continue;
+        if (rows->len && !(g->cost[0].tokens_per_s > best))
+            continue;
+        /* the model-state bound's misses (not simulated) only after the simulated ones */
+        Ranked k = {g, 0, g->cost[0].tokens_per_s, g->pruned_bound, 0};
+        g_array_append_val(misses, k);
+    }
+    g_array_sort(misses, by_row_peak_first);
+    guint nm = MIN(misses->len, (guint)(sw->opt.misses > 0 ? sw->opt.misses : 0));
+    g_array_set_size(misses, nm);
+    for (guint i = 0; i < nm; i++) {
+        Ranked *k = &g_array_index(misses, Ranked, i);
+        Group *g = (Group *)k->g;
+        if (!g->pruned_bound && !sw->opt.exhaustive)
+            probe(sw, g, 0, TRUE);
+        memsim_size_t need = g->probes[0].done ? g->probes[0].peak : g->bound;
+        k->peak = need;
+        k->miss = (int64_t)need - (int64_t)sw->gpu_mem;
+    }
+    g_array_sort(misses, by_miss);
+    *rows_out = g_new0(MemsimPlanRow, keep ? keep : 1);
+    for (guint i = 0; i < keep; i++) {
+        Ranked *k = &g_array_index(rows, Ranked, i);
+        make_row(sw, k->g, k->j, FALSE, &(*rows_out)[i]);
+    }
+    *n_rows = keep;
+    *miss_out = g_new0(MemsimPlanRow, nm ? nm : 1);
+    for (guint i = 0; i < nm; i++) {
+        Ranked *k = &g_array_index(misses, Ranked, i);
+        make_row(sw, k->g, 0, TRUE, &(*miss_out)[i]);
+    }
+    *n_misses = nm;
+    g_array_unref(rows);
+    g_array_unref(misses);
+}
+
+static void sweep_clear(Sweep *sw)
+{
+    for (int i = 0; i < sw->n_groups; i++) {
+        Group *g = &sw->groups[i];
+        for (int j = 0; j < g->nb; j++)
+            probe_clear(&g->probes[j]);
+        g_free(g->probes);
+        g_free(g->bs);
+        g_free(g->n_micro);
+        g_free(g->cost);
+    }
+    g_free(sw->groups);
+    g_free(sw->fams);
+    g_free(sw->known);
+    g_mutex_clear(&sw->lock);
+}
+
+/* One sweep at one memory size; fills the plan's rows and misses and adds statistics. */
+static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt,
+                          const MemsimGpu *gpu, memsim_size_t gpu_mem, double cfrac, double mfrac,
+                          MemsimPlan *plan, MemsimPlanRow **rows, guint *n_rows,
+                          MemsimPlanRow **misses, guint *n_misses, gboolean *offloaded,
+                          GError **error)
+{
+    Sweep sw = {0};
+    sw.model = model;
+    sw.opt = *opt;
+    sw.gpu = gpu;
+    sw.gpu_name = gpu->name;
+    sw.base = opt->run ? *opt->run : memsim_run_defaults();
+    if (opt->gpus_per_node > 0)
+        sw.base.gpus_per_node = opt->gpus_per_node;
+    sw.gpu_mem = gpu_mem;
+    sw.ctx = opt->context_bytes;
+    sw.compute_fraction = cfrac;
+    sw.memory_fraction = mfrac;
+    sw.K = opt->top > 0 ? opt->top : G_MAXINT;
+    g_mutex_init(&sw.lock);
+    if (!enumerate(&sw, error)) {
+        sweep_clear(&sw);
+        return FALSE;
+    }
+    sw.known = g_new0(double, sw.n_fams ? sw.n_fams : 1);
+    for (int i = 0; i < sw.n_groups; i++)
+        plan->n_candidates += (guint64)sw.groups[i].nb * (opt->no_expandable ? 1 : 2);
+    plan->n_configs += (guint)sw.n_groups;
+    run_phase(&sw);
+    gboolean any = FALSE;
+    for (int i = 0; i < sw.n_groups; i++)
+        any |= sw.groups[i].row >= 0;
+    *offloaded = FALSE;
+    if (!any && !opt->no_offload && sw.base.finetune == MEMSIM_FT_FULL) {
+        /* the last resort: the optimizer state on the CPU */
+        MemsimPlanRow *r0, *m0;
+        guint nr0, nm0;
+        collect(&sw, &r0, &nr0, &m0, &nm0); /* keep the misses of the real sweep */
+        sw.offload = TRUE;
+        run_phase(&sw);
+        any = FALSE;
+        for (int i = 0; i < sw.n_groups; i++)
+            any |= sw.groups[i].row >= 0;
+        if (any) {
+            MemsimPlanRow *m1;
+            guint nm1;
+            collect(&sw, rows, n_rows, &m1, &nm1);
+            for (guint i = 0; i < nm1; i++)
+                row_clear(&m1[i]);
+            g_free(m1);
+            *misses = m0;
+            *n_misses = nm0;
+            *offloaded = TRUE;
+        } else {
+            sw.offload = FALSE;
+            *rows = r0;
+            *n_rows = nr0;
+            *misses = m0;
+            *n_misses = nm0;
+        }
+        if (any) {
+            for (guint i = 0; i < nr0; i++)
+                row_clear(&r0[i]);
+            g_free(r0);
+        }
+    } else {
+        collect(&sw, rows, n_rows, misses, n_misses);
+    }
+    plan->n_generated += sw.n_generated;
+    plan->n_replays += sw.n_replays;
+    plan->n_pruned_bound += sw.n_pruned_bound;
+    plan->n_pruned_exact += sw.n_pruned_exact;
+    plan->n_pruned_cost += sw.n_pruned_cost;
+    sweep_clear(&sw);
+    return TRUE;
+}
+
+static char *describe_run(const MemsimModel *m, const MemsimRun *r)
+{
+    static const char *prec[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
+    static const char *optim[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
+    static const char *ft[] = {"full fine-tuning", "LoRA", "QLoRA"};
+    GString *s = g_string_new(NULL);
+    g_string_append_printf(s, "seq %" G_GINT64_FORMAT ", %s, %s, %s", r->seq, prec[r->precision],
+                           optim[r->optimizer], ft[r->finetune]);
+    if (r->finetune != MEMSIM_FT_FULL)
+        g_string_append_printf(s, " (rank %d)", r->lora_rank);
+    g_string_append_printf(s, ", %d step(s) simulated, torch %s", r->steps,
+                           r->torch_version ? r->torch_version : "2.8");
+    (void)m;
+    return g_string_free(s, FALSE);
+}
+
+MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_in, GError **error)
+{
+    MemsimPlanOptions opt = opt_in ? *opt_in : memsim_plan_options_defaults();
+    gint64 t0 = g_get_monotonic_time();
+    if (opt.gpus < 1) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "gpus: %d GPUs; a plan needs at least one", opt.gpus);
+        return NULL;
+    }
+    const MemsimGpu *gpu = memsim_gpu_find(opt.gpu);
+    if (!gpu) {
+        g_autofree char *known = memsim_gpu_names();
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "gpu: unknown GPU '%s' (known: %s)", opt.gpu, known);
+        return NULL;
+    }
+    if (opt.global_batch < 0 || opt.max_batch < 0 || opt.top < 0 || opt.misses < 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: must not be negative",
+                    opt.global_batch < 0 ? "global-batch"
+                    : opt.max_batch < 0  ? "max-batch"
+                    : opt.top < 0        ? "top"
+                                         : "misses");
+        return NULL;
+    }
+    MemsimRun base = opt.run ? *opt.run : memsim_run_defaults();
+    if (base.inference) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "inference: plan sweeps training configurations");
+        return NULL;
+    }
+    bool learned = model->fam == FAM_GPT2 || model->fam == FAM_OPT || model->fam == FAM_GPTNEO;
+    if (learned && base.seq > model->max_pos) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "seq: %" G_GINT64_FORMAT " tokens exceed the model's %" G_GINT64_FORMAT
+                    " learned positions (max_position_embeddings)",
+                    base.seq, model->max_pos);
+        return NULL;
+    }
+    if (opt.mig && opt.gpus != 1) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "mig: MIG slices hold single-GPU jobs; use --gpus 1 (got %d)", opt.gpus);
+        return NULL;
+    }
+    if (opt.efficiency <= 0)
+        opt.efficiency = COST_EFFICIENCY_DEFAULT;
+    if (opt.network_gbs <= 0)
+        opt.network_gbs = COST_NETWORK_GBS_DEFAULT;
+    memsim_size_t gpu_mem = opt.gpu_mem ? opt.gpu_mem : gpu->memory;
+    if (!opt.mig && gpu_mem <= opt.context_bytes) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
+                    " bytes of CUDA context and libraries",
+                    gpu_mem, opt.context_bytes);
+        return NULL;
+    }
+    MemsimPlan *plan = g_new0(MemsimPlan, 1);
+    plan->model = g_strdup(memsim_model_name(model));
+    plan->run = describe_run(model, &base);
+    plan->gpu = g_strdup(gpu->name);
+    plan->gpu_mem = gpu_mem;
+    plan->gpus = opt.gpus;
+    plan->gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : base.gpus_per_node;
+    plan->global_batch = opt.global_batch;
+    plan->threads = opt.threads > 0 ? opt.threads : (int)g_get_num_processors();
+    GPtrArray *notes = g_ptr_array_new_with_free_func(g_free);
+    g_ptr_array_add(notes, g_strdup_printf(
+        "step times come from a simple cost model (traces/cost.c): compute at %.0f%% of the "
+        "GPU's bf16 peak, ring collectives on the GPU link within a node and %.0f GB/s per GPU "
+        "between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a promise",
+        opt.efficiency * 100, opt.network_gbs));
+    gboolean offloaded = FALSE;
+    if (opt.mig) {
+        GArray *mig = g_array_new(FALSE, TRUE, sizeof(MemsimPlanMig));
+        for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++) {
+            const MigProfile *mp = &mig_profiles[i];
+            if (strcmp(mp->gpu, gpu->name) != 0)
+                continue;
+            MemsimPlanMig e = {0};
+            g_strlcpy(e.name, mp->name, sizeof e.name);
+            e.memory = (memsim_size_t)mp->mem_mib << 20;
+            e.sms = mp->sms;
+            e.instances = mp->instances;
+            MemsimPlanOptions o1 = opt;
+            o1.top = 1;
+            o1.misses = 64; /* every miss: the smallest need is the slice's */
+            o1.no_offload = TRUE;
+            MemsimPlanRow *rows = NULL, *misses = NULL;
+            guint nr = 0, nm = 0;
+            gboolean off = FALSE;
+            if (!sweep_run(model, &o1, gpu, e.memory, (double)mp->sms / full_sms(gpu->name),
+                           mp->mem_slices / 8.0, plan, &rows, &nr, &misses, &nm, &off, error)) {
+                g_array_unref(mig);
+                g_ptr_array_free(notes, TRUE);
+                memsim_plan_free(plan);
+                return NULL;
+            }
+            e.fits = nr > 0;
+            if (nr > 0) {
+                e.best = rows[0];
+            } else if (nm > 0) {
+                e.best = misses[0];
+                misses[0] = (MemsimPlanRow){0};
+            }
+            for (guint k = 1; k < nr; k++)
+                row_clear(&rows[k]);
+            for (guint k = 0; k < nm; k++)
+                row_clear(&misses[k]);
+            g_free(rows);
+            g_free(misses);
+            g_array_append_val(mig, e);
+        }
+        if (mig->len == 0) {
+            g_autofree char *names = NULL;
+            GString *s = g_string_new(NULL);
+            const char *last = "";
+            for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++)
+                if (strcmp(mig_profiles[i].gpu, last) != 0) {
+                    g_string_append_printf(s, "%s%s", s->len ? ", " : "", mig_profiles[i].gpu);
+                    last = mig_profiles[i].gpu;
+                }
+            names = g_string_free(s, FALSE);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "mig: %s has no MIG profiles here (MIG GPUs: %s)", gpu->name, names);
+            g_array_unref(mig);
+            g_ptr_array_free(notes, TRUE);
+            memsim_plan_free(plan);
+            return NULL;
+        }
+        plan->n_mig = mig->len;
+        plan->mig = (MemsimPlanMig *)g_array_free(mig, FALSE);
+        g_ptr_array_add(notes, g_strdup(
+            "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, compute "
+            "scaled by the slice's SMs, memory bandwidth by its memory slices"));
+    } else {
+        if (!sweep_run(model, &opt, gpu, gpu_mem, 1.0, 1.0, plan, &plan->rows, &plan->n_rows,
+                       &plan->misses, &plan->n_misses, &offloaded, error)) {
+            g_ptr_array_free(notes, TRUE);
+            memsim_plan_free(plan);
+            return NULL;
+        }
+    }
+    if (opt.gpus > 1 && base.finetune != MEMSIM_FT_FULL)
+        g_ptr_array_add(notes, g_strdup_printf(
+            "%s runs on one GPU in the generator: %d GPUs are planned as independent "
+            "data-parallel replicas (DDP-like; each GPU runs the single-GPU program; DDP's "
+            "NCCL buffers and its all-reduce of the adapter gradients are not in the peaks)",
+            base.finetune == MEMSIM_FT_LORA ? "LoRA" : "QLoRA", opt.gpus));
+    if (offloaded)
+        g_ptr_array_add(notes, g_strdup(
+            "nothing fits on the GPUs alone: rows keep the optimizer state (fp32 master and "
+            "moments) in CPU memory — the peak is the simulated one minus that state (an "
+            "approximation: offload buffers are not modelled; memsim estimate shows the peak "
+            "before subtracting), host memory per GPU as listed"));
+    if (!opt.exhaustive)
+        g_ptr_array_add(notes, g_strdup(
+            "the largest micro-batch is found by bisection, assuming the peak grows with it"));
+    g_ptr_array_add(notes, NULL);
+    plan->notes = (char **)g_ptr_array_free(notes, FALSE);
+    plan->elapsed_s = (double)(g_get_monotonic_time() - t0) / 1e6;
+    return plan;
+}
+
+void memsim_plan_free(MemsimPlan *plan)
+{
+    if (!plan)
+        return;
+    for (guint i = 0; i < plan->n_rows; i++)
+        row_clear(&plan->rows[i]);
+    for (guint i = 0; i < plan->n_misses; i++)
+        row_clear(&plan->misses[i]);
+    for (guint i = 0; i < plan->n_mig; i++)
+        row_clear(&plan->mig[i].best);
+    g_free(plan->rows);
+    g_free(plan->misses);
+    g_free(plan->mig);
+    g_strfreev(plan->notes);
+    g_free(plan->model);
+    g_free(plan->run);
+    g_free(plan->gpu);
+    g_free(plan);
+}
