@@ -6,6 +6,7 @@
 #include <memsim/export.h>
 #include <memsim/formats.h>
 #include <memsim/gen.h>
+#include <memsim/plan.h>
 #include <memsim/sim.h>
 
 #include <stdio.h>
@@ -56,6 +57,7 @@ typedef struct {
     gboolean done, shown;
     const char *what;
     const guint64 *count; /* events so far, or NULL */
+    const guint64 *total; /* with count: a bar of count / total (plan) */
 } Progress;
 
 static gpointer progress_main(gpointer data)
@@ -70,7 +72,17 @@ static gpointer progress_main(gpointer data)
         if (p->done)
             break;
         double secs = (double)(g_get_monotonic_time() - start) / 1e6;
-        if (p->count)
+        guint64 total = p->total ? __atomic_load_n(p->total, __ATOMIC_RELAXED) : 0;
+        if (p->count && total) {
+            guint64 done = __atomic_load_n(p->count, __ATOMIC_RELAXED);
+            char bar[31];
+            int fill = (int)(done * 30 / total);
+            for (int i = 0; i < 30; i++)
+                bar[i] = i < fill ? '#' : '.';
+            bar[30] = '\0';
+            fprintf(stderr, "\r\033[Kmemsim: %s [%s] %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
+                    ", %.0f s", p->what, bar, done, total, secs);
+        } else if (p->count)
             fprintf(stderr, "\r\033[Kmemsim: %s… %" G_GUINT64_FORMAT " events, %.0f s", p->what,
                     __atomic_load_n(p->count, __ATOMIC_RELAXED), secs);
         else
@@ -718,6 +730,154 @@ out:
     return rc;
 }
 
+/* ---- plan ---- */
+
+static guint64 plan_done, plan_total;
+
+static void plan_progress(guint done, guint total, gpointer user)
+{
+    __atomic_store_n(&plan_total, (guint64)total, __ATOMIC_RELAXED);
+    __atomic_store_n(&plan_done, (guint64)done, __ATOMIC_RELAXED);
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    char *model = NULL, *gpu_mem = NULL, *context = NULL, *nccl = NULL, *methods = NULL,
+         *schedules = NULL, *ckpts = NULL;
+    gint64 global_batch = 0, max_batch = 0;
+    gint top = 5, misses = 5, threads = 0;
+    gdouble efficiency = 0, network = 0;
+    gboolean json = FALSE, csv = FALSE, mig = FALSE, exhaustive = FALSE, no_exp = FALSE,
+             no_offload = FALSE;
+    MemsimRun run = memsim_run_defaults();
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model,
+         "A preset (see memsim models) or a config.json", "MODEL"},
+        {"global-batch", 0, 0, G_OPTION_ARG_INT64, &global_batch,
+         "Sequences per optimizer step (default: one micro-batch per replica and step)", "N"},
+        {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
+         "Device memory (default: the --gpu profile's)", "SIZE"},
+        {"mig", 0, 0, G_OPTION_ARG_NONE, &mig,
+         "Which MIG slices of the --gpu a single-GPU job fits in, and how many per GPU", NULL},
+        {"methods", 0, 0, G_OPTION_ARG_STRING, &methods,
+         "ddp, zero1, zero2, zero3, zero, fsdp, fsdp-grad-op, hsdp, tp (Megatron tp × dp), "
+         "pp (Megatron with a pipeline), megatron, all (default all)", "LIST"},
+        {"schedules", 0, 0, G_OPTION_ARG_STRING, &schedules,
+         "Pipeline schedules: 1f1b, interleaved, gpipe (default 1f1b,interleaved)", "LIST"},
+        {"checkpointing-modes", 0, 0, G_OPTION_ARG_STRING, &ckpts,
+         "Checkpointing swept: none, selective, full (default all three)", "LIST"},
+        {"max-batch", 0, 0, G_OPTION_ARG_INT64, &max_batch,
+         "Largest micro-batch tried (default 256, or the per-replica batch)", "N"},
+        {"no-expandable", 0, 0, G_OPTION_ARG_NONE, &no_exp,
+         "Leave PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True out of the sweep", NULL},
+        {"no-offload", 0, 0, G_OPTION_ARG_NONE, &no_offload,
+         "Never fall back to CPU offload of the optimizer state", NULL},
+        {"top", 0, 0, G_OPTION_ARG_INT, &top, "Layouts ranked (default 5; 0: all)", "N"},
+        {"misses", 0, 0, G_OPTION_ARG_INT, &misses, "Closest misses shown (default 5)", "N"},
+        {"exhaustive", 0, 0, G_OPTION_ARG_NONE, &exhaustive,
+         "Simulate every candidate and micro-batch: no pruning, no bisection (slow; a check)",
+         NULL},
+        {"threads", 0, 0, G_OPTION_ARG_INT, &threads, "Worker threads (default: one per core)",
+         "N"},
+        {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
+         "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
+        {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
+         "NCCL memory per communicator (default 544MB for 2 ranks, 688MB for more)", "SIZE"},
+        {"efficiency", 0, 0, G_OPTION_ARG_DOUBLE, &efficiency,
+         "Fraction of the bf16 peak the cost model assumes (default 0.5)", "F"},
+        {"network-gbs", 0, 0, G_OPTION_ARG_DOUBLE, &network,
+         "Per-GPU bandwidth between nodes in GB/s for the cost model (default 25)", "GBS"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {"csv", 0, 0, G_OPTION_ARG_NONE, &csv, "Print CSV (one line per row)", NULL},
+        {NULL}};
+    GOptionContext *ctx = make_context(
+        "plan", "",
+        "Sweep the distributed methods and their degrees, micro-batches, activation "
+        "checkpointing and allocator settings of a run on --gpus × --gpu, simulate each "
+        "candidate as memsim estimate does, and rank those that fit by estimated step time; "
+        "then the closest misses, the recommendation and the command that re-estimates it.",
+        "The run options set what the plan keeps (seq, precision, optimizer, finetune, ...); "
+        "--gpus, --gpu and --gpus-per-node describe the cluster. Step times come from a simple "
+        "cost model: a ranking aid, not a promise. Exit status: 0 something fits, 1 nothing "
+        "fits, 2 bad input.\n\n"
+        "Examples:\n"
+        "  memsim plan --model llama-3-8b --gpus 8 --gpu a100-40gb --seq 4096 --global-batch 64\n"
+        "  memsim plan --model mistral-7b --gpus 1 --gpu h200 --mig\n"
+        "  memsim plan --model llama-2-70b --gpus 16 --gpu h100-80gb --seq 4096 --finetune qlora\n",
+        entries);
+    g_option_context_add_group(ctx, run_group(&run));
+    int rc = EXIT_BAD;
+    GError *error = NULL;
+    MemsimModel *m = NULL;
+    MemsimPlan *plan = NULL;
+    MemsimPlanOptions o = memsim_plan_options_defaults();
+    if (!parse(ctx, "plan", &argc, &argv))
+        goto out;
+    if (argc != 1 || !model) {
+        fprintf(stderr, "memsim plan: --model is required (see memsim plan --help)\n");
+        goto out;
+    }
+    o.run = &run;
+    o.gpus = run.gpus;
+    o.gpu = run.gpu;
+    o.gpus_per_node = run.gpus_per_node;
+    o.global_batch = global_batch;
+    o.max_batch = max_batch;
+    o.mig = mig;
+    o.top = top;
+    o.misses = misses;
+    o.exhaustive = exhaustive;
+    o.no_expandable = no_exp;
+    o.no_offload = no_offload;
+    o.threads = threads;
+    o.efficiency = efficiency;
+    o.network_gbs = network;
+    o.progress = plan_progress;
+    if ((gpu_mem && !memsim_parse_size(gpu_mem, &o.gpu_mem, &error)) ||
+        (context && !memsim_parse_size(context, &o.context_bytes, &error)) ||
+        (nccl && !memsim_parse_size(nccl, &o.nccl_bytes, &error)) ||
+        (methods && !memsim_plan_parse_list("methods", methods, &o.methods, &error)) ||
+        (schedules && !memsim_plan_parse_list("schedules", schedules, &o.schedules, &error)) ||
+        (ckpts && !memsim_plan_parse_list("checkpointing", ckpts, &o.checkpointing, &error)) ||
+        !(m = memsim_model_load(model, &error))) {
+        rc = report_error("plan", error);
+        goto out;
+    }
+    Progress pr;
+    progress_start(&pr, "planning", &plan_done);
+    pr.total = &plan_total;
+    plan = memsim_plan(m, &o, &error);
+    progress_stop(&pr);
+    if (!plan) {
+        rc = report_error("plan", error);
+        goto out;
+    }
+    char *text = json ? memsim_plan_to_json(plan)
+                 : csv ? memsim_plan_to_csv(plan)
+                       : memsim_plan_to_text(plan);
+    fputs(text, stdout);
+    g_free(text);
+    if (json)
+        fputc('\n', stdout);
+    gboolean any = plan->n_rows > 0;
+    for (guint i = 0; i < plan->n_mig; i++)
+        any |= plan->mig[i].fits;
+    rc = any ? EXIT_OK : EXIT_NO;
+out:
+    memsim_plan_free(plan);
+    memsim_model_free(m);
+    memsim_run_clear(&run);
+    g_option_context_free(ctx);
+    g_free(model);
+    g_free(gpu_mem);
+    g_free(context);
+    g_free(nccl);
+    g_free(methods);
+    g_free(schedules);
+    g_free(ckpts);
+    return rc;
+}
+
 /* ---- main ---- */
 
 typedef struct {
@@ -728,6 +888,7 @@ typedef struct {
 
 static const Command commands[] = {
     {"estimate", cmd_estimate, "one run's peak memory on a GPU, from a model config"},
+    {"plan", cmd_plan, "the fastest configuration that fits on a cluster, swept and simulated"},
     {"gen", cmd_gen, "write the generated trace of a run to a file"},
     {"models", cmd_models, "list the model presets"},
     {"replay", cmd_replay, "replay a trace or a PyTorch snapshot through an allocator model"},
