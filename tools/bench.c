@@ -25,6 +25,14 @@
  *       alone: the policy plus the replay's bookkeeping, without decoding the file. CPU time
  *       of this process, one core.
  *
+ *   memsim-bench plan [--model M] [--gpus N] [--gpu G] [--seq N] [--top K] [--threads T]
+ *                     [--exhaustive]
+ *       Times `memsim plan` (default llama-2-70b on 64 × h100-80gb, seq 4096: every method and
+ *       degree, micro-batch bisection, the three checkpointing modes, expandable_segments):
+ *       wall and CPU time, traces generated and replays, candidates simulated per second.
+ *       With --exhaustive also the sweep without pruning or bisection (minutes), the speed-up
+ *       and whether both rank the same rows.
+ *
  * The synthetic program looks like training: activations pile up through a "forward" pass
  * and are released in reverse through a "backward" pass, with short-lived temporaries in
  * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
@@ -32,6 +40,7 @@
 #include <memsim/export.h>
 #include <memsim/formats.h>
 #include <memsim/gen.h>
+#include <memsim/plan.h>
 #include <memsim/sim.h>
 
 #include <stdio.h>
@@ -383,6 +392,102 @@ static int bench_compare(int argc, char **argv)
     return rc;
 }
 
+static double wall_seconds(void)
+{
+    return (double)g_get_monotonic_time() / 1e6;
+}
+
+static int bench_plan(int argc, char **argv)
+{
+    char *model = NULL, *gpu = NULL;
+    gint gpus = 64, top = 0, threads = 0;
+    gint64 seq = 4096;
+    gboolean exhaustive = FALSE;
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Preset (default llama-2-70b)", "M"},
+        {"gpus", 0, 0, G_OPTION_ARG_INT, &gpus, "GPUs (default 64)", "N"},
+        {"gpu", 0, 0, G_OPTION_ARG_STRING, &gpu, "GPU profile (default h100-80gb)", "G"},
+        {"seq", 0, 0, G_OPTION_ARG_INT64, &seq, "Sequence length (default 4096)", "N"},
+        {"top", 0, 0, G_OPTION_ARG_INT, &top, "Rows ranked (default: plan's)", "K"},
+        {"threads", 0, 0, G_OPTION_ARG_INT, &threads, "Threads (default: one per core)", "T"},
+        {"exhaustive", 0, 0, G_OPTION_ARG_NONE, &exhaustive,
+         "Also run the sweep without pruning and bisection (slow)", NULL},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("plan");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    MemsimModel *m = memsim_model_load(model ? model : "llama-2-70b", &error);
+    if (!m) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    MemsimRun run = memsim_run_defaults();
+    char sq[32];
+    g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
+    memsim_run_set(&run, "seq", sq, NULL);
+    MemsimPlanOptions o = memsim_plan_options_defaults();
+    o.run = &run;
+    o.gpus = gpus;
+    o.gpu = gpu ? gpu : "h100-80gb";
+    o.threads = threads;
+    if (top > 0)
+        o.top = top;
+    MemsimPlan *runs[2] = {NULL, NULL};
+    double wall[2] = {0, 0}, cpu[2] = {0, 0};
+    for (int k = 0; k < (exhaustive ? 2 : 1); k++) {
+        MemsimPlanOptions ok = o;
+        ok.exhaustive = k == 1;
+        double w0 = wall_seconds(), c0 = cpu_seconds();
+        runs[k] = memsim_plan(m, &ok, &error);
+        wall[k] = wall_seconds() - w0;
+        cpu[k] = cpu_seconds() - c0;
+        if (!runs[k]) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
+        const MemsimPlan *p = runs[k];
+        printf("plan %s on %d × %s, seq %" G_GINT64_FORMAT ", top %d%s:\n", memsim_model_name(m),
+               gpus, o.gpu, seq, o.top, k ? ", exhaustive" : "");
+        printf("  %u configurations, %" G_GUINT64_FORMAT " candidates with micro-batches and "
+               "allocator settings\n", p->n_configs, p->n_candidates);
+        printf("  %u traces generated, %u replays; pruned %u configurations by the memory bound, "
+               "%u by the cost model, %u replays by the exact bound\n",
+               p->n_generated, p->n_replays, p->n_pruned_bound, p->n_pruned_cost,
+               p->n_pruned_exact);
+        printf("  wall %.2f s, CPU %.2f s on %d thread(s): %.1f candidates simulated per second "
+               "(%.1f replays per second)\n",
+               wall[k], cpu[k], p->threads, p->n_generated / wall[k], p->n_replays / wall[k]);
+        if (p->n_rows)
+            printf("  recommended: %s, %.0f tokens/s\n", p->rows[0].label, p->rows[0].tokens_per_s);
+    }
+    int rc = 0;
+    if (exhaustive) {
+        gboolean same = runs[0]->n_rows == MIN(runs[1]->n_rows, (guint)o.top);
+        for (guint i = 0; same && i < runs[0]->n_rows; i++)
+            same = strcmp(runs[0]->rows[i].label, runs[1]->rows[i].label) == 0 &&
+                   runs[0]->rows[i].batch == runs[1]->rows[i].batch &&
+                   runs[0]->rows[i].checkpointing == runs[1]->rows[i].checkpointing &&
+                   runs[0]->rows[i].peak == runs[1]->rows[i].peak;
+        printf("speed-up from pruning and bisection: %.1f× wall, %.1f× traces; same top rows: "
+               "%s\n",
+               wall[1] / wall[0], (double)runs[1]->n_generated / runs[0]->n_generated,
+               same ? "yes" : "NO");
+        rc = same ? 0 : 1;
+    }
+    memsim_plan_free(runs[0]);
+    memsim_plan_free(runs[1]);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    g_free(model);
+    g_free(gpu);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
@@ -391,6 +496,8 @@ int main(int argc, char **argv)
         return bench_compare(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "export") == 0)
         return bench_export(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "plan") == 0)
+        return bench_plan(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
     GOptionEntry entries[] = {
