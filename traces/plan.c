@@ -148,7 +148,6 @@ typedef struct {
     int64_t fit_max;          /* largest b known to fit (0: none), by its own probes or
                                  inferred from a family member that needs more memory */
     int64_t fail_min;         /* smallest b known not to fit (G_MAXINT64: none) */
-    int miss_from;            /* a miss inferred from this group's miss (−1: probed) */
 } Group;
 
 /* Configurations with the same method and degrees: their peaks are ordered by the
@@ -157,6 +156,7 @@ typedef struct {
 typedef struct {
     int first, n;             /* groups[first .. first + n) */
     double best_tps;          /* the best any member could do */
+    gboolean likely;          /* its fastest member is guessed to fit (the order only) */
     gboolean pruned_bound;
     gboolean pruned_cost;     /* could not reach the top rows */
     int row;                  /* the member whose row is the family's, or −1 */
@@ -433,6 +433,24 @@ static memsim_size_t state_bound(const Sweep *sw, const Group *g, gboolean with_
     return (memsim_size_t)floor(b * 0.999); /* floating-point slack: stay below */
 }
 
+/* A rough peak at the smallest b, only to take first the layouts likely to fit (their rows
+ * raise the threshold early); it decides nothing. The model-state bound plus Korthikanti et
+ * al.'s activations per layer (s b H (10 + 24/tp) bytes, or the 2 s b H of its input with
+ * full recomputation) times the layers in flight on the first stage. */
+static double guess_peak(const Sweep *sw, const Group *g)
+{
+    double s = (double)sw->base.seq, b = (double)g->bs[0], H = (double)sw->model->H,
+           L = (double)sw->model->L;
+    double tp = g->method == MEMSIM_METHOD_MEGATRON ? g->tp : 1;
+    double per = g->ckpt == MEMSIM_CKPT_FULL ? 2.0 * s * b * H : s * b * H * (10.0 + 24.0 / tp);
+    double layers = L;
+    if (g->method == MEMSIM_METHOD_MEGATRON && g->pp > 1) {
+        double inflight = g->schedule == MEMSIM_PP_GPIPE ? g->n_micro[0] : MIN(g->n_micro[0], g->pp);
+        layers = inflight * L / g->pp * (g->schedule == MEMSIM_PP_INTERLEAVED ? 1.5 : 1.0);
+    }
+    return (double)g->bound + per * layers;
+}
+
 static void fill_costs(Sweep *sw, Group *g)
 {
     g->best_tps = 0;
@@ -606,7 +624,7 @@ static gboolean enumerate(Sweep *sw, GError **error)
         Degrees *last = fams->len ? &g_array_index(fams, Degrees, fams->len - 1) : NULL;
         const Group *h = last ? &sw->groups[last->first] : NULL;
         if (!h || h->method != g->method || h->tp != g->tp || h->pp != g->pp || h->dp != g->dp) {
-            Degrees f = {i, 0, 0, FALSE, FALSE, -1};
+            Degrees f = {i, 0, 0, FALSE, FALSE, FALSE, -1};
             g_array_append_val(fams, f);
             last = &g_array_index(fams, Degrees, fams->len - 1);
         }
@@ -690,8 +708,8 @@ static void count(Sweep *sw, guint *counter)
     g_mutex_unlock(&sw->lock);
 }
 
-/* The largest device total and the largest requested peak (plus the overheads) of a
- * replay: the latter bounds from below what any allocator setting could reach. */
+/* Whether the requested bytes of some rank (plus its context and NCCL) exceed the memory:
+ * they bound from below what any allocator setting could reach. */
 static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
 {
     for (guint i = 0; i < rep->n_ranks; i++) {
@@ -703,21 +721,24 @@ static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
     return FALSE;
 }
 
-static char *label_of(const Group *g);
-
-static void probe(Sweep *sw, Group *g, int j, gboolean want_miss)
+/* Generates the trace of member g at micro-batch index j and replays it as memsim estimate
+ * would: through torch with the default settings and, when that does not fit, through the
+ * exact policy (a lower bound of torch's peak under any setting) before expandable_segments.
+ * With `need`, a miss is measured too: the same run without a memory limit — replayed
+ * first, since below the capacity it is the limited run as well, and its requested bytes
+ * bound every setting. */
+static void probe(Sweep *sw, Group *g, int j, gboolean need)
 {
     Probe *p = &g->probes[j];
-    if (p->done)
+    if (p->done && (!need || p->fits || p->measured || p->failed))
         return;
-    p->done = TRUE;
     MemsimRun r;
     candidate_run(sw, g, j, &r);
     GError *e = NULL;
     MemsimTrace *t = memsim_generate(sw->model, &r, &e);
     count(sw, &sw->n_generated);
     if (!t) {
-        p->failed = TRUE;
+        p->done = p->failed = TRUE;
         p->error = g_strdup(e->message);
         g_error_free(e);
         return;
@@ -726,23 +747,18 @@ static void probe(Sweep *sw, Group *g, int j, gboolean want_miss)
         /* no memory limit: the whole peak, minus the state that would live on the host */
         MemsimReport *rep = replay(sw, t, &r, NULL, NULL, 0, 0);
         probe_take(p, rep, TRUE);
+        p->done = p->measured = TRUE;
         p->fits = p->peak <= sw->gpu_mem;
-        p->measured = TRUE;
         memsim_report_free(rep);
         memsim_trace_free(t);
         return;
     }
-    memsim_size_t nccl = nccl_of(&r, sw->opt.nccl_bytes);
-    gboolean hopeless = sw->ctx + nccl >= sw->gpu_mem;
     MemsimReport *rep = NULL;
-    if (want_miss && !sw->opt.exhaustive) {
-        /* where a miss would be measured anyway, the run without a memory limit first: below
-         * the capacity it is the limited run too; its requested bytes bound every setting */
+    if (!p->done && need && !sw->opt.exhaustive) {
         MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
-        memsim_size_t cap = sw->gpu_mem - sw->ctx;
         gboolean below = TRUE;
         for (guint i = 0; i < u->n_ranks; i++)
-            below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= cap;
+            below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= sw->gpu_mem - sw->ctx;
         if (below) {
             memsim_report_set_device(u, sw->gpu_mem, u->context_bytes);
             rep = u;
@@ -750,57 +766,57 @@ static void probe(Sweep *sw, Group *g, int j, gboolean want_miss)
             probe_take(p, u, FALSE);
             p->measured = TRUE;
             if (needs_more_than(u, sw->gpu_mem)) {
+                p->done = TRUE;
                 count(sw, &sw->n_pruned_exact);
-                memsim_report_free(u);
-                memsim_trace_free(t);
-                return;
             }
             memsim_report_free(u);
         }
     }
-    if (!rep)
-        rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
-    if (report_fits(rep)) {
-        p->fits = TRUE;
-        p->measured = TRUE;
-        probe_take(p, rep, FALSE);
-        if (sw->opt.exhaustive && !sw->opt.no_expandable) /* every candidate, evaluated */
-            memsim_report_free(replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0));
-    } else {
-        gboolean try_exp = !sw->opt.no_expandable;
-        if (try_exp && !sw->opt.exhaustive) {
-            /* exact's peak bounds torch's under any setting from below */
-            if (!hopeless) {
-                MemsimReport *ex = replay(sw, t, &r, "exact", NULL, sw->gpu_mem, nccl);
-                hopeless = !report_fits(ex);
-                memsim_report_free(ex);
-            }
-            if (hopeless) {
-                try_exp = FALSE;
-                count(sw, &sw->n_pruned_exact);
-            }
-        }
-        if (try_exp) {
-            MemsimReport *x = replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
-            if (report_fits(x)) {
-                p->fits = TRUE;
-                p->expandable = TRUE;
-                p->measured = TRUE;
-                probe_take(p, x, FALSE);
-            }
-            memsim_report_free(x);
-        }
-        if (!p->fits && want_miss && !p->measured) {
-            /* how much it needs: the same run without a memory limit */
-            MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
-            probe_take(p, u, FALSE);
-            p->measured = TRUE;
-            memsim_report_free(u);
-        } else if (!p->fits && !p->measured) {
+    if (!p->done) {
+        p->done = TRUE;
+        memsim_size_t nccl = nccl_of(&r, sw->opt.nccl_bytes);
+        if (!rep)
+            rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
+        if (report_fits(rep)) {
+            p->fits = p->measured = TRUE;
             probe_take(p, rep, FALSE);
+            if (sw->opt.exhaustive && !sw->opt.no_expandable) /* every candidate, evaluated */
+                memsim_report_free(
+                    replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0));
+        } else {
+            gboolean try_exp = !sw->opt.no_expandable;
+            if (try_exp && !sw->opt.exhaustive) {
+                gboolean hopeless = sw->ctx + nccl >= sw->gpu_mem;
+                if (!hopeless) {
+                    MemsimReport *ex = replay(sw, t, &r, "exact", NULL, sw->gpu_mem, nccl);
+                    hopeless = !report_fits(ex);
+                    memsim_report_free(ex);
+                }
+                if (hopeless) {
+                    try_exp = FALSE;
+                    count(sw, &sw->n_pruned_exact);
+                }
+            }
+            if (try_exp) {
+                MemsimReport *x = replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
+                if (report_fits(x)) {
+                    p->fits = p->expandable = p->measured = TRUE;
+                    probe_take(p, x, FALSE);
+                }
+                memsim_report_free(x);
+            }
+            if (!p->fits && !p->measured)
+                probe_take(p, rep, FALSE); /* up to where it ran out */
         }
     }
     memsim_report_free(rep);
+    if (need && !p->fits && !p->measured) {
+        /* how much it needs: the same run without a memory limit */
+        MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
+        probe_take(p, u, FALSE);
+        p->measured = TRUE;
+        memsim_report_free(u);
+    }
     memsim_trace_free(t);
 }
 
@@ -817,18 +833,15 @@ static gboolean mem_leq(const Group *x, const Group *y)
 }
 
 /* Tells the family what probing b of g showed. */
-static void learn(Sweep *sw, Group *g, int64_t b, gboolean fits, gboolean measured)
+static void learn(Sweep *sw, Group *g, int64_t b, gboolean fits)
 {
     Degrees *f = &sw->fams[g->fam];
     for (int i = f->first; i < f->first + f->n; i++) {
         Group *y = &sw->groups[i];
         if (fits && mem_leq(y, g) && b > y->fit_max)
             y->fit_max = b;
-        if (!fits && mem_leq(g, y) && b < y->fail_min) {
+        if (!fits && mem_leq(g, y) && b < y->fail_min)
             y->fail_min = b;
-            if (y != g && y->miss_from < 0 && measured)
-                y->miss_from = g->idx;
-        }
     }
 }
 
@@ -862,12 +875,12 @@ static void know_family(Sweep *sw, const Group *g)
     }
 }
 
-static void probe_learn(Sweep *sw, Group *g, int j, gboolean want_miss)
+static void probe_learn(Sweep *sw, Group *g, int j)
 {
-    probe(sw, g, j, want_miss);
+    probe(sw, g, j, FALSE);
     if (g->probes[j].failed)
         return;
-    learn(sw, g, g->bs[j], g->probes[j].fits, g->probes[j].measured);
+    learn(sw, g, g->bs[j], g->probes[j].fits);
     if (g->probes[j].fits)
         know_family(sw, g);
 }
@@ -891,7 +904,7 @@ static int best_known(const Group *g, int lo, gboolean need_fit)
 static void search_exhaustive(Sweep *sw, Group *g)
 {
     for (int j = 0; j < g->nb; j++)
-        probe(sw, g, j, j == 0);
+        probe(sw, g, j, FALSE);
     int best = best_known(g, g->nb - 1, TRUE);
     if (best >= 0)
         g->row = best;
@@ -933,7 +946,7 @@ static void refine(Sweep *sw, Group *g, double cutoff)
             j = k0;
         if (j >= hi)
             j = hi - 1;
-        probe_learn(sw, g, j, j == 0);
+        probe_learn(sw, g, j);
         if (j == 0 && !g->probes[0].fits) {
             g->miss = TRUE;
             return;
@@ -945,7 +958,7 @@ static void refine(Sweep *sw, Group *g, double cutoff)
     }
     /* every b up to lo fits by assumption; the chosen one is simulated for its figures */
     int row = best_known(g, lo, FALSE);
-    probe_learn(sw, g, row, FALSE);
+    probe_learn(sw, g, row);
     if (!g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
         row = best_known(g, lo, TRUE);
     if (row < 0) {
@@ -1011,7 +1024,11 @@ static void family_search(Sweep *sw, Degrees *f)
                     chain[n++] = g;
             }
         Group *g = chain[(n - 1) / 2];
-        probe_learn(sw, g, 0, TRUE);
+        probe(sw, g, 0, TRUE); /* a miss here may be shown: measure it */
+        if (!g->probes[0].failed)
+            learn(sw, g, g->bs[0], g->probes[0].fits);
+        if (g->probes[0].fits)
+            know_family(sw, g);
         if (g->probes[0].failed)
             g->miss = TRUE; /* the generator refused it: no memory to learn from */
     }
@@ -1054,25 +1071,34 @@ static void worker(gpointer data, gpointer user)
 static int by_speed(gconstpointer a, gconstpointer b)
 {
     const Degrees *x = *(Degrees *const *)a, *y = *(Degrees *const *)b;
+    if (x->likely != y->likely)
+        return x->likely ? -1 : 1;
     if (x->best_tps != y->best_tps)
         return x->best_tps > y->best_tps ? -1 : 1;
     return x->first - y->first;
 }
 
-static void pool_run(Sweep *sw, GPtrArray *order)
+/* Runs fn on each item over the thread pool (in order on one thread). */
+static void run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
 {
     int threads = sw->opt.threads > 0 ? sw->opt.threads : (int)g_get_num_processors();
-    if (threads > (int)order->len)
-        threads = order->len ? (int)order->len : 1;
+    if (threads > (int)items->len)
+        threads = items->len ? (int)items->len : 1;
     if (threads <= 1) {
-        for (guint i = 0; i < order->len; i++)
-            worker(order->pdata[i], sw);
+        for (guint i = 0; i < items->len; i++)
+            fn(items->pdata[i], sw);
         return;
     }
-    GThreadPool *pool = g_thread_pool_new(worker, sw, threads, TRUE, NULL);
-    for (guint i = 0; i < order->len; i++)
-        g_thread_pool_push(pool, order->pdata[i], NULL);
+    GThreadPool *pool = g_thread_pool_new(fn, sw, threads, TRUE, NULL);
+    for (guint i = 0; i < items->len; i++)
+        g_thread_pool_push(pool, items->pdata[i], NULL);
     g_thread_pool_free(pool, FALSE, TRUE);
+}
+
+/* A shown miss measured: its smallest b without a memory limit. */
+static void measure_miss(gpointer data, gpointer user)
+{
+    probe(user, data, 0, TRUE);
 }
 
 /* Runs one phase (with or without offload) over every configuration. */
@@ -1086,7 +1112,6 @@ static void run_phase(Sweep *sw)
         g->miss = g->pruned_bound = g->pruned_cost = FALSE;
         g->fit_max = 0;
         g->fail_min = G_MAXINT64;
-        g->miss_from = -1;
         fill_costs(sw, g);
         MemsimRun r;
         candidate_run(sw, g, 0, &r);
@@ -1099,13 +1124,17 @@ static void run_phase(Sweep *sw)
         f->pruned_bound = f->pruned_cost = FALSE;
         f->row = -1;
         sw->known[k] = 0;
+        const Group *fastest = NULL;
         for (int i = f->first; i < f->first + f->n; i++) {
             Group *g = &sw->groups[i];
+            if (g->nb && (!fastest || g->best_tps > fastest->best_tps))
+                fastest = g;
             if (g->best_tps > f->best_tps)
                 f->best_tps = g->best_tps;
             if (!sw->opt.exhaustive && g->bound > sw->gpu_mem)
                 f->pruned_bound = g->pruned_bound = TRUE;
         }
+        f->likely = fastest && guess_peak(sw, fastest) <= (double)sw->gpu_mem;
         if (f->pruned_bound)
             sw->n_pruned_bound += (guint)f->n;
         g_ptr_array_add(order, f);
@@ -1113,7 +1142,7 @@ static void run_phase(Sweep *sw)
     sw->total = order->len;
     sw->done = 0;
     g_ptr_array_sort(order, by_speed);
-    pool_run(sw, order);
+    run_pool(sw, order, worker);
     g_ptr_array_unref(order);
     for (int i = 0; i < sw->n_groups; i++)
         if (sw->groups[i].pruned_cost)
@@ -1362,12 +1391,8 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
     row->bubble_s = c->bubble_s;
     row->optimizer_s = c->optimizer_s + c->other_s;
     if (miss && !p->done) {
-        /* not simulated: a family member needing less memory missed (its need bounds this
-         * one's from below), or the model-state bound ruled the family out */
-        const Group *src = g->miss_from >= 0 ? &sw->groups[g->miss_from] : NULL;
-        row->peak = src && src->probes[0].measured ? src->probes[0].peak : g->bound;
-        if (row->peak < g->bound)
-            row->peak = g->bound;
+        /* not simulated: the model-state bound ruled the layout out */
+        row->peak = g->bound;
         row->bound_only = TRUE;
     } else {
         row->peak = p->peak;
@@ -1462,11 +1487,17 @@ static void collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPl
     g_array_sort(misses, by_row_peak_first);
     guint nm = MIN(misses->len, (guint)(sw->opt.misses > 0 ? sw->opt.misses : 0));
     g_array_set_size(misses, nm);
+    GPtrArray *todo = g_ptr_array_new();
+    for (guint i = 0; i < nm; i++) {
+        Group *g = (Group *)g_array_index(misses, Ranked, i).g;
+        if (!g->pruned_bound && !g->probes[0].measured)
+            g_ptr_array_add(todo, g);
+    }
+    run_pool(sw, todo, measure_miss);
+    g_ptr_array_unref(todo);
     for (guint i = 0; i < nm; i++) {
         Ranked *k = &g_array_index(misses, Ranked, i);
         Group *g = (Group *)k->g;
-        if (!g->pruned_bound && !sw->opt.exhaustive)
-            probe(sw, g, 0, TRUE);
         memsim_size_t need = g->probes[0].done ? g->probes[0].peak : g->bound;
         k->peak = need;
         k->miss = (int64_t)need - (int64_t)sw->gpu_mem;
@@ -1667,8 +1698,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     GPtrArray *notes = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(notes, g_strdup_printf(
         "step times come from a simple cost model (traces/cost.c): compute at %.0f%% of the "
-        "GPU's bf16 peak, ring collectives on the GPU link within a node and %.0f GB/s per GPU "
-        "between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a promise",
+        "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
+        "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
+        "promise",
         opt.efficiency * 100, opt.network_gbs));
     gboolean offloaded = FALSE;
     if (opt.mig) {

@@ -90,7 +90,7 @@ static void describe_row(GString *s, const MemsimPlanRow *r)
                               " sequences per step), checkpointing %s, %s allocator: %s per "
                               "step, %s tokens/s, %s per GPU (%s headroom)",
                            r->label, r->batch, r->grad_accum,
-                           r->method == MEMSIM_METHOD_MEGATRON ? "micro-batches" : "accumulation",
+                           r->pp > 1 ? "micro-batches" : "accumulation",
                            r->global_batch, ckpt_key[r->checkpointing],
                            r->expandable ? "expandable_segments" : "default", fsecs(r->step_s, a),
                            fnum(r->tokens_per_s, b), fb(r->peak, c), fb((memsim_size_t)r->headroom, d));
