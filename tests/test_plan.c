@@ -12,7 +12,8 @@
 #include "testutil.h"
 
 /* A plan of `model` with the run settings given as key, value pairs. */
-static MemsimPlan *plan_of(const char *model, const MemsimPlanOptions *o, const char *const *settings)
+static MemsimPlan *plan_of(const char *model, const MemsimPlanOptions *o,
+                           const char *const *settings)
 {
     GError *error = NULL;
     MemsimModel *m = memsim_model_load(model, &error);
@@ -187,7 +188,12 @@ Test(plan, recommendation_reestimates_identically, .timeout = 600)
     } cases[] = {
         {"llama-2-7b", 8, "a100-40gb", NULL, 0, {"seq", "256", NULL}},
         {"llama-2-13b", 8, "a100-40gb", "pp", 16, {"seq", "256", NULL}},
-        {"opt-1.3b", 4, "v100-16gb", "ddp,zero3,tp", 0, {"seq", "512", "precision", "fp16-mixed", NULL}},
+        {"opt-1.3b",
+         4,
+         "v100-16gb",
+         "ddp,zero3,tp",
+         0,
+         {"seq", "512", "precision", "fp16-mixed", NULL}},
         {"gpt2-large", 1, "a10g", NULL, 0, {"seq", "1024", NULL}},
         {"mistral-7b", 4, "a10g", NULL, 8, {"seq", "512", "finetune", "lora", NULL}},
     };
@@ -231,14 +237,14 @@ Test(plan, bad_requests_exit_2)
     expect_bad(zero, "gpus");
     const char *gpu[] = {"plan", "--model", "llama-2-7b", "--gpu", "b300x", NULL};
     expect_bad(gpu, "unknown GPU 'b300x' (known: a100-40gb, a100-80gb");
-    const char *batch[] = {"plan", "--model", "llama-2-7b", "--gpus", "8", "--global-batch", "12",
-                           "--methods", "ddp,zero3", NULL};
+    const char *batch[] = {"plan",           "--model", "llama-2-7b", "--gpus",    "8",
+                           "--global-batch", "12",      "--methods",  "ddp,zero3", NULL};
     expect_bad(batch, "global-batch: 12");
-    const char *lora[] = {"plan", "--model", "llama-2-7b", "--gpus", "4", "--global-batch", "6",
-                          "--finetune", "lora", NULL};
+    const char *lora[] = {"plan",           "--model", "llama-2-7b", "--gpus", "4",
+                          "--global-batch", "6",       "--finetune", "lora",   NULL};
     expect_bad(lora, "global-batch: 6");
-    const char *meth[] = {"plan", "--model", "llama-2-7b", "--gpus", "8", "--methods", "zero4",
-                          NULL};
+    const char *meth[] = {"plan", "--model",   "llama-2-7b", "--gpus",
+                          "8",    "--methods", "zero4",      NULL};
     expect_bad(meth, "methods: unknown 'zero4'");
     const char *mig[] = {"plan", "--model", "llama-2-7b", "--gpu", "v100-16gb", "--mig", NULL};
     expect_bad(mig, "mig: v100-16gb has no MIG profiles");
@@ -333,17 +339,18 @@ Test(plan, offload_as_last_resort, .timeout = 300)
  * exit 0 when something fits. */
 Test(plan, command_outputs, .timeout = 300)
 {
-    const char *base[] = {"plan", "--model", "opt-1.3b", "--gpus", "4", "--gpu", "v100-16gb",
-                          "--precision", "fp16-mixed", "--seq", "512", "--max-batch", "8", NULL};
+    const char *base[] = {"plan",  "--model",     "opt-1.3b",    "--gpus",     "4",
+                          "--gpu", "v100-16gb",   "--precision", "fp16-mixed", "--seq",
+                          "512",   "--max-batch", "8",           NULL};
     g_autofree char *text = NULL;
     int rc = tu_run_memsim(base, &text, NULL);
     cr_expect_eq(rc, 0);
     cr_expect(strstr(text, "recommended: ") && strstr(text, "memsim estimate --model opt-1.3b") &&
                   strstr(text, "a ranking aid, not a promise"),
               "%s", text);
-    const char *json[] = {"plan", "--model", "opt-1.3b", "--gpus", "4", "--gpu", "v100-16gb",
-                          "--precision", "fp16-mixed", "--seq", "512", "--max-batch", "8",
-                          "--json", NULL};
+    const char *json[] = {"plan",  "--model",     "opt-1.3b",    "--gpus",     "4",
+                          "--gpu", "v100-16gb",   "--precision", "fp16-mixed", "--seq",
+                          "512",   "--max-batch", "8",           "--json",     NULL};
     g_autofree char *js = NULL;
     cr_expect_eq(tu_run_memsim(json, &js, NULL), 0);
     JsonParser *parser = json_parser_new();
@@ -352,15 +359,16 @@ Test(plan, command_outputs, .timeout = 300)
     JsonArray *rows = json_object_get_array_member(o, "rows");
     cr_expect_gt(json_array_get_length(rows), 0);
     JsonObject *rec = json_object_get_object_member(o, "recommended");
-    cr_expect_str_eq(json_object_get_string_member(rec, "label"),
-                     json_object_get_string_member(json_array_get_object_element(rows, 0), "label"));
+    cr_expect_str_eq(
+        json_object_get_string_member(rec, "label"),
+        json_object_get_string_member(json_array_get_object_element(rows, 0), "label"));
     cr_expect(json_object_has_member(o, "sweep"));
     guint nrows = json_array_get_length(rows),
           nmiss = json_array_get_length(json_object_get_array_member(o, "misses"));
     g_object_unref(parser);
-    const char *csv[] = {"plan", "--model", "opt-1.3b", "--gpus", "4", "--gpu", "v100-16gb",
-                         "--precision", "fp16-mixed", "--seq", "512", "--max-batch", "8", "--csv",
-                         NULL};
+    const char *csv[] = {"plan",  "--model",     "opt-1.3b",    "--gpus",     "4",
+                         "--gpu", "v100-16gb",   "--precision", "fp16-mixed", "--seq",
+                         "512",   "--max-batch", "8",           "--csv",      NULL};
     g_autofree char *cs = NULL;
     cr_expect_eq(tu_run_memsim(csv, &cs, NULL), 0);
     g_auto(GStrv) lines = g_strsplit(g_strstrip(cs), "\n", -1);
@@ -372,8 +380,8 @@ Test(plan, command_outputs, .timeout = 300)
 /* Nothing fits (and no offload): exit 1, with the misses listed. */
 Test(plan, nothing_fits_exits_1, .timeout = 300)
 {
-    const char *argv[] = {"plan", "--model", "llama-2-13b", "--gpu", "a10g", "--seq", "256",
-                          "--no-offload", "--max-batch", "2", NULL};
+    const char *argv[] = {"plan", "--model",      "llama-2-13b", "--gpu", "a10g", "--seq",
+                          "256",  "--no-offload", "--max-batch", "2",     NULL};
     g_autofree char *out = NULL;
     cr_expect_eq(tu_run_memsim(argv, &out, NULL), 1);
     cr_expect(strstr(out, "nothing fits") && strstr(out, "closest that do not fit"), "%s", out);

@@ -107,8 +107,8 @@ void cost_step(const CostInput *in, CostResult *out)
     double tp = in->tp > 0 ? in->tp : 1, pp = in->pp > 0 ? in->pp : 1;
     double b = (double)in->batch, mb = in->n_micro > 0 ? in->n_micro : 1;
     bool megatron = in->method == MEMSIM_METHOD_MEGATRON;
-    double peak = (in->precision == MEMSIM_PREC_FP32 ? in->gpu->fp32_tflops : in->gpu->bf16_tflops) *
-                  1e12;
+    double peak =
+        (in->precision == MEMSIM_PREC_FP32 ? in->gpu->fp32_tflops : in->gpu->bf16_tflops) * 1e12;
     double rate = peak * in->efficiency * in->compute_fraction;
     double hbm = in->gpu->hbm_gbs * 1e9 * in->memory_fraction;
 
@@ -178,7 +178,8 @@ void cost_step(const CostInput *in, CostResult *out)
         double hops = in->schedule == MEMSIM_PP_INTERLEAVED && in->v > 1 ? in->v : 1;
         double ppc = ipp > 1 ? mb * 2.0 * act * hops / (bw(in, itp * dp * ipp) * 1e9) : 0.0;
         double stage = psi / (tp * pp);
-        double dpc = gather(4.0 * stage, dp, bw(in, itp * dp)) + gather(cb * stage, dp, bw(in, itp * dp));
+        double dpc =
+            gather(4.0 * stage, dp, bw(in, itp * dp)) + gather(cb * stage, dp, bw(in, itp * dp));
         comm = tpc + ppc + dpc;
         shard = stage / dp;
         break;
@@ -205,7 +206,7 @@ void cost_step(const CostInput *in, CostResult *out)
                   out->optimizer_s + out->other_s;
     double replicas = megatron ? (in->dp > 0 ? in->dp : 1)
                       : in->method == MEMSIM_METHOD_NONE && !in->replicas ? 1
-                                                                           : gpus;
+                                                                          : gpus;
     out->tokens = replicas * b * mb * s;
     out->tokens_per_s = out->tokens / out->step_s;
 }

@@ -8,35 +8,35 @@
 typedef struct {
     const MemsimModel *model;
     const MemsimGpu *gpu;
-    double compute_fraction;   /* MIG: the slice's SMs / the GPU's SMs; 1 = whole GPU */
-    double memory_fraction;    /* MIG: the slice's share of HBM bandwidth; 1 = whole GPU */
-    double efficiency;         /* of the tensor-core peak */
-    double network_gbs;        /* per GPU between nodes */
+    double compute_fraction; /* MIG: the slice's SMs / the GPU's SMs; 1 = whole GPU */
+    double memory_fraction;  /* MIG: the slice's share of HBM bandwidth; 1 = whole GPU */
+    double efficiency;       /* of the tensor-core peak */
+    double network_gbs;      /* per GPU between nodes */
     int gpus, gpus_per_node;
     MemsimPrecision precision;
     MemsimFinetune finetune;
     int lora_rank;
     int64_t seq;
     /* the configuration */
-    MemsimMethod method;       /* NONE: one GPU or replicas */
+    MemsimMethod method; /* NONE: one GPU or replicas */
     gboolean replicas;
-    int tp, pp, dp, v;         /* megatron degrees and virtual stages */
+    int tp, pp, dp, v; /* megatron degrees and virtual stages */
     MemsimPipeSchedule schedule;
     MemsimCheckpointing checkpointing;
-    int64_t batch;             /* micro-batch */
-    int n_micro;               /* micro-batches per step per replica */
+    int64_t batch; /* micro-batch */
+    int n_micro;   /* micro-batches per step per replica */
     gboolean offload;
 } CostInput;
 
 typedef struct {
-    double compute_s;          /* forward + backward */
-    double recompute_s;        /* checkpointing */
-    double bubble_s;           /* pipeline idle time */
-    double comm_s;             /* exposed collectives: data-parallel, TP, pipeline p2p */
-    double optimizer_s;        /* the optimizer step (on the CPU with offload) */
-    double other_s;            /* QLoRA dequantisation traffic */
+    double compute_s;   /* forward + backward */
+    double recompute_s; /* checkpointing */
+    double bubble_s;    /* pipeline idle time */
+    double comm_s;      /* exposed collectives: data-parallel, TP, pipeline p2p */
+    double optimizer_s; /* the optimizer step (on the CPU with offload) */
+    double other_s;     /* QLoRA dequantisation traffic */
     double step_s;
-    double tokens;             /* per step, all replicas */
+    double tokens; /* per step, all replicas */
     double tokens_per_s;
 } CostResult;
 

@@ -7,8 +7,8 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
-static const char *method_key[] = {"none", "ddp",  "zero1", "zero2",   "zero3",
-                                   "fsdp", "fsdp-grad-op", "hsdp", "megatron"};
+static const char *method_key[] = {"none", "ddp",          "zero1", "zero2",   "zero3",
+                                   "fsdp", "fsdp-grad-op", "hsdp",  "megatron"};
 static const char *ckpt_key[] = {"none", "full", "selective"};
 static const char *sched_key[] = {"1f1b", "gpipe", "interleaved"};
 
@@ -86,14 +86,15 @@ static void header_line(GString *s)
 static void describe_row(GString *s, const MemsimPlanRow *r)
 {
     char a[32], b[32], c[32], d[32];
-    g_string_append_printf(s, "%s, micro-batch %" G_GINT64_FORMAT " × %d %s (%" G_GINT64_FORMAT
-                              " sequences per step), checkpointing %s, %s allocator: %s per "
-                              "step, %s tokens/s, %s per GPU (%s headroom)",
-                           r->label, r->batch, r->grad_accum,
-                           r->pp > 1 ? "micro-batches" : "accumulation",
-                           r->global_batch, ckpt_key[r->checkpointing],
-                           r->expandable ? "expandable_segments" : "default", fsecs(r->step_s, a),
-                           fnum(r->tokens_per_s, b), fb(r->peak, c), fb((memsim_size_t)r->headroom, d));
+    g_string_append_printf(
+        s,
+        "%s, micro-batch %" G_GINT64_FORMAT " × %d %s (%" G_GINT64_FORMAT
+        " sequences per step), checkpointing %s, %s allocator: %s per "
+        "step, %s tokens/s, %s per GPU (%s headroom)",
+        r->label, r->batch, r->grad_accum, r->pp > 1 ? "micro-batches" : "accumulation",
+        r->global_batch, ckpt_key[r->checkpointing],
+        r->expandable ? "expandable_segments" : "default", fsecs(r->step_s, a),
+        fnum(r->tokens_per_s, b), fb(r->peak, c), fb((memsim_size_t)r->headroom, d));
     if (r->offload) {
         char h[32];
         g_string_append_printf(s, ", optimizer state on the CPU: %s host memory per GPU",
@@ -116,11 +117,12 @@ static void ranks_lines(GString *s, const MemsimPlanRow *r)
 
 static void sweep_line(GString *s, const MemsimPlan *p)
 {
-    g_string_append_printf(s, "sweep:    %u configurations, %" G_GUINT64_FORMAT
-                              " candidates with micro-batches and allocator settings; %u traces "
-                              "generated, %u replays; pruned: %u by the memory bound, %u "
-                              "replays by the exact allocator's bound, %u by the cost model; "
-                              "%.2f s on %d thread(s)\n",
+    g_string_append_printf(s,
+                           "sweep:    %u configurations, %" G_GUINT64_FORMAT
+                           " candidates with micro-batches and allocator settings; %u traces "
+                           "generated, %u replays; pruned: %u by the memory bound, %u "
+                           "replays by the exact allocator's bound, %u by the cost model; "
+                           "%.2f s on %d thread(s)\n",
                            p->n_configs, p->n_candidates, p->n_generated, p->n_replays,
                            p->n_pruned_bound, p->n_pruned_exact, p->n_pruned_cost, p->elapsed_s,
                            p->threads);
@@ -142,9 +144,10 @@ char *memsim_plan_to_text(const MemsimPlan *p)
     sweep_line(s, p);
     if (p->n_mig) {
         g_string_append_printf(s, "\nMIG slices of %s, one job per slice:\n", p->gpu);
-        g_string_append_printf(s, "  %-9s %10s %4s %8s  %-4s %4s %5s  %-9s  %-10s %10s %11s %12s %13s\n",
-                               "slice", "memory", "SMs", "jobs/GPU", "fits", "mb", "accum", "ckpt",
-                               "alloc", "peak", "headroom", "tokens/s/job", "tokens/s/GPU");
+        g_string_append_printf(
+            s, "  %-9s %10s %4s %8s  %-4s %4s %5s  %-9s  %-10s %10s %11s %12s %13s\n", "slice",
+            "memory", "SMs", "jobs/GPU", "fits", "mb", "accum", "ckpt", "alloc", "peak", "headroom",
+            "tokens/s/job", "tokens/s/GPU");
         const MemsimPlanMig *best = NULL, *small = NULL;
         for (guint i = 0; i < p->n_mig; i++) {
             const MemsimPlanMig *m = &p->mig[i];
@@ -153,11 +156,11 @@ char *memsim_plan_to_text(const MemsimPlan *p)
             g_string_append_printf(s, "  %-9s %10s %4d %8d  %-4s ", m->name, fb(m->memory, a),
                                    m->sms, m->instances, m->fits ? "yes" : "no");
             if (m->fits)
-                g_string_append_printf(s, "%4" G_GINT64_FORMAT " %5d  %-9s  %-10s %10s %11s %12s %13s\n",
-                                       r->batch, r->grad_accum, ckpt_key[r->checkpointing],
-                                       alloc_word(r), fb(r->peak, b), fsigned(r->headroom, c),
-                                       fnum(r->tokens_per_s, d),
-                                       fnum(r->tokens_per_s * m->instances, e));
+                g_string_append_printf(
+                    s, "%4" G_GINT64_FORMAT " %5d  %-9s  %-10s %10s %11s %12s %13s\n", r->batch,
+                    r->grad_accum, ckpt_key[r->checkpointing], alloc_word(r), fb(r->peak, b),
+                    fsigned(r->headroom, c), fnum(r->tokens_per_s, d),
+                    fnum(r->tokens_per_s * m->instances, e));
             else if (r->label)
                 g_string_append_printf(s, "%4s %5s  %-9s  %-10s %s%9s %11s\n", "", "", "", "",
                                        r->bound_only ? "≥" : " ", fb(r->peak, b),
@@ -192,8 +195,9 @@ char *memsim_plan_to_text(const MemsimPlan *p)
             row_line(s, (int)i + 1, &p->rows[i]);
     }
     if (p->n_misses) {
-        g_string_append_printf(s, "\nclosest that do not fit%s (peak at the smallest "
-                                  "micro-batch; headroom negative: the miss):\n",
+        g_string_append_printf(s,
+                               "\nclosest that do not fit%s (peak at the smallest "
+                               "micro-batch; headroom negative: the miss):\n",
                                p->n_rows ? ", each faster than #1" : "");
         header_line(s);
         for (guint i = 0; i < p->n_misses; i++)
@@ -388,9 +392,10 @@ static void csv_row(GString *s, const char *kind, int rank, const char *slice,
     csv_field(s, slice);
     g_string_append_c(s, ',');
     csv_field(s, r->label);
-    g_string_append_printf(s, ",%s,%d,%d,%d,%s,%d,%" G_GINT64_FORMAT ",%d,%" G_GINT64_FORMAT
-                              ",%s,%s,%d,%.6g,%.6g,%" G_GUINT64_FORMAT ",%" G_GINT64_FORMAT
-                              ",%" G_GUINT64_FORMAT ",%d,",
+    g_string_append_printf(s,
+                           ",%s,%d,%d,%d,%s,%d,%" G_GINT64_FORMAT ",%d,%" G_GINT64_FORMAT
+                           ",%s,%s,%d,%.6g,%.6g,%" G_GUINT64_FORMAT ",%" G_GINT64_FORMAT
+                           ",%" G_GUINT64_FORMAT ",%d,",
                            r->replicas ? "replicas" : method_key[r->method], r->tp, r->pp, r->dp,
                            r->pp > 1 ? sched_key[r->schedule] : "", r->virtual_stages, r->batch,
                            r->grad_accum, r->global_batch, ckpt_key[r->checkpointing],

@@ -16,12 +16,14 @@
  * FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, Megatron tp × pp × dp with the 1F1B and
  * interleaved schedules, GPipe on request) with degrees that divide the GPU count, the
  * micro-batch (largest that fits, by bisection), activation checkpointing (none, selective,
- * full) and the allocator setting (expandable_segments). Each candidate is generated and
- * replayed exactly as `memsim estimate` would (the row's `command` re-runs it); candidates
- * that cannot fit are pruned first by lower bounds on memory, and candidates that cannot
- * reach the top rows by the cost model. Step times come from the documented cost model of
- * traces/cost.c: a ranking aid, not a promise. LoRA and QLoRA are single-GPU programs in the
- * generator: with gpus > 1 they are planned as independent data-parallel replicas.
+ * full) and the allocator setting (expandable_segments). A row is a layout (a method with
+ * its degrees) with its fastest configuration. Each candidate is generated and replayed
+ * exactly as `memsim estimate` would (the row's `command` re-runs it); candidates that
+ * cannot fit are pruned first by lower bounds on memory, and candidates that cannot reach
+ * the top rows by the cost model (traces/plan.c states the assumptions). Step times come
+ * from the documented cost model of traces/cost.c: a ranking aid, not a promise. LoRA and
+ * QLoRA are single-GPU programs in the generator: with gpus > 1 they are planned as
+ * independent data-parallel replicas.
  */
 #ifndef MEMSIM_PLAN_H
 #define MEMSIM_PLAN_H
@@ -49,28 +51,28 @@ typedef struct {
      * finetune, LoRA, torch version, cuBLAS workspace); NULL = memsim_run_defaults(). Its
      * batch, grad-accum, checkpointing and distribution are what the plan chooses. Borrowed. */
     const MemsimRun *run;
-    int gpus;                  /* GPUs in all, ≥ 1 */
-    const char *gpu;           /* GPU profile (memsim_gpu_names()); NULL = a100-80gb */
-    memsim_size_t gpu_mem;     /* device memory; 0 = the profile's */
-    int gpus_per_node;         /* 0 = 8 */
-    int64_t global_batch;      /* sequences per optimizer step; 0 = one micro-batch per
-                                  replica and step (pipelines: pp micro-batches) */
-    guint methods;             /* MemsimPlanMethods; 0 = all */
-    guint checkpointing;       /* bits 1 << MemsimCheckpointing; 0 = none, selective, full */
-    guint schedules;           /* bits 1 << MemsimPipeSchedule; 0 = 1f1b and interleaved */
-    int64_t max_batch;         /* largest micro-batch tried; 0 = 256 (or the per-replica batch) */
-    gboolean no_expandable;    /* leave expandable_segments out of the sweep */
-    gboolean no_offload;       /* never fall back to CPU offload of the optimizer state */
-    gboolean mig;              /* one GPU: which MIG slices the job fits in */
-    int top;                   /* ranked rows kept (default 5); 0 = every row */
-    int misses;                /* closest misses kept (default 5) */
-    gboolean exhaustive;       /* every candidate and micro-batch, nothing pruned, no
-                                  bisection (slow; to check the pruned sweep) */
-    int threads;               /* 0 = one per processor */
+    int gpus;                    /* GPUs in all, ≥ 1 */
+    const char *gpu;             /* GPU profile (memsim_gpu_names()); NULL = a100-80gb */
+    memsim_size_t gpu_mem;       /* device memory; 0 = the profile's */
+    int gpus_per_node;           /* 0 = 8 */
+    int64_t global_batch;        /* sequences per optimizer step; 0 = one micro-batch per
+                                    replica and step (pipelines: pp micro-batches) */
+    guint methods;               /* MemsimPlanMethods; 0 = all */
+    guint checkpointing;         /* bits 1 << MemsimCheckpointing; 0 = none, selective, full */
+    guint schedules;             /* bits 1 << MemsimPipeSchedule; 0 = 1f1b and interleaved */
+    int64_t max_batch;           /* largest micro-batch tried; 0 = 256 (or the per-replica batch) */
+    gboolean no_expandable;      /* leave expandable_segments out of the sweep */
+    gboolean no_offload;         /* never fall back to CPU offload of the optimizer state */
+    gboolean mig;                /* one GPU: which MIG slices the job fits in */
+    int top;                     /* ranked layouts kept (default 5); 0 = every one */
+    int misses;                  /* closest misses kept (default 5) */
+    gboolean exhaustive;         /* every candidate and micro-batch, nothing pruned, no
+                                    bisection (slow; to check the pruned sweep) */
+    int threads;                 /* 0 = one per processor */
     memsim_size_t context_bytes; /* CUDA context and libraries (MEMSIM_ESTIMATE_CONTEXT_DEFAULT) */
-    memsim_size_t nccl_bytes;  /* per NCCL communicator; 0 = the measured defaults */
-    double efficiency;         /* fraction of the tensor-core peak reached; 0 = 0.5 */
-    double network_gbs;        /* per-GPU bandwidth between nodes, GB/s; 0 = 25 */
+    memsim_size_t nccl_bytes;    /* per NCCL communicator; 0 = the measured defaults */
+    double efficiency;           /* fraction of the tensor-core peak reached; 0 = 0.5 */
+    double network_gbs;          /* per-GPU bandwidth between nodes, GB/s; 0 = 25 */
     /* (optional) Called from the worker threads, one at a time, after each configuration;
      * `done` of `total`. */
     void (*progress)(guint done, guint total, gpointer user);
@@ -79,77 +81,80 @@ typedef struct {
 
 /* One simulated rank role of a configuration (all ranks of a role are alike). */
 typedef struct {
-    uint32_t rank;             /* its first device */
+    uint32_t rank; /* its first device */
     uint32_t multiplicity;
     char *role;
     memsim_size_t peak_allocated;
     memsim_size_t peak_reserved;
-    memsim_size_t device_total; /* peak reserved + context + NCCL: what nvidia-smi shows */
+    memsim_size_t device_total;    /* peak reserved + context + NCCL: what nvidia-smi shows */
     memsim_size_t optimizer_state; /* allocated at the optimizer step (offload) */
 } MemsimPlanRank;
 
-/* One configuration and its best micro-batch. */
+/* A layout's row: its fastest configuration (schedule, checkpointing) and micro-batch; or,
+ * among the misses, one configuration at its smallest micro-batch. */
 typedef struct {
-    char *label;               /* "zero3", "megatron tp 2 pp 4 dp 1 (interleaved)", ... */
-    MemsimMethod method;       /* NONE: one GPU, or independent replicas */
-    gboolean replicas;         /* LoRA/QLoRA on several GPUs: single-GPU programs, DDP-like */
-    int tp, pp, dp;            /* dp: data-parallel replicas (all GPUs for ZeRO/FSDP/DDP) */
+    char *label;         /* "zero3", "megatron tp 2 pp 4 dp 1 (interleaved)", ... */
+    MemsimMethod method; /* NONE: one GPU, or independent replicas */
+    gboolean replicas;   /* LoRA/QLoRA on several GPUs: single-GPU programs, DDP-like */
+    int tp, pp, dp;      /* dp: data-parallel replicas (all GPUs for ZeRO/FSDP/DDP) */
     MemsimPipeSchedule schedule;
     int virtual_stages;
-    int64_t batch;             /* micro-batch per replica */
-    int grad_accum;            /* micro-batches per step (pipelines: --microbatches) */
-    int64_t global_batch;      /* sequences per step */
+    int64_t batch;        /* micro-batch per replica */
+    int grad_accum;       /* micro-batches per step (pipelines: --microbatches) */
+    int64_t global_batch; /* sequences per step */
     MemsimCheckpointing checkpointing;
-    gboolean expandable;       /* needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True */
-    gboolean offload;          /* optimizer state on the CPU (approximation, see notes) */
-    memsim_size_t host_bytes;  /* offload: host memory per GPU */
+    gboolean expandable;      /* needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True */
+    gboolean offload;         /* optimizer state on the CPU (approximation, see notes) */
+    memsim_size_t host_bytes; /* offload: host memory per GPU */
     /* the cost model (traces/cost.c) */
     double step_s, tokens_per_s;
     double compute_s, comm_s, bubble_s, optimizer_s;
     /* memory: peak = the largest device total over ranks */
     memsim_size_t peak;
-    int64_t headroom;          /* gpu_mem − peak; negative: misses by that much */
-    gboolean bound_only;       /* a miss known from a lower bound only (not simulated) */
+    int64_t headroom;    /* gpu_mem − peak; negative: misses by that much */
+    gboolean bound_only; /* a miss known from a lower bound only (not simulated) */
     uint32_t n_ranks;
     MemsimPlanRank *ranks;
-    char *command;             /* the `memsim estimate` command that re-estimates it */
-    char *recipe;              /* the same settings in DeepSpeed / FSDP / Megatron words */
+    char *command; /* the `memsim estimate` command that re-estimates it */
+    char *recipe;  /* the same settings in DeepSpeed / FSDP / Megatron words */
 } MemsimPlanRow;
 
 /* A MIG slice profile and what fits in it (MemsimPlanOptions.mig). */
 typedef struct {
-    char name[16];             /* "1g.10gb" */
-    memsim_size_t memory;      /* usable memory as nvidia-smi mig -lgip lists it */
-    int sms;                   /* its streaming multiprocessors */
-    int instances;             /* how many one GPU holds at once */
+    char name[16];        /* "1g.10gb" */
+    memsim_size_t memory; /* usable memory as nvidia-smi mig -lgip lists it */
+    int sms;              /* its streaming multiprocessors */
+    int instances;        /* how many one GPU holds at once */
     gboolean fits;
-    MemsimPlanRow best;        /* the fastest configuration in the slice (when it fits) */
+    MemsimPlanRow best; /* the fastest configuration in the slice (when it fits) */
 } MemsimPlanMig;
 
 typedef struct {
     char *model;
-    char *run;                 /* the kept run settings, described */
+    char *run; /* the kept run settings, described */
     char *gpu;
     memsim_size_t gpu_mem;
     int gpus, gpus_per_node;
-    int64_t global_batch;      /* 0 = free */
-    guint n_rows;              /* configurations that fit, fastest first */
+    int64_t global_batch; /* 0 = free */
+    guint n_rows;         /* layouts that fit, fastest first (at most `top`) */
     MemsimPlanRow *rows;
-    guint n_misses;            /* closest that do not fit (those faster than rows[0]) */
+    guint n_misses; /* configurations that do not fit at their smallest
+                       micro-batch and would beat rows[0] (all, when nothing
+                       fits): the fastest `misses` of them, by how much they miss */
     MemsimPlanRow *misses;
     guint n_mig;
     MemsimPlanMig *mig;
-    char **notes;              /* NULL-terminated: assumptions that applied */
+    char **notes; /* NULL-terminated: assumptions that applied */
     /* the sweep */
-    guint n_configs;           /* configurations (method, degrees, schedule, checkpointing) */
-    guint64 n_candidates;      /* × micro-batches × allocator settings */
-    guint n_generated;         /* traces generated */
-    guint n_replays;           /* replays through an allocator */
-    guint n_pruned_bound;      /* configurations ruled out by the model-state lower bound */
-    guint n_pruned_exact;      /* replays saved by the exact allocator's lower bound */
-    guint n_pruned_cost;       /* configurations that could not reach the top rows */
+    guint n_configs;      /* configurations (method, degrees, schedule, checkpointing) */
+    guint64 n_candidates; /* × micro-batches × allocator settings */
+    guint n_generated;    /* traces generated */
+    guint n_replays;      /* replays through an allocator */
+    guint n_pruned_bound; /* configurations ruled out by the model-state lower bound */
+    guint n_pruned_exact; /* replays saved by the exact allocator's lower bound */
+    guint n_pruned_cost;  /* configurations that could not reach the top rows */
     int threads;
-    double elapsed_s;          /* wall-clock seconds */
+    double elapsed_s; /* wall-clock seconds */
 } MemsimPlan;
 
 /* The defaults: top 5, 5 misses, all methods, the three checkpointing modes, 1F1B and
