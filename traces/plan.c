@@ -91,17 +91,17 @@ typedef struct {
 } MigProfile;
 
 static const MigProfile mig_profiles[] = {
-    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},      {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
-    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},    {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
-    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},    {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
-    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},    {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
-    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},    {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
-    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},    {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
-    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},    {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
-    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},    {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
-    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1},   {"h200", "1g.18gb", 17536, 16, 1, 7},
-    {"h200", "1g.35gb", 35456, 26, 2, 4},         {"h200", "2g.35gb", 35456, 32, 2, 3},
-    {"h200", "3g.71gb", 71424, 60, 4, 2},         {"h200", "4g.71gb", 71424, 64, 4, 1},
+    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},    {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
+    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},  {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
+    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},  {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
+    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},  {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
+    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},  {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
+    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},  {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
+    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},  {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
+    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},  {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
+    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1}, {"h200", "1g.18gb", 17536, 16, 1, 7},
+    {"h200", "1g.35gb", 35456, 26, 2, 4},       {"h200", "2g.35gb", 35456, 32, 2, 3},
+    {"h200", "3g.71gb", 71424, 60, 4, 2},       {"h200", "4g.71gb", 71424, 64, 4, 1},
     {"h200", "7g.141gb", 143360, 132, 8, 1},
 };
 
@@ -114,52 +114,52 @@ static int full_sms(const char *gpu)
 
 typedef struct {
     gboolean done;
-    gboolean failed;          /* the generator refused it (the message is kept) */
-    gboolean fits;            /* under some allocator setting (or with offload) */
-    gboolean expandable;      /* fits only with expandable_segments */
-    gboolean measured;        /* the figures are a full replay (fits, or the miss measured
-                                 without a memory limit) */
-    memsim_size_t peak;       /* largest device total (offload: minus the optimizer state) */
-    memsim_size_t host;       /* offload: largest optimizer state */
+    gboolean failed;     /* the generator refused it (the message is kept) */
+    gboolean fits;       /* under some allocator setting (or with offload) */
+    gboolean expandable; /* fits only with expandable_segments */
+    gboolean measured;   /* the figures are a full replay (fits, or the miss measured
+                            without a memory limit) */
+    memsim_size_t peak;  /* largest device total (offload: minus the optimizer state) */
+    memsim_size_t host;  /* offload: largest optimizer state */
     uint32_t n_ranks;
     MemsimPlanRank *ranks;
     char *error;
 } Probe;
 
 typedef struct {
-    int idx;                  /* enumeration order: the last tie-break */
+    int idx; /* enumeration order: the last tie-break */
     MemsimMethod method;
     gboolean replicas;
     int tp, pp, dp, v;
     MemsimPipeSchedule schedule;
     MemsimCheckpointing ckpt;
-    int replicas_n;           /* data-parallel replicas */
+    int replicas_n; /* data-parallel replicas */
     int nb;
-    int64_t *bs;              /* micro-batches, ascending */
-    int *n_micro;             /* micro-batches per step at each b */
-    CostResult *cost;         /* at each b */
-    double best_tps;          /* the best any b could do */
-    memsim_size_t bound;      /* lower bound of the device total (state + context + NCCL) */
+    int64_t *bs;         /* micro-batches, ascending */
+    int *n_micro;        /* micro-batches per step at each b */
+    CostResult *cost;    /* at each b */
+    double best_tps;     /* the best any b could do */
+    memsim_size_t bound; /* lower bound of the device total (state + context + NCCL) */
     gboolean pruned_bound, pruned_cost;
     Probe *probes;
-    int row;                  /* the chosen b, or −1 */
-    gboolean miss;            /* b = bs[0] does not fit */
-    int fam;                  /* its family (same method and degrees) */
-    int64_t fit_max;          /* largest b known to fit (0: none), by its own probes or
-                                 inferred from a family member that needs more memory */
-    int64_t fail_min;         /* smallest b known not to fit (G_MAXINT64: none) */
+    int row;          /* the chosen b, or −1 */
+    gboolean miss;    /* b = bs[0] does not fit */
+    int fam;          /* its family (same method and degrees) */
+    int64_t fit_max;  /* largest b known to fit (0: none), by its own probes or
+                         inferred from a family member that needs more memory */
+    int64_t fail_min; /* smallest b known not to fit (G_MAXINT64: none) */
 } Group;
 
 /* Configurations with the same method and degrees: their peaks are ordered by the
  * checkpointing mode (full ≤ selective ≤ none) and the schedule (1F1B ≤ interleaved,
  * 1F1B ≤ GPipe), so what one probe shows about one member says something of the others. */
 typedef struct {
-    int first, n;             /* groups[first .. first + n) */
-    double best_tps;          /* the best any member could do */
-    gboolean likely;          /* its fastest member is guessed to fit (the order only) */
+    int first, n;    /* groups[first .. first + n) */
+    double best_tps; /* the best any member could do */
+    double likely;   /* its fastest member at the smallest b guessed to fit (the order only) */
     gboolean pruned_bound;
-    gboolean pruned_cost;     /* could not reach the top rows */
-    int row;                  /* the member whose row is the family's, or −1 */
+    gboolean pruned_cost; /* could not reach the top rows */
+    int row;              /* the member whose row is the family's, or −1 */
 } Degrees;
 
 typedef struct {
@@ -170,9 +170,9 @@ typedef struct {
     MemsimRun base;
     memsim_size_t gpu_mem, ctx;
     double compute_fraction, memory_fraction;
-    gboolean offload;         /* the offload phase */
-    int K;                    /* rows that matter (G_MAXINT = all) */
-    double *known;            /* per family: the fastest row known to be possible (0: none) */
+    gboolean offload; /* the offload phase */
+    int K;            /* rows that matter (G_MAXINT = all) */
+    double *known;    /* per family: the fastest row known to be possible (0: none) */
     Group *groups;
     int n_groups;
     Degrees *fams;
@@ -182,8 +182,8 @@ typedef struct {
     guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
 } Sweep;
 
-static const char *method_names[] = {"one GPU", "ddp",  "zero1", "zero2",   "zero3",
-                                     "fsdp",    "fsdp-grad-op", "hsdp", "megatron"};
+static const char *method_names[] = {"one GPU", "ddp",          "zero1", "zero2",   "zero3",
+                                     "fsdp",    "fsdp-grad-op", "hsdp",  "megatron"};
 static const char *ckpt_names[] = {"none", "full", "selective"};
 static const char *sched_names[] = {"1f1b", "gpipe", "interleaved"};
 
@@ -237,8 +237,8 @@ gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits,
             for (gsize i = 0; i < G_N_ELEMENTS(words); i++)
                 if (strcmp(words[i].key, key) == 0)
                     g_string_append_printf(known, "%s%s", known->len ? ", " : "", words[i].word);
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                        "%s: unknown '%s' (known: %s)", key, w, known->str);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: unknown '%s' (known: %s)",
+                        key, w, known->str);
             g_string_free(known, TRUE);
             return FALSE;
         }
@@ -262,7 +262,7 @@ static memsim_size_t nccl_of(const MemsimRun *run, memsim_size_t per)
         int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
         for (int i = 0; i < 3; i++)
             if (groups[i] > 1)
-                nccl += per ? per
+                nccl += per              ? per
                         : groups[i] == 2 ? (memsim_size_t)544000000
                                          : (memsim_size_t)688000000;
     }
@@ -433,10 +433,10 @@ static memsim_size_t state_bound(const Sweep *sw, const Group *g, gboolean with_
     return (memsim_size_t)floor(b * 0.999); /* floating-point slack: stay below */
 }
 
-/* A rough peak at the smallest b, only to take first the layouts likely to fit (their rows
- * raise the threshold early); it decides nothing. The model-state bound plus Korthikanti et
- * al.'s activations per layer (s b H (10 + 24/tp) bytes, or the 2 s b H of its input with
- * full recomputation) times the layers in flight on the first stage. */
+/* A rough peak at the smallest b, only to take first the layouts whose fast members likely
+ * fit (their rows raise the threshold early); it decides nothing. The model-state bound plus
+ * Korthikanti et al.'s activations per layer (s b H (10 + 24/tp) bytes, or the 2 s b H of its input
+ * with full recomputation) times the layers in flight on the first stage. */
 static double guess_peak(const Sweep *sw, const Group *g)
 {
     double s = (double)sw->base.seq, b = (double)g->bs[0], H = (double)sw->model->H,
@@ -445,7 +445,8 @@ static double guess_peak(const Sweep *sw, const Group *g)
     double per = g->ckpt == MEMSIM_CKPT_FULL ? 2.0 * s * b * H : s * b * H * (10.0 + 24.0 / tp);
     double layers = L;
     if (g->method == MEMSIM_METHOD_MEGATRON && g->pp > 1) {
-        double inflight = g->schedule == MEMSIM_PP_GPIPE ? g->n_micro[0] : MIN(g->n_micro[0], g->pp);
+        double inflight =
+            g->schedule == MEMSIM_PP_GPIPE ? g->n_micro[0] : MIN(g->n_micro[0], g->pp);
         layers = inflight * L / g->pp * (g->schedule == MEMSIM_PP_INTERLEAVED ? 1.5 : 1.0);
     }
     return (double)g->bound + per * layers;
@@ -540,7 +541,7 @@ static void add_group(Sweep *sw, GArray *out, MemsimMethod meth, int tp, int pp,
         g.v = v;
         g.schedule = sched;
         g.ckpt = ck;
-        g.replicas_n = meth == MEMSIM_METHOD_MEGATRON ? dp
+        g.replicas_n = meth == MEMSIM_METHOD_MEGATRON              ? dp
                        : meth == MEMSIM_METHOD_NONE && !g.replicas ? 1
                                                                    : sw->opt.gpus;
         if (!fill_batches(sw, &g)) {
@@ -563,8 +564,8 @@ static gboolean enumerate(Sweep *sw, GError **error)
     const MemsimPlanOptions *o = &sw->opt;
     guint meth = o->methods ? o->methods : MEMSIM_PLAN_ALL;
     guint ckpts = o->checkpointing ? o->checkpointing : 7u;
-    guint scheds = o->schedules ? o->schedules
-                                : (1u << MEMSIM_PP_1F1B) | (1u << MEMSIM_PP_INTERLEAVED);
+    guint scheds =
+        o->schedules ? o->schedules : (1u << MEMSIM_PP_1F1B) | (1u << MEMSIM_PP_INTERLEAVED);
     int gpus = o->gpus, gpn = sw->base.gpus_per_node;
     guint64 bad = 0;
     GArray *out = g_array_new(FALSE, FALSE, sizeof(Group));
@@ -575,9 +576,12 @@ static gboolean enumerate(Sweep *sw, GError **error)
             guint bit;
             MemsimMethod m;
         } dpm[] = {
-            {MEMSIM_PLAN_DDP, MEMSIM_METHOD_DDP},     {MEMSIM_PLAN_ZERO1, MEMSIM_METHOD_ZERO1},
-            {MEMSIM_PLAN_ZERO2, MEMSIM_METHOD_ZERO2}, {MEMSIM_PLAN_ZERO3, MEMSIM_METHOD_ZERO3},
-            {MEMSIM_PLAN_FSDP, MEMSIM_METHOD_FSDP},   {MEMSIM_PLAN_FSDP_GRAD_OP, MEMSIM_METHOD_FSDP_GRAD_OP},
+            {MEMSIM_PLAN_DDP, MEMSIM_METHOD_DDP},
+            {MEMSIM_PLAN_ZERO1, MEMSIM_METHOD_ZERO1},
+            {MEMSIM_PLAN_ZERO2, MEMSIM_METHOD_ZERO2},
+            {MEMSIM_PLAN_ZERO3, MEMSIM_METHOD_ZERO3},
+            {MEMSIM_PLAN_FSDP, MEMSIM_METHOD_FSDP},
+            {MEMSIM_PLAN_FSDP_GRAD_OP, MEMSIM_METHOD_FSDP_GRAD_OP},
             {MEMSIM_PLAN_HSDP, MEMSIM_METHOD_HSDP},
         };
         for (gsize i = 0; i < G_N_ELEMENTS(dpm); i++) {
@@ -624,7 +628,7 @@ static gboolean enumerate(Sweep *sw, GError **error)
         Degrees *last = fams->len ? &g_array_index(fams, Degrees, fams->len - 1) : NULL;
         const Group *h = last ? &sw->groups[last->first] : NULL;
         if (!h || h->method != g->method || h->tp != g->tp || h->pp != g->pp || h->dp != g->dp) {
-            Degrees f = {i, 0, 0, FALSE, FALSE, FALSE, -1};
+            Degrees f = {i, 0, 0, 0, FALSE, FALSE, -1};
             g_array_append_val(fams, f);
             last = &g_array_index(fams, Degrees, fams->len - 1);
         }
@@ -798,7 +802,8 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
                 }
             }
             if (try_exp) {
-                MemsimReport *x = replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
+                MemsimReport *x =
+                    replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
                 if (report_fits(x)) {
                     p->fits = p->expandable = p->measured = TRUE;
                     probe_take(p, x, FALSE);
@@ -1008,28 +1013,40 @@ static void family_search(Sweep *sw, Degrees *f)
             m->miss = TRUE;
             continue;
         }
-        if (m->fit_max >= m->bs[0] || m->cost[0].tokens_per_s < MAX(T, have)) {
-            /* its smallest b fits, or does not matter: aim at the b that does */
-            refine(sw, m, have);
+        if (m->fit_max >= m->bs[0]) {
+            refine(sw, m, have); /* its smallest b fits: aim at the b that matters */
             continue;
         }
-        /* settle bs[0] of m's chain: the middle of its open members, or the lower of two */
+        /* the smallest b of m that matters, unsettled: probe the middle of m's chain of
+         * checkpointing modes at that b (or the lower of two), whose fit tells about the
+         * lighter members and whose miss about the heavier */
+        int lo, hi, j0 = 0;
+        bounds(m, &lo, &hi);
+        while (j0 < hi - 1 && m->cost[j0].tokens_per_s < MAX(T, have))
+            j0++;
+        int64_t b = m->bs[j0];
         Group *chain[3];
-        int n = 0;
+        int at[3], n = 0;
         for (int rank = 0; rank < 3; rank++)
             for (int i = f->first; i < f->first + f->n; i++) {
                 Group *g = &sw->groups[i];
-                if (g->schedule == m->schedule && ckpt_rank(g->ckpt) == rank && open_member(g) &&
-                    g->fit_max < g->bs[0] && g->fail_min > g->bs[0])
-                    chain[n++] = g;
+                if (g->schedule != m->schedule || ckpt_rank(g->ckpt) != rank || !open_member(g) ||
+                    g->fit_max >= b || g->fail_min <= b)
+                    continue;
+                for (int j = 0; j < g->nb; j++)
+                    if (g->bs[j] == b) {
+                        chain[n] = g;
+                        at[n++] = j;
+                    }
             }
         Group *g = chain[(n - 1) / 2];
-        probe(sw, g, 0, TRUE); /* a miss here may be shown: measure it */
-        if (!g->probes[0].failed)
-            learn(sw, g, g->bs[0], g->probes[0].fits);
-        if (g->probes[0].fits)
+        int j = at[(n - 1) / 2];
+        probe(sw, g, j, j == 0); /* a miss at the smallest b may be shown: measure it */
+        if (!g->probes[j].failed)
+            learn(sw, g, b, g->probes[j].fits);
+        if (g->probes[j].fits)
             know_family(sw, g);
-        if (g->probes[0].failed)
+        if (g->probes[j].failed)
             g->miss = TRUE; /* the generator refused it: no memory to learn from */
     }
 }
@@ -1057,8 +1074,9 @@ static void worker(gpointer data, gpointer user)
     f->row = -1;
     for (int i = f->first; i < f->first + f->n; i++) {
         const Group *g = &sw->groups[i];
-        if (g->row >= 0 && (f->row < 0 || g->cost[g->row].tokens_per_s >
-                                              sw->groups[f->row].cost[sw->groups[f->row].row].tokens_per_s))
+        if (g->row >= 0 &&
+            (f->row < 0 || g->cost[g->row].tokens_per_s >
+                               sw->groups[f->row].cost[sw->groups[f->row].row].tokens_per_s))
             f->row = i;
     }
     g_mutex_lock(&sw->lock);
@@ -1072,7 +1090,7 @@ static int by_speed(gconstpointer a, gconstpointer b)
 {
     const Degrees *x = *(Degrees *const *)a, *y = *(Degrees *const *)b;
     if (x->likely != y->likely)
-        return x->likely ? -1 : 1;
+        return x->likely > y->likely ? -1 : 1;
     if (x->best_tps != y->best_tps)
         return x->best_tps > y->best_tps ? -1 : 1;
     return x->first - y->first;
@@ -1124,17 +1142,17 @@ static void run_phase(Sweep *sw)
         f->pruned_bound = f->pruned_cost = FALSE;
         f->row = -1;
         sw->known[k] = 0;
-        const Group *fastest = NULL;
+        f->likely = 0;
         for (int i = f->first; i < f->first + f->n; i++) {
             Group *g = &sw->groups[i];
-            if (g->nb && (!fastest || g->best_tps > fastest->best_tps))
-                fastest = g;
+            if (g->nb && g->cost[0].tokens_per_s > f->likely &&
+                guess_peak(sw, g) <= (double)sw->gpu_mem)
+                f->likely = g->cost[0].tokens_per_s;
             if (g->best_tps > f->best_tps)
                 f->best_tps = g->best_tps;
             if (!sw->opt.exhaustive && g->bound > sw->gpu_mem)
                 f->pruned_bound = g->pruned_bound = TRUE;
         }
-        f->likely = fastest && guess_peak(sw, fastest) <= (double)sw->gpu_mem;
         if (f->pruned_bound)
             sw->n_pruned_bound += (guint)f->n;
         g_ptr_array_add(order, f);
@@ -1238,8 +1256,9 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
         flag(s, "keep-outputs", "true");
     if (r->device_cpu)
         flag(s, "device", "cpu");
-    if (r->fsdp_wrap_model && (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
-                               r->method == MEMSIM_METHOD_HSDP))
+    if (r->fsdp_wrap_model &&
+        (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
+         r->method == MEMSIM_METHOD_HSDP))
         flag(s, "fsdp-wrap", "model");
     if (r->gpus_per_node != d.gpus_per_node)
         flag_int(s, "gpus-per-node", r->gpus_per_node);
@@ -1264,15 +1283,17 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
 }
 
 /* The configuration in the words of the framework that runs it. */
-static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandable, gboolean offload)
+static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandable,
+                       gboolean offload)
 {
     const MemsimRun *b = &sw->base;
     GString *s = g_string_new(NULL);
     int64_t mb = g->bs[j];
     int acc = g->n_micro[j];
-    const char *ckpt_hf = g->ckpt == MEMSIM_CKPT_FULL        ? "gradient_checkpointing=True"
-                          : g->ckpt == MEMSIM_CKPT_SELECTIVE ? "selective recomputation of the attention core"
-                                                             : "no activation checkpointing";
+    const char *ckpt_hf = g->ckpt == MEMSIM_CKPT_FULL ? "gradient_checkpointing=True"
+                          : g->ckpt == MEMSIM_CKPT_SELECTIVE
+                              ? "selective recomputation of the attention core"
+                              : "no activation checkpointing";
     const char *prec = b->precision == MEMSIM_PREC_FP32 ? "fp32"
                        : b->precision == MEMSIM_PREC_FP16_MIXED || b->precision == MEMSIM_PREC_FP16
                            ? "fp16"
@@ -1280,29 +1301,35 @@ static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandab
     switch (g->method) {
     case MEMSIM_METHOD_NONE:
         if (g->replicas)
-            g_string_append_printf(s, "torchrun --nproc_per_node %d (DDP over %d independent "
-                                      "replicas of the single-GPU run); ",
-                                   sw->opt.gpus < b->gpus_per_node ? sw->opt.gpus : b->gpus_per_node,
-                                   sw->opt.gpus);
-        g_string_append_printf(s, "Trainer: per_device_train_batch_size=%" G_GINT64_FORMAT
-                                  ", gradient_accumulation_steps=%d, %s=True, %s",
+            g_string_append_printf(
+                s,
+                "torchrun --nproc_per_node %d (DDP over %d independent "
+                "replicas of the single-GPU run); ",
+                sw->opt.gpus < b->gpus_per_node ? sw->opt.gpus : b->gpus_per_node, sw->opt.gpus);
+        g_string_append_printf(s,
+                               "Trainer: per_device_train_batch_size=%" G_GINT64_FORMAT
+                               ", gradient_accumulation_steps=%d, %s=True, %s",
                                mb, acc, prec, ckpt_hf);
         if (b->finetune != MEMSIM_FT_FULL)
-            g_string_append_printf(s, ", peft LoRA r=%d%s", b->lora_rank,
-                                   b->finetune == MEMSIM_FT_QLORA ? " on a 4-bit (bitsandbytes nf4) base" : "");
+            g_string_append_printf(
+                s, ", peft LoRA r=%d%s", b->lora_rank,
+                b->finetune == MEMSIM_FT_QLORA ? " on a 4-bit (bitsandbytes nf4) base" : "");
         break;
     case MEMSIM_METHOD_DDP:
-        g_string_append_printf(s, "torchrun, DistributedDataParallel (bucket_cap_mb=25) over %d "
-                                  "GPUs: per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d "
-                                  "(no_sync between), autocast %s, %s",
+        g_string_append_printf(s,
+                               "torchrun, DistributedDataParallel (bucket_cap_mb=25) over %d "
+                               "GPUs: per-GPU batch %" G_GINT64_FORMAT
+                               ", gradient_accumulation_steps=%d "
+                               "(no_sync between), autocast %s, %s",
                                sw->opt.gpus, mb, acc, prec, ckpt_hf);
         break;
     case MEMSIM_METHOD_ZERO1:
     case MEMSIM_METHOD_ZERO2:
     case MEMSIM_METHOD_ZERO3:
-        g_string_append_printf(s, "DeepSpeed: zero_optimization.stage=%d, "
-                                  "train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
-                                  ", gradient_accumulation_steps=%d, %s.enabled=true, %s%s",
+        g_string_append_printf(s,
+                               "DeepSpeed: zero_optimization.stage=%d, "
+                               "train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
+                               ", gradient_accumulation_steps=%d, %s.enabled=true, %s%s",
                                g->method == MEMSIM_METHOD_ZERO1   ? 1
                                : g->method == MEMSIM_METHOD_ZERO2 ? 2
                                                                   : 3,
@@ -1312,27 +1339,31 @@ static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandab
     case MEMSIM_METHOD_FSDP:
     case MEMSIM_METHOD_FSDP_GRAD_OP:
     case MEMSIM_METHOD_HSDP:
-        g_string_append_printf(s, "torchrun, FSDP: sharding_strategy=%s, auto_wrap_policy="
-                                  "transformer decoder layer, MixedPrecision(param_dtype=%s), "
-                                  "per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d, %s%s",
-                               g->method == MEMSIM_METHOD_FSDP           ? "FULL_SHARD"
-                               : g->method == MEMSIM_METHOD_FSDP_GRAD_OP ? "SHARD_GRAD_OP"
-                                                                         : "HYBRID_SHARD",
-                               prec, mb, acc, ckpt_hf,
-                               offload ? ", optimizer state on the CPU (DeepSpeed-style offload)" : "");
+        g_string_append_printf(
+            s,
+            "torchrun, FSDP: sharding_strategy=%s, auto_wrap_policy="
+            "transformer decoder layer, MixedPrecision(param_dtype=%s), "
+            "per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d, %s%s",
+            g->method == MEMSIM_METHOD_FSDP           ? "FULL_SHARD"
+            : g->method == MEMSIM_METHOD_FSDP_GRAD_OP ? "SHARD_GRAD_OP"
+                                                      : "HYBRID_SHARD",
+            prec, mb, acc, ckpt_hf,
+            offload ? ", optimizer state on the CPU (DeepSpeed-style offload)" : "");
         break;
     case MEMSIM_METHOD_MEGATRON: {
         int64_t G = (int64_t)g->dp * mb * acc;
-        g_string_append_printf(s, "Megatron-LM: --tensor-model-parallel-size %d "
-                                  "--pipeline-model-parallel-size %d",
+        g_string_append_printf(s,
+                               "Megatron-LM: --tensor-model-parallel-size %d "
+                               "--pipeline-model-parallel-size %d",
                                g->tp, g->pp);
         if (g->schedule == MEMSIM_PP_INTERLEAVED)
             g_string_append_printf(s, " --num-layers-per-virtual-pipeline-stage %" G_GINT64_FORMAT,
                                    sw->model->L / (g->pp * g->v));
-        g_string_append_printf(s, " --micro-batch-size %" G_GINT64_FORMAT
-                                  " --global-batch-size %" G_GINT64_FORMAT
-                                  " --seq-length %" G_GINT64_FORMAT " --%s "
-                                  "--use-distributed-optimizer",
+        g_string_append_printf(s,
+                               " --micro-batch-size %" G_GINT64_FORMAT
+                               " --global-batch-size %" G_GINT64_FORMAT
+                               " --seq-length %" G_GINT64_FORMAT " --%s "
+                               "--use-distributed-optimizer",
                                mb, G, b->seq, prec);
         if (g->ckpt == MEMSIM_CKPT_FULL)
             g_string_append(s, " --recompute-granularity full --recompute-method uniform");
@@ -1647,8 +1678,7 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         return NULL;
     }
     if (opt.global_batch < 0 || opt.max_batch < 0 || opt.top < 0 || opt.misses < 0) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: must not be negative",
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: must not be negative",
                     opt.global_batch < 0 ? "global-batch"
                     : opt.max_batch < 0  ? "max-batch"
                     : opt.top < 0        ? "top"
@@ -1681,7 +1711,8 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     memsim_size_t gpu_mem = opt.gpu_mem ? opt.gpu_mem : gpu->memory;
     if (!opt.mig && gpu_mem <= opt.context_bytes) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
+                    "gpu-mem: %" G_GUINT64_FORMAT
+                    " bytes leave nothing after the %" G_GUINT64_FORMAT
                     " bytes of CUDA context and libraries",
                     gpu_mem, opt.context_bytes);
         return NULL;
@@ -1696,12 +1727,14 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     plan->global_batch = opt.global_batch;
     plan->threads = opt.threads > 0 ? opt.threads : (int)g_get_num_processors();
     GPtrArray *notes = g_ptr_array_new_with_free_func(g_free);
-    g_ptr_array_add(notes, g_strdup_printf(
-        "step times come from a simple cost model (traces/cost.c): compute at %.0f%% of the "
-        "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
-        "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
-        "promise",
-        opt.efficiency * 100, opt.network_gbs));
+    g_ptr_array_add(
+        notes,
+        g_strdup_printf(
+            "step times come from a simple cost model (traces/cost.c): compute at %.0f%% of the "
+            "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
+            "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
+            "promise",
+            opt.efficiency * 100, opt.network_gbs));
     gboolean offloaded = FALSE;
     if (opt.mig) {
         GArray *mig = g_array_new(FALSE, TRUE, sizeof(MemsimPlanMig));
@@ -1762,9 +1795,11 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         }
         plan->n_mig = mig->len;
         plan->mig = (MemsimPlanMig *)g_array_free(mig, FALSE);
-        g_ptr_array_add(notes, g_strdup(
-            "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, compute "
-            "scaled by the slice's SMs, memory bandwidth by its memory slices"));
+        g_ptr_array_add(
+            notes,
+            g_strdup(
+                "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, compute "
+                "scaled by the slice's SMs, memory bandwidth by its memory slices"));
     } else {
         if (!sweep_run(model, &opt, gpu, gpu_mem, 1.0, 1.0, plan, &plan->rows, &plan->n_rows,
                        &plan->misses, &plan->n_misses, &offloaded, error)) {
@@ -1774,20 +1809,26 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         }
     }
     if (opt.gpus > 1 && base.finetune != MEMSIM_FT_FULL)
-        g_ptr_array_add(notes, g_strdup_printf(
-            "%s runs on one GPU in the generator: %d GPUs are planned as independent "
-            "data-parallel replicas (DDP-like; each GPU runs the single-GPU program; DDP's "
-            "NCCL buffers and its all-reduce of the adapter gradients are not in the peaks)",
-            base.finetune == MEMSIM_FT_LORA ? "LoRA" : "QLoRA", opt.gpus));
+        g_ptr_array_add(
+            notes,
+            g_strdup_printf(
+                "%s runs on one GPU in the generator: %d GPUs are planned as independent "
+                "data-parallel replicas (DDP-like; each GPU runs the single-GPU program; DDP's "
+                "NCCL buffers and its all-reduce of the adapter gradients are not in the peaks)",
+                base.finetune == MEMSIM_FT_LORA ? "LoRA" : "QLoRA", opt.gpus));
     if (offloaded)
-        g_ptr_array_add(notes, g_strdup(
-            "nothing fits on the GPUs alone: rows keep the optimizer state (fp32 master and "
-            "moments) in CPU memory — the peak is the simulated one minus that state (an "
-            "approximation: offload buffers are not modelled; memsim estimate shows the peak "
-            "before subtracting), host memory per GPU as listed"));
+        g_ptr_array_add(
+            notes,
+            g_strdup(
+                "nothing fits on the GPUs alone: rows keep the optimizer state (fp32 master and "
+                "moments) in CPU memory — the peak is the simulated one minus that state (an "
+                "approximation: offload buffers are not modelled; memsim estimate shows the peak "
+                "before subtracting), host memory per GPU as listed"));
     if (!opt.exhaustive)
-        g_ptr_array_add(notes, g_strdup(
-            "the largest micro-batch is found by bisection, assuming the peak grows with it"));
+        g_ptr_array_add(
+            notes,
+            g_strdup(
+                "the largest micro-batch is found by bisection, assuming the peak grows with it"));
     g_ptr_array_add(notes, NULL);
     plan->notes = (char **)g_ptr_array_free(notes, FALSE);
     plan->elapsed_s = (double)(g_get_monotonic_time() - t0) / 1e6;
