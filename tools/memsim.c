@@ -784,7 +784,7 @@ static int cmd_plan(int argc, char **argv)
         {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
          "NCCL memory per communicator (default 544MB for 2 ranks, 688MB for more)", "SIZE"},
         {"efficiency", 0, 0, G_OPTION_ARG_DOUBLE, &efficiency,
-         "Fraction of the bf16 peak the cost model assumes (default 0.5)", "F"},
+         "Fraction of the tensor-core peak the cost model assumes (default 0.5)", "F"},
         {"network-gbs", 0, 0, G_OPTION_ARG_DOUBLE, &network,
          "Per-GPU bandwidth between nodes in GB/s for the cost model (default 25)", "GBS"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
@@ -794,8 +794,9 @@ static int cmd_plan(int argc, char **argv)
         "plan", "",
         "Sweep the distributed methods and their degrees, micro-batches, activation "
         "checkpointing and allocator settings of a run on --gpus × --gpu, simulate each "
-        "candidate as memsim estimate does, and rank those that fit by estimated step time; "
-        "then the closest misses, the recommendation and the command that re-estimates it.",
+        "candidate as memsim estimate does, and rank the layouts that fit by estimated tokens "
+        "per second; then the closest misses, the recommendation and the command that "
+        "re-estimates it.",
         "The run options set what the plan keeps (seq, precision, optimizer, finetune, ...); "
         "--gpus, --gpu and --gpus-per-node describe the cluster. Step times come from a simple "
         "cost model: a ranking aid, not a promise. Exit status: 0 something fits, 1 nothing "
