@@ -64,7 +64,7 @@ static void row_line(GString *s, int rank, const MemsimPlanRow *r)
         g_string_append_printf(s, "%3d  ", rank);
     else
         g_string_append(s, "     ");
-    g_string_append_printf(s, "%-30s %4" G_GINT64_FORMAT " %5d  %-9s  %-10s %9s %12s  %s%10s %11s",
+    g_string_append_printf(s, "%-33s %4" G_GINT64_FORMAT " %5d  %-9s  %-10s %9s %12s  %s%10s %11s",
                            r->label, r->batch, r->grad_accum, ckpt_key[r->checkpointing],
                            r->bound_only ? "-" : alloc_word(r), fsecs(r->step_s, a),
                            fnum(r->tokens_per_s, b), r->bound_only ? "≥" : " ", fb(r->peak, c),
@@ -78,7 +78,7 @@ static void row_line(GString *s, int rank, const MemsimPlanRow *r)
 
 static void header_line(GString *s)
 {
-    g_string_append_printf(s, "%3s  %-30s %4s %5s  %-9s  %-10s %9s %12s  %10s %11s\n", "#",
+    g_string_append_printf(s, "%3s  %-33s %4s %5s  %-9s  %-10s %9s %12s  %10s %11s\n", "#",
                            "configuration", "mb", "accum", "ckpt", "alloc", "step", "tokens/s",
                            "peak/GPU", "headroom");
 }
