@@ -818,10 +818,7 @@ static int cmd_plan(int argc, char **argv)
         fprintf(stderr, "memsim plan: --model is required (see memsim plan --help)\n");
         goto out;
     }
-    o.run = &run;
-    o.gpus = run.gpus;
-    o.gpu = run.gpu;
-    o.gpus_per_node = run.gpus_per_node;
+    memsim_plan_options_use_run(&o, &run);
     o.global_batch = global_batch;
     o.max_batch = max_batch;
     o.mig = mig;
@@ -834,12 +831,12 @@ static int cmd_plan(int argc, char **argv)
     o.efficiency = efficiency;
     o.network_gbs = network;
     o.progress = plan_progress;
-    if ((gpu_mem && !memsim_parse_size(gpu_mem, &o.gpu_mem, &error)) ||
-        (context && !memsim_parse_size(context, &o.context_bytes, &error)) ||
-        (nccl && !memsim_parse_size(nccl, &o.nccl_bytes, &error)) ||
-        (methods && !memsim_plan_parse_list("methods", methods, &o.methods, &error)) ||
-        (schedules && !memsim_plan_parse_list("schedules", schedules, &o.schedules, &error)) ||
-        (ckpts && !memsim_plan_parse_list("checkpointing", ckpts, &o.checkpointing, &error)) ||
+    if ((gpu_mem && !memsim_plan_options_set(&o, "gpu-mem", gpu_mem, &error)) ||
+        (context && !memsim_plan_options_set(&o, "cuda-context", context, &error)) ||
+        (nccl && !memsim_plan_options_set(&o, "nccl-mem", nccl, &error)) ||
+        (methods && !memsim_plan_options_set(&o, "methods", methods, &error)) ||
+        (schedules && !memsim_plan_options_set(&o, "schedules", schedules, &error)) ||
+        (ckpts && !memsim_plan_options_set(&o, "checkpointing-modes", ckpts, &error)) ||
         !(m = memsim_model_load(model, &error))) {
         rc = report_error("plan", error);
         goto out;

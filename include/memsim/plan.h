@@ -167,6 +167,21 @@ MemsimPlanOptions memsim_plan_options_defaults(void);
  * FALSE with an error naming the unknown word. */
 gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits, GError **error);
 
+/* For bindings that cannot lay out the struct: new options at the defaults (free with
+ * memsim_plan_options_free). */
+MemsimPlanOptions *memsim_plan_options_new(void);
+void memsim_plan_options_free(MemsimPlanOptions *opt);
+/* Sets one option from text; `key` is the flag of `memsim plan` without "--" (global-batch,
+ * gpu-mem, mig, methods, schedules, checkpointing-modes, max-batch, no-expandable,
+ * no-offload, top, misses, exhaustive, threads, cuda-context, nccl-mem, efficiency,
+ * network-gbs; flags take true/false). FALSE with a MEMSIM_ERROR_BAD_INPUT error naming the
+ * key and the bad value, leaving the options as they were. */
+gboolean memsim_plan_options_set(MemsimPlanOptions *opt, const char *key, const char *value,
+                                 GError **error);
+/* Plans for `run` (borrowed; NULL = the defaults): sets opt->run and takes the cluster from
+ * the run's gpus, gpu and gpus-per-node (memsim_run_set keys). */
+void memsim_plan_options_use_run(MemsimPlanOptions *opt, const MemsimRun *run);
+
 /* Sweeps, simulates and ranks. Returns a new plan (memsim_plan_free), or NULL with a
  * MEMSIM_ERROR_BAD_INPUT error naming the bad option (no GPUs, an unknown GPU, a global
  * batch no candidate can divide, no MIG profiles for the GPU, ...). A plan with no rows is

@@ -108,6 +108,52 @@ class Estimate(unittest.TestCase):
         self.assertIn("no-such-setting", str(cm.exception))
 
 
+class Plan(unittest.TestCase):
+    RUNS = [
+        ("opt-125m", dict(gpus=2, gpu="a100-40gb", seq=512, methods=["ddp", "zero3"], top=3)),
+        ("gpt2", dict(gpus=4, gpu="v100-16gb", seq=256, global_batch=16,
+                      checkpointing_modes="none,full", no_expandable=True, threads=1)),
+        ("opt-125m", dict(gpus=1, gpu="a100-40gb", seq=256, mig=True, max_batch=8)),
+    ]
+
+    @staticmethod
+    def timeless(d):
+        """The plan without its wall time (the only figure that differs between runs)."""
+        d["sweep"].pop("elapsed_s")
+        return d
+
+    def test_same_dict_as_the_command(self):
+        for model, run in self.RUNS:
+            with self.subTest(model=model, run=run):
+                args = []
+                for k, v in run.items():
+                    name = "--" + k.replace("_", "-")
+                    if v is True:
+                        args.append(name)
+                    else:
+                        args += [name, ",".join(v) if isinstance(v, list) else v]
+                got = self.timeless(memsim.plan(model, **run))
+                want = self.timeless(cli_json("plan", "--model", model, *args))
+                self.assertEqual(got, want)
+                self.assertTrue(got["rows"] or got["mig"])
+
+    def test_errors(self):
+        same = Estimate.assert_same_error
+        # Zero GPUs, an unknown GPU (the message lists the known ones), a global batch that
+        # no layout divides, a bad method word.
+        same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=0)), "--model", "gpt2",
+             "--gpus", "0", exact=False)
+        same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=2, gpu="b200")), "--model",
+             "gpt2", "--gpus", "2", "--gpu", "b200")
+        same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=4, global_batch=6)), "--model",
+             "gpt2", "--gpus", "4", "--global-batch", "6")
+        same(self, "plan", memsim.plan, (("gpt2",), dict(methods="zero4")), "--model", "gpt2",
+             "--methods", "zero4")
+        with self.assertRaises(memsim.Error) as cm:
+            memsim.plan("gpt2", gpu="b200")
+        self.assertIn("h100-80gb", str(cm.exception))
+
+
 class Replay(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

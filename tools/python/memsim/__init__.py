@@ -7,13 +7,15 @@
     r["ranks"][0]["fits"]
     memsim.replay("run.pickle", alloc_conf="expandable_segments:True")
     memsim.compare("run.pickle", allocators="torch,exact")
+    memsim.plan("llama-3-8b", gpus=8, gpu="a100-40gb", seq=4096, global_batch=64)
 
     with memsim.record("step.txt", model=model, optimizer=opt) as rec:   # needs torch
         with rec.step(1):
             ...
 
 Each function returns the plain dict that the matching command prints with --json
-(`memsim estimate --json`, `memsim replay --json`, `memsim compare --json`). Bad input
+(`memsim estimate --json`, `memsim replay --json`, `memsim compare --json`,
+`memsim plan --json`). Bad input
 raises memsim.Error whose message is the one the command prints after "memsim CMD: ".
 
 Run settings are keyword arguments named as the command's flags with underscores for
@@ -27,8 +29,6 @@ MEMSIM_LIBRARY; the installed one beside this package (written at install time);
 ctypes.util.find_library("memsim"); a build folder (build*/) of the source tree this file
 lies in. The library is thread-safe for distinct calls; ctypes releases the GIL while it
 runs, so threads estimate in parallel.
-
-There is no plan() yet.
 """
 
 import contextlib
@@ -40,7 +40,7 @@ import os
 import tempfile
 import threading
 
-__all__ = ["Error", "estimate", "replay", "compare", "models", "convert", "record",
+__all__ = ["Error", "estimate", "plan", "replay", "compare", "models", "convert", "record",
            "library_path"]
 
 
@@ -181,6 +181,14 @@ def _load_locked():
         fn("memsim_comparison_set_device", None, P, ctypes.c_uint64, ctypes.c_uint64)
         fn("memsim_comparison_to_json", P, P)
         fn("memsim_comparison_free", None, P)
+    if hasattr(lib, "memsim_plan_options_new"):  # libraries from before plan() lack it
+        fn("memsim_plan_options_new", P)
+        fn("memsim_plan_options_free", None, P)
+        fn("memsim_plan_options_set", B, P, S, S, _ERR)
+        fn("memsim_plan_options_use_run", None, P, ctypes.POINTER(_Run))
+        fn("memsim_plan", P, P, P, _ERR)
+        fn("memsim_plan_to_json", P, P)
+        fn("memsim_plan_free", None, P)
     _glib = glib
     _lib = lib
     return lib
@@ -273,6 +281,56 @@ def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=No
             lib.memsim_report_free(rep)
         if m:
             lib.memsim_model_free(m)
+        lib.memsim_run_clear(ctypes.byref(r))
+
+
+# The options of `memsim plan` that are not run settings (memsim_plan_options_set keys).
+_PLAN_KEYS = frozenset(("global-batch", "gpu-mem", "mig", "methods", "schedules",
+                        "checkpointing-modes", "max-batch", "no-expandable", "no-offload",
+                        "top", "misses", "exhaustive", "threads", "cuda-context", "nccl-mem",
+                        "efficiency", "network-gbs"))
+
+
+def plan(model, **kwargs):
+    """The fastest configuration that fits, as `memsim plan --json` prints it: the ranked
+    "rows", the closest "misses", the "recommended" one, "mig" slices, "notes" and the
+    "sweep" figures (whose elapsed_s is the wall time of this call).
+
+    model: a preset name or a config.json path. The plan options are keyword arguments
+    named as the command's flags with underscores for dashes: global_batch, gpu_mem, mig,
+    methods (a list or "zero3,fsdp"), schedules, checkpointing_modes, max_batch,
+    no_expandable, no_offload, top, misses, exhaustive, threads, cuda_context, nccl_mem,
+    efficiency, network_gbs; every other keyword is a run setting as for estimate(), the
+    cluster among them: gpus, gpu, gpus_per_node. The sweep runs on the library's worker
+    threads with the GIL released. Raises Error on bad input."""
+    lib = _load()
+    if not hasattr(lib, "memsim_plan_options_new"):
+        raise Error("this libmemsim has no planner (memsim_plan_options_new)")
+    run = {k: v for k, v in kwargs.items() if k.replace("_", "-") not in _PLAN_KEYS}
+    opts = [(k.replace("_", "-"), v) for k, v in kwargs.items()
+            if k.replace("_", "-") in _PLAN_KEYS]
+    r = lib.memsim_run_defaults()
+    o = lib.memsim_plan_options_new()
+    m = p = None
+    try:
+        # In the command's order: the run flags, the plan options, then the model.
+        _apply_run(lib, r, run)
+        lib.memsim_plan_options_use_run(o, ctypes.byref(r))
+        for key, v in opts:
+            _call(lib.memsim_plan_options_set, o, _b(key), _b(_value(v)))
+        m = _call(lib.memsim_model_load, _b(_value(model)))
+        p = _call(lib.memsim_plan, m, o)
+        s = lib.memsim_plan_to_json(p)
+        try:
+            return json.loads(ctypes.string_at(s).decode("utf-8"))
+        finally:
+            _glib.g_free(s)
+    finally:
+        if p:
+            lib.memsim_plan_free(p)
+        if m:
+            lib.memsim_model_free(m)
+        lib.memsim_plan_options_free(o)
         lib.memsim_run_clear(ctypes.byref(r))
 
 
