@@ -377,3 +377,81 @@ Test(distributed, korthikanti_table_2, .timeout = 600)
         cr_log_info("t=%d %s%s: %+.4f%%", rows[i].t, rows[i].ckpt, rows[i].sp ? " +SP" : "", 100 * e);
     }
 }
+
+/* The most bytes of category `cat` the program of rank 0 holds at once (between its ALLOC
+ * and FREE events, the program's view), over the events of `phase` (or all, with -1). */
+static int64_t peak_live(MemsimTrace *t, uint8_t cat, int phase)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    GHashTable *size = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    int64_t live = 0, best = 0;
+    int cur = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP) {
+            cur = h->ops[ev[i].id].phase;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC && ev[i].category == cat) {
+            int64_t *k = g_new(int64_t, 1);
+            *k = (int64_t)ev[i].id;
+            g_hash_table_insert(size, k, GSIZE_TO_POINTER((gsize)ev[i].size));
+            live += (int64_t)ev[i].size;
+        } else if (ev[i].kind == MEMSIM_EV_FREE) {
+            int64_t k = (int64_t)ev[i].id;
+            gpointer v;
+            if (g_hash_table_lookup_extended(size, &k, NULL, &v)) {
+                live -= (int64_t)GPOINTER_TO_SIZE(v);
+                g_hash_table_remove(size, &k);
+            }
+        }
+        if ((phase < 0 || cur == phase) && live > best)
+            best = live;
+    }
+    g_hash_table_unref(size);
+    return best;
+}
+
+/* ZeRO-3 and FSDP FULL_SHARD gather one decoder layer at a time: besides this rank's
+ * partition, at most the layer computing and the one prefetched (DISTRIBUTED.md §2.4.3,
+ * §3.5) plus the root unit are gathered — in forward, in backward, and in the recompute
+ * forward of full checkpointing. Llama-2-7B on N = 8, from its config: a layer holds
+ * 4·4096² + 3·4096·11008 + 2·4096 elements, the root 2·32000·4096 + 4096; gathered in bf16
+ * and padded to a multiple of N. The partition: ZeRO-3's bf16 lp_param_buffer of Ψ padded to
+ * 2N over N; FSDP's fp32 shards of ⌈numel/N⌉ per unit. The whole step, parameter
+ * materialisation included, holds at most one unit in fp32 besides: the model is never
+ * whole on the GPU. */
+Test(distributed, sharded_parameters_gathered_per_layer, .timeout = 300)
+{
+    const int N = 8;
+    int64_t layer = 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096;
+    int64_t root = 2LL * 32000 * 4096 + 4096;
+    int64_t psi = 32 * layer + root;
+    int64_t gl = 2 * N * ((layer + N - 1) / N), gr = 2 * N * ((root + N - 1) / N);
+    const char *methods[] = {"zero3", "fsdp"};
+    const char *ckpts[] = {"none", "full"};
+    for (gsize i = 0; i < G_N_ELEMENTS(methods); i++)
+        for (gsize j = 0; j < G_N_ELEMENTS(ckpts); j++) {
+            int64_t part = strcmp(methods[i], "zero3") == 0
+                               ? 2 * ((psi + 2 * N - 1) / (2 * N) * (2 * N)) / N
+                               : 4 * (32 * ((layer + N - 1) / N) + (root + N - 1) / N);
+            const char *settings[] = {"gpus", "8", "method", methods[i], "seq", "256",
+                                      "checkpointing", ckpts[j], NULL};
+            MemsimTrace *t = NULL;
+            MemsimReport *rep = run_dist("llama-2-7b", settings, &t);
+            int64_t bw = peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD);
+            int64_t fw = peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_FORWARD);
+            int64_t any = peak_live(t, MEMSIM_CAT_PARAMETER, -1);
+            int64_t bound = part + gr + 2 * gl;
+            cr_expect(bw <= bound, "%s %s: backward holds %" G_GINT64_FORMAT " parameter bytes, "
+                      "partition + root + 2 layers = %" G_GINT64_FORMAT, methods[i], ckpts[j], bw,
+                      bound);
+            cr_expect(fw <= bound, "%s %s: forward holds %" G_GINT64_FORMAT ", bound %"
+                      G_GINT64_FORMAT, methods[i], ckpts[j], fw, bound);
+            cr_expect(bw >= part + gr + gl, "%s %s: backward gathers a layer besides the root",
+                      methods[i], ckpts[j]);
+            cr_expect(any <= part + 4 * root + gr + 2 * gl, "%s %s: %" G_GINT64_FORMAT
+                      " parameter bytes at once", methods[i], ckpts[j], any);
+            memsim_report_free(rep);
+            memsim_trace_free(t);
+        }
+}

@@ -350,7 +350,13 @@ AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requi
 {
     uint8_t old = g->ctx.category;
     g->ctx.category = category;
-    AgTensor *t = gt_empty(g, dt, nd, shape);
+    AgTensor *t;
+    if (g->ctx.meta_params && category == MEMSIM_CAT_PARAMETER) {
+        t = tensor_alloc(nd, shape, dt);
+        t->st = gg_storage_new(g, (uint64_t)gt_nbytes(t), false);
+    } else {
+        t = gt_empty(g, dt, nd, shape);
+    }
     g->ctx.category = old;
     t->is_leaf = true;
     t->requires_grad = requires_grad;

@@ -124,6 +124,7 @@ typedef struct {
     int autocast;     /* 0 off, else the DType of autocast (DT_BF16 / DT_F16) */
     struct AgCkpt *ckpt; /* the checkpointed region being run, if any */
     uint16_t stream;     /* the current stream: where new storages are allocated */
+    bool meta_params;    /* parameter leaves get no storage yet (meta device, zero.Init) */
 } AgContext;
 
 /* Hooks of a distributed method (all optional). */
@@ -186,7 +187,8 @@ void gt_contiguous_strides(int nd, const int64_t *shape, int64_t *stride);
 /* Strides of a view of t with a new shape, if one exists (PyTorch's computeStride). */
 bool gt_view_strides(const AgTensor *t, int nd, const int64_t *shape, int64_t *stride);
 
-/* Parameters and inputs (leaves). */
+/* Parameters and inputs (leaves). With ctx.meta_params a parameter's storage is created
+ * non-resident (no allocation): the method materialises it itself. */
 AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requires_grad,
                  uint8_t category);
 

@@ -25,6 +25,13 @@
  * when dp = 1); micro-batches scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
  * stage input received into a fresh buffer and the output freed once sent.
  *
+ * The sharded methods (zero3, fsdp*) build the model without parameter storage and
+ * materialise one unit at a time (zero.Init; FSDP wrapping unit by unit), so the model is
+ * never whole on a GPU. Gathered units: in forward the current (and for ZeRO-3 the next)
+ * layer, in backward the current and the prefetched one; a unit is released when the
+ * backward moves past it (its post-backward), with or without checkpointing. The root
+ * (embeddings, final norm, head) is gathered for the whole forward and backward.
+ *
  * Simplifications, stated: ZeRO-3's reuse-distance and persistence-threshold rules keep no
  * parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
  * padded parameters; collectives of symmetric ranks need no meeting (all ranks of a role
@@ -69,6 +76,7 @@ typedef struct {
     GPtrArray *params;    /* the unit's parameter tensors (not references) */
     int64_t numel, shard_numel;
     int pending;          /* gradients not yet produced in this backward */
+    int trainable;        /* the unit's parameters that require grad */
     bool root;
 } Unit;
 
@@ -92,6 +100,8 @@ typedef struct {
     /* FSDP / ZeRO-3 units */
     Unit *units;
     int n_units;
+    GHashTable *unit_of_param; /* parameter → unit index + 1 */
+    int bw_unit;           /* the unit whose backward runs now (-1 before the first) */
     GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
     double comm_us_per_byte;
 } Dist;
@@ -191,9 +201,14 @@ static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
     if (!d->units)
         return;
     int u = unit_of(d, layer);
+    /* the post-backward of the unit whose backward just ended (ZeRO-3's release_sub_module;
+     * FSDP's post-backward reshard, already done by the gradient hook when the unit trains) */
+    if (d->bw_unit >= 0 && d->bw_unit != u && !d->units[d->bw_unit].root)
+        reshard(d, d->bw_unit);
+    d->bw_unit = u;
     unshard(d, u);
     if (u > 0 && u - 1 < d->n_units - 1)
-        unshard(d, u - 1); /* BACKWARD_PRE prefetch */
+        unshard(d, u - 1); /* backward prefetch of the next unit */
 }
 
 static void reduce_unit_grads(Dist *d, Unit *un)
@@ -308,14 +323,14 @@ static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
         break;
     case MEMSIM_METHOD_FSDP:
     case MEMSIM_METHOD_FSDP_GRAD_OP:
-    case MEMSIM_METHOD_HSDP:
-        for (int u = 0; u < d->n_units; u++)
-            for (guint i = 0; i < d->units[u].params->len; i++)
-                if (d->units[u].params->pdata[i] == p && --d->units[u].pending == 0) {
-                    reshard(d, u);
-                    reduce_unit_grads(d, &d->units[u]);
-                }
+    case MEMSIM_METHOD_HSDP: {
+        int u = GPOINTER_TO_INT(g_hash_table_lookup(d->unit_of_param, p)) - 1;
+        if (u >= 0 && --d->units[u].pending == 0) {
+            reshard(d, u);
+            reduce_unit_grads(d, &d->units[u]);
+        }
         break;
+    }
     default:
         break;
     }
@@ -332,7 +347,9 @@ static int64_t count_trainable(Model *md)
 }
 
 /* Re-homes the parameters of each unit into one non-resident flat storage (FSDP
- * FlatParameter / ZeRO-3 gather buffer): the build's own storages are released at once. */
+ * FlatParameter / ZeRO-3 gather buffer). The model was built without parameter storage
+ * (meta device / zero.Init): each unit is materialised on its own, sharded, and its full
+ * copy freed, so only one unit's unsharded parameters exist at a time. */
 static void make_units(Dist *d, DType compute_dt)
 {
     Model *md = &d->md;
@@ -340,48 +357,68 @@ static void make_units(Dist *d, DType compute_dt)
     int L = (int)md->m->L;
     d->n_units = d->run->fsdp_wrap_model ? 1 : L + 1;
     d->units = g_new0(Unit, d->n_units);
+    d->unit_of_param = g_hash_table_new(NULL, NULL);
+    d->bw_unit = -1;
     for (int u = 0; u < d->n_units; u++) {
         d->units[u].params = g_ptr_array_new();
         d->units[u].root = u == d->n_units - 1;
     }
     /* which unit a parameter belongs to: its layer, found through the Layer structs */
-    for (guint i = 0; i < md->trainable->len; i++) {
-        AgTensor *p = md->trainable->pdata[i];
-        int unit = d->n_units - 1;
-        for (int l = 0; l < L && d->n_units > 1; l++) {
-            const Layer *ly = &md->layers[l];
-            const AgTensor *const cand[] = {ly->q.w,  ly->q.b,    ly->k.w,    ly->k.b,   ly->v.w,
-                                            ly->v.b,  ly->o.w,    ly->o.b,    ly->qkv.w, ly->qkv.b,
-                                            ly->gate.w, ly->gate.b, ly->up.w, ly->up.b,  ly->down.w,
-                                            ly->down.b, ly->ln1_w, ly->ln1_b, ly->ln2_w, ly->ln2_b,
-                                            ly->router};
-            for (gsize k = 0; k < G_N_ELEMENTS(cand); k++)
-                if (cand[k] == p)
-                    unit = l;
+    GHashTable *layer_of = g_hash_table_new(NULL, NULL);
+    for (int l = 0; l < L && d->n_units > 1; l++) {
+        const Layer *ly = &md->layers[l];
+        const Lin *lins[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->qkv, &ly->gate, &ly->up, &ly->down};
+        for (gsize k = 0; k < G_N_ELEMENTS(lins); k++) {
+            const AgTensor *const t[] = {lins[k]->w, lins[k]->b, lins[k]->lora_a, lins[k]->lora_b};
+            for (gsize j = 0; j < G_N_ELEMENTS(t); j++)
+                if (t[j])
+                    g_hash_table_insert(layer_of, (gpointer)t[j], GINT_TO_POINTER(l + 1));
         }
+        const AgTensor *const rest[] = {ly->ln1_w, ly->ln1_b, ly->ln2_w, ly->ln2_b, ly->router};
+        for (gsize k = 0; k < G_N_ELEMENTS(rest); k++)
+            if (rest[k])
+                g_hash_table_insert(layer_of, (gpointer)rest[k], GINT_TO_POINTER(l + 1));
+    }
+    /* every parameter, trained or frozen (in registration order) */
+    for (guint i = 0; i < md->leaves->len; i++) {
+        AgTensor *p = md->leaves->pdata[i];
+        if (!p->st || p->st->category != MEMSIM_CAT_PARAMETER)
+            continue;
+        int unit = GPOINTER_TO_INT(g_hash_table_lookup(layer_of, p)) - 1;
+        if (unit < 0)
+            unit = d->n_units - 1;
         g_ptr_array_add(d->units[unit].params, p);
         d->units[unit].numel += gt_numel(p);
+        g_hash_table_insert(d->unit_of_param, p, GINT_TO_POINTER(unit + 1));
     }
+    g_hash_table_unref(layer_of);
     AgContext *c = gg_ctx(g);
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
         un->shard_numel = (un->numel + d->N - 1) / d->N;
-        un->pending = (int)un->params->len;
+        /* the unit on the GPU in full (fp32 for FSDP's local shard, the compute dtype for
+         * zero.Init), then its shard */
+        DType full_dt = d->method == MEMSIM_METHOD_ZERO3 ? compute_dt : DT_F32;
+        AgTensor *whole = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->numel);
         c->category = MEMSIM_CAT_PARAMETER;
         un->full = gg_storage_new(g, (uint64_t)un->shard_numel * d->N * (uint64_t)dt_size(compute_dt),
                                   false);
         if (d->method != MEMSIM_METHOD_ZERO3)
             un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_F32, un->shard_numel);
+        gt_unref(g, whole);
         for (guint i = 0; i < un->params->len; i++) {
             AgTensor *p = un->params->pdata[i];
-            /* the build's storage goes; the tensor now views the unit's flat buffer */
+            /* the tensor now views the unit's flat buffer */
             AgStorage *old = p->st;
             gg_storage_release(g, old);
             gg_storage_unref(g, old);
             p->st = un->full;
             un->full->refs++;
             p->dt = compute_dt;
+            if (p->requires_grad)
+                un->pending++;
         }
+        un->trainable = un->pending;
     }
     if (d->method == MEMSIM_METHOD_ZERO3) /* lp_param_buffer: all bf16 partitions */
         d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
@@ -398,6 +435,7 @@ static void free_units(Dist *d)
         g_ptr_array_unref(un->params);
     }
     g_free(d->units);
+    g_hash_table_unref(d->unit_of_param);
 }
 
 /* The optimizer step of a sharded method: fp32 master and Adam on this rank's partition. */
@@ -426,7 +464,7 @@ static void sharded_step(Dist *d, bool first, bool last)
         for (int u = 0; u < d->n_units; u++) { /* zero_grad(set_to_none) */
             gt_unref(g, d->units[u].grad_shard);
             d->units[u].grad_shard = NULL;
-            d->units[u].pending = (int)d->units[u].params->len;
+            d->units[u].pending = d->units[u].trainable;
         }
         return;
     }
@@ -493,7 +531,13 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         eff.precision = run->precision == MEMSIM_PREC_FP16_MIXED || run->precision == MEMSIM_PREC_FP16
                             ? MEMSIM_PREC_FP16
                             : MEMSIM_PREC_BF16;
-    if (!model_build(&d->md, g, m, &eff, error)) {
+    /* the sharded methods materialise their units one at a time (make_units) */
+    bool units = meth != MEMSIM_METHOD_DDP && meth != MEMSIM_METHOD_ZERO1 &&
+                 meth != MEMSIM_METHOD_ZERO2;
+    gg_ctx(g)->meta_params = units;
+    gboolean built = model_build(&d->md, g, m, &eff, error);
+    gg_ctx(g)->meta_params = false;
+    if (!built) {
         model_clear(&d->md);
         gg_free(g);
         g_queue_free(d->inflight);
@@ -518,8 +562,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     case MEMSIM_METHOD_ZERO1:
     case MEMSIM_METHOD_ZERO2: {
         /* the flat bf16 buffer (params become views of it): the build's own storages go */
+        /* (through the CPU: the parameters' GPU storage goes before the flat buffer comes) */
         c->category = MEMSIM_CAT_PARAMETER;
-        AgStorage *flat = gg_storage_new(g, (uint64_t)d->psi_pad * (uint64_t)dt_size(cdt), true);
+        AgStorage *flat = gg_storage_new(g, (uint64_t)d->psi_pad * (uint64_t)dt_size(cdt), false);
         for (guint i = 0; i < d->md.trainable->len; i++) {
             AgTensor *p = d->md.trainable->pdata[i];
             AgStorage *old = p->st;
@@ -528,6 +573,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             p->st = flat;
             flat->refs++;
         }
+        gg_storage_restore(g, flat);
         gg_storage_unref(g, flat);
         d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
         c->category = MEMSIM_CAT_TEMPORARY;
@@ -575,6 +621,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             c->category = MEMSIM_CAT_TEMPORARY;
             c->autocast = ac;
             d->ddp_pending = (int64_t)d->md.trainable->len;
+            if (d->units) /* the root unit: gathered for the step, freed after backward */
+                unshard(d, d->n_units - 1);
             AgTensor *logits = NULL;
             AgTensor *loss = model_forward(&d->md, ids, ids, &logits);
             c->autocast = 0;
@@ -587,9 +635,13 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             if (meth == MEMSIM_METHOD_ZERO1 || meth == MEMSIM_METHOD_ZERO2 ||
                 meth == MEMSIM_METHOD_ZERO3)
                 zero_flush(d);
-            if (d->units)
-                for (int u = 0; u < d->n_units; u++)
+            if (d->units) {
+                for (int u = 0; u < d->n_units; u++) {
                     reshard(d, u);
+                    d->units[u].pending = d->units[u].trainable;
+                }
+                d->bw_unit = -1;
+            }
             gg_wait_stream(g, S_COMPUTE, S_COMM);
             gg_wait_stream(g, S_COMPUTE, S_POST);
         }
