@@ -67,6 +67,9 @@
 
 #include "sim/alloc/policies.h"
 
+/* For the few helpers of the malloc and free paths whose calls cost more than their bodies. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 #define MIB ((memsim_size_t)1 << 20)
 #define GIB ((memsim_size_t)1 << 30)
 
@@ -109,6 +112,7 @@ struct TBlock {
     uint8_t state;
     uint8_t small;           /* pool */
     uint8_t exp;             /* lies in an expandable segment */
+    uint16_t cls;            /* size class while in a pool's free set */
     TBlock *prev, *next;     /* address neighbours within the segment */
     memsim_size_t requested; /* last request served by this object (stale when free) */
     TSegment *seg;
@@ -508,10 +512,11 @@ static StreamBins *bins_get(TPool *pool, uint32_t stream)
     return pool->last = sb;
 }
 
-static inline void fs_insert(TPool *pool, TBlock *b)
+static ALWAYS_INLINE void fs_insert(TPool *pool, TBlock *b)
 {
     StreamBins *sb = bins_get(pool, b->stream);
     unsigned c = size_class(b->size);
+    b->cls = (uint16_t)c;
     bin_insert(&sb->bins[c], b);
     sb->bits[c >> 6] |= 1ull << (c & 63);
     sb->summary |= 1ull << (c >> 6);
@@ -519,10 +524,10 @@ static inline void fs_insert(TPool *pool, TBlock *b)
     pool->n_free++;
 }
 
-static inline void fs_remove(TPool *pool, TBlock *b)
+static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
 {
     StreamBins *sb = bins_find(pool, b->stream);
-    unsigned c = size_class(b->size);
+    unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
     if (!sb->bins[c]) {
         sb->bits[c >> 6] &= ~(1ull << (c & 63));
@@ -692,7 +697,9 @@ static TBlock *hmap_take(HMap *h, memsim_addr_t key)
 static inline void emit(Torch *t, MemsimAllocEventKind kind, memsim_addr_t addr, memsim_size_t size,
                         uint32_t stream)
 {
-    if (t->dev->on_event)
+    /* The quiet test here too: a replay asks for no ALLOC and FREE_COMPLETED reports, and
+     * this runs twice per malloc and free. */
+    if (t->dev->on_event && !((t->dev->quiet >> kind) & 1u))
         memsim_device_emit(t->dev, kind, addr, size, stream);
 }
 
