@@ -26,19 +26,20 @@ typedef struct {
     IdSlot *slots;
     size_t mask; /* capacity − 1 */
     size_t n;
+    unsigned shift; /* 64 − log2(capacity) */
 } IdMap;
 
-static inline uint64_t idmap_hash(uint64_t k)
+/* The home slot of a key: Fibonacci hashing (the top bits of key × 2^64/φ), which spreads
+ * the runs of consecutive ids that traces are made of evenly and costs a multiply. */
+static inline size_t idmap_home(const IdMap *m, uint64_t k)
 {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return k;
+    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> m->shift);
 }
 
 static inline void idmap_init(IdMap *m)
 {
     m->mask = 1023;
+    m->shift = 64 - 10;
     m->n = 0;
     m->slots = g_new0(IdSlot, m->mask + 1);
 }
@@ -51,7 +52,7 @@ static inline void idmap_clear(IdMap *m)
 
 static inline IdVal *idmap_get(const IdMap *m, uint64_t key)
 {
-    size_t i = idmap_hash(key) & m->mask;
+    size_t i = idmap_home(m, key);
     for (;;) {
         IdSlot *s = &m->slots[i];
         if (s->key1 == key + 1)
@@ -64,7 +65,7 @@ static inline IdVal *idmap_get(const IdMap *m, uint64_t key)
 
 static inline void idmap_put_nogrow(IdMap *m, uint64_t key, const IdVal *v)
 {
-    size_t i = idmap_hash(key) & m->mask;
+    size_t i = idmap_home(m, key);
     while (m->slots[i].key1 != 0)
         i = (i + 1) & m->mask;
     m->slots[i].key1 = key + 1;
@@ -72,13 +73,14 @@ static inline void idmap_put_nogrow(IdMap *m, uint64_t key, const IdVal *v)
     m->n++;
 }
 
-/* Inserts a key that is not present. */
-static inline void idmap_put(IdMap *m, uint64_t key, const IdVal *v)
+/* Room for one more key (load at most 1/2: short probe runs). */
+static inline void idmap_reserve(IdMap *m)
 {
-    if ((m->n + 1) * 4 > (m->mask + 1) * 3) {
+    if (G_UNLIKELY((m->n + 1) * 2 > m->mask + 1)) {
         IdSlot *old = m->slots;
         size_t cap = m->mask + 1;
         m->mask = cap * 2 - 1;
+        m->shift--;
         m->slots = g_new0(IdSlot, cap * 2);
         m->n = 0;
         for (size_t i = 0; i < cap; i++)
@@ -86,13 +88,40 @@ static inline void idmap_put(IdMap *m, uint64_t key, const IdVal *v)
                 idmap_put_nogrow(m, old[i].key1 - 1, &old[i].val);
         g_free(old);
     }
+}
+
+/* Inserts a key that is not present. */
+static inline void idmap_put(IdMap *m, uint64_t key, const IdVal *v)
+{
+    idmap_reserve(m);
     idmap_put_nogrow(m, key, v);
+}
+
+/* The slot of key after idmap_reserve(): where it is (key1 == key + 1), or the empty slot
+ * where idmap_fill() puts it, valid until the map next changes. One probe for a lookup
+ * followed by an insertion. */
+static inline IdSlot *idmap_slot(const IdMap *m, uint64_t key)
+{
+    size_t i = idmap_home(m, key);
+    for (;;) {
+        IdSlot *s = &m->slots[i];
+        if (s->key1 == key + 1 || s->key1 == 0)
+            return s;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static inline void idmap_fill(IdMap *m, IdSlot *s, uint64_t key, const IdVal *v)
+{
+    s->key1 = key + 1;
+    s->val = *v;
+    m->n++;
 }
 
 /* Removes a key; returns FALSE if it was absent. */
 static inline gboolean idmap_remove(IdMap *m, uint64_t key, IdVal *out)
 {
-    size_t i = idmap_hash(key) & m->mask;
+    size_t i = idmap_home(m, key);
     for (;;) {
         if (m->slots[i].key1 == key + 1)
             break;
@@ -108,7 +137,7 @@ static inline gboolean idmap_remove(IdMap *m, uint64_t key, IdVal *out)
         j = (j + 1) & m->mask;
         if (m->slots[j].key1 == 0)
             break;
-        size_t home = idmap_hash(m->slots[j].key1 - 1) & m->mask;
+        size_t home = idmap_home(m, m->slots[j].key1 - 1);
         /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
         if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
             m->slots[i] = m->slots[j];

@@ -423,6 +423,57 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
     r->last_allocated = st->allocated.current;
 }
 
+/* track_peaks when something may change; most events only move last_allocated. */
+static inline void note_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                              const MemsimAllocStats *st)
+{
+    if (st->allocated.current > r->best_allocated || st->reserved.peak > r->best_reserved ||
+        r->steps->len)
+        track_peaks(r, h, index, st);
+    else
+        r->last_allocated = st->allocated.current;
+}
+
+/* A successful ALLOC: the tensor enters the id map at `slot` (from idmap_slot, after
+ * idmap_reserve) charged with the change in allocated bytes. */
+static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                              const MemsimEvent *ev, IdSlot *slot, memsim_addr_t addr)
+{
+    const MemsimAllocStats *st = memsim_alloc_stats_live(r->alloc);
+    IdVal v = {addr, (uint64_t)(st->allocated.current - r->last_allocated), ev->size,
+               ev->category, ev->stream};
+    idmap_fill(&r->tensors, slot, ev->id, &v);
+    r->live_cat[ev->category] += (int64_t)v.size;
+    r->live_req[ev->category] += (int64_t)v.req;
+    note_peaks(r, h, index, st);
+}
+
+/* An ALLOC the policy could not serve: the replay of this rank stops. */
+static void out_of_memory(RankSim *r, uint64_t index, const MemsimEvent *ev)
+{
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    MemsimOomInfo *o = &r->rep.oom;
+    o->happened = TRUE;
+    o->event_index = index;
+    o->requested = ev->size;
+    o->rounded = r->saw_oom ? r->last_oom.size : memsim_alloc_round_size(r->alloc, ev->size);
+    o->device_free = r->saw_oom ? r->last_oom.addr : 0;
+    o->allocated = (memsim_size_t)st.allocated.current;
+    o->reserved = (memsim_size_t)st.reserved.current;
+    o->stream = ev->stream;
+    o->op = r->cur_op;
+    r->stopped = TRUE;
+}
+
+/* A FREE of a live tensor (already out of the id map). */
+static inline void free_done(RankSim *r, const IdVal *v)
+{
+    memsim_alloc_free(r->alloc, v->addr);
+    r->live_cat[v->category] -= (int64_t)v->size;
+    r->live_req[v->category] -= (int64_t)v->req;
+    r->last_allocated -= (int64_t)v->size;
+}
+
 static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                     const char *fmt, ...) G_GNUC_PRINTF(5, 6);
 
@@ -480,27 +531,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         memsim_addr_t addr = 0;
         r->saw_oom = FALSE;
         if (memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK) {
-            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-            MemsimOomInfo *o = &r->rep.oom;
-            o->happened = TRUE;
-            o->event_index = index;
-            o->requested = ev->size;
-            o->rounded = r->saw_oom ? r->last_oom.size : memsim_alloc_round_size(r->alloc, ev->size);
-            o->device_free = r->saw_oom ? r->last_oom.addr : 0;
-            o->allocated = (memsim_size_t)st.allocated.current;
-            o->reserved = (memsim_size_t)st.reserved.current;
-            o->stream = ev->stream;
-            o->op = r->cur_op;
-            r->stopped = TRUE;
+            out_of_memory(r, index, ev);
             break;
         }
-        const MemsimAllocStats *st = memsim_alloc_stats_live(r->alloc);
-        IdVal v = {addr, (uint64_t)(st->allocated.current - r->last_allocated), ev->size,
-                   ev->category, ev->stream};
-        idmap_put(&r->tensors, ev->id, &v);
-        r->live_cat[ev->category] += (int64_t)v.size;
-        r->live_req[ev->category] += (int64_t)v.req;
-        track_peaks(r, h, index, st);
+        idmap_reserve(&r->tensors);
+        alloc_done(r, h, index, ev, idmap_slot(&r->tensors, ev->id), addr);
         break;
     }
     case MEMSIM_EV_FREE: {
@@ -508,10 +543,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (!idmap_remove(&r->tensors, ev->id, &v))
             return bad(error, h, rank, index, "free of tensor %" PRIu64 ", which is not live",
                        ev->id);
-        memsim_alloc_free(r->alloc, v.addr);
-        r->live_cat[v.category] -= (int64_t)v.size;
-        r->live_req[v.category] -= (int64_t)v.req;
-        r->last_allocated -= (int64_t)v.size;
+        free_done(r, &v);
         break;
     }
     case MEMSIM_EV_USE: {
@@ -688,11 +720,41 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         return FALSE;
     }
     RankSim *r = &rp->ranks[rank];
+    /* Without a timeline, verification or invariant checks, valid allocations and frees take
+     * the short paths below; everything else (and every error) goes through step(). */
+    const gboolean plain = !rp->opt.timeline && !rp->opt.verify && !rp->opt.check_invariants;
     for (gsize i = 0; i < n; i++) {
+        if (G_UNLIKELY(r->stopped)) {
+            r->rep.n_events += n - i; /* counted, not applied */
+            break;
+        }
         uint64_t index = r->rep.n_events++;
-        if (r->stopped)
-            continue;
-        if (!step(r, h, rank, index, &events[i], error))
+        const MemsimEvent *ev = &events[i];
+        if (plain && ev->kind == MEMSIM_EV_ALLOC && ev->size - 1 < ((uint64_t)1 << 60) - 1 &&
+            ev->category < MEMSIM_CAT_COUNT && ev->id != UINT64_MAX) {
+            idmap_reserve(&r->tensors);
+            IdSlot *slot = idmap_slot(&r->tensors, ev->id);
+            if (G_LIKELY(slot->key1 == 0)) {
+                r->cur_stream = ev->stream;
+                r->saw_oom = FALSE;
+                memsim_addr_t addr = 0;
+                if (G_LIKELY(memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) ==
+                             MEMSIM_ALLOC_OK)) {
+                    alloc_done(r, h, index, ev, slot, addr);
+                    continue;
+                }
+                out_of_memory(r, index, ev);
+                continue;
+            }
+        } else if (plain && ev->kind == MEMSIM_EV_FREE) {
+            IdVal v;
+            if (G_LIKELY(idmap_remove(&r->tensors, ev->id, &v))) {
+                r->cur_stream = ev->stream;
+                free_done(r, &v);
+                continue;
+            }
+        }
+        if (!step(r, h, rank, index, ev, error))
             return FALSE;
     }
     return TRUE;
