@@ -145,10 +145,23 @@ static __attribute__((noinline)) const guint8 *get_varint_slow(const guint8 *p, 
     return NULL;
 }
 
-/* Away from the end of the buffer, up to ten bytes are read without bounds checks. */
+/* Away from the end of the buffer, up to ten bytes are read without bounds checks. A varint
+ * of at most 8 bytes (values below 2^56) is decoded without a branch on its length: the
+ * first byte below 0x80 ends it, and its 7-bit groups are gathered pairwise. */
 static inline const guint8 *get_varint(const guint8 *p, const guint8 *end, uint64_t *out)
 {
     if (G_LIKELY(end - p >= 10)) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w = GUINT64_FROM_LE(w);
+        const uint64_t stop = ~w & 0x8080808080808080ull; /* bit 7 of each last-byte candidate */
+        if (G_LIKELY(stop)) {
+            const uint64_t x = w & (stop ^ (stop - 1)) & 0x7f7f7f7f7f7f7f7full;
+            uint64_t y = (x & 0x007f007f007f007full) | ((x & 0x7f007f007f007f00ull) >> 1);
+            y = (y & 0x00003fff00003fffull) | ((y & 0x3fff00003fff0000ull) >> 2);
+            *out = (y & 0x000000000fffffffull) | ((y & 0x0fffffff00000000ull) >> 4);
+            return p + ((unsigned)__builtin_ctzll(stop) >> 3) + 1;
+        }
         uint64_t x = 0;
         for (unsigned i = 0; i < 9; i++) {
             guint8 b = p[i];
@@ -1032,6 +1045,9 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
      * since it would mean fewer values than events). */
     const gboolean kind_bytes = pk && (gsize)(pk_end - pk) == n;
     const gboolean stream_bytes = ps && (gsize)(ps_end - ps) == n;
+    /* The carried fields whose column is present: one test per field and event. */
+    const unsigned present = (pf ? C_FLAGS : 0) | (pc ? C_CAT : 0) | (pi ? C_ID : 0) |
+                             (pz ? C_SIZE : 0) | (pa ? C_ADDR : 0) | (px ? C_AUX : 0);
     for (i = 0; i < n; i++) {
         uint64_t v;
         MemsimEvent *const e = &ev[i];
@@ -1066,8 +1082,8 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             }
             e->stream = (uint16_t)v;
         }
-        const unsigned m = carries[k];
-        if ((m & C_FLAGS) && pf) {
+        const unsigned m = carries[k] & present;
+        if (m & C_FLAGS) {
             READ(pf, pf_end, v, COL(CH_FLAGS));
             if (G_UNLIKELY(v > G_MAXUINT32)) {
                 mst_fail(r, error,
@@ -1077,7 +1093,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             }
             e->flags = (uint32_t)v;
         }
-        if ((m & C_CAT) && pc) {
+        if (m & C_CAT) {
             READ(pc, pc_end, v, COL(CH_CATEGORY));
             if (G_UNLIKELY(v >= MEMSIM_CAT_COUNT)) {
                 mst_fail(r, error,
@@ -1088,21 +1104,21 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             }
             e->category = (uint8_t)v;
         }
-        if ((m & C_ID) && pi) {
+        if (m & C_ID) {
             READ(pi, pi_end, v, COL(CH_ID));
             prev_id[k] += unzigzag(v);
             e->id = prev_id[k];
         }
-        if ((m & C_SIZE) && pz) {
+        if (m & C_SIZE) {
             READ(pz, pz_end, v, COL(CH_SIZE));
             e->size = v;
         }
-        if ((m & C_ADDR) && pa && (k != MEMSIM_EV_ALLOC || (e->flags & MEMSIM_EVF_ADDR))) {
+        if ((m & C_ADDR) && (k != MEMSIM_EV_ALLOC || (e->flags & MEMSIM_EVF_ADDR))) {
             READ(pa, pa_end, v, COL(CH_ADDR));
             prev_addr[k] += unzigzag(v);
             e->addr = prev_addr[k];
         }
-        if ((m & C_AUX) && px) {
+        if (m & C_AUX) {
             READ(px, px_end, v, COL(CH_AUX));
             e->aux = v;
         }
