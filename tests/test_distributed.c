@@ -304,6 +304,9 @@ Test(distributed, bad_combinations)
     const char *e[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", "--method", "fsdp",
                        "--gpu", "tpu-v5", NULL};
     expect_conflict(e, "a100-80gb");
+    const char *f[] = {"estimate", "--model", "llama-2-7b", "--gpus", "8", "--tp", "8",
+                       "--finetune", "lora", NULL};
+    expect_conflict(f, "Megatron-LM has no LoRA");
 }
 
 /* Activation bytes of one transformer layer, measured as the difference between a 2-layer
@@ -454,4 +457,64 @@ Test(distributed, sharded_parameters_gathered_per_layer, .timeout = 300)
             memsim_report_free(rep);
             memsim_trace_free(t);
         }
+}
+
+/* LoRA and QLoRA under the data-parallel methods, Llama-2-7B on N = 8 (H 4096, MLP 11008,
+ * vocabulary 32000, 32 layers), peft's default targets q_proj and v_proj at rank r = 16:
+ * A = r·(in + out) = 16·(4096 + 4096) per adapted linear, two per layer. The frozen base:
+ * per layer 4·4096² + 3·4096·11008 linear weights W and two norms of 4096; the root the
+ * embedding, the head and the final norm. Every one of these counts divides by 64, so
+ * partitions and the NF4 absmax (one fp32 per 64 weights) come out exact.
+ *   ddp    bf16 base + fp32 adapters; fp32 grads, buckets, two Adam moments of the adapters
+ *   zero1/2  bf16 base (not the optimizer's: not partitioned) + the flat bf16 adapters (padded
+ *          to 2N); fp32 master + Adam on 1/N; stage 1 full bf16 grads, stage 2 1/N
+ *   zero3  every parameter partitioned: ⌈numel/N⌉ bf16 each; the optimizer as above
+ *   fsdp   use_orig_params: one bf16 FlatParameter per layer (adapters cast to the base's
+ *          dtype) and the root; each rank keeps ⌈numel/N⌉, gradient shards of the same size
+ *          for the units that train (the flat gradient covers the frozen part too), Adam in
+ *          bf16 on the even share of each unit's adapters
+ * QLoRA packs each W into numel/2 bytes (+ numel/16 bytes of absmax, kept whole on every rank;
+ * with ZeRO-3/FSDP the packed bytes are sharded as bf16 elements, numel/4). */
+Test(distributed, lora_and_qlora_model_state, .timeout = 300)
+{
+    const int64_t N = 8, r = 16, L = 32;
+    int64_t W = 4LL * 4096 * 4096 + 3LL * 4096 * 11008, norms = 2 * 4096;
+    int64_t root = 2LL * 32000 * 4096 + 4096;
+    int64_t Al = 2 * r * (4096 + 4096), A = L * Al;
+    int64_t Ap = (A + 2 * N - 1) / (2 * N) * (2 * N);
+    int64_t base16 = 2 * (L * (W + norms) + root);            /* LoRA's bf16 base */
+    int64_t base4 = L * (W / 2 + W / 16 + 2 * norms) + 2 * root; /* QLoRA's */
+    int64_t Sl = (W + norms + Al + N - 1) / N, Sr = (root + N - 1) / N;
+    int64_t Sq = (W / 4 + norms + Al + N - 1) / N;
+    struct {
+        const char *ft, *method;
+        int64_t param, grad, opt;
+    } want[] = {
+        {"lora", "ddp", base16 + 4 * A, 4 * A, 8 * A},
+        {"lora", "zero1", base16 + 2 * Ap, 2 * A, 12 * Ap / N},
+        {"lora", "zero2", base16 + 2 * Ap, 2 * Ap / N, 12 * Ap / N},
+        {"lora", "zero3", 2 * Ap / N + 2 * (L * (W + norms) + root) / N, 2 * Ap / N, 12 * Ap / N},
+        {"lora", "fsdp", 2 * (L * Sl + Sr), 2 * L * Sl, 4 * L * ((Al + N - 1) / N)},
+        {"qlora", "ddp", base4 + 4 * A, 4 * A, 8 * A},
+        {"qlora", "zero2", base4 + 2 * Ap, 2 * Ap / N, 12 * Ap / N},
+        {"qlora", "zero3", 2 * Ap / N + 2 * (L * (W / 4 + norms) + root) / N + L * W / 16,
+         2 * Ap / N, 12 * Ap / N},
+        {"qlora", "fsdp", 2 * (L * Sq + Sr) + L * W / 16, 2 * L * Sq, 4 * L * ((Al + N - 1) / N)},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(want); i++) {
+        const char *settings[] = {"gpus", "8", "method", want[i].method, "finetune", want[i].ft,
+                                  "seq", "128", NULL};
+        MemsimReport *rep = run_dist("llama-2-7b", settings, NULL);
+        const MemsimBreakdown *b = state_of(&rep->ranks[0]);
+        cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], want[i].param,
+                     "%s %s params %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].ft,
+                     want[i].method, b->requested[MEMSIM_CAT_PARAMETER], want[i].param);
+        cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], want[i].grad,
+                     "%s %s grads %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].ft,
+                     want[i].method, b->requested[MEMSIM_CAT_GRADIENT], want[i].grad);
+        cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt,
+                     "%s %s optimizer %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].ft,
+                     want[i].method, b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt);
+        memsim_report_free(rep);
+    }
 }

@@ -25,6 +25,13 @@
  * when dp = 1); micro-batches scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
  * stage input received into a fresh buffer and the output freed once sent.
  *
+ * LoRA/QLoRA: only the adapters train. DDP keeps peft's fp32 adapters; DeepSpeed casts them
+ * to bf16 with the module; ZeRO-1/2 flatten and partition only the adapters (the frozen base
+ * stays whole), ZeRO-3 partitions every parameter; FSDP runs with use_orig_params, one bf16
+ * FlatParameter per unit holding base and adapters (its gradient covers the whole unit),
+ * Adam on the trained share. QLoRA's packed 4-bit weights are sharded as bf16 bytes
+ * (bnb_4bit_quant_storage), their absmax stays whole. Megatron-LM has no LoRA.
+ *
  * The sharded methods (zero3, fsdp*) build the model without parameter storage and
  * materialise one unit at a time (zero.Init; FSDP wrapping unit by unit), so the model is
  * never whole on a GPU. Gathered units: in forward the current (and for ZeRO-3 the next)
@@ -77,6 +84,7 @@ typedef struct {
     int64_t numel, shard_numel;
     int pending;          /* gradients not yet produced in this backward */
     int trainable;        /* the unit's parameters that require grad */
+    int64_t train_numel;  /* their elements (LoRA: the adapters) */
     bool root;
 } Unit;
 
@@ -97,6 +105,8 @@ typedef struct {
     AgTensor *ipg;         /* ipg bucket */
     int64_t ipg_fill;
     AgTensor *grad_part;   /* gradient partition */
+    AgTensor *frozen_part; /* ZeRO-3 with LoRA/QLoRA: the frozen parameters' partitions */
+    bool lora;             /* LoRA/QLoRA: a frozen base, trained adapters */
     /* FSDP / ZeRO-3 units */
     Unit *units;
     int n_units;
@@ -221,19 +231,23 @@ static void reduce_unit_grads(Dist *d, Unit *un)
     c->stream = S_POST;
     gg_wait_stream(g, S_POST, S_COMPUTE);
     c->category = MEMSIM_CAT_COMM_BUFFER;
+    /* use_orig_params with frozen parameters: the FlatParameter's gradient is the whole
+     * unit (zeros where frozen), and the whole is reduce-scattered */
+    AgTensor *flatg = d->lora ? alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, un->numel) : NULL;
     AgTensor *pad = un->shard_numel * d->N > un->numel
                         ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel * d->N)
                         : NULL;
     AgTensor *sh = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
     gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
                   coll_us(d, (uint64_t)un->shard_numel * d->N * 2));
-    AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_F32, un->shard_numel);
+    AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->lora ? DT_BF16 : DT_F32, un->shard_numel);
     if (!un->grad_shard)
         un->grad_shard = f32;
     else
         gt_unref(g, f32); /* accumulated into the saved shard */
     gt_unref(g, sh);
     gt_unref(g, pad);
+    gt_unref(g, flatg);
     for (guint i = 0; i < un->params->len; i++) {
         AgTensor *p = un->params->pdata[i];
         if (p->grad) {
@@ -363,8 +377,10 @@ static void make_units(Dist *d, DType compute_dt)
         d->units[u].params = g_ptr_array_new();
         d->units[u].root = u == d->n_units - 1;
     }
-    /* which unit a parameter belongs to: its layer, found through the Layer structs */
+    /* which unit a parameter belongs to: its layer, found through the Layer structs; QLoRA's
+     * absmax (a quant_state, not a parameter) stays whole on every rank */
     GHashTable *layer_of = g_hash_table_new(NULL, NULL);
+    GHashTable *absmax = g_hash_table_new(NULL, NULL);
     for (int l = 0; l < L && d->n_units > 1; l++) {
         const Layer *ly = &md->layers[l];
         const Lin *lins[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->qkv, &ly->gate, &ly->up, &ly->down};
@@ -373,38 +389,64 @@ static void make_units(Dist *d, DType compute_dt)
             for (gsize j = 0; j < G_N_ELEMENTS(t); j++)
                 if (t[j])
                     g_hash_table_insert(layer_of, (gpointer)t[j], GINT_TO_POINTER(l + 1));
+            if (lins[k]->absmax)
+                g_hash_table_add(absmax, lins[k]->absmax);
+        }
+        for (int64_t e = 0; ly->experts && e < 3 * md->m->n_experts; e++) {
+            const Lin *x = &ly->experts[e];
+            const AgTensor *const t[] = {x->w, x->b, x->lora_a, x->lora_b};
+            for (gsize j = 0; j < G_N_ELEMENTS(t); j++)
+                if (t[j])
+                    g_hash_table_insert(layer_of, (gpointer)t[j], GINT_TO_POINTER(l + 1));
+            if (x->absmax)
+                g_hash_table_add(absmax, x->absmax);
         }
         const AgTensor *const rest[] = {ly->ln1_w, ly->ln1_b, ly->ln2_w, ly->ln2_b, ly->router};
         for (gsize k = 0; k < G_N_ELEMENTS(rest); k++)
             if (rest[k])
                 g_hash_table_insert(layer_of, (gpointer)rest[k], GINT_TO_POINTER(l + 1));
     }
-    /* every parameter, trained or frozen (in registration order) */
+    /* every parameter, trained or frozen (in registration order); a packed 4-bit weight is
+     * flattened as its bytes in the compute dtype (bnb_4bit_quant_storage); with LoRA, FSDP
+     * runs with use_orig_params, each parameter starting at a multiple of 16 bytes */
+    AgContext *c = gg_ctx(g);
+    int64_t frozen_part = 0;
+    int64_t align = d->lora && d->method != MEMSIM_METHOD_ZERO3 ? 16 / dt_size(compute_dt) : 1;
     for (guint i = 0; i < md->leaves->len; i++) {
         AgTensor *p = md->leaves->pdata[i];
         if (!p->st || p->st->category != MEMSIM_CAT_PARAMETER)
             continue;
+        if (g_hash_table_contains(absmax, p)) {
+            c->category = MEMSIM_CAT_PARAMETER;
+            gg_storage_restore(g, p->st);
+            continue;
+        }
         int unit = GPOINTER_TO_INT(g_hash_table_lookup(layer_of, p)) - 1;
         if (unit < 0)
             unit = d->n_units - 1;
+        int64_t n = p->dt == DT_U8 ? gt_nbytes(p) / dt_size(compute_dt) : gt_numel(p);
         g_ptr_array_add(d->units[unit].params, p);
-        d->units[unit].numel += gt_numel(p);
+        d->units[unit].numel += (n + align - 1) / align * align;
+        if (p->requires_grad)
+            d->units[unit].train_numel += n;
+        else
+            frozen_part += (n + d->N - 1) / d->N;
         g_hash_table_insert(d->unit_of_param, p, GINT_TO_POINTER(unit + 1));
     }
     g_hash_table_unref(layer_of);
-    AgContext *c = gg_ctx(g);
+    g_hash_table_unref(absmax);
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
         un->shard_numel = (un->numel + d->N - 1) / d->N;
         /* the unit on the GPU in full (fp32 for FSDP's local shard, the compute dtype for
          * zero.Init), then its shard */
-        DType full_dt = d->method == MEMSIM_METHOD_ZERO3 ? compute_dt : DT_F32;
+        DType full_dt = d->method == MEMSIM_METHOD_ZERO3 || d->lora ? compute_dt : DT_F32;
         AgTensor *whole = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->numel);
         c->category = MEMSIM_CAT_PARAMETER;
         un->full = gg_storage_new(g, (uint64_t)un->shard_numel * d->N * (uint64_t)dt_size(compute_dt),
                                   false);
         if (d->method != MEMSIM_METHOD_ZERO3)
-            un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_F32, un->shard_numel);
+            un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->shard_numel);
         gt_unref(g, whole);
         for (guint i = 0; i < un->params->len; i++) {
             AgTensor *p = un->params->pdata[i];
@@ -414,14 +456,18 @@ static void make_units(Dist *d, DType compute_dt)
             gg_storage_unref(g, old);
             p->st = un->full;
             un->full->refs++;
-            p->dt = compute_dt;
+            if (p->dt != DT_U8)
+                p->dt = compute_dt;
             if (p->requires_grad)
                 un->pending++;
         }
         un->trainable = un->pending;
     }
-    if (d->method == MEMSIM_METHOD_ZERO3) /* lp_param_buffer: all bf16 partitions */
+    if (d->method == MEMSIM_METHOD_ZERO3) { /* lp_param_buffer: the trained bf16 partitions */
         d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
+        if (frozen_part) /* the frozen ones stay per-parameter ds_tensors */
+            d->frozen_part = alloc_cat(g, MEMSIM_CAT_PARAMETER, compute_dt, frozen_part);
+    }
     c->category = MEMSIM_CAT_TEMPORARY;
 }
 
@@ -446,16 +492,24 @@ static void sharded_step(Dist *d, bool first, bool last)
     if (d->method == MEMSIM_METHOD_FSDP || d->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
         d->method == MEMSIM_METHOD_HSDP) {
         GPtrArray *tmp = g_ptr_array_new();
+        /* Adam on the shards; with LoRA (use_orig_params) on this rank's share of the
+         * trained parameters only, in their (bf16) dtype, the even share ⌈numel/N⌉ per unit */
+        DType sdt = d->lora ? DT_BF16 : DT_F32;
         for (int u = 0; u < d->n_units; u++) {
             Unit *un = &d->units[u];
-            if (first) {
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, un->shard_numel));
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, un->shard_numel));
+            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
+            if (first && n) {
+                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
+                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
             }
         }
         /* foreach: one sqrt list over the shards */
-        for (int u = 0; u < d->n_units; u++)
-            g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, d->units[u].shard_numel));
+        for (int u = 0; u < d->n_units; u++) {
+            Unit *un = &d->units[u];
+            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
+            if (n)
+                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, sdt, n));
+        }
         for (guint i = 0; i < tmp->len; i++)
             gt_unref(g, tmp->pdata[i]);
         g_ptr_array_unref(tmp);
@@ -546,10 +600,16 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         return FALSE;
     }
     d->md.layer_hook = layer_hook;
+    d->lora = run->finetune != MEMSIM_FT_FULL;
     d->psi = count_trainable(&d->md);
     d->psi_pad = (d->psi + 2 * N - 1) / (2 * N) * (2 * N);
     AgContext *c = gg_ctx(g);
     DType cdt = eff.precision == MEMSIM_PREC_FP32 ? DT_F32 : eff.precision == MEMSIM_PREC_FP16 ? DT_F16 : DT_BF16;
+    /* DeepSpeed's bf16 engine casts the whole module, peft's fp32 adapters included; FSDP
+     * needs one dtype per FlatParameter: the adapters take the frozen base's */
+    if (meth != MEMSIM_METHOD_DDP)
+        for (guint i = 0; i < d->md.trainable->len; i++)
+            ((AgTensor *)d->md.trainable->pdata[i])->dt = cdt;
     switch (meth) {
     case MEMSIM_METHOD_DDP: {
         /* iteration 1: one bucket of every gradient */
@@ -573,6 +633,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             p->st = flat;
             flat->refs++;
         }
+        /* the frozen base (LoRA, QLoRA) is not the optimizer's: it stays as loaded */
         gg_storage_restore(g, flat);
         gg_storage_unref(g, flat);
         d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
@@ -687,6 +748,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     gt_unref(g, d->ipg);
     gt_unref(g, d->grad_part);
     gt_unref(g, d->flat);
+    gt_unref(g, d->frozen_part);
     if (d->units)
         free_units(d);
     g_queue_free(d->inflight);
@@ -925,9 +987,13 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
     MemsimMethod meth = run->method;
     if (meth == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1))
         meth = MEMSIM_METHOD_MEGATRON;
-    if (run->finetune != MEMSIM_FT_FULL || run->inference)
-        return conflict(error, "method: distributed runs are modelled for full fine-tuning "
-                               "training (LoRA, QLoRA and inference run on one GPU)");
+    if (run->inference)
+        return conflict(error, "method: distributed runs are modelled for training (inference "
+                               "runs on one GPU)");
+    if (run->finetune != MEMSIM_FT_FULL && meth == MEMSIM_METHOD_MEGATRON)
+        return conflict(error, "finetune: Megatron-LM has no LoRA or QLoRA (its adapters live in "
+                               "NeMo); use ddp, zero1/2/3 or fsdp with --finetune %s",
+                        run->finetune == MEMSIM_FT_LORA ? "lora" : "qlora");
     if (meth != MEMSIM_METHOD_MEGATRON) {
         if (run->tp > 1 || run->pp > 1)
             return conflict(error, "method: --tp/--pp belong to the megatron method, not to %s",

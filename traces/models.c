@@ -64,7 +64,7 @@ static void lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t i
         l->quant4 = true;
         l->w = param(md, DT_U8, SHAPE(out * in / 2), false);
         l->b = NULL;
-        param(md, DT_F32, SHAPE((out * in + 63) / 64), false); /* absmax, lives with w */
+        l->absmax = param(md, DT_F32, SHAPE((out * in + 63) / 64), false); /* lives with w */
     } else if (i8) {
         l->w = param(md, DT_U8, SHAPE(out, in), false);
     } else {

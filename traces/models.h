@@ -11,6 +11,7 @@
 typedef struct {
     AgTensor *w, *b;
     AgTensor *lora_a, *lora_b;
+    AgTensor *absmax;  /* QLoRA: the fp32 absmax of the packed weight (not a reference) */
     bool conv1d;
     bool quant4;   /* QLoRA: w holds the packed 4-bit weight; dequantised per use */
     bool row_parallel; /* tensor parallelism: input split, output all-reduced */

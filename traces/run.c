@@ -589,20 +589,20 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError 
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
     MemsimTrace *t = memsim_trace_new(name);
-    if (run->gpus > 1 || run->method != MEMSIM_METHOD_NONE || run->tp > 1 || run->pp > 1) {
-        if (!memsim_generate_distributed(m, run, t, &rules, error)) {
-            memsim_trace_free(t);
-            return NULL;
-        }
-        return t;
-    }
-    memsim_trace_add_rank(t, 0, 1);
     MemsimRun eff = *run;
     g_auto(GStrv) split = NULL;
     if (run->finetune != MEMSIM_FT_FULL && !run->lora_targets) {
         split = g_strsplit(model_lora_default_targets(m->fam), ",", -1);
         eff.lora_targets = split;
     }
+    if (run->gpus > 1 || run->method != MEMSIM_METHOD_NONE || run->tp > 1 || run->pp > 1) {
+        if (!memsim_generate_distributed(m, &eff, t, &rules, error)) {
+            memsim_trace_free(t);
+            return NULL;
+        }
+        return t;
+    }
+    memsim_trace_add_rank(t, 0, 1);
     AgGraph *g = gg_new(t, 0, &rules);
     Model md;
     if (!model_build(&md, g, m, &eff, error)) {
