@@ -490,11 +490,10 @@ static inline StreamBins *bins_find(TPool *pool, uint32_t stream)
     return NULL;
 }
 
-static StreamBins *bins_get(TPool *pool, uint32_t stream)
+/* A stream's first free block in this pool: its set. */
+static StreamBins *bins_add(TPool *pool, uint32_t stream)
 {
-    StreamBins *sb = bins_find(pool, stream);
-    if (G_LIKELY(sb))
-        return sb;
+    StreamBins *sb;
     uint32_t lo = 0;
     while (lo < pool->n_sets && pool->sets[lo]->stream < stream)
         lo++;
@@ -510,6 +509,12 @@ static StreamBins *bins_get(TPool *pool, uint32_t stream)
     if (stream < G_N_ELEMENTS(pool->direct))
         pool->direct[stream] = sb;
     return pool->last = sb;
+}
+
+static inline StreamBins *bins_get(TPool *pool, uint32_t stream)
+{
+    StreamBins *sb = bins_find(pool, stream);
+    return G_LIKELY(sb) ? sb : bins_add(pool, stream);
 }
 
 static ALWAYS_INLINE void fs_insert(TPool *pool, TBlock *b)
@@ -529,11 +534,9 @@ static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
     StreamBins *sb = bins_find(pool, b->stream);
     unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
-    if (!sb->bins[c]) {
-        sb->bits[c >> 6] &= ~(1ull << (c & 63));
-        if (!sb->bits[c >> 6])
-            sb->summary &= ~(1ull << (c >> 6));
-    }
+    /* Without branches: whether a class or a word empties is data, not a pattern. */
+    sb->bits[c >> 6] &= ~((uint64_t)(sb->bins[c] == NULL) << (c & 63));
+    sb->summary &= ~((uint64_t)(sb->bits[c >> 6] == 0) << (c >> 6));
     sb->n--;
     pool->n_free--;
 }
@@ -752,8 +755,8 @@ static void stat_change(MemsimStat *s, int64_t delta)
         memsim_stat_sub(s, -delta);
 }
 
-static TBlock *new_block(Torch *t, TSegment *seg, memsim_addr_t ptr, memsim_size_t size,
-                         BlockState state)
+static ALWAYS_INLINE TBlock *block_make(Torch *t, TSegment *seg, memsim_addr_t ptr,
+                                        memsim_size_t size, BlockState state)
 {
     TBlock *b = slab_get(&t->block_slab);
     b->ptr = ptr;
@@ -771,6 +774,12 @@ static TBlock *new_block(Torch *t, TSegment *seg, memsim_addr_t ptr, memsim_size
     b->small = seg->small;
     b->exp = seg->exp;
     return b;
+}
+
+static TBlock *new_block(Torch *t, TSegment *seg, memsim_addr_t ptr, memsim_size_t size,
+                         BlockState state)
+{
+    return block_make(t, seg, ptr, size, state);
 }
 
 static void drop_block(Torch *t, TBlock *b)
@@ -1037,15 +1046,35 @@ static void free_block(Torch *t, TBlock *b)
     memsim_size_t original_size = b->size;
     memsim_size_t requested = b->requested;
     int64_t d_blocks = 0, d_bytes = 0;
-    TBlock *cands[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        memsim_size_t sz = try_merge(t, b, cands[i], TRUE);
-        if (sz) {
-            d_blocks -= 1;
-            d_bytes -= (int64_t)sz;
-        }
+    TPool *pool = pool_of(t, b);
+    /* try_merge_blocks with prev, then next, inlined (the neighbours share b's pool). */
+    TBlock *prev = b->prev, *next = b->next;
+    if (prev && prev->state == ST_FREE) {
+        fs_remove(pool, prev);
+        b->ptr = prev->ptr;
+        b->prev = prev->prev;
+        if (b->prev)
+            b->prev->next = b;
+        else
+            b->seg->first = b;
+        b->size += prev->size;
+        d_blocks -= 1;
+        d_bytes -= (int64_t)prev->size;
+        drop_block(t, prev);
     }
-    pool_insert(pool_of(t, b), b);
+    if (next && next->state == ST_FREE) {
+        fs_remove(pool, next);
+        b->next = next->next;
+        if (b->next)
+            b->next->prev = b;
+        b->size += next->size;
+        d_blocks -= 1;
+        d_bytes -= (int64_t)next->size;
+        drop_block(t, next);
+    }
+    b->state = ST_FREE; /* pool_insert */
+    b->gc_base = pool->clock;
+    fs_insert(pool, b);
     if (is_split(b)) {
         d_blocks += 1;
         d_bytes += (int64_t)b->size;
@@ -1380,14 +1409,16 @@ static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, gboolean in_p
     gboolean already_split = is_split(b);
     if (should_split(t, b, size)) {
         TBlock *rem = b;
-        b = new_block(t, rem->seg, rem->ptr, size, ST_ALLOCATED);
+        b = block_make(t, rem->seg, rem->ptr, size, ST_ALLOCATED);
         link_before(b, rem);
         /* The remainder goes back to the pool with a fresh GC age. */
         if (in_pool)
             fs_remove(pool, rem);
         rem->ptr += size;
         rem->size -= size;
-        pool_insert(pool, rem);
+        rem->state = ST_FREE; /* pool_insert */
+        rem->gc_base = pool->clock;
+        fs_insert(pool, rem);
         if (!b->exp) {
             if (already_split) {
                 memsim_stat_sub(&t->st.inactive_split, (int64_t)size);
