@@ -1082,6 +1082,16 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             }
             e->stream = (uint16_t)v;
         }
+        /* The two commonest kinds first, with what they carry known (carries[]); neither
+         * is among MEMSIM_KINDS_CHECKED. */
+        if (k == MEMSIM_EV_FREE) {
+            if (pi) {
+                READ(pi, pi_end, v, COL(CH_ID));
+                prev_id[k] += unzigzag(v);
+                e->id = prev_id[k];
+            }
+            continue;
+        }
         const unsigned m = carries[k] & present;
         if (m & C_FLAGS) {
             READ(pf, pf_end, v, COL(CH_FLAGS));

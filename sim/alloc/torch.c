@@ -179,6 +179,7 @@ typedef struct {
     uint64_t mask;
     uint64_t n;
     int bits;
+    int shift; /* 64 - bits */
 } HMap;
 
 typedef struct {
@@ -541,6 +542,24 @@ static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
     pool->n_free--;
 }
 
+/* b (in the pool) takes the key (size, ptr): out of its class and into the new one, with the
+ * stream's set looked up once and the counts left alone. */
+static ALWAYS_INLINE void fs_rekey(TPool *pool, TBlock *b, memsim_addr_t ptr, memsim_size_t size)
+{
+    StreamBins *sb = bins_find(pool, b->stream);
+    unsigned c = b->cls;
+    tree_remove(&sb->bins[c], b);
+    sb->bits[c >> 6] &= ~((uint64_t)(sb->bins[c] == NULL) << (c & 63));
+    sb->summary &= ~((uint64_t)(sb->bits[c >> 6] == 0) << (c >> 6));
+    b->ptr = ptr;
+    b->size = size;
+    c = size_class(size);
+    b->cls = (uint16_t)c;
+    bin_insert(&sb->bins[c], b);
+    sb->bits[c >> 6] |= 1ull << (c & 63);
+    sb->summary |= 1ull << (c >> 6);
+}
+
 /* The first block of `stream` with size >= size, or NULL. */
 static inline TBlock *fs_lower_bound(TPool *pool, uint32_t stream, memsim_size_t size)
 {
@@ -616,12 +635,13 @@ static TBlock *fs_next(TPool *pool, TBlock *b)
 
 static inline uint64_t h_home(const HMap *h, memsim_addr_t key)
 {
-    return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - h->bits);
+    return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> h->shift;
 }
 
 static void hmap_init(HMap *h, int bits)
 {
     h->bits = bits;
+    h->shift = 64 - bits;
     h->mask = ((uint64_t)1 << bits) - 1;
     h->n = 0;
     h->slots = g_new0(HSlot, h->mask + 1);
@@ -1411,14 +1431,16 @@ static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, gboolean in_p
         TBlock *rem = b;
         b = block_make(t, rem->seg, rem->ptr, size, ST_ALLOCATED);
         link_before(b, rem);
-        /* The remainder goes back to the pool with a fresh GC age. */
-        if (in_pool)
-            fs_remove(pool, rem);
-        rem->ptr += size;
-        rem->size -= size;
-        rem->state = ST_FREE; /* pool_insert */
+        /* The remainder goes back to the pool (pool_insert) with a fresh GC age. */
+        if (in_pool) {
+            fs_rekey(pool, rem, rem->ptr + size, rem->size - size);
+        } else {
+            rem->ptr += size;
+            rem->size -= size;
+            rem->state = ST_FREE;
+            fs_insert(pool, rem);
+        }
         rem->gc_base = pool->clock;
-        fs_insert(pool, rem);
         if (!b->exp) {
             if (already_split) {
                 memsim_stat_sub(&t->st.inactive_split, (int64_t)size);
