@@ -647,7 +647,16 @@ static void hmap_init(HMap *h, int bits)
     h->slots = g_new0(HSlot, h->mask + 1);
 }
 
-static void hmap_put(HMap *h, TBlock *b);
+/* Inserts an absent key into a map with room. */
+static ALWAYS_INLINE void hmap_add(HMap *h, TBlock *b)
+{
+    uint64_t i = h_home(h, b->ptr);
+    while (h->slots[i].val)
+        i = (i + 1) & h->mask;
+    h->slots[i].key = b->ptr;
+    h->slots[i].val = b;
+    h->n++;
+}
 
 static void hmap_grow(HMap *h)
 {
@@ -656,20 +665,15 @@ static void hmap_grow(HMap *h)
     hmap_init(h, h->bits + 1);
     for (uint64_t i = 0; i < old_n; i++)
         if (old[i].val)
-            hmap_put(h, old[i].val);
+            hmap_add(h, old[i].val);
     g_free(old);
 }
 
-static void hmap_put(HMap *h, TBlock *b)
+static ALWAYS_INLINE void hmap_put(HMap *h, TBlock *b)
 {
     if (G_UNLIKELY((h->n + 1) * 2 > h->mask + 1))
         hmap_grow(h);
-    uint64_t i = h_home(h, b->ptr);
-    while (h->slots[i].val)
-        i = (i + 1) & h->mask;
-    h->slots[i].key = b->ptr;
-    h->slots[i].val = b;
-    h->n++;
+    hmap_add(h, b);
 }
 
 static inline int64_t hmap_find_slot(const HMap *h, memsim_addr_t key)
@@ -907,7 +911,7 @@ static memsim_size_t try_merge(Torch *t, TBlock *dst, TBlock *src, gboolean mapp
 /* ---------------------------------------------------------------------------------------- */
 /* §3.1 rounding, §3 step 3 segment size */
 
-static memsim_size_t round_size_cfg(const TorchConfig *c, memsim_size_t size)
+static inline memsim_size_t round_size_cfg(const TorchConfig *c, memsim_size_t size)
 {
     if (size < K_MIN_BLOCK)
         return K_MIN_BLOCK;
@@ -1060,7 +1064,7 @@ static void synchronize_and_free_events(Torch *t)
 /* ---------------------------------------------------------------------------------------- */
 /* §5.2 free_block */
 
-static void free_block(Torch *t, TBlock *b)
+static ALWAYS_INLINE void free_block_inline(Torch *t, TBlock *b)
 {
     emit(t, MEMSIM_AEV_FREE_COMPLETED, b->ptr, b->requested, b->stream);
     memsim_size_t original_size = b->size;
@@ -1105,6 +1109,11 @@ static void free_block(Torch *t, TBlock *b)
     }
     memsim_stat_sub(&t->st.active, (int64_t)original_size);
     memsim_stat_sub(&t->st.requested, (int64_t)requested);
+}
+
+static void free_block(Torch *t, TBlock *b)
+{
+    free_block_inline(t, b);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1527,7 +1536,7 @@ static void torch_free(void *state, memsim_addr_t addr)
     if (b->uses)
         insert_events(t, b);
     else
-        free_block(t, b);
+        free_block_inline(t, b);
 }
 
 static void torch_record_stream(void *state, memsim_addr_t addr, uint32_t stream)
