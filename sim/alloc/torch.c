@@ -771,12 +771,12 @@ static inline gboolean device_has(const Torch *t, memsim_size_t n)
     return t->dev->capacity == 0 || t->total + n <= t->dev->capacity;
 }
 
-static void stat_change(MemsimStat *s, int64_t delta)
+/* memsim_stat_add or memsim_stat_sub by the sign of delta, without a branch on it: after a
+ * decrease the peak test cannot pass. */
+static inline void stat_change(MemsimStat *s, int64_t delta)
 {
-    if (delta > 0)
-        memsim_stat_add(s, delta);
-    else if (delta < 0)
-        memsim_stat_sub(s, -delta);
+    s->current += delta;
+    s->peak = s->current > s->peak ? s->current : s->peak;
 }
 
 static ALWAYS_INLINE TBlock *block_make(Torch *t, TSegment *seg, memsim_addr_t ptr,
@@ -1493,10 +1493,10 @@ static MemsimAllocResult torch_malloc(void *state, memsim_size_t orig, uint32_t 
         process_events(t);
     memsim_size_t size = round_size_cfg(&t->cfg, orig);
     TPool *pool = &t->pools[size <= K_SMALL_SIZE];
-    memsim_size_t alloc_size = allocation_size(t, size);
     TBlock *b = get_free_block(t, pool, stream, size);
     gboolean in_pool = TRUE;
     if (G_UNLIKELY(!b)) {
+        memsim_size_t alloc_size = allocation_size(t, size);
         if (gc_active(t))
             garbage_collect(t);
         b = alloc_block(t, pool, stream, size, alloc_size, FALSE);
