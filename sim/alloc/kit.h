@@ -1,5 +1,6 @@
 /* Internal, header-only: the building blocks the comparison policies of sim/alloc/ share
- * (bfc.c, best-fit.c, first-fit.c, buddy.c, stitch.c). Each policy keeps its algorithm in its
+ * (bfc.c, best-fit.c, first-fit.c, buddy.c, stitch.c; torch.c uses KitAddrMap). Each policy
+ * keeps its algorithm in its
  * own file; what lives here is mechanism that would otherwise be copied five times:
  *
  *   KitSlab     fixed-size objects carved from 4096-object chunks: no malloc per event.
@@ -106,17 +107,22 @@ typedef struct {
     uint64_t mask;
     uint64_t n;
     int bits;
+    int shift; /* 64 - bits */
 } KitAddrMap;
 
-static inline uint64_t kit_map_home(const KitAddrMap *m, memsim_addr_t key)
+/* The map's operations are on the malloc and free paths of every policy: inlined always. */
+#define KIT_HOT inline __attribute__((always_inline))
+
+static KIT_HOT uint64_t kit_map_home(const KitAddrMap *m, memsim_addr_t key)
 {
     /* Addresses are multiples of 256 at least: drop the zero bits before mixing. */
-    return ((key >> 8) * 0x9E3779B97F4A7C15ull) >> (64 - m->bits);
+    return ((key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift;
 }
 
 static inline void kit_map_init(KitAddrMap *m, int bits)
 {
     m->bits = bits;
+    m->shift = 64 - bits;
     m->mask = ((uint64_t)1 << bits) - 1;
     m->n = 0;
     m->slots = g_new0(KitSlot, m->mask + 1);
@@ -128,7 +134,7 @@ static inline void kit_map_clear(KitAddrMap *m)
     m->slots = NULL;
 }
 
-static inline void kit_map_put_raw(KitAddrMap *m, memsim_addr_t key, void *val)
+static KIT_HOT void kit_map_put_raw(KitAddrMap *m, memsim_addr_t key, void *val)
 {
     uint64_t i = kit_map_home(m, key);
     while (m->slots[i].val)
@@ -138,22 +144,26 @@ static inline void kit_map_put_raw(KitAddrMap *m, memsim_addr_t key, void *val)
     m->n++;
 }
 
-/* Inserts key → val; the key must not be present. */
-static inline void kit_map_put(KitAddrMap *m, memsim_addr_t key, void *val)
+static inline void kit_map_grow(KitAddrMap *m)
 {
-    if (G_UNLIKELY((m->n + 1) * 2 > m->mask + 1)) {
-        KitSlot *old = m->slots;
-        uint64_t old_n = m->mask + 1;
-        kit_map_init(m, m->bits + 1);
-        for (uint64_t i = 0; i < old_n; i++)
-            if (old[i].val)
-                kit_map_put_raw(m, old[i].key, old[i].val);
-        g_free(old);
-    }
+    KitSlot *old = m->slots;
+    uint64_t old_n = m->mask + 1;
+    kit_map_init(m, m->bits + 1);
+    for (uint64_t i = 0; i < old_n; i++)
+        if (old[i].val)
+            kit_map_put_raw(m, old[i].key, old[i].val);
+    g_free(old);
+}
+
+/* Inserts key → val; the key must not be present. */
+static KIT_HOT void kit_map_put(KitAddrMap *m, memsim_addr_t key, void *val)
+{
+    if (G_UNLIKELY((m->n + 1) * 2 > m->mask + 1))
+        kit_map_grow(m);
     kit_map_put_raw(m, key, val);
 }
 
-static inline int64_t kit_map_slot(const KitAddrMap *m, memsim_addr_t key)
+static KIT_HOT int64_t kit_map_slot(const KitAddrMap *m, memsim_addr_t key)
 {
     uint64_t i = kit_map_home(m, key);
     while (m->slots[i].val) {
@@ -164,14 +174,14 @@ static inline int64_t kit_map_slot(const KitAddrMap *m, memsim_addr_t key)
     return -1;
 }
 
-static inline void *kit_map_get(const KitAddrMap *m, memsim_addr_t key)
+static KIT_HOT void *kit_map_get(const KitAddrMap *m, memsim_addr_t key)
 {
     int64_t i = kit_map_slot(m, key);
     return i < 0 ? NULL : m->slots[i].val;
 }
 
 /* Removes key and returns its value (NULL if absent). */
-static inline void *kit_map_take(KitAddrMap *m, memsim_addr_t key)
+static KIT_HOT void *kit_map_take(KitAddrMap *m, memsim_addr_t key)
 {
     int64_t found = kit_map_slot(m, key);
     if (found < 0)
