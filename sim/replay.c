@@ -661,7 +661,10 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         } else if (sscanf(text, "step %u%n", &step, &used) == 1 &&
                    (text[used] == '\0' || strcmp(text + used, " begin") == 0)) {
             /* "step N" (or "step N begin") opens a step; other "step N ..." marks do not */
-            MemsimStepPeaks sp = {.step = step};
+            MemsimStepPeaks sp = {.step = step, .start_us = r->cpu_us};
+            for (guint k = 0; k < r->last_end->len; k++)
+                if (g_array_index(r->last_end, double, k) > sp.start_us)
+                    sp.start_us = g_array_index(r->last_end, double, k);
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;
             g_array_append_val(r->steps, sp);

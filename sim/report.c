@@ -137,6 +137,8 @@ char *memsim_report_to_json(const MemsimReport *rep)
             add_int(b, "step", sp->step);
             add_int(b, "peak_allocated", sp->peak_allocated);
             add_int(b, "peak_reserved", sp->peak_reserved);
+            json_builder_set_member_name(b, "start_us");
+            json_builder_add_double_value(b, sp->start_us);
             json_builder_set_member_name(b, "phases");
             json_builder_begin_object(b);
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++) {
@@ -342,6 +344,10 @@ char *memsim_report_to_text(const MemsimReport *rep)
                 if (sp->phase_peak_allocated[p] >= 0 && p != MEMSIM_PHASE_OTHER)
                     g_string_append_printf(s, "; %s %s", memsim_phase_name(p),
                                            FB(sp->phase_peak_allocated[p]));
+            /* simulated time: to the next step's start, the last step to the end */
+            double end = k + 1 < r->n_steps ? r->steps[k + 1].start_us : r->time_us;
+            if (end > sp->start_us)
+                g_string_append_printf(s, "; simulated time %.1f ms", (end - sp->start_us) / 1e3);
             g_string_append(s, "\n");
         }
         if (rep->context_bytes || rep->gpu_mem) {

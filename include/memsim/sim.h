@@ -59,6 +59,8 @@ typedef struct {
     int64_t peak_reserved;
     int64_t phase_peak_allocated[MEMSIM_PHASE_COUNT]; /* -1 = the phase did not run */
     int64_t phase_peak_reserved[MEMSIM_PHASE_COUNT];
+    double start_us; /* simulated time when the step began: the host's and every stream's
+                      * work so far done (0 without op durations) */
 } MemsimStepPeaks;
 
 /* Live bytes by category at a "breakdown:NAME" mark (e.g. the model state at the
