@@ -3,6 +3,7 @@
  * simulated timeline; streams; bad combinations. */
 #include <criterion/criterion.h>
 #include <memsim/gen.h>
+#include <math.h>
 #include <memsim/sim.h>
 #include <string.h>
 
@@ -516,5 +517,57 @@ Test(distributed, lora_and_qlora_model_state, .timeout = 300)
                      "%s %s optimizer %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT, want[i].ft,
                      want[i].method, b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt);
         memsim_report_free(rep);
+    }
+}
+
+/* Collectives carry durations from the profile's links: ZeRO-3 on 8 GPUs of one node (A100
+ * NVLink 300 GB/s per direction, at 80%) gathers a Llama-2-7B layer (bf16, padded to N) in
+ * (N − 1)/N of its bytes over the link; Megatron's TP and pipeline collectives are timed too.
+ * Replaying the same trace twice gives the same time. */
+Test(distributed, collectives_take_link_time, .timeout = 300)
+{
+    const int N = 8;
+    int64_t layer = 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096;
+    double gl = 2.0 * N * (double)((layer + N - 1) / N);
+    double want = (N - 1.0) / N * gl / (0.8 * 300e3);
+    const char *zero3[] = {"gpus", "8", "method", "zero3", "seq", "128", "steps", "1", NULL};
+    const char *mega[] = {"gpus", "8", "tp", "2", "pp", "2", "dp", "2", "seq", "128",
+                          "sequence-parallel", "true", "steps", "1", NULL};
+    const char *const *runs[] = {zero3, mega};
+    for (gsize k = 0; k < G_N_ELEMENTS(runs); k++) {
+        MemsimTrace *t = NULL;
+        MemsimReport *rep = run_dist("llama-2-7b", runs[k], &t);
+        MemsimTraceHeader *h = memsim_trace_header(t);
+        int colls = 0, untimed = 0, layer_gathers = 0;
+        for (guint r = 0; r < h->n_ranks; r++) {
+            gsize n;
+            const MemsimEvent *ev = memsim_trace_events(t, r, &n);
+            for (gsize i = 1; i < n; i++) {
+                if (ev[i].kind != MEMSIM_EV_COLLECTIVE || ev[i].size == 0)
+                    continue;
+                cr_assert_eq(ev[i - 1].kind, MEMSIM_EV_OP);
+                double d = h->ops[ev[i - 1].id].duration_us;
+                colls++;
+                untimed += d <= 0;
+                if (k == 0 && ev[i].aux == MEMSIM_COLL_ALL_GATHER && ev[i].size == (uint64_t)gl) {
+                    cr_expect(fabs(d - want) < 1e-6 * want, "layer gather %.3f µs, want %.3f", d,
+                              want);
+                    layer_gathers++;
+                }
+            }
+        }
+        cr_expect_gt(colls, 10);
+        cr_expect_eq(untimed, 0, "%d of %d collectives untimed", untimed, colls);
+        if (k == 0)
+            cr_expect_gt(layer_gathers, 32);
+        MemsimReport *again = memsim_replay_trace(t, NULL, NULL);
+        for (guint r = 0; r < rep->n_ranks; r++) {
+            cr_expect_gt(rep->ranks[r].time_us, 0.0);
+            cr_expect_eq(rep->ranks[r].time_us, again->ranks[r].time_us);
+            cr_expect_eq(rep->ranks[r].stats.allocated.peak, again->ranks[r].stats.allocated.peak);
+        }
+        memsim_report_free(again);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
     }
 }

@@ -389,8 +389,16 @@ Test(png, size_and_peak_marker)
         }
     cr_expect_gt(n, 50, "%ld pixels of the peak marker's colour", n);
     const MemsimTimelineRank *r = memsim_timeline_rank(tl, 0);
+    /* the x axis: simulated time for a trace with op durations (generated ones), else events */
     double xmax = (double)MAX(r->n_events - 1, r->samples[r->n_samples - 1].event_last);
-    double want = 84 + (1200 - 84 - 30) * (double)r->peak_allocated.event / xmax;
+    double at = (double)r->peak_allocated.event;
+    if (r->has_time) {
+        xmax = 1;
+        for (gsize i = 0; i < r->n_samples; i++)
+            xmax = MAX(xmax, r->samples[i].time_last_us);
+        at = r->peak_allocated.time_us;
+    }
+    double want = 84 + (1200 - 84 - 30) * at / xmax;
     cr_expect(n && fabs(sx / n - want) < 4, "marker at x=%.1f, the peak is at x=%.1f",
               n ? sx / n : -1, want);
     cairo_surface_destroy(s);

@@ -287,3 +287,53 @@ Test(generator, deterministic)
     g_free(texts[0]);
     g_free(texts[1]);
 }
+
+/* Op durations: every op that allocates (but "empty") or is a GEMM carries a duration, so
+ * the replay's streams advance. One step of Llama-2-7B on the default A100-80GB (bf16
+ * tensor-core peak 312 TFLOP/s, durations at half of it) takes at least its GEMM FLOPs,
+ * 6 · Ψm · tokens with Ψm the matrix parameters (7 projections of the 32 layers and the
+ * head: 32 · (4·4096² + 3·4096·11008) + 32000·4096), and, with attention, elementwise
+ * traffic and the optimizer, not half as much again. */
+Test(generator, op_durations_and_step_time, .timeout = 120)
+{
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load("llama-2-7b", &error);
+    MemsimRun run = memsim_run_defaults();
+    cr_assert(memsim_run_set(&run, "seq", "1024", &error));
+    cr_assert(memsim_run_set(&run, "batch", "4", &error));
+    MemsimTrace *t = memsim_generate(m, &run, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    int64_t op = -1, untimed = 0, timed = 0;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP) {
+            op = (int64_t)ev[i].id;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC && op >= 0) {
+            const MemsimOpInfo *o = &h->ops[op];
+            if (strcmp(h->strings[o->name], "empty") != 0) {
+                if (o->duration_us > 0)
+                    timed++;
+                else
+                    untimed++;
+            }
+            op = -1;
+        }
+    }
+    cr_expect_gt(timed, 1000);
+    cr_expect_eq(untimed, 0, "%" G_GINT64_FORMAT " allocating ops without a duration", untimed);
+    MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+    cr_assert(rep);
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_assert_eq(r->n_steps, 2);
+    double step_s = (r->time_us - r->steps[1].start_us) / 1e6;
+    double psi_m = 32.0 * (4.0 * 4096 * 4096 + 3.0 * 4096 * 11008) + 32000.0 * 4096;
+    double gemm_s = 6.0 * psi_m * 4 * 1024 / (0.5 * 312e12);
+    cr_expect(step_s >= gemm_s && step_s <= 1.5 * gemm_s, "step %.3f s, GEMMs %.3f s", step_s,
+              gemm_s);
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+}

@@ -30,7 +30,16 @@ struct AgGraph {
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
     uint32_t pass;    /* backward passes so far */
     GPtrArray *stack; /* scratch for mark_deps */
+    /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
+    double flops_per_us, bytes_per_us;
+    GArray *costs;    /* OpCost */
+    bool costing;     /* the last op is the last record's (allocations add to it) */
 };
+
+typedef struct {
+    guint pos;        /* the OP event */
+    double flops, bytes;
+} OpCost;
 
 /* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
  * literals, so pointer identity is enough (a duplicate entry would only repeat a name). */
@@ -82,7 +91,82 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->cast_cache = g_hash_table_new(NULL, NULL);
     g->cast_order = g_ptr_array_new();
     g->stack = g_ptr_array_new();
+    g->costs = g_array_new(FALSE, FALSE, sizeof(OpCost));
     return g;
+}
+
+void gg_set_rates(AgGraph *g, double flops_per_us, double bytes_per_us)
+{
+    g->flops_per_us = flops_per_us;
+    g->bytes_per_us = bytes_per_us;
+}
+
+void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32)
+{
+    if (!gpu) {
+        gg_set_rates(g, 0.0, 0.0);
+        return;
+    }
+    /* TFLOP/s = 1e6 FLOP/µs; GB/s = 1e3 B/µs */
+    gg_set_rates(g, 0.5 * (fp32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e6, 0.8 * gpu->hbm_gbs * 1e3);
+}
+
+void gg_flops(AgGraph *g, double flops)
+{
+    if (g->costing)
+        g_array_index(g->costs, OpCost, g->costs->len - 1).flops += flops;
+}
+
+typedef struct {
+    uint64_t op;
+    double dur;
+} TimedKey;
+
+static guint timed_hash(gconstpointer p)
+{
+    const TimedKey *k = p;
+    uint64_t bits;
+    memcpy(&bits, &k->dur, sizeof bits);
+    return (guint)(k->op * 2654435761u) ^ (guint)(bits ^ (bits >> 32));
+}
+
+static gboolean timed_equal(gconstpointer a, gconstpointer b)
+{
+    const TimedKey *x = a, *y = b;
+    return x->op == y->op && x->dur == y->dur;
+}
+
+/* Gives each costed op its duration: a copy of its op-table entry with the duration, shared
+ * by the ops of equal entry and duration. */
+static void apply_costs(AgGraph *g)
+{
+    if (!g->costs->len)
+        return;
+    MemsimTraceHeader *h = memsim_trace_header(g->trace);
+    GHashTable *timed = g_hash_table_new_full(timed_hash, timed_equal, g_free, NULL);
+    MemsimEvent *ev = (MemsimEvent *)g->events->data;
+    for (guint i = 0; i < g->costs->len; i++) {
+        const OpCost *c = &g_array_index(g->costs, OpCost, i);
+        double t = c->flops / g->flops_per_us;
+        double m = 2.0 * c->bytes / g->bytes_per_us;
+        double dur = t > m ? t : m;
+        if (!(dur > 0.0))
+            continue;
+        TimedKey key = {ev[c->pos].id, dur};
+        gpointer v = g_hash_table_lookup(timed, &key);
+        if (v) {
+            ev[c->pos].id = GPOINTER_TO_UINT(v) - 1;
+            continue;
+        }
+        TimedKey *k = g_memdup2(&key, sizeof key);
+        MemsimOpInfo op = h->ops[ev[c->pos].id];
+        op.duration_us = dur;
+        guint32 idx = memsim_trace_add_op(g->trace, &op);
+        h = memsim_trace_header(g->trace);
+        g_hash_table_insert(timed, k, GUINT_TO_POINTER(idx + 1));
+        ev[c->pos].id = idx;
+    }
+    g_hash_table_unref(timed);
 }
 
 void gg_free(AgGraph *g)
@@ -92,6 +176,8 @@ void gg_free(AgGraph *g)
     g->teardown = true;
     for (int i = 0; i < 2; i++)
         gt_unref(g, g->workspace[i]);
+    apply_costs(g);
+    g_array_unref(g->costs);
     if (g->events->len)
         memsim_trace_append(g->trace, g->rank, (MemsimEvent *)g->events->data, g->events->len);
     g_array_unref(g->events);
@@ -122,6 +208,8 @@ MemsimTrace *gg_trace(AgGraph *g)
 static void emit(AgGraph *g, const MemsimEvent *ev)
 {
     g_array_append_val(g->events, *ev);
+    if (g->costing && ev->kind == MEMSIM_EV_ALLOC)
+        g_array_index(g->costs, OpCost, g->costs->len - 1).bytes += (double)ev->size;
 }
 
 void gg_op(AgGraph *g, const char *name)
@@ -144,8 +232,13 @@ void gg_op(AgGraph *g, const char *name)
         idx = memsim_trace_add_op(g->trace, &op);
         g_hash_table_insert(g->op_index, g_memdup2(&key, sizeof key), GUINT_TO_POINTER(idx + 1));
     }
-    MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx};
+    MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     emit(g, &ev);
+    g->costing = g->flops_per_us > 0.0 && strcmp(name, "empty") != 0;
+    if (g->costing) {
+        OpCost c = {g->events->len - 1, 0.0, 0.0};
+        g_array_append_val(g->costs, c);
+    }
 }
 
 void gg_mark(AgGraph *g, const char *text)
@@ -813,6 +906,7 @@ void gg_storage_restore(AgGraph *g, AgStorage *st)
 {
     if (st->resident)
         return;
+    g->costing = false; /* not an op's output */
     st->resident = true;
     st->id = g->next_storage++;
     st->stream = g->ctx.stream;
@@ -850,6 +944,7 @@ void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64
                        .duration_us = duration_us};
     guint32 idx = memsim_trace_add_op(g->trace, &op);
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
+    g->costing = false;
     emit(g, &oe);
     MemsimEvent ev = {.kind = MEMSIM_EV_COLLECTIVE, .stream = g->ctx.stream, .size = bytes,
                       .id = group, .aux = kind};
@@ -910,6 +1005,7 @@ void gg_op_timed(AgGraph *g, const char *name, double duration_us)
                        .duration_us = duration_us};
     guint32 idx = memsim_trace_add_op(g->trace, &op);
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
+    g->costing = false;
     emit(g, &oe);
 }
 

@@ -20,6 +20,7 @@
 #ifndef MEMSIM_TRACES_AUTOGRAD_H
 #define MEMSIM_TRACES_AUTOGRAD_H
 
+#include <memsim/gen.h>
 #include <memsim/trace.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -251,6 +252,18 @@ void gg_wait_stream(AgGraph *g, uint16_t stream, uint16_t on);
  * that meet), with an estimated duration. */
 void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
                    double duration_us);
+
+/* Op durations (TORCH's time model in sim/replay.c): with rates set, every op of gg_op gets a
+ * duration, the larger of its FLOPs (gg_flops) at `flops_per_us` and its memory traffic at
+ * `bytes_per_us`, the traffic counted as twice the bytes the op allocates (outputs written,
+ * inputs of the same order read). Ops named "empty" and ops that allocate nothing and do no
+ * FLOPs stay untimed (views, in-place bookkeeping). Rates of 0: no durations. */
+void gg_set_rates(AgGraph *g, double flops_per_us, double bytes_per_us);
+/* Adds `flops` to the op being run (the last gg_op). */
+void gg_flops(AgGraph *g, double flops);
+/* The rates of a GPU profile: half the tensor-core (fp32: the fp32) peak and 80% of the HBM
+ * bandwidth (traces/gpus.c). */
+void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32);
 
 /* A GEMM is about to run: the first one on the forward thread and the first on the autograd
  * thread each get a cuBLAS workspace from the caching allocator, kept for the process

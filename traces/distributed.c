@@ -39,6 +39,12 @@
  * backward moves past it (its post-backward), with or without checkpointing. The root
  * (embeddings, final norm, head) is gathered for the whole forward and backward.
  *
+ * Durations: compute ops are costed by the graph (gg_set_gpu: FLOPs at half the tensor-core
+ * peak, traffic at 80% of HBM); collectives by ring over the profile's link within a node or
+ * the network beyond (comm_cost); ZeRO-3's host synchronises its fetches as FSDP's limiter
+ * does, so the host stays within two gathers of the GPU. Ranks replay independently: a
+ * pipeline stage's time has no bubble.
+ *
  * Simplifications, stated: ZeRO-3's reuse-distance and persistence-threshold rules keep no
  * parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
  * padded parameters; collectives of symmetric ranks need no meeting (all ranks of a role
@@ -48,6 +54,7 @@
 
 #include <string.h>
 
+#include "traces/cost.h"
 #include "traces/models.h"
 
 enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
@@ -58,15 +65,24 @@ enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
 
 typedef MemsimGpu GpuProfile;
 
-/* Microseconds per byte of a collective. Compute ops carry no durations yet, so timing only
- * collectives would let recorded cross-stream events lag behind a host that never advances;
- * until compute is costed, collectives are instantaneous too and every recorded event
- * completes before the next allocator call (TORCH_ALLOCATOR.md §5.3's approximation). The
- * link figures stay in the profile for the planner's cost model. */
-static double comm_cost(const GpuProfile *gpu)
+/* Microseconds per byte over a group's links: the profile's GPU-to-GPU link when the group
+ * fits in one node, else the network (the planner's 25 GB/s per GPU), at 80% of the figure
+ * as every derived duration (traces/gpus.c). Compute ops are costed too (gg_set_gpu), so the
+ * replay's streams advance and a record_stream'd block is reusable once its stream passed. */
+static double comm_cost(const GpuProfile *gpu, bool intra)
 {
-    (void)gpu;
-    return 0.0;
+    double gbs = intra ? gpu->link_gbs : COST_NETWORK_GBS_DEFAULT;
+    return 1.0 / (0.8 * gbs * 1e3);
+}
+
+/* A ring collective among n ranks moving `bytes` (the full, unsharded size): all-reduce
+ * 2(n − 1)/n of it per link, all-gather and reduce-scatter (n − 1)/n, send/recv all of it. */
+static double ring_us(double us_per_byte, MemsimCollectiveKind kind, uint64_t bytes, int n)
+{
+    double f = kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (n - 1) / n
+               : kind == MEMSIM_COLL_SEND || kind == MEMSIM_COLL_RECV ? 1.0
+                                                                      : (double)(n - 1) / n;
+    return n > 1 || f == 1.0 ? f * (double)bytes * us_per_byte : 0.0;
 }
 
 static const GpuProfile *gpu_profile(const char *name)
@@ -126,9 +142,9 @@ static AgTensor *alloc_cat(AgGraph *g, uint8_t cat, DType dt, int64_t n)
     return t;
 }
 
-static double coll_us(Dist *d, uint64_t bytes)
+static double coll_us(Dist *d, MemsimCollectiveKind kind, uint64_t bytes)
 {
-    return d->comm_us_per_byte * (double)bytes;
+    return ring_us(d->comm_us_per_byte, kind, bytes, d->N);
 }
 
 /* ---- units (FSDP FlatParameters, ZeRO-3 layer gathers) ---- */
@@ -149,12 +165,14 @@ static void unshard(Dist *d, int u)
         return;
     uint16_t old = c->stream;
     uint8_t oldcat = c->category;
+    /* FSDP's rate limiter: at most two all-gathers in flight, the host waits for the oldest
+     * one's free event; ZeRO-3 alike synchronises its oldest fetch event beyond two
+     * (__max_ongoing_fetch_events) */
+    if (g_queue_get_length(d->inflight) >= 2) {
+        g_queue_pop_head(d->inflight);
+        gg_host_wait(g, S_COMPUTE);
+    }
     if (d->method != MEMSIM_METHOD_ZERO3) {
-        /* rate limiter: at most two all-gathers in flight; the host waits for the oldest */
-        if (g_queue_get_length(d->inflight) >= 2) {
-            g_queue_pop_head(d->inflight);
-            gg_host_wait(g, S_COMPUTE);
-        }
         /* _mp_shard: the bf16 cast of the fp32 shard, on the pre-unshard stream */
         c->stream = S_PRE;
         gg_wait_stream(g, S_PRE, S_COMPUTE);
@@ -163,7 +181,7 @@ static void unshard(Dist *d, int u)
         gg_wait_stream(g, S_COMM, S_PRE);
         c->category = MEMSIM_CAT_PARAMETER;
         gg_storage_restore(g, un->full);
-        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, un->full->nbytes));
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, MEMSIM_COLL_ALL_GATHER, un->full->nbytes));
         gg_record_stream(g, mp, S_COMM);
         gt_unref(g, mp);
         g_queue_push_tail(d->inflight, un);
@@ -172,7 +190,8 @@ static void unshard(Dist *d, int u)
         gg_wait_stream(g, S_COMM, S_COMPUTE);
         c->category = MEMSIM_CAT_PARAMETER;
         gg_storage_restore(g, un->full);
-        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, un->full->nbytes));
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, MEMSIM_COLL_ALL_GATHER, un->full->nbytes));
+        g_queue_push_tail(d->inflight, un);
     }
     c->stream = old;
     c->category = oldcat;
@@ -239,7 +258,7 @@ static void reduce_unit_grads(Dist *d, Unit *un)
                         : NULL;
     AgTensor *sh = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
     gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
-                  coll_us(d, (uint64_t)un->shard_numel * d->N * 2));
+                  coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2));
     AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->lora ? DT_BF16 : DT_F32, un->shard_numel);
     if (!un->grad_shard)
         un->grad_shard = f32;
@@ -275,7 +294,10 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
         AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
-                      (uint64_t)d->ipg_fill * 2, 0, coll_us(d, (uint64_t)d->ipg_fill * 2));
+                      (uint64_t)d->ipg_fill * 2, 0,
+                      coll_us(d, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
+                                                                  : MEMSIM_COLL_ALL_REDUCE,
+                              (uint64_t)d->ipg_fill * 2));
         gt_unref(g, tmp);
         d->ipg_fill = 0;
         /* stage 2 copies the owned gradients into grads_in_partition (allocated at the first
@@ -302,7 +324,10 @@ static void zero_flush(Dist *d)
         AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
-                      (uint64_t)d->ipg_fill * 2, 0, coll_us(d, (uint64_t)d->ipg_fill * 2));
+                      (uint64_t)d->ipg_fill * 2, 0,
+                      coll_us(d, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
+                                                                  : MEMSIM_COLL_ALL_REDUCE,
+                              (uint64_t)d->ipg_fill * 2));
         gt_unref(g, tmp);
         d->ipg_fill = 0;
     }
@@ -325,7 +350,7 @@ static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
             uint16_t old = c->stream;
             c->stream = S_COMM;
             gg_wait_stream(g, S_COMM, S_COMPUTE);
-            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, DDP_BUCKET, 0, coll_us(d, DDP_BUCKET));
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, DDP_BUCKET, 0, coll_us(d, MEMSIM_COLL_ALL_REDUCE, DDP_BUCKET));
             c->stream = old;
         }
         break;
@@ -536,7 +561,7 @@ static void sharded_step(Dist *d, bool first, bool last)
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
-                      coll_us(d, (uint64_t)d->psi_pad * 2));
+                      coll_us(d, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2));
     }
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* stage 1/2: grads_in_partition and the ipg buffers go; stage 3 keeps both */
@@ -577,7 +602,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     d->N = N;
     d->inflight = g_queue_new();
     d->buckets = g_ptr_array_new();
-    d->comm_us_per_byte = comm_cost(gpu);
+    d->comm_us_per_byte = comm_cost(gpu, N <= run->gpus_per_node);
+    gg_set_gpu(g, gpu, run->precision == MEMSIM_PREC_FP32);
     /* DeepSpeed and FSDP MixedPrecision compute in bf16 on bf16 parameters */
     MemsimRun eff = *run;
     bool lowp = run->precision != MEMSIM_PREC_FP32;
@@ -843,6 +869,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     memsim_trace_header(t)->ranks[rank].role = g_strdup_printf(
         "pipeline stage %d of %d (tp %d, dp %d)", r, pp, tp, dp);
     AgGraph *g = gg_new(t, rank, rules);
+    gg_set_gpu(g, gpu, run->precision == MEMSIM_PREC_FP32);
     MemsimRun eff = *run;
     if (run->precision != MEMSIM_PREC_FP32)
         eff.precision = run->precision == MEMSIM_PREC_FP16_MIXED ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
@@ -857,7 +884,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
             gg_free(g);
             return FALSE;
         }
-        chunks[k].comm_us_per_byte = comm_cost(gpu);
+        chunks[k].comm_us_per_byte = comm_cost(gpu, tp <= run->gpus_per_node);
     }
     int64_t psi = 0;
     for (int k = 0; k < v; k++)
@@ -870,6 +897,11 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     int64_t H = m->H;
     int64_t sq = run->sequence_parallel ? run->seq / tp : run->seq; /* p2p tensors' tokens */
     DType adt = chunks[0].adt;
+    /* Megatron's layout: tp innermost, then dp, then pp (the planner's, traces/cost.c) */
+    double dp_cost = comm_cost(gpu, tp * dp <= run->gpus_per_node);
+    uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
+    double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,
+                            p2p_bytes, 2);
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
         char mark[32];
@@ -886,7 +918,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_FORWARD;
                 if (!md->first) {
                     /* recv: a fresh [b, s, h] buffer that needs grad */
-                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * sq * H * dt_size(adt)), 2, 0);
+                    gg_collective(g, MEMSIM_COLL_RECV, p2p_bytes, 2, p2p_us);
                     f->in = gg_leaf(g, adt, 3, (int64_t[]){run->batch, sq, H}, true,
                                     MEMSIM_CAT_ACTIVATION);
                 }
@@ -899,7 +931,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 if (loss) {
                     f->out = loss;
                 } else {
-                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, 0);
+                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, p2p_us);
                     gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
                     f->out = hidden;
                 }
@@ -907,14 +939,14 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_BACKWARD;
                 AgTensor *grad = NULL;
                 if (!md->last) {
-                    gg_collective(g, MEMSIM_COLL_RECV, (uint64_t)(run->batch * sq * H * dt_size(adt)), 2, 0);
+                    gg_collective(g, MEMSIM_COLL_RECV, p2p_bytes, 2, p2p_us);
                     grad = op_new(g, "empty", adt, 3, (int64_t[]){run->batch, sq, H});
                 }
                 gg_backward_with(g, f->out, grad);
                 gt_unref(g, f->out);
                 f->out = NULL;
                 if (f->in) {
-                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, 0);
+                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, p2p_us);
                     gt_unref(g, f->in);
                     f->in = NULL;
                 }
@@ -936,7 +968,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
         gg_op(g, "optimizer.step");
         if (dp > 1)
             gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, 3,
-                          (double)psi * 4 * comm_cost(gpu));
+                          ring_us(dp_cost, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, dp));
         int64_t part = (psi + dp - 1) / dp;
         if (step == 1) { /* fp32 main parameters and Adam state of this rank's shard */
             g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
@@ -947,7 +979,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
             gg_mark(g, "breakdown:model state at the optimizer step");
         if (dp > 1)
             gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, 3,
-                          (double)psi * 2 * comm_cost(gpu));
+                          ring_us(dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, dp));
         c->phase = MEMSIM_PHASE_OTHER;
     }
     gg_teardown(g);

@@ -83,6 +83,14 @@ static void lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t i
 
 /* ---- layers ---- */
 
+/* A tensor-parallel collective of `bytes` (full size) over the tp ranks' ring. */
+static double tp_us(const Model *md, MemsimCollectiveKind kind, uint64_t bytes)
+{
+    int t = md->tp;
+    double f = kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (t - 1) / t : (double)(t - 1) / t;
+    return t > 1 ? f * (double)bytes * md->comm_us_per_byte : 0.0;
+}
+
 static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x);
 
 /* A tensor-parallel row-parallel layer's output is all-reduced in place (no buffer). */
@@ -117,13 +125,16 @@ static void bw_sp_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
         memcpy(sh, xs->shape, sizeof sh);
         sh[1] *= tp;
         gg_op(g, "mm");
+        gg_flops(g, 2.0 * (double)gt_numel(gin[0]) * (double)w->shape[1]);
         AgTensor *full = gt_empty(g, gin[0]->dt, xs->nd, sh);
-        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1, 0.0);
+        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1,
+                      n->farg[0] * (double)gt_nbytes(full) * (tp - 1) / tp);
         gout[0] = gt_empty(g, gin[0]->dt, xs->nd, xs->shape);
         gt_unref(g, full);
     }
     if (n->next[1].node) {
         gg_op(g, "mm");
+        gg_flops(g, 2.0 * (double)gt_numel(gin[0]) * (double)w->shape[1]);
         gout[1] = gt_empty(g, gin[0]->dt, w->nd, w->shape);
     }
     if (n->n_next > 2 && n->next[2].node) {
@@ -136,8 +147,10 @@ static AgTensor *sp_column_linear(Model *md, Lin *l, AgTensor *x)
 {
     AgGraph *g = md->g;
     sp_buffer(md, x);
-    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp, 1, 0.0);
+    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp, 1,
+                  tp_us(md, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp));
     gg_op(g, "linear");
+    gg_flops(g, 2.0 * (double)gt_numel(x) * (double)md->tp * (double)l->out);
     int64_t sh[GT_MAXDIM];
     memcpy(sh, x->shape, sizeof sh);
     sh[1] *= md->tp;
@@ -150,6 +163,7 @@ static AgTensor *sp_column_linear(Model *md, Lin *l, AgTensor *x)
         for (int i = 0; i < (l->b ? 3 : 2); i++)
             gn_add_input(g, n, xs[i]);
         n->iarg[0] = md->tp;
+        n->farg[0] = md->comm_us_per_byte;
         gn_save(g, n, x);
         gn_save(g, n, l->w);
         gn_set_output(n, out, 0);
@@ -161,14 +175,17 @@ static AgTensor *sp_column_linear(Model *md, Lin *l, AgTensor *x)
  * all-gathers the gradient into a new full tensor. */
 static void bw_sp_scatter(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
-    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(n->in_meta[0]), 1, 0.0);
+    /* farg[0]: the ring's µs per byte of the full size */
+    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(n->in_meta[0]), 1,
+                  n->farg[0] * (double)gt_nbytes(n->in_meta[0]));
     gout[0] = gt_empty(g, gin[0]->dt, n->in_meta[0]->nd, n->in_meta[0]->shape);
 }
 
 static AgTensor *sp_reduce_scatter(Model *md, AgTensor *full)
 {
     AgGraph *g = md->g;
-    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1, 0.0);
+    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1,
+                  tp_us(md, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full)));
     int64_t sh[GT_MAXDIM];
     memcpy(sh, full->shape, sizeof sh);
     sh[1] /= md->tp;
@@ -176,6 +193,7 @@ static AgTensor *sp_reduce_scatter(Model *md, AgTensor *full)
     AgNode *n = gg_needs_grad(g, 1, &full) ? gn_new(g, "_ReduceScatterToSequenceParallelRegionBackward", bw_sp_scatter, 1) : NULL;
     if (n) {
         gn_add_input(g, n, full);
+        n->farg[0] = tp_us(md, MEMSIM_COLL_ALL_GATHER, 1000000) / 1e6;
         gn_set_output(n, out, 0);
     }
     return out;
@@ -193,7 +211,7 @@ static AgTensor *lin(Model *md, Lin *l, AgTensor *x)
             return r;
         }
         gg_collective(md->g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out), 1,
-                      md->comm_us_per_byte * (double)gt_nbytes(out));
+                      tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out)));
     }
     return out;
 }
@@ -471,6 +489,9 @@ static void bw_sdpa(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     const AgTensor *q = n->in_meta[0], *kk = n->in_meta[1];
     int64_t B = q->shape[0], nh = q->shape[1], S = q->shape[2], hd = q->shape[3];
     gg_op(g, k == SDPA_FLASH ? "_flash_attention_backward" : "_efficient_attention_backward");
+    /* causal: half of 4·B·nh·S²·hd per pass; backward 2.5 passes (dQ, dK, dV and the
+     * recomputed scores) */
+    gg_flops(g, 2.5 * 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
     for (int i = 0; i < 3; i++)
         if (n->next[i].node)
             gout[i] = gt_empty(g, n->in_meta[i]->dt, n->in_meta[i]->nd, n->in_meta[i]->shape);
@@ -503,6 +524,7 @@ static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *
     int64_t B = qc->shape[0], nh = qc->shape[1], S = qc->shape[2], hd = qc->shape[3];
     gg_op(g, kind == SDPA_FLASH ? "_scaled_dot_product_flash_attention"
                                 : "_scaled_dot_product_efficient_attention");
+    gg_flops(g, 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
     /* output laid out [B,S,nh,hd] and returned as a [B,nh,S,hd] view */
     AgTensor *ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, hd));
     AgTensor *o = op_transpose(g, ob, 1, 2);
@@ -1624,7 +1646,8 @@ static AgTensor *vocab_parallel_ce(Model *md, AgTensor *logits)
     AgTensor *small[4];
     for (int i = 0; i < 4; i++) /* max, masked target, predicted logits, sum-exp: [N] */
         small[i] = gt_empty(g, DT_F32, SHAPE(N));
-    gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3, 1, 0.0);
+    gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3, 1,
+                  tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3));
     AgTensor *loss = gt_empty(g, DT_F32, SHAPE(N));
     for (int i = 0; i < 4; i++)
         gt_unref(g, small[i]);
@@ -1658,7 +1681,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     if (md->first) {
         x = op_embedding(g, md->wte, ids);
         if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
-            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1, 0.0);
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1,
+                          tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
     } else {
         x = gt_ref(x_in);
     }

@@ -768,13 +768,17 @@ static void bw_mm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     AgTensor *gr = gin[0];
     int bias = n->iarg[0] ? 1 : 0;
     int i1 = bias, i2 = bias + 1;
+    /* [M,K] @ [K,N] = [M,N]: each gradient GEMM is 2·M·K·N FLOPs */
+    double mkn = (double)gt_numel(gr) * (double)n->in_meta[i2]->shape[0];
     if (needs(n, i1)) {
         gg_op(g, "mm");
+        gg_flops(g, 2.0 * mkn);
         gout[i1] = alloc_like_dt(g, n->in_meta[i1], gr->dt);
     }
     if (needs(n, i2)) {
         const AgTensor *m2 = n->in_meta[i2];
         gg_op(g, "mm");
+        gg_flops(g, 2.0 * mkn);
         AgTensor *t = gt_empty(g, gr->dt, SHAPE(m2->shape[1], m2->shape[0]));
         /* the transpose view of a row-major [N,K]: mat2's layout */
         gout[i2] = gt_view_of(g, t, 2, m2->shape, (int64_t[]){1, m2->shape[0]});
@@ -809,6 +813,7 @@ AgTensor *op_linear(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     bool addmm = bc && (xc->nd == 2 || gt_is_contiguous(xc));
     gg_gemm(g);
     gg_op(g, addmm ? "addmm" : "mm");
+    gg_flops(g, 2.0 * (double)M * (double)H * (double)O);
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
     AgTensor *xs3[3] = {bc, x2, wt};
     AgNode *n = addmm ? node_for(g, "AddmmBackward0", bw_mm, 3, xs3, 1)
@@ -855,6 +860,7 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     AgTensor *x2 = op_view(g, xc, SHAPE(M, nx));
     gg_gemm(g);
     gg_op(g, "addmm");
+    gg_flops(g, 2.0 * (double)M * (double)nx * (double)nf);
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
     AgTensor *xs3[3] = {bc, x2, wc};
     AgNode *n = node_for(g, "AddmmBackward0", bw_mm, 3, xs3, 1);
@@ -882,9 +888,13 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
 static void bw_bmm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
     gg_gemm(g);
+    /* [b,n,k] @ [b,k,p]: each gradient is 2·b·n·k·p FLOPs */
+    const AgTensor *a = n->in_meta[0], *b = n->in_meta[1];
+    double bnkp = (double)gt_numel(a) * (double)b->shape[b->nd - 1];
     for (int i = 0; i < 2; i++)
         if (needs(n, i)) {
             gg_op(g, "bmm");
+            gg_flops(g, 2.0 * bnkp);
             gout[i] = alloc_like_dt(g, n->in_meta[i], gin[0]->dt);
         }
 }
@@ -904,6 +914,7 @@ AgTensor *op_matmul(AgGraph *g, AgTensor *a, AgTensor *b)
     AgTensor *b3 = op_reshape(g, bc, SHAPE(batch, k_, p_));
     gg_gemm(g);
     gg_op(g, "bmm");
+    gg_flops(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_);
     AgTensor *out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
     AgTensor *xs[2] = {a3, b3};
     AgNode *n = node_for(g, "BmmBackward0", bw_bmm, 2, xs, 1);
