@@ -1,7 +1,8 @@
 /* Internal, header-only: the building blocks the comparison policies of sim/alloc/ share
  * (bfc.c, best-fit.c, first-fit.c, buddy.c, stitch.c; torch.c uses KitAddrMap). Each policy
- * keeps its algorithm in its
- * own file; what lives here is mechanism that would otherwise be copied five times:
+ * keeps its algorithm in its own file; what lives here is mechanism that would otherwise be
+ * copied five times (the arena that best-fit and first-fit share, built on these parts, is
+ * in sim/alloc/arena.h):
  *
  *   KitSlab     fixed-size objects carved from 4096-object chunks: no malloc per event.
  *   KitAddrMap  open-addressing hash map address → object (linear probing, backward-shift
