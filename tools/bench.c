@@ -5,11 +5,12 @@
  *       through torch): generating the trace, replaying it, in total; best of R runs (default
  *       5); reports generated events per second. CPU time of this process, one core.
  *
- *   memsim-bench replay [--events N] [--allocator SPEC] [--keep FILE.mst]
+ *   memsim-bench replay [--events N] [--allocator SPEC] [--keep FILE.mst] [--repeat R]
  *       Writes a synthetic single-stream trace of N events (default 10 million) to a
  *       temporary .mst, then times (1) reading it alone, (2) reading + simulating it through
- *       the allocator (default torch). Prints events per second and the peak resident memory
- *       of each phase, so that memory can be seen not to grow with the trace length.
+ *       the allocator (default torch), R times each (default 3). Prints events per second and
+ *       the peak resident memory of each run, so that memory can be seen not to grow with
+ *       the trace length, then the median and the best rate.
  *
  *   memsim-bench export [--events N] [--keep FILE.mst]
  *       Exports of a replay of the synthetic trace (default 10 million events), at N/10 and
@@ -150,6 +151,12 @@ static gboolean write_synthetic(const char *path, uint64_t n_events, GError **er
         ok = FALSE;
     return ok;
 #undef PUT
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static double cpu_seconds(void)
@@ -500,20 +507,24 @@ int main(int argc, char **argv)
         return bench_plan(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
+    gint repeat = 3;
     GOptionEntry entries[] = {
         {"events", 0, 0, G_OPTION_ARG_INT64, &n_events, "Events in the synthetic trace", "N"},
         {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator, "Policy (default torch)", "SPEC"},
         {"keep", 0, 0, G_OPTION_ARG_FILENAME, &keep, "Write the trace here and keep it", "FILE"},
+        {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs of each phase (default 3)", "R"},
         {NULL}};
     GOptionContext *ctx = g_option_context_new("replay");
     g_option_context_add_main_entries(ctx, entries, NULL);
     GError *error = NULL;
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
-        fprintf(stderr, "usage: memsim-bench replay [--events N] [--allocator SPEC] [--keep F]\n%s\n",
+        fprintf(stderr, "usage: memsim-bench replay [--events N] [--allocator SPEC] [--keep F] [--repeat R]\n%s\n",
                 error ? error->message : "");
         return 2;
     }
+    if (repeat < 1)
+        repeat = 1;
     g_option_context_free(ctx);
 
     g_autofree char *dir = NULL;
@@ -537,57 +548,73 @@ int main(int argc, char **argv)
            n_events, (double)sb.st_size / 1048576.0, (double)sb.st_size / (double)n_events,
            (double)(t1 - t0) / 1e6);
 
-    /* (1) reading alone */
-    reset_peak_rss();
-    t0 = g_get_monotonic_time();
-    double c0 = cpu_seconds();
-    MemsimTraceReader *r = memsim_trace_reader_open(path, &error);
-    if (!r) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
-        return 2;
-    }
-    const MemsimEvent *ev;
-    guint32 rank;
-    gsize n, total = 0;
-    uint64_t sink = 0;
-    while ((n = memsim_trace_reader_next(r, &rank, &ev, &error)) > 0) {
-        total += n;
-        sink += ev[n - 1].size;
-    }
-    memsim_trace_reader_free(r);
-    t1 = g_get_monotonic_time();
-    double c1 = cpu_seconds();
-    if (error) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
-        return 2;
-    }
-    double read_s = (double)(t1 - t0) / 1e6, read_cpu = c1 - c0;
-    printf("read .mst:            %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak RSS %ld "
-           "KiB (checksum %" PRIu64 ")\n",
-           read_s, read_cpu, (double)total / read_cpu / 1e6, peak_rss_kib(), sink % 1000);
+    /* Each phase runs `repeat` times: CPU speed on a shared machine varies from run to run,
+     * so each run is printed, then the median and the best. */
+    double *read_rate = g_new(double, repeat), *sim_rate = g_new(double, repeat);
+    for (int k = 0; k < repeat; k++) {
+        /* (1) reading alone */
+        reset_peak_rss();
+        t0 = g_get_monotonic_time();
+        double c0 = cpu_seconds();
+        MemsimTraceReader *r = memsim_trace_reader_open(path, &error);
+        if (!r) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
+        const MemsimEvent *ev;
+        guint32 rank;
+        gsize n, total = 0;
+        uint64_t sink = 0;
+        while ((n = memsim_trace_reader_next(r, &rank, &ev, &error)) > 0) {
+            total += n;
+            sink += ev[n - 1].size;
+        }
+        memsim_trace_reader_free(r);
+        t1 = g_get_monotonic_time();
+        double c1 = cpu_seconds();
+        if (error) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
+        double read_s = (double)(t1 - t0) / 1e6, read_cpu = c1 - c0;
+        read_rate[k] = (double)total / read_cpu / 1e6;
+        printf("read .mst:            %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak RSS "
+               "%ld KiB (checksum %" PRIu64 ")\n",
+               read_s, read_cpu, read_rate[k], peak_rss_kib(), sink % 1000);
 
-    /* (2) reading + simulating */
-    reset_peak_rss();
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.allocator = allocator;
-    t0 = g_get_monotonic_time();
-    c0 = cpu_seconds();
-    MemsimReport *rep = memsim_replay_path(path, &o, &error);
-    t1 = g_get_monotonic_time();
-    c1 = cpu_seconds();
-    if (!rep) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
-        return 2;
+        /* (2) reading + simulating */
+        reset_peak_rss();
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.allocator = allocator;
+        t0 = g_get_monotonic_time();
+        c0 = cpu_seconds();
+        MemsimReport *rep = memsim_replay_path(path, &o, &error);
+        t1 = g_get_monotonic_time();
+        c1 = cpu_seconds();
+        if (!rep) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
+        double sim_s = (double)(t1 - t0) / 1e6, sim_cpu = c1 - c0;
+        sim_rate[k] = (double)rep->ranks[0].n_events / sim_cpu / 1e6;
+        char a[32], b[32];
+        printf("read + simulate (%s): %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak "
+               "RSS %ld KiB  (peak allocated %s, peak reserved %s)\n",
+               rep->allocator, sim_s, sim_cpu, sim_rate[k], peak_rss_kib(),
+               memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.allocated.peak, a, 32),
+               memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.reserved.peak, b, 32));
+        memsim_report_free(rep);
     }
-    double sim_s = (double)(t1 - t0) / 1e6, sim_cpu = c1 - c0;
-    char a[32], b[32];
-    printf("read + simulate (%s): %.3f s wall, %.3f s CPU  %6.1f M events/s (CPU)  peak RSS %ld "
-           "KiB  (peak allocated %s, peak reserved %s)\n",
-           rep->allocator, sim_s, sim_cpu, (double)rep->ranks[0].n_events / sim_cpu / 1e6,
-           peak_rss_kib(),
-           memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.allocated.peak, a, 32),
-           memsim_format_bytes((memsim_size_t)rep->ranks[0].stats.reserved.peak, b, 32));
-    memsim_report_free(rep);
+    if (repeat > 1) {
+        qsort(read_rate, (size_t)repeat, sizeof(double), cmp_double);
+        qsort(sim_rate, (size_t)repeat, sizeof(double), cmp_double);
+        printf("%d runs, M events/s (CPU), median / best: read .mst %.1f / %.1f; read + "
+               "simulate %.1f / %.1f\n",
+               repeat, read_rate[repeat / 2], read_rate[repeat - 1], sim_rate[repeat / 2],
+               sim_rate[repeat - 1]);
+    }
+    g_free(read_rate);
+    g_free(sim_rate);
     if (!keep) {
         g_remove(path);
         g_rmdir(dir);
