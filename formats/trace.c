@@ -10,6 +10,10 @@ struct MemsimTrace {
     MemsimTraceHeader header;
     GPtrArray *programs;     /* GArray of MemsimEvent per rank */
     GHashTable *string_index; /* string → index + 1 */
+    /* The op table grows geometrically: `ops_cap` entries are allocated at `ops_buf`, valid
+     * while the header still points there (a caller may have replaced the table). */
+    MemsimOpInfo *ops_buf;
+    guint32 ops_cap;
 };
 
 MemsimTrace *memsim_trace_new(const char *name)
@@ -105,7 +109,13 @@ guint32 memsim_trace_intern(MemsimTrace *t, const char *s)
 guint32 memsim_trace_add_op(MemsimTrace *t, const MemsimOpInfo *op)
 {
     MemsimTraceHeader *h = &t->header;
-    h->ops = g_renew(MemsimOpInfo, h->ops, h->n_ops + 1);
+    guint32 cap = h->ops && h->ops == t->ops_buf && h->n_ops <= t->ops_cap ? t->ops_cap : h->n_ops;
+    if (h->n_ops + 1 > cap) {
+        cap = h->n_ops < 16 ? 16 : h->n_ops * 2;
+        h->ops = g_renew(MemsimOpInfo, h->ops, cap);
+        t->ops_buf = h->ops;
+        t->ops_cap = cap;
+    }
     h->ops[h->n_ops] = *op;
     return h->n_ops++;
 }
