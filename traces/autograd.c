@@ -12,6 +12,97 @@
 
 #include <string.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define AG_POOL_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AG_POOL_MALLOC 1
+#endif
+#endif
+
+/* Tensors, storages and nodes are made and dropped by the million: each kind comes from a
+ * free list of its graph, carved from 64 KiB blocks that gg_free releases together. Under
+ * AddressSanitizer every object is its own malloc, so that a use after free or a leak is
+ * still reported. */
+typedef struct PoolBlock {
+    struct PoolBlock *next;
+    max_align_t pad[]; /* objects start here */
+} PoolBlock;
+
+typedef struct {
+    gsize size;        /* object size, a multiple of the pointer size */
+    void *free;        /* freed objects, linked through their first word */
+    PoolBlock *blocks;
+    char *cur, *end;   /* the newest block's unused tail */
+} Pool;
+
+#define POOL_BLOCK_BYTES (64 * 1024)
+
+static void pool_init(Pool *p, gsize size)
+{
+    memset(p, 0, sizeof *p);
+    p->size = (size + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+}
+
+static inline void *pool_alloc0(Pool *p)
+{
+#ifdef AG_POOL_MALLOC
+    return g_malloc0(p->size);
+#else
+    void *o = p->free;
+    if (o) {
+        p->free = *(void **)o;
+    } else {
+        if ((gsize)(p->end - p->cur) < p->size) {
+            PoolBlock *b = g_malloc(POOL_BLOCK_BYTES);
+            b->next = p->blocks;
+            p->blocks = b;
+            p->cur = (char *)b->pad;
+            p->end = (char *)b + POOL_BLOCK_BYTES;
+        }
+        o = p->cur;
+        p->cur += p->size;
+    }
+    return memset(o, 0, p->size);
+#endif
+}
+
+static inline void pool_free(Pool *p, void *o)
+{
+#ifdef AG_POOL_MALLOC
+    g_free(o);
+#else
+    *(void **)o = p->free;
+    p->free = o;
+#endif
+}
+
+static void pool_clear(Pool *p)
+{
+    while (p->blocks) {
+        PoolBlock *b = p->blocks;
+        p->blocks = b->next;
+        g_free(b);
+    }
+    p->free = NULL;
+    p->cur = p->end = NULL;
+}
+
+/* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
+ * literals, so pointer identity is enough (a duplicate entry would only repeat a name).
+ * An open-addressed table, its keys inline. */
+typedef struct {
+    const char *name; /* NULL: an empty slot */
+    int32_t phase, layer, microbatch;
+    guint32 idx;
+} OpKey;
+
+typedef struct {
+    OpKey *slots;
+    guint32 mask; /* slot count - 1 (a power of two) */
+    guint32 n;
+} OpTable;
+
 struct AgGraph {
     MemsimTrace *trace;
     guint32 rank;
@@ -20,7 +111,7 @@ struct AgGraph {
     GArray *events;        /* MemsimEvent, flushed to the trace by gg_free */
     uint64_t next_storage;
     uint64_t next_seq;
-    GHashTable *op_index;  /* OpKey → op index + 1 */
+    OpTable op_index;      /* (name, phase, layer, micro-batch) → op index */
     GPtrArray *heap;       /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     GPtrArray *cast_order;  /* the cached copies in insertion order: released in that order */
@@ -30,6 +121,8 @@ struct AgGraph {
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
     uint32_t pass;    /* backward passes so far */
     GPtrArray *stack; /* scratch for mark_deps */
+    GPtrArray *dying; /* scratch for node_unref: nodes whose last reference went */
+    Pool tensors, storages, nodes;
     /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
     double flops_per_us, bytes_per_us;
     GArray *costs;    /* OpCost */
@@ -41,25 +134,31 @@ typedef struct {
     double flops, bytes;
 } OpCost;
 
-/* Ops are interned by (name pointer, phase, layer, micro-batch): names are string
- * literals, so pointer identity is enough (a duplicate entry would only repeat a name). */
-typedef struct {
-    const char *name;
-    int32_t phase, layer, microbatch;
-} OpKey;
-
-static guint opkey_hash(gconstpointer p)
+static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer, int32_t mb)
 {
-    const OpKey *k = p;
-    guint h = (guint)((guintptr)k->name >> 3);
-    h = h * 31u + (guint)k->phase;
-    h = h * 31u + (guint)k->layer;
-    return h * 31u + (guint)k->microbatch;
+    guint32 h = (guint32)((guintptr)name >> 3);
+    h = h * 31u + (guint32)phase;
+    h = h * 31u + (guint32)layer;
+    h = h * 31u + (guint32)mb;
+    return h ^ (h >> 15) ^ (h >> 7);
 }
 
-static gboolean opkey_equal(gconstpointer a, gconstpointer b)
+static void optable_grow(OpTable *t)
 {
-    return memcmp(a, b, sizeof(OpKey)) == 0;
+    guint32 cap = t->slots ? (t->mask + 1) * 2 : 256;
+    OpKey *old = t->slots;
+    guint32 old_cap = old ? t->mask + 1 : 0;
+    t->slots = g_new0(OpKey, cap);
+    t->mask = cap - 1;
+    for (guint32 i = 0; i < old_cap; i++) {
+        if (!old[i].name)
+            continue;
+        guint32 j = opkey_hash(old[i].name, old[i].phase, old[i].layer, old[i].microbatch) & t->mask;
+        while (t->slots[j].name)
+            j = (j + 1) & t->mask;
+        t->slots[j] = old[i];
+    }
+    g_free(old);
 }
 
 /* Node reference counts live beside the public fields. */
@@ -86,11 +185,15 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), 4096);
     g->next_storage = 1;
     g->next_seq = 1;
-    g->op_index = g_hash_table_new_full(opkey_hash, opkey_equal, g_free, NULL);
+    optable_grow(&g->op_index);
     g->heap = g_ptr_array_new();
     g->cast_cache = g_hash_table_new(NULL, NULL);
     g->cast_order = g_ptr_array_new();
     g->stack = g_ptr_array_new();
+    g->dying = g_ptr_array_new();
+    pool_init(&g->tensors, sizeof(AgTensor));
+    pool_init(&g->storages, sizeof(AgStorage));
+    pool_init(&g->nodes, sizeof(AgNodeBox));
     g->costs = g_array_new(FALSE, FALSE, sizeof(OpCost));
     return g;
 }
@@ -181,12 +284,16 @@ void gg_free(AgGraph *g)
     if (g->events->len)
         memsim_trace_append(g->trace, g->rank, (MemsimEvent *)g->events->data, g->events->len);
     g_array_unref(g->events);
-    g_hash_table_unref(g->op_index);
+    g_free(g->op_index.slots);
     g_ptr_array_unref(g->heap);
     g_assert(g_hash_table_size(g->cast_cache) == 0);
     g_hash_table_unref(g->cast_cache);
     g_ptr_array_unref(g->cast_order);
     g_ptr_array_unref(g->stack);
+    g_ptr_array_unref(g->dying);
+    pool_clear(&g->tensors);
+    pool_clear(&g->storages);
+    pool_clear(&g->nodes);
     g_free(g);
 }
 
@@ -214,23 +321,28 @@ static void emit(AgGraph *g, const MemsimEvent *ev)
 
 void gg_op(AgGraph *g, const char *name)
 {
-    OpKey key;
-    memset(&key, 0, sizeof key);
-    key.name = name;
-    key.phase = g->ctx.phase;
-    key.layer = g->ctx.layer;
-    key.microbatch = g->ctx.microbatch;
-    gpointer v = g_hash_table_lookup(g->op_index, &key);
+    OpTable *tab = &g->op_index;
+    int32_t phase = g->ctx.phase, layer = g->ctx.layer, mb = g->ctx.microbatch;
+    guint32 j = opkey_hash(name, phase, layer, mb) & tab->mask;
     guint32 idx;
-    if (v) {
-        idx = GPOINTER_TO_UINT(v) - 1;
-    } else {
-        MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
-                           .phase = (uint8_t)g->ctx.phase,
-                           .layer = g->ctx.layer,
-                           .microbatch = g->ctx.microbatch};
-        idx = memsim_trace_add_op(g->trace, &op);
-        g_hash_table_insert(g->op_index, g_memdup2(&key, sizeof key), GUINT_TO_POINTER(idx + 1));
+    for (;;) {
+        OpKey *k = &tab->slots[j];
+        if (!k->name) {
+            MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
+                               .phase = (uint8_t)phase,
+                               .layer = layer,
+                               .microbatch = mb};
+            idx = memsim_trace_add_op(g->trace, &op);
+            *k = (OpKey){name, phase, layer, mb, idx};
+            if (++tab->n * 2 > tab->mask)
+                optable_grow(tab);
+            break;
+        }
+        if (k->name == name && k->phase == phase && k->layer == layer && k->microbatch == mb) {
+            idx = k->idx;
+            break;
+        }
+        j = (j + 1) & tab->mask;
     }
     MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     emit(g, &ev);
@@ -345,10 +457,10 @@ bool gt_view_strides(const AgTensor *t, int nd, const int64_t *shape, int64_t *s
     return view_d == -1;
 }
 
-static AgTensor *tensor_alloc(int nd, const int64_t *shape, DType dt)
+static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, DType dt)
 {
     g_assert(nd >= 0 && nd <= GT_MAXDIM);
-    AgTensor *t = g_slice_new0(AgTensor);
+    AgTensor *t = pool_alloc0(&g->tensors);
     t->refs = 1;
     t->nd = nd;
     for (int i = 0; i < nd; i++) {
@@ -362,8 +474,8 @@ static AgTensor *tensor_alloc(int nd, const int64_t *shape, DType dt)
 
 AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
 {
-    AgTensor *t = tensor_alloc(nd, shape, dt);
-    AgStorage *st = g_slice_new0(AgStorage);
+    AgTensor *t = tensor_alloc(g, nd, shape, dt);
+    AgStorage *st = pool_alloc0(&g->storages);
     st->id = g->next_storage++;
     st->nbytes = (uint64_t)gt_nbytes(t);
     st->refs = 1;
@@ -382,7 +494,7 @@ AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
 
 AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, const int64_t *stride)
 {
-    AgTensor *v = tensor_alloc(nd, shape, t->dt);
+    AgTensor *v = tensor_alloc(g, nd, shape, t->dt);
     if (stride)
         memcpy(v->stride, stride, sizeof(int64_t) * nd);
     v->st = t->st;
@@ -391,9 +503,9 @@ AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, cons
     return v;
 }
 
-AgTensor *gt_meta(AgTensor *t)
+AgTensor *gt_meta(AgGraph *g, AgTensor *t)
 {
-    AgTensor *m = tensor_alloc(t->nd, t->shape, t->dt);
+    AgTensor *m = tensor_alloc(g, t->nd, t->shape, t->dt);
     memcpy(m->stride, t->stride, sizeof t->stride);
     return m;
 }
@@ -413,7 +525,7 @@ static void storage_unref(AgGraph *g, AgStorage *st)
         MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
         emit(g, &ev);
     }
-    g_slice_free(AgStorage, st);
+    pool_free(&g->storages, st);
 }
 
 void gt_unref(AgGraph *g, AgTensor *t)
@@ -427,7 +539,7 @@ void gt_unref(AgGraph *g, AgTensor *t)
         node_unref(g, t->acc);
     if (t->grad)
         gt_unref(g, t->grad);
-    g_slice_free(AgTensor, t);
+    pool_free(&g->tensors, t);
 }
 
 void gt_set_category(AgGraph *g, AgTensor *t, uint8_t cat)
@@ -445,7 +557,7 @@ AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requi
     g->ctx.category = category;
     AgTensor *t;
     if (g->ctx.meta_params && category == MEMSIM_CAT_PARAMETER) {
-        t = tensor_alloc(nd, shape, dt);
+        t = tensor_alloc(g, nd, shape, dt);
         t->st = gg_storage_new(g, (uint64_t)gt_nbytes(t), false);
     } else {
         t = gt_empty(g, dt, nd, shape);
@@ -461,7 +573,7 @@ AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requi
 AgNode *gn_new(AgGraph *g, const char *name, AgBackwardFn fn, int n_out)
 {
     g_assert(n_out >= 1 && n_out <= GN_MAXOUT);
-    AgNodeBox *b = g_new0(AgNodeBox, 1);
+    AgNodeBox *b = pool_alloc0(&g->nodes);
     b->n.seq = g->next_seq++;
     b->n.name = name;
     b->n.fn = fn;
@@ -474,7 +586,7 @@ AgNode *gn_new(AgGraph *g, const char *name, AgBackwardFn fn, int n_out)
 static AgNode *accumulator(AgGraph *g, AgTensor *leaf)
 {
     if (!leaf->acc) {
-        AgNodeBox *b = g_new0(AgNodeBox, 1);
+        AgNodeBox *b = pool_alloc0(&g->nodes);
         b->n.seq = UINT64_MAX;
         b->n.name = "AccumulateGrad";
         b->n.n_out = 1;
@@ -489,7 +601,7 @@ bool gn_add_input(AgGraph *g, AgNode *n, AgTensor *x)
 {
     g_assert(n->n_next < GN_MAXNEXT);
     int i = n->n_next++;
-    n->in_meta[i] = x ? gt_meta(x) : NULL;
+    n->in_meta[i] = x ? gt_meta(g, x) : NULL;
     if (!x || !x->requires_grad) {
         n->next[i].node = NULL;
         return false;
@@ -642,7 +754,10 @@ AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user
 
 static void node_unref(AgGraph *g, AgNode *n)
 {
-    GPtrArray *stack = NULL;
+    /* Nodes to drop a reference of, on the graph's scratch stack above `base` (releasing a
+     * node's saved tensors can come back here). */
+    GPtrArray *stack = g->dying;
+    guint base = stack->len;
     for (;;) {
         if (--NODE_REFS(n) == 0) {
             node_release_saved(g, n);
@@ -653,23 +768,18 @@ static void node_unref(AgGraph *g, AgNode *n)
                 }
             for (int i = 0; i < n->n_next; i++) {
                 if (n->in_meta[i])
-                    g_slice_free(AgTensor, n->in_meta[i]);
-                if (n->next[i].node) {
-                    if (!stack)
-                        stack = g_ptr_array_new();
+                    pool_free(&g->tensors, n->in_meta[i]);
+                if (n->next[i].node)
                     g_ptr_array_add(stack, n->next[i].node);
-                }
             }
             if (n->extra_free)
                 n->extra_free(n->extra);
-            g_free((AgNodeBox *)n);
+            pool_free(&g->nodes, (AgNodeBox *)n);
         }
-        if (!stack || stack->len == 0)
+        if (stack->len == base)
             break;
-        n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
+        n = stack->pdata[--stack->len];
     }
-    if (stack)
-        g_ptr_array_unref(stack);
 }
 
 /* ---- backward ---- */
@@ -953,7 +1063,7 @@ void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64
 
 AgStorage *gg_storage_new(AgGraph *g, uint64_t nbytes, bool resident)
 {
-    AgStorage *st = g_slice_new0(AgStorage);
+    AgStorage *st = pool_alloc0(&g->storages);
     st->id = g->next_storage++;
     st->nbytes = nbytes;
     st->refs = 1;
@@ -973,7 +1083,7 @@ void gg_storage_unref(AgGraph *g, AgStorage *st)
 AgTensor *gg_leaf_in(AgGraph *g, AgStorage *st, DType dt, int nd, const int64_t *shape,
                      bool requires_grad)
 {
-    AgTensor *t = tensor_alloc(nd, shape, dt);
+    AgTensor *t = tensor_alloc(g, nd, shape, dt);
     t->st = st;
     st->refs++;
     t->is_leaf = true;

@@ -174,7 +174,7 @@ AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape);
 /* A view of t (one new reference to a tensor sharing t's storage). */
 AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, const int64_t *stride);
 /* Metadata-only copy (no storage), for node in_meta. */
-AgTensor *gt_meta(AgTensor *t);
+AgTensor *gt_meta(AgGraph *g, AgTensor *t);
 AgTensor *gt_ref(AgTensor *t);
 void gt_unref(AgGraph *g, AgTensor *t);
 /* Sets the category of t's storage (and of its ALLOC event). */
