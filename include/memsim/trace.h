@@ -37,7 +37,8 @@ typedef enum {
     MEMSIM_EV_USE = 3,       /* id=tensor used on `stream` too (record_stream) */
     MEMSIM_EV_OP = 4,        /* id=op index into the header's op table; stream */
     MEMSIM_EV_WAIT = 5,      /* `stream` waits for stream `id`'s progress so far */
-    MEMSIM_EV_COLLECTIVE = 6,/* size=bytes, id=group, aux=MemsimCollectiveKind; stream */
+    MEMSIM_EV_COLLECTIVE = 6,/* size=bytes, id=group, aux=MemsimCollectiveKind; stream; a send
+                                or recv with MEMSIM_EVF_PEER: addr=the rank at the other end */
     MEMSIM_EV_EMPTY_CACHE = 7, /* torch.cuda.empty_cache() */
     MEMSIM_EV_MARK = 8,      /* id=string index: step or phase boundary */
     /* What a real allocator was seen to do (imported recordings), checked by --verify. Each
@@ -60,6 +61,9 @@ typedef enum {
     MEMSIM_EVF_ADDR = 1u << 0,     /* ALLOC: `addr` holds the recorded address */
     MEMSIM_EVF_INFERRED = 1u << 1, /* EMPTY_CACHE: inferred from recorded segment frees */
     MEMSIM_EVF_HOST = 1u << 2,     /* WAIT: the host blocks until stream `id` is done */
+    MEMSIM_EVF_PEER = 1u << 3,     /* COLLECTIVE send/recv: `addr` is the peer, an index into
+                                      the header's ranks; the k-th send from A to B meets the
+                                      k-th recv on B from A */
 } MemsimEventFlags;
 
 typedef enum {
