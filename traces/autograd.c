@@ -1061,6 +1061,15 @@ void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64
     emit(g, &ev);
 }
 
+void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
+            uint32_t peer, double duration_us)
+{
+    gg_collective(g, kind, bytes, group, duration_us);
+    MemsimEvent *ev = &g_array_index(g->events, MemsimEvent, g->events->len - 1);
+    ev->addr = peer;
+    ev->flags |= MEMSIM_EVF_PEER;
+}
+
 AgStorage *gg_storage_new(AgGraph *g, uint64_t nbytes, bool resident)
 {
     AgStorage *st = pool_alloc0(&g->storages);

@@ -252,6 +252,9 @@ void gg_wait_stream(AgGraph *g, uint16_t stream, uint16_t on);
  * that meet), with an estimated duration. */
 void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
                    double duration_us);
+/* A send or recv (gg_collective) with the trace rank at the other end (MEMSIM_EVF_PEER). */
+void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t group,
+            uint32_t peer, double duration_us);
 
 /* Op durations (TORCH's time model in sim/replay.c): with rates set, every op of gg_op gets a
  * duration, the larger of its FLOPs (gg_flops) at `flops_per_us` and its memory traffic at

@@ -42,13 +42,21 @@
  * Durations: compute ops are costed by the graph (gg_set_gpu: FLOPs at half the tensor-core
  * peak, traffic at 80% of HBM); collectives by ring over the profile's link within a node or
  * the network beyond (comm_cost); ZeRO-3's host synchronises its fetches as FSDP's limiter
- * does, so the host stays within two gathers of the GPU. Ranks replay independently: a
- * pipeline stage's time has no bubble.
+ * does, so the host stays within two gathers of the GPU.
+ *
+ * Meetings: a pipeline's sends and recvs name the stage at the other end (gg_p2p: the trace
+ * rank, MEMSIM_EVF_PEER), so the replay pairs the k-th send of a stage to its neighbour with
+ * the neighbour's k-th recv from it: a stage's recv waits for the send, and the pipeline's
+ * fill and drain (the bubble, (p − 1)/m of the step for 1F1B and GPipe) appear in each
+ * stage's time. Collectives within a role (data-parallel, tensor-parallel, the distributed
+ * optimizer's) carry no peer: the symmetric ranks a role stands for reach them together, so
+ * they need no meeting.
  *
  * Simplifications, stated: ZeRO-3's reuse-distance and persistence-threshold rules keep no
  * parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
- * padded parameters; collectives of symmetric ranks need no meeting (all ranks of a role
- * reach them together).
+ * padded parameters; a send does not wait for its recv (with a send and the next recv as
+ * separate events, a rendezvous would deadlock 1F1B, which Megatron avoids by batching the
+ * two: the wait falls on the recv).
  */
 #include <memsim/gen.h>
 
@@ -902,6 +910,10 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
     double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,
                             p2p_bytes, 2);
+    /* the trace ranks of the stages before and after this one (the interleaved schedule's
+     * last stage sends its chunk's output on to the first) */
+    guint32 prev = rank - (guint32)r + (guint32)((r + pp - 1) % pp);
+    guint32 next = rank - (guint32)r + (guint32)((r + 1) % pp);
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
         char mark[32];
@@ -918,7 +930,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_FORWARD;
                 if (!md->first) {
                     /* recv: a fresh [b, s, h] buffer that needs grad */
-                    gg_collective(g, MEMSIM_COLL_RECV, p2p_bytes, 2, p2p_us);
+                    gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, prev, p2p_us);
                     f->in = gg_leaf(g, adt, 3, (int64_t[]){run->batch, sq, H}, true,
                                     MEMSIM_CAT_ACTIVATION);
                 }
@@ -931,7 +943,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 if (loss) {
                     f->out = loss;
                 } else {
-                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, p2p_us);
+                    gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, next, p2p_us);
                     gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
                     f->out = hidden;
                 }
@@ -939,14 +951,14 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 c->phase = MEMSIM_PHASE_BACKWARD;
                 AgTensor *grad = NULL;
                 if (!md->last) {
-                    gg_collective(g, MEMSIM_COLL_RECV, p2p_bytes, 2, p2p_us);
+                    gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, next, p2p_us);
                     grad = op_new(g, "empty", adt, 3, (int64_t[]){run->batch, sq, H});
                 }
                 gg_backward_with(g, f->out, grad);
                 gt_unref(g, f->out);
                 f->out = NULL;
                 if (f->in) {
-                    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, p2p_us);
+                    gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, prev, p2p_us);
                     gt_unref(g, f->in);
                     f->in = NULL;
                 }
