@@ -13,6 +13,24 @@
  * address tie-break among equal-size free blocks is the real one (TORCH_ALLOCATOR.md §12).
  * A recorded address is only handed out if it overlaps no live simulated segment, so a
  * diverging model can never corrupt the policy's state.
+ *
+ * Time: the host issues each timed op (LAUNCH_US) onto its stream, which runs its ops in
+ * order, each for its duration; WAIT orders streams (or blocks the host). Ranks meet at sends
+ * and recvs that name their peer (MEMSIM_EVF_PEER): the k-th send from A to B pairs with the
+ * k-th recv on B from A. A send is eager: it occupies its stream for its own duration and
+ * leaves its start time on the channel A→B. A recv completes at max(its start, the send's
+ * start) + the longer of the two durations; until the send is known, the receiving rank is
+ * parked at the recv and the events fed for it wait (held) in memory. The ranks form a Kahn
+ * network: each rank's times depend only on its own program and on what its channels carry,
+ * in order, never on which rank the simulator runs first, so the answer is the same for any
+ * interleaving. The simulator runs ranks one at a time, each until it parks or its events
+ * run out, the lowest runnable rank first. A recv that no send will ever meet (a trace cut
+ * short, a rank out of memory) completes on its own when nothing else can run
+ * (memsim_replay_drain), the lowest such rank first. Other collectives meet no one: a rank
+ * of a trace stands for symmetric ranks that reach their group's collectives together.
+ * A rank's allocations and frees never wait for another rank, only its clock does, so the
+ * memory of a rank changes with the meetings only through the time at which a block that was
+ * used on another stream (record_stream) becomes free again.
  */
 #include <memsim/formats.h>
 #include <memsim/gen.h>
@@ -53,6 +71,25 @@ typedef struct {
     GArray *steps;      /* MemsimStepPeaks */
     uint8_t cur_phase;
     uint16_t cur_stream; /* the stream of the event being applied */
+    /* meetings with other ranks */
+    GArray *held;        /* MemsimEvent fed while the rank was parked, not yet applied */
+    gsize held_pos;
+    gboolean waiting;    /* parked at a recv whose send is not known yet */
+    uint32_t wait_peer;
+    uint16_t wait_stream;
+    uint64_t wait_event;
+    double wait_start, wait_dur;
+    /* the last OP event: a collective right after it on its stream is that op */
+    uint64_t op_next;    /* the event index after it (UINT64_MAX: none yet) */
+    uint16_t op_stream;
+    double op_start, op_dur;
+    /* timeline: the last OP's slice, noted when the rank's next event comes (a recv after
+     * it may still move its end) */
+    gboolean tl_held;
+    uint64_t tl_event;
+    int64_t tl_op;
+    uint16_t tl_stream;
+    double tl_start, tl_end;
     /* time: the host issues ops (LAUNCH_US each); each stream runs them in order */
     double cpu_us;
     GArray *gpu_free;   /* double per stream: when the stream is idle */
@@ -63,6 +100,17 @@ typedef struct {
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
 #define LAUNCH_US 10.0
 
+/* A send no recv has met yet: when it started and how long it takes. */
+typedef struct {
+    double start, dur;
+} Sent;
+
+/* The sends from one rank to another, in order. */
+typedef struct {
+    GArray *sent; /* Sent */
+    guint head;   /* the first not yet received */
+} Channel;
+
 struct MemsimReplay {
     MemsimTraceHeader header;
     MemsimReplayOptions opt;
@@ -71,7 +119,16 @@ struct MemsimReplay {
     memsim_size_t capacity;
     guint n_ranks;
     RankSim *ranks;
+    GHashTable *channels; /* (from << 32 | to) → Channel*, created on the first send */
+    gboolean woken;       /* a parked rank can go on */
 };
+
+static void channel_free(gpointer p)
+{
+    Channel *c = p;
+    g_array_unref(c->sent);
+    g_free(c);
+}
 
 static gint range_cmp(gconstpointer a, gconstpointer b, gpointer user)
 {
@@ -163,6 +220,8 @@ static void rank_clear(RankSim *r)
         g_array_unref(r->last_end);
     if (r->wait_until)
         g_array_unref(r->wait_until);
+    if (r->held)
+        g_array_unref(r->held);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -188,6 +247,8 @@ void memsim_replay_abort(MemsimReplay *rp)
     for (guint i = 0; i < rp->n_ranks; i++)
         rank_clear(&rp->ranks[i]);
     g_free(rp->ranks);
+    if (rp->channels)
+        g_hash_table_unref(rp->channels);
     memsim_trace_header_clear(&rp->header);
     g_free(rp->allocator);
     g_free(rp->alloc_conf);
@@ -224,6 +285,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
 
     rp->n_ranks = header->n_ranks;
     rp->ranks = g_new0(RankSim, rp->n_ranks ? rp->n_ranks : 1);
+    rp->channels = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, channel_free);
     for (guint i = 0; i < rp->n_ranks; i++) {
         RankSim *r = &rp->ranks[i];
         r->rp = rp;
@@ -249,6 +311,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->gpu_free = g_array_new(FALSE, TRUE, sizeof(double));
         r->last_end = g_array_new(FALSE, TRUE, sizeof(double));
         r->wait_until = g_array_new(FALSE, TRUE, sizeof(double));
+        r->held = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->op_next = UINT64_MAX;
         r->rep.rank = header->ranks[i].device;
         r->rep.multiplicity = header->ranks[i].multiplicity;
         r->rep.role = g_strdup(header->ranks[i].role);
@@ -495,11 +559,16 @@ static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, 
 {
     MemsimTimeline *tl = r->rp->opt.timeline;
     if (ev->kind == MEMSIM_EV_OP) {
-        /* a timed op just ended its stream's work; an untimed one runs at the host's time */
+        /* a timed op just ended its stream's work; an untimed one runs at the host's time.
+         * Noted with the next event: a recv right after it may end it later. */
         double dur = h->ops[r->cur_op].duration_us;
         double end = dur > 0.0 ? *stream_slot(r->last_end, ev->stream) : r->cpu_us;
-        memsim_timeline_op(tl, h, rank, index, r->cur_op, ev->stream, dur > 0.0 ? end - dur : end,
-                           end);
+        r->tl_held = TRUE;
+        r->tl_event = index;
+        r->tl_op = r->cur_op;
+        r->tl_stream = ev->stream;
+        r->tl_start = dur > 0.0 ? end - dur : end;
+        r->tl_end = end;
     } else if (ev->kind == MEMSIM_EV_ALLOC && r->stopped) {
         const MemsimOomInfo *o = &r->rep.oom;
         memsim_timeline_oom(tl, h, rank, index, r->cpu_us, r->cur_op, o->requested,
@@ -511,10 +580,110 @@ static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, 
     }
 }
 
+/* The timeline's held op slice, now. */
+static void timeline_flush_op(RankSim *r, const MemsimTraceHeader *h, guint32 rank)
+{
+    r->tl_held = FALSE;
+    memsim_timeline_op(r->rp->opt.timeline, h, rank, r->tl_event, r->tl_op, r->tl_stream,
+                       r->tl_start, r->tl_end);
+}
+
+static inline gboolean is_peer_recv(const MemsimEvent *ev)
+{
+    return ev->kind == MEMSIM_EV_COLLECTIVE && (ev->flags & MEMSIM_EVF_PEER) &&
+           ev->aux == MEMSIM_COLL_RECV;
+}
+
+/* Rank `rank`'s recv (r->wait_*) meets a send that started at `start` and takes `dur`: the
+ * recv's stream is busy until both have started and the longer of the two has run. */
+static void recv_done(RankSim *r, const MemsimTraceHeader *h, guint32 rank, double start,
+                      double dur)
+{
+    double end = MAX(r->wait_start, start) + MAX(r->wait_dur, dur);
+    double *fr = stream_slot(r->gpu_free, r->wait_stream);
+    double *le = stream_slot(r->last_end, r->wait_stream);
+    if (end > *fr)
+        *fr = end;
+    if (end > *le)
+        *le = end;
+    if (r->tl_held) {
+        if (r->tl_event + 1 == r->wait_event && end > r->tl_end)
+            r->tl_end = end;
+        timeline_flush_op(r, h, rank);
+    }
+    if (r->waiting) {
+        r->waiting = FALSE;
+        r->rp->woken = TRUE;
+    }
+}
+
+/* A send or recv with a peer (MEMSIM_EVF_PEER). Its start and duration are those of the
+ * timed op right before it on its stream (how the generator writes a collective: the OP, then
+ * the COLLECTIVE); without one it starts where its stream is and takes no time. */
+static gboolean meet(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                     const MemsimEvent *ev, GError **error)
+{
+    MemsimReplay *rp = r->rp;
+    if (ev->aux != MEMSIM_COLL_SEND && ev->aux != MEMSIM_COLL_RECV)
+        return bad(error, h, rank, index, "a peer on a %s (only send and recv have one)",
+                   memsim_collective_name(ev->aux));
+    if (ev->addr >= rp->n_ranks || ev->addr == rank)
+        return bad(error, h, rank, index,
+                   "%s with peer %" PRIu64 ", not another rank of the trace (%u ranks)",
+                   memsim_collective_name(ev->aux), ev->addr, rp->n_ranks);
+    uint32_t peer = (uint32_t)ev->addr;
+    double start, dur;
+    if (r->op_next == index && r->op_stream == ev->stream) {
+        start = r->op_start;
+        dur = r->op_dur;
+    } else {
+        start = MAX(r->cpu_us, MAX(*stream_slot(r->gpu_free, ev->stream),
+                                   *stream_slot(r->wait_until, ev->stream)));
+        dur = 0.0;
+    }
+    if (ev->aux == MEMSIM_COLL_SEND) {
+        RankSim *q = &rp->ranks[peer];
+        if (q->waiting && q->wait_peer == rank) { /* it waits for this very send */
+            recv_done(q, h, peer, start, dur);
+            return TRUE;
+        }
+        gint64 key = (gint64)((uint64_t)rank << 32 | peer);
+        Channel *c = g_hash_table_lookup(rp->channels, &key);
+        if (!c) {
+            c = g_new0(Channel, 1);
+            c->sent = g_array_new(FALSE, FALSE, sizeof(Sent));
+            g_hash_table_insert(rp->channels, g_memdup2(&key, sizeof key), c);
+        }
+        if (c->head == c->sent->len) {
+            g_array_set_size(c->sent, 0);
+            c->head = 0;
+        }
+        Sent sn = {start, dur};
+        g_array_append_val(c->sent, sn);
+        return TRUE;
+    }
+    r->wait_peer = peer;
+    r->wait_stream = ev->stream;
+    r->wait_event = index;
+    r->wait_start = start;
+    r->wait_dur = dur;
+    gint64 key = (gint64)((uint64_t)peer << 32 | rank);
+    Channel *c = g_hash_table_lookup(rp->channels, &key);
+    if (c && c->head < c->sent->len) {
+        Sent sn = g_array_index(c->sent, Sent, c->head++);
+        recv_done(r, h, rank, sn.start, sn.dur);
+    } else {
+        r->waiting = TRUE; /* parked until the send comes */
+    }
+    return TRUE;
+}
+
 static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                      const MemsimEvent *ev, GError **error)
 {
     r->cur_stream = ev->stream;
+    if (G_UNLIKELY(r->tl_held) && !is_peer_recv(ev))
+        timeline_flush_op(r, h, rank);
     gboolean action = TRUE;
     switch (ev->kind) {
     case MEMSIM_EV_ALLOC: {
@@ -611,6 +780,10 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                 start = *wu;
             *fr = start + dur;
             *stream_slot(r->last_end, ev->stream) = start + dur;
+            r->op_next = index + 1;
+            r->op_stream = ev->stream;
+            r->op_start = start;
+            r->op_dur = dur;
         }
         if (h->ops[ev->id].phase != r->cur_phase) {
             r->cur_phase = h->ops[ev->id].phase < MEMSIM_PHASE_COUNT ? h->ops[ev->id].phase : 0;
@@ -691,6 +864,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (ev->aux >= MEMSIM_COLL_COUNT)
             return bad(error, h, rank, index, "collective kind %" PRIu64 " is out of range",
                        ev->aux);
+        if (G_UNLIKELY(ev->flags & MEMSIM_EVF_PEER))
+            return meet(r, h, rank, index, ev, error);
         return TRUE;
     default:
         return bad(error, h, rank, index, "unknown event kind %u", ev->kind);
@@ -713,19 +888,16 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     return TRUE;
 }
 
-gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
-                            const MemsimEvent *events, gsize n, GError **error)
+/* Applies events of rank `rank` in program order until they run out or the rank parks at a
+ * recv; *used: how many were taken (the recv included; on an error, the bad event too). */
+static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                    const MemsimEvent *events, gsize n, gsize *used, GError **error)
 {
-    if (rank >= rp->n_ranks) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: events for rank %u, but the header has %u ranks",
-                    h->name ? h->name : "trace", rank, rp->n_ranks);
-        return FALSE;
-    }
     RankSim *r = &rp->ranks[rank];
     /* Without a timeline, verification or invariant checks, valid allocations and frees take
      * the short paths below; everything else (and every error) goes through step(). */
     const gboolean plain = !rp->opt.timeline && !rp->opt.verify && !rp->opt.check_invariants;
+    *used = n;
     for (gsize i = 0; i < n; i++) {
         if (G_UNLIKELY(r->stopped)) {
             r->rep.n_events += n - i; /* counted, not applied */
@@ -757,14 +929,117 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
                 continue;
             }
         }
-        if (!step(r, h, rank, index, ev, error))
+        if (!step(r, h, rank, index, ev, error)) {
+            *used = i + 1;
             return FALSE;
+        }
+        if (G_UNLIKELY(r->waiting)) {
+            *used = i + 1;
+            break;
+        }
     }
     return TRUE;
 }
 
+/* Runs the held events of the ranks that can go on, the lowest rank first, until none can.
+ * On an error, *failed is the rank whose event was bad. */
+static gboolean run_held(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 *failed,
+                         GError **error)
+{
+    while (rp->woken) {
+        rp->woken = FALSE;
+        for (guint32 k = 0; k < rp->n_ranks; k++) {
+            RankSim *r = &rp->ranks[k];
+            if (r->waiting || r->held_pos == r->held->len)
+                continue;
+            gsize used;
+            gboolean ok = run(rp, h, k, &g_array_index(r->held, MemsimEvent, r->held_pos),
+                              r->held->len - r->held_pos, &used, error);
+            r->held_pos += used;
+            if (!ok) {
+                *failed = k;
+                return FALSE;
+            }
+            if (r->held_pos == r->held->len) {
+                g_array_set_size(r->held, 0);
+                r->held_pos = 0;
+            }
+            rp->woken = TRUE; /* it may have woken a lower rank: look again from rank 0 */
+            break;
+        }
+    }
+    return TRUE;
+}
+
+gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                            const MemsimEvent *events, gsize n, GError **error)
+{
+    if (rank >= rp->n_ranks) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: events for rank %u, but the header has %u ranks",
+                    h->name ? h->name : "trace", rank, rp->n_ranks);
+        return FALSE;
+    }
+    RankSim *r = &rp->ranks[rank];
+    if (G_UNLIKELY(r->waiting)) {
+        g_array_append_vals(r->held, events, n);
+        return TRUE;
+    }
+    gsize used;
+    if (!run(rp, h, rank, events, n, &used, error))
+        return FALSE;
+    if (G_UNLIKELY(used < n))
+        g_array_append_vals(r->held, events + used, n - used);
+    guint32 failed;
+    return G_LIKELY(!rp->woken) || run_held(rp, h, &failed, error);
+}
+
+/* The lowest parked rank, or NULL. */
+static RankSim *first_waiting(MemsimReplay *rp, guint32 *rank)
+{
+    for (guint32 k = 0; k < rp->n_ranks; k++)
+        if (rp->ranks[k].waiting) {
+            *rank = k;
+            return &rp->ranks[k];
+        }
+    return NULL;
+}
+
+/* memsim_replay_drain; on an error, *failed is the rank whose event was bad. */
+static gboolean drain(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 *failed,
+                      GError **error)
+{
+    for (;;) {
+        if (!run_held(rp, h, failed, error))
+            return FALSE;
+        guint32 k;
+        RankSim *r = first_waiting(rp, &k);
+        if (!r)
+            return TRUE;
+        recv_done(r, h, k, r->wait_start, 0.0); /* no send will come: it ends on its own */
+    }
+}
+
+gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *h, GError **error)
+{
+    guint32 failed;
+    return drain(rp, h, &failed, error);
+}
+
 MemsimReport *memsim_replay_finish(MemsimReplay *rp)
 {
+    /* Events still held (the caller did not drain): a rank whose held events are
+     * inconsistent stops at the bad one, the rest counted, not applied. */
+    guint32 failed;
+    GError *e = NULL;
+    while (!drain(rp, &rp->header, &failed, &e)) {
+        g_clear_error(&e);
+        RankSim *r = &rp->ranks[failed];
+        r->stopped = TRUE;
+        r->rep.n_events += r->held->len - r->held_pos;
+        g_array_set_size(r->held, 0);
+        r->held_pos = 0;
+    }
     MemsimReport *rep = g_new0(MemsimReport, 1);
     rep->source = g_strdup(rp->header.name);
     rep->allocator = g_strdup(rp->allocator);
@@ -793,6 +1068,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
                          "final allocated %" PRId64 " bytes, the snapshot says %" PRIu64,
                          r->rep.stats.allocated.current, r->rep.recorded_final_allocated);
         }
+        if (r->tl_held)
+            timeline_flush_op(r, &rp->header, i);
         r->rep.n_steps = r->steps->len;
         r->rep.steps = (MemsimStepPeaks *)g_array_free(r->steps, FALSE);
         r->steps = NULL;
@@ -850,6 +1127,8 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
         if (!memsim_replay_feed(rp, memsim_trace_reader_header(rd), rank, ev, n, &e))
             break;
     }
+    if (!e)
+        memsim_replay_drain(rp, memsim_trace_reader_header(rd), &e);
     memsim_trace_reader_free(rd);
     if (e) {
         g_propagate_error(error, e);
@@ -866,14 +1145,35 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
     MemsimReplay *rp = memsim_replay_new(h, opt, error);
     if (!rp)
         return NULL;
-    for (guint32 r = 0; r < h->n_ranks; r++) {
-        gsize n;
-        const MemsimEvent *ev = memsim_trace_events(trace, r, &n);
-        if (!memsim_replay_feed(rp, h, r, ev, n, error)) {
-            memsim_replay_abort(rp);
-            return NULL;
+    /* The events are all here: each rank runs from where it parked, nothing is held. */
+    gsize *pos = g_new0(gsize, h->n_ranks ? h->n_ranks : 1);
+    for (;;) {
+        guint32 k;
+        gsize n = 0;
+        const MemsimEvent *ev = NULL;
+        for (k = 0; k < h->n_ranks; k++) {
+            if (rp->ranks[k].waiting)
+                continue;
+            ev = memsim_trace_events(trace, k, &n);
+            if (pos[k] < n)
+                break;
         }
+        if (k < h->n_ranks) {
+            gsize used;
+            if (!run(rp, h, k, ev + pos[k], n - pos[k], &used, error)) {
+                g_free(pos);
+                memsim_replay_abort(rp);
+                return NULL;
+            }
+            pos[k] += used;
+            continue;
+        }
+        RankSim *r = first_waiting(rp, &k);
+        if (!r)
+            break;
+        recv_done(r, h, k, r->wait_start, 0.0); /* no send will come: it ends on its own */
     }
+    g_free(pos);
     return memsim_replay_finish(rp);
 }
 

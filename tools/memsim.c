@@ -144,6 +144,8 @@ static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o,
             break;
         __atomic_store_n(&count, count + n, __ATOMIC_RELAXED);
     }
+    if (!e) /* ranks parked at a recv run what they hold */
+        memsim_replay_drain(rp, memsim_trace_reader_header(rd), &e);
     progress_stop(&pr);
     memsim_trace_reader_free(rd);
     if (e) {

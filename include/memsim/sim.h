@@ -8,10 +8,12 @@
  *     memsim_report_free(rep);
  *
  * Streaming use: memsim_replay_new(header) → memsim_replay_feed(rank, events) for each run
- * of events (in program order) → memsim_replay_finish(). Memory depends on the live blocks,
- * not on the trace length. Each rank owns one allocator instance. Within a rank, events are
- * applied in program order; streams only tag allocations (a single-stream or
- * program-ordered trace needs no clock).
+ * of events (in program order) → memsim_replay_drain() → memsim_replay_finish(). Memory
+ * depends on the live blocks, not on the trace length, except where ranks meet: a rank parked
+ * at a recv (MEMSIM_EVF_PEER) holds the events fed for it until the matching send comes. Each
+ * rank owns one allocator instance. Within a rank, events are applied in program order; ops
+ * with durations advance a simulated clock per stream, and ranks meet at sends and recvs that
+ * name their peer (sim/replay.c); a single-stream or program-ordered trace needs no clock.
  */
 #ifndef MEMSIM_SIM_H
 #define MEMSIM_SIM_H
@@ -138,7 +140,13 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
  * an unknown tensor, an ALLOC of a live one, ...), naming the rank and event index. */
 gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, guint32 rank,
                             const MemsimEvent *events, gsize n, GError **error);
-/* Ends the replay, frees it and returns the report (free with memsim_report_free). */
+/* After the last feed: runs the events still held for parked ranks (a recv that no send will
+ * meet completes on its own, the lowest rank first). `header` as for feed. FALSE with error
+ * set on an inconsistent trace, as feed. */
+gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *header, GError **error);
+/* Ends the replay, frees it and returns the report (free with memsim_report_free). Events
+ * still held (no memsim_replay_drain) are run against the header given to
+ * memsim_replay_new(); a rank whose held events are inconsistent stops at the bad one. */
 MemsimReport *memsim_replay_finish(MemsimReplay *rp);
 /* Frees a replay without a report: after a feed failed, or to give up (NULL is accepted). */
 void memsim_replay_abort(MemsimReplay *rp);
