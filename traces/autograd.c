@@ -220,33 +220,24 @@ void gg_flops(AgGraph *g, double flops)
         g_array_index(g->costs, OpCost, g->costs->len - 1).flops += flops;
 }
 
+/* Gives each costed op its duration: a copy of its op-table entry with the duration, shared
+ * by the ops of equal entry and duration (an open-addressed table of (entry, duration) →
+ * copy, sized for every costed op at most half full). */
 typedef struct {
     uint64_t op;
-    double dur;
-} TimedKey;
+    uint64_t dur;  /* the duration's bits (positive: equal bits ⇔ equal values) */
+    guint32 idx1;  /* the copy's index + 1; 0: an empty slot */
+} TimedSlot;
 
-static guint timed_hash(gconstpointer p)
-{
-    const TimedKey *k = p;
-    uint64_t bits;
-    memcpy(&bits, &k->dur, sizeof bits);
-    return (guint)(k->op * 2654435761u) ^ (guint)(bits ^ (bits >> 32));
-}
-
-static gboolean timed_equal(gconstpointer a, gconstpointer b)
-{
-    const TimedKey *x = a, *y = b;
-    return x->op == y->op && x->dur == y->dur;
-}
-
-/* Gives each costed op its duration: a copy of its op-table entry with the duration, shared
- * by the ops of equal entry and duration. */
 static void apply_costs(AgGraph *g)
 {
     if (!g->costs->len)
         return;
     MemsimTraceHeader *h = memsim_trace_header(g->trace);
-    GHashTable *timed = g_hash_table_new_full(timed_hash, timed_equal, g_free, NULL);
+    guint32 cap = 16;
+    while (cap < 2 * g->costs->len)
+        cap *= 2;
+    TimedSlot *timed = g_new0(TimedSlot, cap);
     MemsimEvent *ev = (MemsimEvent *)g->events->data;
     for (guint i = 0; i < g->costs->len; i++) {
         const OpCost *c = &g_array_index(g->costs, OpCost, i);
@@ -255,21 +246,24 @@ static void apply_costs(AgGraph *g)
         double dur = t > m ? t : m;
         if (!(dur > 0.0))
             continue;
-        TimedKey key = {ev[c->pos].id, dur};
-        gpointer v = g_hash_table_lookup(timed, &key);
-        if (v) {
-            ev[c->pos].id = GPOINTER_TO_UINT(v) - 1;
+        uint64_t op = ev[c->pos].id, bits;
+        memcpy(&bits, &dur, sizeof bits);
+        uint64_t hash = (op * 0x9E3779B97F4A7C15u) ^ (bits * 0xC2B2AE3D27D4EB4Fu);
+        guint32 k = (guint32)(hash ^ (hash >> 29)) & (cap - 1);
+        while (timed[k].idx1 && (timed[k].op != op || timed[k].dur != bits))
+            k = (k + 1) & (cap - 1);
+        if (timed[k].idx1) {
+            ev[c->pos].id = timed[k].idx1 - 1;
             continue;
         }
-        TimedKey *k = g_memdup2(&key, sizeof key);
-        MemsimOpInfo op = h->ops[ev[c->pos].id];
-        op.duration_us = dur;
-        guint32 idx = memsim_trace_add_op(g->trace, &op);
+        MemsimOpInfo info = h->ops[op];
+        info.duration_us = dur;
+        guint32 idx = memsim_trace_add_op(g->trace, &info);
         h = memsim_trace_header(g->trace);
-        g_hash_table_insert(timed, k, GUINT_TO_POINTER(idx + 1));
+        timed[k] = (TimedSlot){op, bits, idx + 1};
         ev[c->pos].id = idx;
     }
-    g_hash_table_unref(timed);
+    g_free(timed);
 }
 
 void gg_free(AgGraph *g)
