@@ -625,7 +625,7 @@ static gboolean meet(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
 {
     MemsimReplay *rp = r->rp;
     if (ev->aux != MEMSIM_COLL_SEND && ev->aux != MEMSIM_COLL_RECV)
-        return bad(error, h, rank, index, "a peer on a %s (only send and recv have one)",
+        return bad(error, h, rank, index, "%s with a peer (only send and recv have one)",
                    memsim_collective_name(ev->aux));
     if (ev->addr >= rp->n_ranks || ev->addr == rank)
         return bad(error, h, rank, index,

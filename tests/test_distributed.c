@@ -4,8 +4,10 @@
 #include <criterion/criterion.h>
 #include <memsim/gen.h>
 #include <math.h>
+#include <memsim/formats.h>
 #include <memsim/sim.h>
 #include <string.h>
+#include <glib/gstdio.h>
 
 #include "testutil.h"
 
@@ -570,4 +572,300 @@ Test(distributed, collectives_take_link_time, .timeout = 300)
         memsim_report_free(rep);
         memsim_trace_free(t);
     }
+}
+
+/* ---- pipelines on one clock: stages meet at their sends and recvs ---- */
+
+/* Op times of one pipeline stage, summed from the durations in the trace's op table: the
+ * forward and the backward compute of each micro-batch, and the transfer of a send. */
+typedef struct {
+    double fwd[16], bwd[16];
+    int fwd_ops;              /* timed forward ops of micro-batch 0 */
+    double p2p;
+    uint64_t first_fwd_event; /* the OP event of the first forward op of micro-batch 0 */
+    int sends, recvs;         /* with a peer */
+} StageTimes;
+
+static void stage_times(MemsimTrace *t, guint32 rank, StageTimes *st)
+{
+    memset(st, 0, sizeof *st);
+    st->first_fwd_event = UINT64_MAX;
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_COLLECTIVE && (ev[i].flags & MEMSIM_EVF_PEER)) {
+            cr_assert_eq(ev[i - 1].kind, MEMSIM_EV_OP, "a send or recv right after its op");
+            st->p2p = h->ops[ev[i - 1].id].duration_us;
+            cr_assert_lt(ev[i].addr, h->n_ranks);
+            st->sends += ev[i].aux == MEMSIM_COLL_SEND;
+            st->recvs += ev[i].aux == MEMSIM_COLL_RECV;
+        }
+        if (ev[i].kind != MEMSIM_EV_OP)
+            continue;
+        const MemsimOpInfo *op = &h->ops[ev[i].id];
+        if (op->microbatch < 0 || op->microbatch >= 16)
+            continue;
+        if (op->phase == MEMSIM_PHASE_FORWARD) {
+            st->fwd[op->microbatch] += op->duration_us;
+            st->fwd_ops += op->microbatch == 0 && op->duration_us > 0;
+            if (op->microbatch == 0 && st->first_fwd_event == UINT64_MAX)
+                st->first_fwd_event = i;
+        } else if (op->phase == MEMSIM_PHASE_BACKWARD) {
+            st->bwd[op->microbatch] += op->duration_us;
+        }
+    }
+}
+
+/* When the op of event `event` of rank `rank` started on its stream, from the timeline. */
+static double op_start(MemsimTimeline *tl, guint rank, uint64_t event)
+{
+    const MemsimTimelineRank *r = memsim_timeline_rank(tl, rank);
+    for (gsize i = 0; i < r->n_slices; i++)
+        if (r->slices[i].event_first == event) {
+            cr_assert_eq(r->slices[i].n_ops, 1);
+            return r->slices[i].time_first_us;
+        }
+    cr_assert_fail("no slice for event %" G_GUINT64_FORMAT " of rank %u", event, rank);
+    return 0;
+}
+
+/* The same trace without the peers of its sends and recvs (as traces were written before
+ * stages met): each stage on its own clock. */
+static MemsimTrace *without_peers(MemsimTrace *t)
+{
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    MemsimTrace *u = memsim_trace_new(h->name);
+    for (guint32 i = 0; i < h->n_strings; i++)
+        cr_assert_eq(memsim_trace_intern(u, h->strings[i]), i);
+    for (guint32 i = 0; i < h->n_ops; i++)
+        memsim_trace_add_op(u, &h->ops[i]);
+    for (guint32 r = 0; r < h->n_ranks; r++) {
+        memsim_trace_add_rank(u, h->ranks[r].device, h->ranks[r].multiplicity);
+        memsim_trace_header(u)->ranks[r].role = g_strdup(h->ranks[r].role);
+    }
+    for (guint32 r = 0; r < h->n_ranks; r++) {
+        gsize n;
+        const MemsimEvent *ev = memsim_trace_events(t, r, &n);
+        MemsimEvent *copy = g_memdup2(ev, n * sizeof *ev);
+        for (gsize i = 0; i < n; i++)
+            if (copy[i].kind == MEMSIM_EV_COLLECTIVE) {
+                copy[i].flags &= ~(uint32_t)MEMSIM_EVF_PEER;
+                copy[i].addr = 0;
+            }
+        memsim_trace_append(u, r, copy, n);
+        g_free(copy);
+    }
+    return u;
+}
+
+/* p = 4 stages of Llama-2-7B (8 layers each), m = 8 micro-batches, one step. With F_s and B_s
+ * the forward and backward compute of a micro-batch on stage s and d a transfer (all summed
+ * from the op table), the first micro-batch reaches stage s after the forwards of the stages
+ * before it and their sends: stage s's first forward starts Σ_{1≤k<s} (F_k(0) + d) after stage
+ * 1's, whose host issues far ahead of its GPU, so that its stream runs its ops back to back;
+ * stage 1's starts F_0(0) + d after stage 0's, plus at most the host's launch cost (10 µs an
+ * op) where stage 0's first ops are shorter than their launch. The last
+ * stage cannot start before that and must then run all m micro-batches, and the last
+ * gradient must go back through every stage: stage 0's step takes at least
+ * Σ_{k<p−1} (F_k(0) + d) + Σ_mb (F_{p−1} + B_{p−1})(mb) + Σ_{k<p−1} (B_k(m − 1) + d) — with
+ * equal stages (m + p − 1)(F + B), the bubble (p − 1)/m over the m(F + B) of the work. The
+ * same holds for GPipe. Without the peers (each stage on its own clock) stage 0 took only its
+ * own work, below the bound. */
+Test(distributed, pipeline_bubble, .timeout = 300)
+{
+    const char *schedules[] = {"1f1b", "gpipe"};
+    enum { P = 4, M = 8 };
+    for (gsize k = 0; k < G_N_ELEMENTS(schedules); k++) {
+        const char *settings[] = {"gpus", "4", "pp", "4", "microbatches", "8", "pp-schedule",
+                                  schedules[k], "seq", "4096", "steps", "1", NULL};
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load("llama-2-7b", &error);
+        MemsimRun run = memsim_run_defaults();
+        for (const char *const *s = settings; *s; s += 2)
+            cr_assert(memsim_run_set(&run, s[0], s[1], &error));
+        MemsimTrace *t = memsim_generate(m, &run, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        cr_assert_eq(memsim_trace_header(t)->n_ranks, (guint32)P);
+        StageTimes st[P];
+        for (guint32 s = 0; s < P; s++) {
+            stage_times(t, s, &st[s]);
+            /* 1F1B and GPipe: a recv of each micro-batch's input and of its output's gradient,
+             * except at the ends of the pipeline */
+            cr_expect_eq(st[s].recvs, (s > 0) * M + (s < P - 1) * M, "stage %u recvs", s);
+            cr_expect_eq(st[s].sends, st[s].recvs);
+            cr_assert_gt(st[s].p2p, 0.0);
+        }
+        MemsimTimeline *tl = memsim_timeline_new(1u << 16);
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.timeline = tl;
+        MemsimReport *rep = memsim_replay_trace(t, &o, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+
+        double d = st[0].p2p, after1 = 0.0, drain = 0.0;
+        double t0 = op_start(tl, 0, st[0].first_fwd_event);
+        double t1 = op_start(tl, 1, st[1].first_fwd_event);
+        cr_expect(t1 - t0 >= st[0].fwd[0] + d - 1e-6 &&
+                  t1 - t0 <= st[0].fwd[0] + d + 10.0 * st[0].fwd_ops,
+                  "%s: stage 1's first forward starts %.3f µs after stage 0's, want %.3f + "
+                  "launches", schedules[k], t1 - t0, st[0].fwd[0] + d);
+        for (guint32 s = 2; s < P; s++) {
+            after1 += st[s - 1].fwd[0] + d;
+            double got = op_start(tl, s, st[s].first_fwd_event) - t1;
+            cr_expect(fabs(got - after1) <= 1e-9 * after1 + 1e-6,
+                      "%s: stage %u's first forward starts %.3f µs after stage 1's, want %.3f",
+                      schedules[k], s, got, after1);
+        }
+        double fill = st[0].fwd[0] + d + after1;
+        for (guint32 s = 0; s + 1 < P; s++)
+            drain += st[s].bwd[M - 1] + d;
+        /* with stages of nearly equal cost: about (p − 1) stage forwards */
+        double one = st[1].fwd[0] + d;
+        cr_expect(fabs(fill - (P - 1) * one) < 0.02 * fill, "%s: fill %.1f µs vs 3 × %.1f",
+                  schedules[k], fill, one);
+        double work = 0.0, fb_min = G_MAXDOUBLE;
+        for (int mb = 0; mb < M; mb++)
+            work += st[P - 1].fwd[mb] + st[P - 1].bwd[mb];
+        for (guint32 s = 0; s < P; s++)
+            fb_min = MIN(fb_min, st[s].fwd[0] + st[s].bwd[0]);
+        double bound = fill + work + drain;
+        const MemsimRankReport *r0 = &rep->ranks[0];
+        cr_assert_eq(r0->n_steps, 1);
+        double step0 = r0->time_us - r0->steps[0].start_us;
+        cr_expect_geq(step0, bound, "%s: stage 0's step %.1f µs, at least %.1f", schedules[k],
+                      step0, bound);
+        cr_expect_geq(step0, (M + P - 1) * fb_min, "%s: stage 0's step %.1f µs, (m + p − 1) × "
+                      "%.1f", schedules[k], step0, fb_min);
+
+        /* each stage on its own clock: no bubble, and the memory is the same */
+        MemsimTrace *u = without_peers(t);
+        MemsimReport *alone = memsim_replay_trace(u, NULL, &error);
+        cr_assert(alone, "%s", error ? error->message : "?");
+        double alone0 = alone->ranks[0].time_us - alone->ranks[0].steps[0].start_us;
+        cr_expect_lt(alone0, (M + P - 1) * fb_min, "%s: stage 0 alone %.1f µs", schedules[k],
+                     alone0);
+        for (guint32 s = 0; s < P; s++) {
+            cr_expect_eq(alone->ranks[s].stats.allocated.peak, rep->ranks[s].stats.allocated.peak);
+            cr_expect_eq(alone->ranks[s].stats.reserved.peak, rep->ranks[s].stats.reserved.peak);
+            cr_expect_leq(alone->ranks[s].time_us, rep->ranks[s].time_us);
+        }
+        memsim_report_free(alone);
+        memsim_trace_free(u);
+        memsim_report_free(rep);
+        memsim_timeline_free(tl);
+        memsim_trace_free(t);
+        memsim_run_clear(&run);
+        memsim_model_free(m);
+    }
+}
+
+/* Feeds the ranks of `t` in an order of its own: chunks of `chunk` events, the ranks taken
+ * from the last to the first, round after round. */
+static char *replay_fed(MemsimTrace *t, gsize chunk)
+{
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    GError *error = NULL;
+    MemsimReplay *rp = memsim_replay_new(h, NULL, &error);
+    cr_assert(rp);
+    gsize *pos = g_new0(gsize, h->n_ranks);
+    for (gboolean more = TRUE; more;) {
+        more = FALSE;
+        for (guint32 r = h->n_ranks; r-- > 0;) {
+            gsize n;
+            const MemsimEvent *ev = memsim_trace_events(t, r, &n);
+            gsize take = MIN(chunk, n - pos[r]);
+            if (!take)
+                continue;
+            cr_assert(memsim_replay_feed(rp, h, r, ev + pos[r], take, &error), "%s",
+                      error ? error->message : "?");
+            pos[r] += take;
+            more = TRUE;
+        }
+    }
+    cr_assert(memsim_replay_drain(rp, h, &error));
+    g_free(pos);
+    MemsimReport *rep = memsim_replay_finish(rp);
+    char *json = memsim_report_to_json(rep);
+    memsim_report_free(rep);
+    return json;
+}
+
+/* The same pipeline trace replayed twice gives the same report, to the last digit of every
+ * time; and so does feeding its ranks in another order (the last stage first, in small
+ * chunks; a whole rank at a time), since a recv meets the sends of its peer in their order
+ * whichever rank the simulator runs first. Interleaved 1F1B, where the last stage sends on
+ * to the first. */
+Test(distributed, pipeline_replay_is_repeatable, .timeout = 300)
+{
+    const char *settings[] = {"gpus", "8", "tp", "2", "pp", "4", "microbatches", "8",
+                              "pp-schedule", "interleaved", "virtual-stages", "2", "seq", "256",
+                              "sequence-parallel", "true", "steps", "2", NULL};
+    MemsimTrace *t = NULL;
+    MemsimReport *a = run_dist("llama-2-7b", settings, &t);
+    MemsimReport *b = memsim_replay_trace(t, NULL, NULL);
+    g_autofree char *ja = memsim_report_to_json(a);
+    g_autofree char *jb = memsim_report_to_json(b);
+    cr_expect_str_eq(ja, jb);
+    g_autofree char *jc = replay_fed(t, 1000);
+    cr_expect_str_eq(ja, jc, "fed the last stage first, 1000 events at a time");
+    g_autofree char *jd = replay_fed(t, G_MAXSIZE);
+    cr_expect_str_eq(ja, jd, "fed one whole rank at a time, the last first");
+    /* stage 0 waits for the last stage's chunk outputs: longer than on its own clock */
+    MemsimTrace *u = without_peers(t);
+    MemsimReport *alone = memsim_replay_trace(u, NULL, NULL);
+    cr_expect_gt(a->ranks[0].time_us, alone->ranks[0].time_us * 1.05);
+    memsim_report_free(alone);
+    memsim_trace_free(u);
+    memsim_report_free(a);
+    memsim_report_free(b);
+    memsim_trace_free(t);
+}
+
+/* tests/data/good/pipeline.txt, timed by hand (its comment): stage 0 ends at 630 µs, stage 1
+ * at 430 µs, stage 0's recv spans 120-430 µs on the timeline; read from text and from .mst
+ * (fed rank by rank, stage 0 first, so that stage 0 waits with its events held); without the
+ * peers both end at 330 µs. */
+Test(distributed, two_stages_by_hand)
+{
+    g_autofree char *txt = tu_test_data("good/pipeline.txt");
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *mst = g_build_filename(dir, "pipeline.mst", NULL);
+    GError *error = NULL;
+    cr_assert(memsim_convert(txt, mst, &error), "%s", error ? error->message : "?");
+    const char *paths[] = {txt, mst};
+    for (gsize k = 0; k < G_N_ELEMENTS(paths); k++) {
+        MemsimTimeline *tl = memsim_timeline_new(0);
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.timeline = tl;
+        MemsimReport *rep = memsim_replay_path(paths[k], &o, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        cr_expect_eq(rep->ranks[0].time_us, 630.0, "%s: stage 0 %.1f", paths[k],
+                     rep->ranks[0].time_us);
+        cr_expect_eq(rep->ranks[1].time_us, 430.0, "%s: stage 1 %.1f", paths[k],
+                     rep->ranks[1].time_us);
+        cr_expect_eq(rep->ranks[0].stats.allocated.peak, 2048);
+        /* stage 0's op slices: forward, send, recv (waiting included), backward */
+        const MemsimTimelineRank *r0 = memsim_timeline_rank(tl, 0);
+        const double want[][2] = {{10, 110}, {110, 120}, {120, 430}, {430, 630}};
+        cr_assert_eq(r0->n_slices, G_N_ELEMENTS(want));
+        for (gsize i = 0; i < r0->n_slices; i++)
+            cr_expect(r0->slices[i].time_first_us == want[i][0] &&
+                          r0->slices[i].time_last_us == want[i][1],
+                      "slice %zu: %.1f-%.1f µs, want %.0f-%.0f", i, r0->slices[i].time_first_us,
+                      r0->slices[i].time_last_us, want[i][0], want[i][1]);
+        memsim_report_free(rep);
+        memsim_timeline_free(tl);
+    }
+    MemsimTrace *t = memsim_trace_load(txt, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimTrace *u = without_peers(t);
+    MemsimReport *alone = memsim_replay_trace(u, NULL, &error);
+    cr_assert(alone);
+    cr_expect_eq(alone->ranks[0].time_us, 330.0);
+    cr_expect_eq(alone->ranks[1].time_us, 330.0);
+    memsim_report_free(alone);
+    memsim_trace_free(u);
+    memsim_trace_free(t);
+    g_unlink(mst);
+    g_rmdir(dir);
 }
