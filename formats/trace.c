@@ -120,9 +120,9 @@ guint32 memsim_trace_add_op(MemsimTrace *t, const MemsimOpInfo *op)
     return h->n_ops++;
 }
 
-void memsim_trace_append(MemsimTrace *t, guint32 rank, const MemsimEvent *events, gsize n)
+/* The rank's stream count grows to cover the streams its new events name. */
+static void cover_streams(MemsimTrace *t, guint32 rank, const MemsimEvent *events, gsize n)
 {
-    g_assert(rank < t->header.n_ranks);
     MemsimRankInfo *r = &t->header.ranks[rank];
     for (gsize i = 0; i < n; i++) {
         guint32 need = (guint32)events[i].stream + 1;
@@ -137,7 +137,28 @@ void memsim_trace_append(MemsimTrace *t, guint32 rank, const MemsimEvent *events
             r->n_streams = need;
         }
     }
+}
+
+void memsim_trace_append(MemsimTrace *t, guint32 rank, const MemsimEvent *events, gsize n)
+{
+    g_assert(rank < t->header.n_ranks);
+    cover_streams(t, rank, events, n);
     g_array_append_vals(g_ptr_array_index(t->programs, rank), events, (guint)n);
+}
+
+void memsim_trace_append_array(MemsimTrace *t, guint32 rank, GArray *events)
+{
+    g_assert(rank < t->header.n_ranks);
+    g_assert(g_array_get_element_size(events) == sizeof(MemsimEvent));
+    cover_streams(t, rank, (const MemsimEvent *)events->data, events->len);
+    GArray *program = g_ptr_array_index(t->programs, rank);
+    if (program->len == 0) {
+        t->programs->pdata[rank] = events; /* taken as it is: no copy */
+        g_array_unref(program);
+        return;
+    }
+    g_array_append_vals(program, events->data, events->len);
+    g_array_unref(events);
 }
 
 const MemsimEvent *memsim_trace_events(MemsimTrace *t, guint32 rank, gsize *n_events)

@@ -275,9 +275,8 @@ void gg_free(AgGraph *g)
         gt_unref(g, g->workspace[i]);
     apply_costs(g);
     g_array_unref(g->costs);
-    if (g->events->len)
-        memsim_trace_append(g->trace, g->rank, (MemsimEvent *)g->events->data, g->events->len);
-    g_array_unref(g->events);
+    memsim_trace_append_array(g->trace, g->rank, g->events);
+    g->events = NULL;
     g_free(g->op_index.slots);
     g_ptr_array_unref(g->heap);
     g_assert(g_hash_table_size(g->cast_cache) == 0);

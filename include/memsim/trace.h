@@ -168,6 +168,10 @@ guint32 memsim_trace_add_op(MemsimTrace *trace, const MemsimOpInfo *op);
 /* Appends a copy of n events to a rank's program (the rank's n_streams grows to cover
  * them). `rank` must be one memsim_trace_add_rank() returned. */
 void memsim_trace_append(MemsimTrace *trace, guint32 rank, const MemsimEvent *events, gsize n);
+/* Appends a GArray of MemsimEvent as memsim_trace_append does, taking the caller's reference
+ * to it: when the rank's program is still empty, the array becomes the program without a
+ * copy (a generator's buffer handed over whole). */
+void memsim_trace_append_array(MemsimTrace *trace, guint32 rank, GArray *events);
 /* The events of a rank and their count; owned by the trace, valid until the next append
  * to it or memsim_trace_free(). */
 const MemsimEvent *memsim_trace_events(MemsimTrace *trace, guint32 rank, gsize *n_events);
