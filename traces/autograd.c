@@ -222,21 +222,40 @@ void gg_flops(AgGraph *g, double flops)
 
 /* Gives each costed op its duration: a copy of its op-table entry with the duration, shared
  * by the ops of equal entry and duration (an open-addressed table of (entry, duration) →
- * copy, sized for every costed op at most half full). */
+ * copy, at most half full). */
 typedef struct {
     uint64_t op;
     uint64_t dur;  /* the duration's bits (positive: equal bits ⇔ equal values) */
     guint32 idx1;  /* the copy's index + 1; 0: an empty slot */
 } TimedSlot;
 
+static inline guint32 timed_hash(uint64_t op, uint64_t bits)
+{
+    uint64_t hash = (op * 0x9E3779B97F4A7C15u) ^ (bits * 0xC2B2AE3D27D4EB4Fu);
+    return (guint32)(hash ^ (hash >> 29));
+}
+
+static TimedSlot *timed_grow(TimedSlot *old, guint32 old_cap, guint32 cap)
+{
+    TimedSlot *t = g_new0(TimedSlot, cap);
+    for (guint32 i = 0; i < old_cap; i++) {
+        if (!old[i].idx1)
+            continue;
+        guint32 k = timed_hash(old[i].op, old[i].dur) & (cap - 1);
+        while (t[k].idx1)
+            k = (k + 1) & (cap - 1);
+        t[k] = old[i];
+    }
+    g_free(old);
+    return t;
+}
+
 static void apply_costs(AgGraph *g)
 {
     if (!g->costs->len)
         return;
     MemsimTraceHeader *h = memsim_trace_header(g->trace);
-    guint32 cap = 16;
-    while (cap < 2 * g->costs->len)
-        cap *= 2;
+    guint32 cap = 1024, n = 0;
     TimedSlot *timed = g_new0(TimedSlot, cap);
     MemsimEvent *ev = (MemsimEvent *)g->events->data;
     for (guint i = 0; i < g->costs->len; i++) {
@@ -248,8 +267,7 @@ static void apply_costs(AgGraph *g)
             continue;
         uint64_t op = ev[c->pos].id, bits;
         memcpy(&bits, &dur, sizeof bits);
-        uint64_t hash = (op * 0x9E3779B97F4A7C15u) ^ (bits * 0xC2B2AE3D27D4EB4Fu);
-        guint32 k = (guint32)(hash ^ (hash >> 29)) & (cap - 1);
+        guint32 k = timed_hash(op, bits) & (cap - 1);
         while (timed[k].idx1 && (timed[k].op != op || timed[k].dur != bits))
             k = (k + 1) & (cap - 1);
         if (timed[k].idx1) {
@@ -262,6 +280,10 @@ static void apply_costs(AgGraph *g)
         h = memsim_trace_header(g->trace);
         timed[k] = (TimedSlot){op, bits, idx + 1};
         ev[c->pos].id = idx;
+        if (++n * 2 > cap) {
+            timed = timed_grow(timed, cap, cap * 2);
+            cap *= 2;
+        }
     }
     g_free(timed);
 }
@@ -339,7 +361,7 @@ void gg_op(AgGraph *g, const char *name)
     }
     MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     emit(g, &ev);
-    g->costing = g->flops_per_us > 0.0 && strcmp(name, "empty") != 0;
+    g->costing = g->flops_per_us > 0.0 && (name[0] != 'e' || strcmp(name, "empty") != 0);
     if (g->costing) {
         OpCost c = {g->events->len - 1, 0.0, 0.0};
         g_array_append_val(g->costs, c);
@@ -876,7 +898,7 @@ static void mark_deps(AgGraph *g, AgNode *root)
     root->mark = pass;
     root->deps = 0;
     while (stack->len) {
-        AgNode *n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
+        AgNode *n = stack->pdata[--stack->len];
         for (int i = 0; i < n->n_next; i++) {
             AgNode *m = n->next[i].node;
             if (!m)

@@ -97,6 +97,10 @@ typedef struct AgNode {
     AgBackwardFn fn;
     int32_t layer; /* the layer whose forward made it, for reports */
     int n_next;
+    /* beside n_next and the first edges: the backward's dependency count walks every node
+     * reachable from its root, one cache line each */
+    int deps;
+    uint32_t mark; /* the backward pass that last counted this node's dependencies */
     AgEdge next[GN_MAXNEXT];
     /* shape/dtype of each differentiable input, for the grads backward allocates */
     AgTensor *in_meta[GN_MAXNEXT]; /* metadata copies (no storage) */
@@ -104,8 +108,6 @@ typedef struct AgNode {
     AgTensor *saved[GN_MAXSAVED];
     int n_out;
     AgTensor *buf[GN_MAXOUT];
-    int deps;
-    uint32_t mark; /* the backward pass that last counted this node's dependencies */
     bool queued;
     AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
     int64_t iarg[4];
