@@ -103,12 +103,20 @@ typedef struct {
     guint32 n;
 } OpTable;
 
+typedef struct {
+    guint pos;        /* the OP event */
+    double flops, bytes;
+} OpCost;
+
 struct AgGraph {
     MemsimTrace *trace;
     guint32 rank;
     AgRules rules;
     AgContext ctx;
-    GArray *events;        /* MemsimEvent, flushed to the trace by gg_free */
+    /* MemsimEvent, handed to the trace by gg_free: the first n_events are written, the
+     * array's length is its capacity (appends stay inline) */
+    GArray *events;
+    guint n_events;
     uint64_t next_storage;
     uint64_t next_seq;
     OpTable op_index;      /* (name, phase, layer, micro-batch) → op index */
@@ -125,22 +133,20 @@ struct AgGraph {
     Pool tensors, storages, nodes;
     /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
     double flops_per_us, bytes_per_us;
-    GArray *costs;    /* OpCost */
+    OpCost *costs;    /* n_costs of cap_costs */
+    guint n_costs, cap_costs;
     bool costing;     /* the last op is the last record's (allocations add to it) */
 };
 
-typedef struct {
-    guint pos;        /* the OP event */
-    double flops, bytes;
-} OpCost;
 
 static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer, int32_t mb)
 {
-    guint32 h = (guint32)((guintptr)name >> 3);
-    h = h * 31u + (guint32)phase;
-    h = h * 31u + (guint32)layer;
-    h = h * 31u + (guint32)mb;
-    return h ^ (h >> 15) ^ (h >> 7);
+    /* mixed well: keys differ by one in layer or micro-batch, and the table probes linearly */
+    uint64_t h = (uint64_t)(guintptr)name;
+    h = (h ^ (uint32_t)phase) * 0x9E3779B97F4A7C15u;
+    h = (h ^ (uint32_t)layer) * 0xC2B2AE3D27D4EB4Fu;
+    h = (h ^ (uint32_t)mb) * 0x9E3779B97F4A7C15u;
+    return (guint32)(h >> 32);
 }
 
 static void optable_grow(OpTable *t)
@@ -183,6 +189,7 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     g->ctx.grad_enabled = true;
     g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), 4096);
+    g_array_set_size(g->events, 4096);
     g->next_storage = 1;
     g->next_seq = 1;
     optable_grow(&g->op_index);
@@ -194,7 +201,6 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     pool_init(&g->tensors, sizeof(AgTensor));
     pool_init(&g->storages, sizeof(AgStorage));
     pool_init(&g->nodes, sizeof(AgNodeBox));
-    g->costs = g_array_new(FALSE, FALSE, sizeof(OpCost));
     return g;
 }
 
@@ -217,7 +223,7 @@ void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32)
 void gg_flops(AgGraph *g, double flops)
 {
     if (g->costing)
-        g_array_index(g->costs, OpCost, g->costs->len - 1).flops += flops;
+        g->costs[g->n_costs - 1].flops += flops;
 }
 
 /* Gives each costed op its duration: a copy of its op-table entry with the duration, shared
@@ -252,14 +258,14 @@ static TimedSlot *timed_grow(TimedSlot *old, guint32 old_cap, guint32 cap)
 
 static void apply_costs(AgGraph *g)
 {
-    if (!g->costs->len)
+    if (!g->n_costs)
         return;
     MemsimTraceHeader *h = memsim_trace_header(g->trace);
     guint32 cap = 1024, n = 0;
     TimedSlot *timed = g_new0(TimedSlot, cap);
     MemsimEvent *ev = (MemsimEvent *)g->events->data;
-    for (guint i = 0; i < g->costs->len; i++) {
-        const OpCost *c = &g_array_index(g->costs, OpCost, i);
+    for (guint i = 0; i < g->n_costs; i++) {
+        const OpCost *c = &g->costs[i];
         double t = c->flops / g->flops_per_us;
         double m = 2.0 * c->bytes / g->bytes_per_us;
         double dur = t > m ? t : m;
@@ -296,7 +302,8 @@ void gg_free(AgGraph *g)
     for (int i = 0; i < 2; i++)
         gt_unref(g, g->workspace[i]);
     apply_costs(g);
-    g_array_unref(g->costs);
+    g_free(g->costs);
+    g_array_set_size(g->events, g->n_events);
     memsim_trace_append_array(g->trace, g->rank, g->events);
     g->events = NULL;
     g_free(g->op_index.slots);
@@ -327,11 +334,13 @@ MemsimTrace *gg_trace(AgGraph *g)
     return g->trace;
 }
 
-static void emit(AgGraph *g, const MemsimEvent *ev)
+static inline void emit(AgGraph *g, const MemsimEvent *ev)
 {
-    g_array_append_val(g->events, *ev);
+    if (G_UNLIKELY(g->n_events == g->events->len))
+        g_array_set_size(g->events, g->events->len * 2);
+    ((MemsimEvent *)g->events->data)[g->n_events++] = *ev;
     if (g->costing && ev->kind == MEMSIM_EV_ALLOC)
-        g_array_index(g->costs, OpCost, g->costs->len - 1).bytes += (double)ev->size;
+        g->costs[g->n_costs - 1].bytes += (double)ev->size;
 }
 
 void gg_op(AgGraph *g, const char *name)
@@ -363,8 +372,11 @@ void gg_op(AgGraph *g, const char *name)
     emit(g, &ev);
     g->costing = g->flops_per_us > 0.0 && (name[0] != 'e' || strcmp(name, "empty") != 0);
     if (g->costing) {
-        OpCost c = {g->events->len - 1, 0.0, 0.0};
-        g_array_append_val(g->costs, c);
+        if (g->n_costs == g->cap_costs) {
+            g->cap_costs = g->cap_costs ? 2 * g->cap_costs : 1024;
+            g->costs = g_renew(OpCost, g->costs, g->cap_costs);
+        }
+        g->costs[g->n_costs++] = (OpCost){g->n_events - 1, 0.0, 0.0};
     }
 }
 
@@ -499,7 +511,7 @@ AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
     st->stream = g->ctx.stream;
     t->st = st;
     if (st->nbytes > 0) {
-        st->event = g->events->len;
+        st->event = g->n_events;
         MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = st->id, .size = st->nbytes,
                           .category = st->category, .stream = st->stream};
         emit(g, &ev);
@@ -1036,7 +1048,7 @@ void gg_storage_restore(AgGraph *g, AgStorage *st)
     st->id = g->next_storage++;
     st->stream = g->ctx.stream;
     if (st->nbytes > 0) {
-        st->event = g->events->len;
+        st->event = g->n_events;
         MemsimEvent ev = {.kind = MEMSIM_EV_ALLOC, .id = st->id, .size = st->nbytes,
                           .category = st->category, .stream = st->stream};
         emit(g, &ev);
@@ -1080,7 +1092,7 @@ void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t grou
             uint32_t peer, double duration_us)
 {
     gg_collective(g, kind, bytes, group, duration_us);
-    MemsimEvent *ev = &g_array_index(g->events, MemsimEvent, g->events->len - 1);
+    MemsimEvent *ev = &g_array_index(g->events, MemsimEvent, g->n_events - 1);
     ev->addr = peer;
     ev->flags |= MEMSIM_EVF_PEER;
 }
