@@ -44,10 +44,11 @@ static void pool_init(Pool *p, gsize size)
     p->size = (size + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
 }
 
-static inline void *pool_alloc0(Pool *p)
+/* An object with undefined contents. */
+static inline void *pool_alloc(Pool *p)
 {
 #ifdef AG_POOL_MALLOC
-    return g_malloc0(p->size);
+    return g_malloc(p->size);
 #else
     void *o = p->free;
     if (o) {
@@ -63,8 +64,13 @@ static inline void *pool_alloc0(Pool *p)
         o = p->cur;
         p->cur += p->size;
     }
-    return memset(o, 0, p->size);
+    return o;
 #endif
+}
+
+static inline void *pool_alloc0(Pool *p)
+{
+    return memset(pool_alloc(p), 0, p->size);
 }
 
 static inline void pool_free(Pool *p, void *o)
@@ -108,6 +114,21 @@ typedef struct {
     double flops, bytes;
 } OpCost;
 
+/* A stack of nodes (also the backward's ready heap). */
+typedef struct {
+    struct AgNode **v;
+    guint len, cap;
+} NodeStack;
+
+static inline void ns_push(NodeStack *s, struct AgNode *n)
+{
+    if (G_UNLIKELY(s->len == s->cap)) {
+        s->cap = s->cap ? 2 * s->cap : 64;
+        s->v = g_renew(struct AgNode *, s->v, s->cap);
+    }
+    s->v[s->len++] = n;
+}
+
 struct AgGraph {
     MemsimTrace *trace;
     guint32 rank;
@@ -120,7 +141,7 @@ struct AgGraph {
     uint64_t next_storage;
     uint64_t next_seq;
     OpTable op_index;      /* (name, phase, layer, micro-batch) → op index */
-    GPtrArray *heap;       /* ready nodes */
+    NodeStack heap;        /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     GPtrArray *cast_order;  /* the cached copies in insertion order: released in that order */
     bool teardown;
@@ -128,8 +149,8 @@ struct AgGraph {
     AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
     uint32_t pass;    /* backward passes so far */
-    GPtrArray *stack; /* scratch for mark_deps */
-    GPtrArray *dying; /* scratch for node_unref: nodes whose last reference went */
+    NodeStack stack; /* scratch for mark_deps */
+    NodeStack dying; /* scratch for node_unref: nodes whose last reference went */
     Pool tensors, storages, nodes;
     /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
     double flops_per_us, bytes_per_us;
@@ -193,11 +214,8 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->next_storage = 1;
     g->next_seq = 1;
     optable_grow(&g->op_index);
-    g->heap = g_ptr_array_new();
     g->cast_cache = g_hash_table_new(NULL, NULL);
     g->cast_order = g_ptr_array_new();
-    g->stack = g_ptr_array_new();
-    g->dying = g_ptr_array_new();
     pool_init(&g->tensors, sizeof(AgTensor));
     pool_init(&g->storages, sizeof(AgStorage));
     pool_init(&g->nodes, sizeof(AgNodeBox));
@@ -307,12 +325,12 @@ void gg_free(AgGraph *g)
     memsim_trace_append_array(g->trace, g->rank, g->events);
     g->events = NULL;
     g_free(g->op_index.slots);
-    g_ptr_array_unref(g->heap);
+    g_free(g->heap.v);
     g_assert(g_hash_table_size(g->cast_cache) == 0);
     g_hash_table_unref(g->cast_cache);
     g_ptr_array_unref(g->cast_order);
-    g_ptr_array_unref(g->stack);
-    g_ptr_array_unref(g->dying);
+    g_free(g->stack.v);
+    g_free(g->dying.v);
     pool_clear(&g->tensors);
     pool_clear(&g->storages);
     pool_clear(&g->nodes);
@@ -484,24 +502,26 @@ bool gt_view_strides(const AgTensor *t, int nd, const int64_t *shape, int64_t *s
     return view_d == -1;
 }
 
-static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, DType dt)
+/* A tensor of one reference, no storage; contiguous unless `stride` is given. */
+static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, const int64_t *stride,
+                              DType dt)
 {
     g_assert(nd >= 0 && nd <= GT_MAXDIM);
-    AgTensor *t = pool_alloc0(&g->tensors);
-    t->refs = 1;
-    t->nd = nd;
-    for (int i = 0; i < nd; i++) {
+    AgTensor *t = pool_alloc(&g->tensors);
+    *t = (AgTensor){.refs = 1, .nd = nd, .dt = dt};
+    int64_t s = 1;
+    for (int i = nd - 1; i >= 0; i--) {
         g_assert(shape[i] >= 0);
         t->shape[i] = shape[i];
+        t->stride[i] = stride ? stride[i] : s;
+        s *= shape[i] > 1 ? shape[i] : 1;
     }
-    t->dt = dt;
-    gt_contiguous_strides(nd, t->shape, t->stride);
     return t;
 }
 
 AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
 {
-    AgTensor *t = tensor_alloc(g, nd, shape, dt);
+    AgTensor *t = tensor_alloc(g, nd, shape, NULL, dt);
     AgStorage *st = pool_alloc0(&g->storages);
     st->id = g->next_storage++;
     st->nbytes = (uint64_t)gt_nbytes(t);
@@ -521,9 +541,7 @@ AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape)
 
 AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, const int64_t *stride)
 {
-    AgTensor *v = tensor_alloc(g, nd, shape, t->dt);
-    if (stride)
-        memcpy(v->stride, stride, sizeof(int64_t) * nd);
+    AgTensor *v = tensor_alloc(g, nd, shape, stride, t->dt);
     v->st = t->st;
     if (v->st)
         v->st->refs++;
@@ -532,9 +550,7 @@ AgTensor *gt_view_of(AgGraph *g, AgTensor *t, int nd, const int64_t *shape, cons
 
 AgTensor *gt_meta(AgGraph *g, AgTensor *t)
 {
-    AgTensor *m = tensor_alloc(g, t->nd, t->shape, t->dt);
-    memcpy(m->stride, t->stride, sizeof t->stride);
-    return m;
+    return tensor_alloc(g, t->nd, t->shape, t->stride, t->dt);
 }
 
 AgTensor *gt_ref(AgTensor *t)
@@ -584,7 +600,7 @@ AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requi
     g->ctx.category = category;
     AgTensor *t;
     if (g->ctx.meta_params && category == MEMSIM_CAT_PARAMETER) {
-        t = tensor_alloc(g, nd, shape, dt);
+        t = tensor_alloc(g, nd, shape, NULL, dt);
         t->st = gg_storage_new(g, (uint64_t)gt_nbytes(t), false);
     } else {
         t = gt_empty(g, dt, nd, shape);
@@ -783,7 +799,7 @@ static void node_unref(AgGraph *g, AgNode *n)
 {
     /* Nodes to drop a reference of, on the graph's scratch stack above `base` (releasing a
      * node's saved tensors can come back here). */
-    GPtrArray *stack = g->dying;
+    NodeStack *stack = &g->dying;
     guint base = stack->len;
     for (;;) {
         if (--NODE_REFS(n) == 0) {
@@ -797,7 +813,7 @@ static void node_unref(AgGraph *g, AgNode *n)
                 if (n->in_meta[i])
                     pool_free(&g->tensors, n->in_meta[i]);
                 if (n->next[i].node)
-                    g_ptr_array_add(stack, n->next[i].node);
+                    ns_push(stack, n->next[i].node);
             }
             if (n->extra_free)
                 n->extra_free(n->extra);
@@ -805,7 +821,7 @@ static void node_unref(AgGraph *g, AgNode *n)
         }
         if (stack->len == base)
             break;
-        n = stack->pdata[--stack->len];
+        n = stack->v[--stack->len];
     }
 }
 
@@ -813,38 +829,38 @@ static void node_unref(AgGraph *g, AgNode *n)
 
 static void heap_push(AgGraph *g, AgNode *n)
 {
-    GPtrArray *h = g->heap;
-    g_ptr_array_add(h, n);
+    NodeStack *h = &g->heap;
+    ns_push(h, n);
     guint i = h->len - 1;
     while (i > 0) {
         guint p = (i - 1) / 2;
-        AgNode *a = h->pdata[p], *b = h->pdata[i];
+        AgNode *a = h->v[p], *b = h->v[i];
         if (a->seq >= b->seq)
             break;
-        h->pdata[p] = b;
-        h->pdata[i] = a;
+        h->v[p] = b;
+        h->v[i] = a;
         i = p;
     }
 }
 
 static AgNode *heap_pop(AgGraph *g)
 {
-    GPtrArray *h = g->heap;
-    AgNode *top = h->pdata[0];
-    h->pdata[0] = h->pdata[h->len - 1];
-    g_ptr_array_set_size(h, h->len - 1);
+    NodeStack *h = &g->heap;
+    AgNode *top = h->v[0];
+    h->v[0] = h->v[h->len - 1];
+    h->len--;
     guint i = 0;
     for (;;) {
         guint l = 2 * i + 1, r = l + 1, m = i;
-        if (l < h->len && ((AgNode *)h->pdata[l])->seq > ((AgNode *)h->pdata[m])->seq)
+        if (l < h->len && h->v[l]->seq > h->v[m]->seq)
             m = l;
-        if (r < h->len && ((AgNode *)h->pdata[r])->seq > ((AgNode *)h->pdata[m])->seq)
+        if (r < h->len && h->v[r]->seq > h->v[m]->seq)
             m = r;
         if (m == i)
             break;
-        gpointer tmp = h->pdata[m];
-        h->pdata[m] = h->pdata[i];
-        h->pdata[i] = tmp;
+        AgNode *tmp = h->v[m];
+        h->v[m] = h->v[i];
+        h->v[i] = tmp;
         i = m;
     }
     return top;
@@ -904,13 +920,13 @@ static void mark_deps(AgGraph *g, AgNode *root)
     /* Count, for each node reachable from root, the edges that point to it; a node is
      * visited once per pass (its mark is the pass number). */
     uint32_t pass = ++g->pass;
-    GPtrArray *stack = g->stack;
-    g_ptr_array_set_size(stack, 0);
-    g_ptr_array_add(stack, root);
+    NodeStack *stack = &g->stack;
+    stack->len = 0;
+    ns_push(stack, root);
     root->mark = pass;
     root->deps = 0;
     while (stack->len) {
-        AgNode *n = stack->pdata[--stack->len];
+        AgNode *n = stack->v[--stack->len];
         for (int i = 0; i < n->n_next; i++) {
             AgNode *m = n->next[i].node;
             if (!m)
@@ -918,7 +934,7 @@ static void mark_deps(AgGraph *g, AgNode *root)
             if (m->mark != pass) {
                 m->mark = pass;
                 m->deps = 0;
-                g_ptr_array_add(stack, m);
+                ns_push(stack, m);
             }
             m->deps++;
         }
@@ -953,7 +969,7 @@ void gg_backward_with(AgGraph *g, AgTensor *loss, AgTensor *grad)
     }
     buffer_add(g, root, loss->out_nr, go);
     heap_push(g, root);
-    while (g->heap->len) {
+    while (g->heap.len) {
         AgNode *n = heap_pop(g);
         AgTensor *in[GN_MAXOUT] = {0};
         for (int i = 0; i < n->n_out; i++) {
@@ -1119,7 +1135,7 @@ void gg_storage_unref(AgGraph *g, AgStorage *st)
 AgTensor *gg_leaf_in(AgGraph *g, AgStorage *st, DType dt, int nd, const int64_t *shape,
                      bool requires_grad)
 {
-    AgTensor *t = tensor_alloc(g, nd, shape, dt);
+    AgTensor *t = tensor_alloc(g, nd, shape, NULL, dt);
     t->st = st;
     st->refs++;
     t->is_leaf = true;
