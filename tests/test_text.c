@@ -382,6 +382,11 @@ Test(text, raw_fields)
         {.kind = MEMSIM_EV_ALLOC, .id = 1, .size = 2, .addr = 0, .flags = MEMSIM_EVF_ADDR},
         {.kind = MEMSIM_EV_EMPTY_CACHE, .flags = MEMSIM_EVF_INFERRED | 8},
         {.kind = MEMSIM_EV_INIT_SEGMENT, .addr = 16, .size = 16, .aux = 1 | 16},
+        {.kind = MEMSIM_EV_COLLECTIVE, .aux = MEMSIM_COLL_SEND, .size = 8, .id = 2, .addr = 1,
+         .flags = MEMSIM_EVF_PEER},
+        {.kind = MEMSIM_EV_COLLECTIVE, .aux = MEMSIM_COLL_RECV, .size = 8, .id = 2, .addr = 0,
+         .flags = MEMSIM_EVF_PEER},
+        {.kind = MEMSIM_EV_COLLECTIVE, .aux = MEMSIM_COLL_ALL_REDUCE, .size = 8, .addr = 3},
     };
     memsim_trace_append(t, 0, ev, G_N_ELEMENTS(ev));
     gsize n;
@@ -392,8 +397,19 @@ Test(text, raw_fields)
     cr_assert(strstr(text, "alloc t=1 size=2 stream=0 cat=other addr=0x0\n"), "%s", text);
     cr_assert(strstr(text, "empty_cache inferred flags=0xa\n"), "%s", text);
     cr_assert(strstr(text, "init_segment addr=0x10 size=16 stream=0 small aux=0x11\n"), "%s", text);
+    /* a send's or recv's peer: peer= (decimal) stands for MEMSIM_EVF_PEER, even peer 0 */
+    cr_assert(strstr(text, "collective send bytes=8 group=2 peer=1 stream=0\n"), "%s", text);
+    cr_assert(strstr(text, "collective recv bytes=8 group=2 peer=0 stream=0\n"), "%s", text);
+    cr_assert(strstr(text, "collective all_reduce bytes=8 group=0 peer=3 stream=0 flags=0x0\n"),
+              "%s", text);
     MemsimTrace *back = load_memory(text, n, ".txt");
     tg_assert_same_trace(t, back);
+    gsize nm;
+    char *mst = tg_save_memory(t, MEMSIM_FORMAT_MST, &nm); /* raw fields as .mst extras */
+    MemsimTrace *back_mst = load_memory(mst, nm, ".mst");
+    tg_assert_same_trace(t, back_mst);
+    memsim_trace_free(back_mst);
+    free(mst);
     memsim_trace_free(t);
     memsim_trace_free(back);
     free(text);
