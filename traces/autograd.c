@@ -111,6 +111,7 @@ typedef struct {
 
 typedef struct {
     guint pos;        /* the OP event */
+    guint32 op;       /* its op-table entry (the event is not read back: long evicted) */
     double flops, bytes;
 } OpCost;
 
@@ -172,7 +173,7 @@ static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer,
 
 static void optable_grow(OpTable *t)
 {
-    guint32 cap = t->slots ? (t->mask + 1) * 2 : 256;
+    guint32 cap = t->slots ? (t->mask + 1) * 2 : 4096;
     OpKey *old = t->slots;
     guint32 old_cap = old ? t->mask + 1 : 0;
     t->slots = g_new0(OpKey, cap);
@@ -289,7 +290,7 @@ static void apply_costs(AgGraph *g)
         double dur = t > m ? t : m;
         if (!(dur > 0.0))
             continue;
-        uint64_t op = ev[c->pos].id, bits;
+        uint64_t op = c->op, bits;
         memcpy(&bits, &dur, sizeof bits);
         guint32 k = timed_hash(op, bits) & (cap - 1);
         while (timed[k].idx1 && (timed[k].op != op || timed[k].dur != bits))
@@ -394,7 +395,7 @@ void gg_op(AgGraph *g, const char *name)
             g->cap_costs = g->cap_costs ? 2 * g->cap_costs : 1024;
             g->costs = g_renew(OpCost, g->costs, g->cap_costs);
         }
-        g->costs[g->n_costs++] = (OpCost){g->n_events - 1, 0.0, 0.0};
+        g->costs[g->n_costs++] = (OpCost){g->n_events - 1, idx, 0.0, 0.0};
     }
 }
 
