@@ -509,7 +509,19 @@ static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, const in
 {
     g_assert(nd >= 0 && nd <= GT_MAXDIM);
     AgTensor *t = pool_alloc(&g->tensors);
-    *t = (AgTensor){.refs = 1, .nd = nd, .dt = dt};
+    /* field by field: a compound literal becomes a `rep stos`, slow to start at this size */
+    t->refs = 1;
+    t->st = NULL;
+    t->nd = nd;
+    t->dt = dt;
+    t->requires_grad = false;
+    t->grad_fn = NULL;
+    t->out_nr = 0;
+    t->acc = NULL;
+    t->grad = NULL;
+    t->is_leaf = false;
+    for (int i = nd; i < GT_MAXDIM; i++)
+        t->shape[i] = t->stride[i] = 0;
     int64_t s = 1;
     for (int i = nd - 1; i >= 0; i--) {
         g_assert(shape[i] >= 0);

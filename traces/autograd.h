@@ -47,7 +47,7 @@ typedef struct AgStorage {
 
 struct AgNode;
 
-typedef struct AgTensor {
+typedef struct AgTensor { /* a new field needs its initial value in tensor_alloc */
     int refs;
     AgStorage *st;
     int nd;
