@@ -10,6 +10,7 @@
  */
 #include "traces/autograd.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -191,11 +192,12 @@ static void optable_grow(OpTable *t)
 
 /* Node reference counts live beside the public fields. */
 typedef struct {
+    int refs; /* first: beside the node's hot fields */
     AgNode n;
-    int refs;
 } AgNodeBox;
 
-#define NODE_REFS(node) (((AgNodeBox *)(node))->refs)
+#define NODE_BOX(node) ((AgNodeBox *)((char *)(node) - offsetof(AgNodeBox, n)))
+#define NODE_REFS(node) (NODE_BOX(node)->refs)
 
 static void node_unref(AgGraph *g, AgNode *n);
 
@@ -830,7 +832,7 @@ static void node_unref(AgGraph *g, AgNode *n)
             }
             if (n->extra_free)
                 n->extra_free(n->extra);
-            pool_free(&g->nodes, (AgNodeBox *)n);
+            pool_free(&g->nodes, NODE_BOX(n));
         }
         if (stack->len == base)
             break;

@@ -92,27 +92,27 @@ typedef struct AgEdge {
 } AgEdge;
 
 typedef struct AgNode {
+    /* Hot fields first: the backward touches each node once, long after it was made, and
+     * mark_deps walks every node reachable from its root. */
     uint64_t seq;
     const char *name;
     AgBackwardFn fn;
     int32_t layer; /* the layer whose forward made it, for reports */
     int n_next;
-    /* beside n_next and the first edges: the backward's dependency count walks every node
-     * reachable from its root, one cache line each */
     int deps;
     uint32_t mark; /* the backward pass that last counted this node's dependencies */
+    int n_saved;
+    int n_out;
+    AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
+    struct AgCkpt *ckpt; /* the region whose holders this node has */
+    AgTensor *buf[GN_MAXOUT];
     AgEdge next[GN_MAXNEXT];
+    AgTensor *saved[GN_MAXSAVED];
     /* shape/dtype of each differentiable input, for the grads backward allocates */
     AgTensor *in_meta[GN_MAXNEXT]; /* metadata copies (no storage) */
-    int n_saved;
-    AgTensor *saved[GN_MAXSAVED];
-    int n_out;
-    AgTensor *buf[GN_MAXOUT];
-    bool queued;
-    AgTensor *leaf; /* AccumulateGrad: the parameter (not a reference) */
     int64_t iarg[4];
     double farg[2];
-    struct AgCkpt *ckpt; /* the region whose holders this node has */
+    bool queued;
     void *extra; /* op data owned by the node (freed with g_free) */
     void (*extra_free)(void *);
 } AgNode;
