@@ -212,8 +212,17 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->ctx.microbatch = -1;
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     g->ctx.grad_enabled = true;
-    g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), 4096);
-    g_array_set_size(g->events, 4096);
+    /* the ranks of one trace are alike: room for as many events as the largest rank made so
+     * far, and an eighth more, spares the array its copies while it grows */
+    guint reserve = 4096;
+    for (guint32 r = 0; r < memsim_trace_header(trace)->n_ranks; r++) {
+        gsize n = 0;
+        memsim_trace_events(trace, r, &n);
+        if (n + n / 8 > reserve)
+            reserve = (guint)(n + n / 8);
+    }
+    g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), reserve);
+    g_array_set_size(g->events, reserve);
     g->next_storage = 1;
     g->next_seq = 1;
     optable_grow(&g->op_index);
