@@ -531,8 +531,8 @@ static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, const in
     t->acc = NULL;
     t->grad = NULL;
     t->is_leaf = false;
-    for (int i = nd; i < GT_MAXDIM; i++)
-        t->shape[i] = t->stride[i] = 0;
+    memset(t->shape, 0, sizeof t->shape);
+    memset(t->stride, 0, sizeof t->stride);
     int64_t s = 1;
     for (int i = nd - 1; i >= 0; i--) {
         g_assert(shape[i] >= 0);
