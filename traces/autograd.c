@@ -110,6 +110,18 @@ typedef struct {
     guint32 n;
 } OpTable;
 
+/* Op names' string indices by name pointer (a few dozen literals), each hit checked against
+ * the string table: interning hashes the whole string. Open-addressed, at most half full. */
+typedef struct {
+    const char *name; /* NULL: an empty slot */
+    guint32 idx;
+} NameSlot;
+
+typedef struct {
+    NameSlot *slots;
+    guint32 mask, n;
+} NameTable;
+
 typedef struct {
     guint pos;        /* the OP event */
     guint32 op;       /* its op-table entry (the event is not read back: long evicted) */
@@ -143,6 +155,7 @@ struct AgGraph {
     uint64_t next_storage;
     uint64_t next_seq;
     OpTable op_index;      /* (name, phase, layer, micro-batch) → op index */
+    NameTable names;       /* op name → string index */
     NodeStack heap;        /* ready nodes */
     GHashTable *cast_cache; /* leaf → its low-precision copy (a reference) */
     GPtrArray *cast_order;  /* the cached copies in insertion order: released in that order */
@@ -170,6 +183,51 @@ static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer,
     h = (h ^ (uint32_t)layer) * 0xC2B2AE3D27D4EB4Fu;
     h = (h ^ (uint32_t)mb) * 0x9E3779B97F4A7C15u;
     return (guint32)(h >> 32);
+}
+
+static inline guint32 name_hash(const char *name)
+{
+    uint64_t h = (uint64_t)(guintptr)name * 0x9E3779B97F4A7C15u;
+    return (guint32)(h >> 32);
+}
+
+static guint32 intern_name(AgGraph *g, const char *name)
+{
+    NameTable *t = &g->names;
+    if (!t->slots) {
+        t->slots = g_new0(NameSlot, 256);
+        t->mask = 255;
+    }
+    guint32 j = name_hash(name) & t->mask;
+    while (t->slots[j].name) {
+        if (t->slots[j].name == name) {
+            /* the string a pointer names could have changed (a reused buffer): checked */
+            guint32 idx = t->slots[j].idx;
+            if (strcmp(memsim_trace_header(g->trace)->strings[idx], name) == 0)
+                return idx;
+            t->slots[j].idx = memsim_trace_intern(g->trace, name);
+            return t->slots[j].idx;
+        }
+        j = (j + 1) & t->mask;
+    }
+    guint32 idx = memsim_trace_intern(g->trace, name);
+    t->slots[j] = (NameSlot){name, idx};
+    if (++t->n * 2 > t->mask) {
+        guint32 cap = (t->mask + 1) * 2;
+        NameSlot *old = t->slots;
+        t->slots = g_new0(NameSlot, cap);
+        for (guint32 i = 0; i <= t->mask; i++) {
+            if (!old[i].name)
+                continue;
+            guint32 k = name_hash(old[i].name) & (cap - 1);
+            while (t->slots[k].name)
+                k = (k + 1) & (cap - 1);
+            t->slots[k] = old[i];
+        }
+        t->mask = cap - 1;
+        g_free(old);
+    }
+    return idx;
 }
 
 static void optable_grow(OpTable *t)
@@ -337,6 +395,7 @@ void gg_free(AgGraph *g)
     memsim_trace_append_array(g->trace, g->rank, g->events);
     g->events = NULL;
     g_free(g->op_index.slots);
+    g_free(g->names.slots);
     g_free(g->heap.v);
     g_assert(g_hash_table_size(g->cast_cache) == 0);
     g_hash_table_unref(g->cast_cache);
@@ -382,7 +441,7 @@ void gg_op(AgGraph *g, const char *name)
     for (;;) {
         OpKey *k = &tab->slots[j];
         if (!k->name) {
-            MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
+            MemsimOpInfo op = {.name = intern_name(g, name),
                                .phase = (uint8_t)phase,
                                .layer = layer,
                                .microbatch = mb};
