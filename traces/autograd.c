@@ -174,7 +174,6 @@ struct AgGraph {
     bool costing;     /* the last op is the last record's (allocations add to it) */
 };
 
-
 static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer, int32_t mb)
 {
     /* mixed well: keys differ by one in layer or micro-batch, and the table probes linearly */
