@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sim/alloc/instance.h"
 #include "sim/idmap.h"
 
 typedef struct {
@@ -49,6 +50,9 @@ typedef struct {
 typedef struct {
     MemsimReplay *rp;
     MemsimAlloc *alloc;
+    /* The policy's live statistics when their address never changes (stats_live_fixed),
+     * else NULL. */
+    const MemsimAllocStats *stats_fixed;
     MemsimDevice dev;
     IdMap tensors;
     gboolean stopped;
@@ -329,6 +333,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
             memsim_replay_abort(rp);
             return NULL;
         }
+        if (r->alloc->ops->stats_live && r->alloc->ops->stats_live_fixed)
+            r->stats_fixed = r->alloc->ops->stats_live(r->alloc->state);
     }
     if (rp->opt.timeline)
         memsim_timeline_begin(rp->opt.timeline, header, rp->allocator, rp->capacity);
@@ -503,7 +509,8 @@ static inline void note_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t i
 static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
                               const MemsimEvent *ev, IdSlot *slot, memsim_addr_t addr)
 {
-    const MemsimAllocStats *st = memsim_alloc_stats_live(r->alloc);
+    const MemsimAllocStats *st =
+        G_LIKELY(r->stats_fixed) ? r->stats_fixed : memsim_alloc_stats_live(r->alloc);
     IdVal v = {addr, (uint64_t)(st->allocated.current - r->last_allocated), ev->size,
                ev->category, ev->stream};
     idmap_fill(&r->tensors, slot, ev->id, &v);
@@ -532,7 +539,7 @@ static void out_of_memory(RankSim *r, uint64_t index, const MemsimEvent *ev)
 /* A FREE of a live tensor (already out of the id map). */
 static inline void free_done(RankSim *r, const IdVal *v)
 {
-    memsim_alloc_free(r->alloc, v->addr);
+    r->alloc->ops->free(r->alloc->state, v->addr); /* memsim_alloc_free without the call */
     r->live_cat[v->category] -= (int64_t)v->size;
     r->live_req[v->category] -= (int64_t)v->req;
     r->last_allocated -= (int64_t)v->size;
@@ -913,8 +920,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 r->cur_stream = ev->stream;
                 r->saw_oom = FALSE;
                 memsim_addr_t addr = 0;
-                if (G_LIKELY(memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) ==
-                             MEMSIM_ALLOC_OK)) {
+                if (G_LIKELY(r->alloc->ops->malloc(r->alloc->state, ev->size, ev->stream,
+                                                   &addr) == MEMSIM_ALLOC_OK)) {
                     alloc_done(r, h, index, ev, slot, addr);
                     continue;
                 }

@@ -155,6 +155,9 @@ typedef struct MemsimAllocOps {
     /* (optional) The live statistics, without a copy (valid until the next call on the
      * instance). Default: stats() copied into the instance. */
     const MemsimAllocStats *(*stats_live)(void *state);
+    /* (optional) TRUE when stats_live returns the same pointer for the instance's lifetime,
+     * so that a caller may keep it and read it after each operation. */
+    gboolean stats_live_fixed;
     /* (optional) Calls fn for every block: the blocks of one segment one after another, in
      * address order, covering it; segments in any order. Default: the policy cannot list
      * its blocks (memsim_alloc_foreach_block returns FALSE). */

@@ -196,6 +196,7 @@ static const MemsimAllocOps exact_ops = {
     .free = exact_free,
     .stats = exact_stats,
     .stats_live = exact_stats_live,
+    .stats_live_fixed = TRUE,
     .shape = exact_shape,
     .reset_peaks = exact_reset_peaks,
     .check = exact_check,

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "sim/alloc/instance.h"
 #include "sim/alloc/policies.h"
 
 static const MemsimAllocOps *const *registry(void)
@@ -40,13 +41,6 @@ const MemsimAllocOps *memsim_alloc_find(const char *name)
     return NULL;
 }
 
-struct MemsimAlloc {
-    const MemsimAllocOps *ops;
-    void *state;
-    MemsimDevice *dev;
-    MemsimDevice own_dev;
-    MemsimAllocStats copy; /* memsim_alloc_stats_live for policies without stats_live */
-};
 
 MemsimAlloc *memsim_alloc_new(const MemsimAllocOps *ops, const char *settings, MemsimDevice *dev,
                               GError **error)
