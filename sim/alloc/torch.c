@@ -97,6 +97,7 @@
 
 typedef struct TBlock TBlock;
 typedef struct TSegment TSegment;
+typedef struct StreamBins StreamBins;
 typedef struct UseNode UseNode;
 
 typedef enum {
@@ -112,12 +113,13 @@ struct TBlock {
     memsim_addr_t ptr;
     memsim_size_t size;
     TBlock *left, *right, *parent; /* treap links (a pool bin or the unmapped tree) */
+    StreamBins *sb;                /* its stream's set while in a pool's free set */
     uint32_t stream;
     uint32_t prio;
+    uint16_t cls;            /* size class while in a pool's free set */
     uint8_t state;
     uint8_t small;           /* pool */
     uint8_t exp;             /* lies in an expandable segment */
-    uint16_t cls;            /* size class while in a pool's free set */
     TBlock *prev, *next;     /* address neighbours within the segment */
     memsim_size_t requested; /* last request served by this object (stale when free) */
     TSegment *seg;
@@ -149,13 +151,13 @@ struct UseNode {
 #define N_CLASSES 1664
 #define N_WORDS (N_CLASSES / 64)
 
-typedef struct {
+struct StreamBins {
     uint32_t stream;
     uint64_t n;       /* blocks */
     uint64_t summary; /* bit w: bits[w] != 0 */
     uint64_t bits[N_WORDS];
     TBlock *bins[N_CLASSES];
-} StreamBins;
+};
 
 typedef struct {
     StreamBins **sets; /* sorted by stream; never removed */
@@ -514,6 +516,7 @@ static ALWAYS_INLINE void fs_insert(TPool *pool, TBlock *b)
 {
     StreamBins *sb = bins_get(pool, b->stream);
     unsigned c = size_class(b->size);
+    b->sb = sb;
     b->cls = (uint16_t)c;
     bin_insert(&sb->bins[c], b);
     sb->bits[c >> 6] |= 1ull << (c & 63);
@@ -524,7 +527,7 @@ static ALWAYS_INLINE void fs_insert(TPool *pool, TBlock *b)
 
 static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
 {
-    StreamBins *sb = bins_find(pool, b->stream);
+    StreamBins *sb = b->sb; /* bins_find(pool, b->stream), noted by fs_insert */
     unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
     /* Without branches: whether a class or a word empties is data, not a pattern. */
@@ -538,7 +541,7 @@ static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
  * stream's set looked up once and the counts left alone. */
 static ALWAYS_INLINE void fs_rekey(TPool *pool, TBlock *b, memsim_addr_t ptr, memsim_size_t size)
 {
-    StreamBins *sb = bins_find(pool, b->stream);
+    StreamBins *sb = b->sb;
     unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
     sb->bits[c >> 6] &= ~((uint64_t)(sb->bins[c] == NULL) << (c & 63));
@@ -2327,6 +2330,7 @@ static const MemsimAllocOps torch_ops = {
     .empty_cache = torch_empty_cache,
     .stats = torch_stats,
     .stats_live = torch_stats_live,
+    .stats_live_fixed = TRUE,
     .shape = torch_shape,
     .reset_peaks = torch_reset_peaks,
     .check = torch_check,
