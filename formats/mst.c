@@ -904,6 +904,21 @@ static gboolean read_header(MstReader *r, GError **error)
         }                                                                                          \
     } while (0)
 
+/* READ with the two-byte case inline too: for the id column, whose deltas of recent tensors
+ * take one or two bytes (a test on the length there is predictable; on sizes it is not). */
+#define READ12(p, end, v, col)                                                                     \
+    do {                                                                                           \
+        if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
+            (v) = *(p)++;                                                                          \
+        } else if (G_LIKELY((end) - (p) >= 2 && (p)[1] < 0x80)) {                                  \
+            (v) = ((p)[0] & 0x7fu) | (uint64_t)(p)[1] << 7;                                        \
+            (p) += 2;                                                                              \
+        } else if (!((p) = get_varint((p), (end), &(v)))) {                                        \
+            bad_col = (col);                                                                       \
+            goto bad_column;                                                                       \
+        }                                                                                          \
+    } while (0)
+
 /* Decodes a chunk's body into r->events; returns the number of events or -1. */
 static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, guint32 *rank,
                            GError **error)
@@ -1086,7 +1101,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
          * is among MEMSIM_KINDS_CHECKED. */
         if (k == MEMSIM_EV_FREE) {
             if (pi) {
-                READ(pi, pi_end, v, COL(CH_ID));
+                READ12(pi, pi_end, v, COL(CH_ID));
                 prev_id[k] += unzigzag(v);
                 e->id = prev_id[k];
             }
@@ -1115,7 +1130,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
             e->category = (uint8_t)v;
         }
         if (m & C_ID) {
-            READ(pi, pi_end, v, COL(CH_ID));
+            READ12(pi, pi_end, v, COL(CH_ID));
             prev_id[k] += unzigzag(v);
             e->id = prev_id[k];
         }
@@ -1259,6 +1274,7 @@ bad_message:
     return -1;
 }
 #undef READ
+#undef READ12
 
 static gsize mst_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
                       GError **error)
