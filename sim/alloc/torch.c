@@ -556,7 +556,7 @@ static ALWAYS_INLINE void fs_rekey(TPool *pool, TBlock *b, memsim_addr_t ptr, me
 }
 
 /* The first block of `stream` with size >= size, or NULL. */
-static inline TBlock *fs_lower_bound(TPool *pool, uint32_t stream, memsim_size_t size)
+static ALWAYS_INLINE TBlock *fs_lower_bound(TPool *pool, uint32_t stream, memsim_size_t size)
 {
     StreamBins *sb = bins_find(pool, stream);
     if (!sb || !sb->n)
