@@ -1063,9 +1063,60 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
     /* The carried fields whose column is present: one test per field and event. */
     const unsigned present = (pf ? C_FLAGS : 0) | (pc ? C_CAT : 0) | (pi ? C_ID : 0) |
                              (pz ? C_SIZE : 0) | (pa ? C_ADDR : 0) | (px ? C_AUX : 0);
-    for (i = 0; i < n; i++) {
+    /* The common case first: kinds and streams in one byte each, no flags column (so an
+     * ALLOC reads no address), and only ALLOC and FREE events, each read with what it
+     * carries and nothing else tested. Any other event (or a bad stream) leaves this loop
+     * before reading anything for it, for the general loop below; that one comes back here
+     * after it. */
+    const gboolean fast_ok = kind_bytes && (stream_bytes || !ps) && !pf;
+    gsize resume = 0;
+fast:
+    if (fast_ok) {
+        for (; i < n; i++) {
+            uint64_t v;
+            const unsigned k = pk[i];
+            const unsigned s = ps ? ps[i] : 0;
+            if (G_UNLIKELY((k != MEMSIM_EV_ALLOC && k != MEMSIM_EV_FREE) || s >= n_streams ||
+                           s >= 0x80))
+                break;
+            MemsimEvent *const e = &ev[i];
+            *e = (MemsimEvent){.kind = (uint8_t)k, .stream = (uint16_t)s};
+            if (k == MEMSIM_EV_FREE) {
+                if (pi) {
+                    READ12(pi, pi_end, v, COL(CH_ID));
+                    prev_id[MEMSIM_EV_FREE] += unzigzag(v);
+                    e->id = prev_id[MEMSIM_EV_FREE];
+                }
+                continue;
+            }
+            if (pc) {
+                READ(pc, pc_end, v, COL(CH_CATEGORY));
+                if (G_UNLIKELY(v >= MEMSIM_CAT_COUNT)) {
+                    mst_fail(r, error,
+                             "event %" G_GSIZE_FORMAT ": category %" PRIu64
+                             " out of range (expected 0 .. %d)",
+                             i, v, MEMSIM_CAT_COUNT - 1);
+                    return -1;
+                }
+                e->category = (uint8_t)v;
+            }
+            if (pi) {
+                READ12(pi, pi_end, v, COL(CH_ID));
+                prev_id[MEMSIM_EV_ALLOC] += unzigzag(v);
+                e->id = prev_id[MEMSIM_EV_ALLOC];
+            }
+            if (pz) {
+                READ(pz, pz_end, v, COL(CH_SIZE));
+                e->size = v;
+            }
+        }
+        resume = i;
+    }
+    for (; i < n; i++) {
         uint64_t v;
         MemsimEvent *const e = &ev[i];
+        if (fast_ok && i > resume && (pk[i] == MEMSIM_EV_ALLOC || pk[i] == MEMSIM_EV_FREE))
+            goto fast;
         if (kind_bytes)
             v = pk[i];
         else
