@@ -1069,15 +1069,19 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
      * before reading anything for it, for the general loop below; that one comes back here
      * after it. */
     const gboolean fast_ok = kind_bytes && (stream_bytes || !ps) && !pf;
+    G_STATIC_ASSERT(MEMSIM_EV_FREE == MEMSIM_EV_ALLOC + 1);
+    /* Without a stream column every stream reads as 0: index 0 of `nothing`. */
+    const guint8 *const sb = ps ? ps : nothing;
+    const gsize s_mask = ps ? ~(gsize)0 : 0;
+    const unsigned s_lim = MIN(n_streams, 0x80u); /* a stream at or above it: general loop */
     gsize resume = 0;
 fast:
     if (fast_ok) {
         for (; i < n; i++) {
             uint64_t v;
             const unsigned k = pk[i];
-            const unsigned s = ps ? ps[i] : 0;
-            if (G_UNLIKELY((k != MEMSIM_EV_ALLOC && k != MEMSIM_EV_FREE) || s >= n_streams ||
-                           s >= 0x80))
+            const unsigned s = sb[i & s_mask];
+            if (G_UNLIKELY(k - MEMSIM_EV_ALLOC > 1u || s >= s_lim))
                 break;
             MemsimEvent *const e = &ev[i];
             *e = (MemsimEvent){.kind = (uint8_t)k, .stream = (uint16_t)s};
