@@ -905,11 +905,13 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
      * the short paths below; everything else (and every error) goes through step(). */
     const gboolean plain = !rp->opt.timeline && !rp->opt.verify && !rp->opt.check_invariants;
     *used = n;
+    /* A stopped rank's events are counted, not applied. Only an ALLOC that fails stops a
+     * rank, so the test is made at the start and after those (and after step()). */
+    if (G_UNLIKELY(r->stopped)) {
+        r->rep.n_events += n;
+        return TRUE;
+    }
     for (gsize i = 0; i < n; i++) {
-        if (G_UNLIKELY(r->stopped)) {
-            r->rep.n_events += n - i; /* counted, not applied */
-            break;
-        }
         uint64_t index = r->rep.n_events++;
         const MemsimEvent *ev = &events[i];
         if (plain && ev->kind == MEMSIM_EV_ALLOC && ev->size - 1 < ((uint64_t)1 << 60) - 1 &&
@@ -926,7 +928,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                     continue;
                 }
                 out_of_memory(r, index, ev);
-                continue;
+                r->rep.n_events += n - i - 1; /* counted, not applied */
+                break;
             }
         } else if (plain && ev->kind == MEMSIM_EV_FREE) {
             IdVal v;
@@ -942,6 +945,10 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         }
         if (G_UNLIKELY(r->waiting)) {
             *used = i + 1;
+            break;
+        }
+        if (G_UNLIKELY(r->stopped)) {
+            r->rep.n_events += n - i - 1; /* counted, not applied */
             break;
         }
     }
