@@ -26,6 +26,7 @@ typedef struct {
     IdSlot *slots;
     size_t mask; /* capacity − 1 */
     size_t n;
+    size_t limit; /* capacity / 2: the n at which idmap_reserve grows the map */
     unsigned shift; /* 64 − log2(capacity) */
 } IdMap;
 
@@ -39,6 +40,7 @@ static inline size_t idmap_home(const IdMap *m, uint64_t k)
 static inline void idmap_init(IdMap *m)
 {
     m->mask = 1023;
+    m->limit = 512;
     m->shift = 64 - 10;
     m->n = 0;
     m->slots = g_new0(IdSlot, m->mask + 1);
@@ -76,10 +78,11 @@ static inline void idmap_put_nogrow(IdMap *m, uint64_t key, const IdVal *v)
 /* Room for one more key (load at most 1/2: short probe runs). */
 static inline void idmap_reserve(IdMap *m)
 {
-    if (G_UNLIKELY((m->n + 1) * 2 > m->mask + 1)) {
+    if (G_UNLIKELY(m->n >= m->limit)) { /* (n + 1) * 2 > capacity */
         IdSlot *old = m->slots;
         size_t cap = m->mask + 1;
         m->mask = cap * 2 - 1;
+        m->limit = cap;
         m->shift--;
         m->slots = g_new0(IdSlot, cap * 2);
         m->n = 0;

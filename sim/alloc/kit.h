@@ -107,6 +107,7 @@ typedef struct {
     KitSlot *slots;
     uint64_t mask;
     uint64_t n;
+    uint64_t limit; /* (mask + 1) / 2: the n at which an insertion grows the map first */
     int bits;
     int shift; /* 64 - bits */
 } KitAddrMap;
@@ -125,6 +126,7 @@ static inline void kit_map_init(KitAddrMap *m, int bits)
     m->bits = bits;
     m->shift = 64 - bits;
     m->mask = ((uint64_t)1 << bits) - 1;
+    m->limit = (m->mask + 1) / 2;
     m->n = 0;
     m->slots = g_new0(KitSlot, m->mask + 1);
 }
@@ -159,7 +161,7 @@ static inline void kit_map_grow(KitAddrMap *m)
 /* Inserts key → val; the key must not be present. */
 static KIT_HOT void kit_map_put(KitAddrMap *m, memsim_addr_t key, void *val)
 {
-    if (G_UNLIKELY((m->n + 1) * 2 > m->mask + 1))
+    if (G_UNLIKELY(m->n >= m->limit)) /* (n + 1) * 2 > capacity */
         kit_map_grow(m);
     kit_map_put_raw(m, key, val);
 }
