@@ -53,6 +53,11 @@ typedef struct {
     /* The policy's live statistics when their address never changes (stats_live_fixed),
      * else NULL. */
     const MemsimAllocStats *stats_fixed;
+    /* The policy's malloc and free with its state, for the short paths of run(). */
+    MemsimAllocResult (*a_malloc)(void *state, memsim_size_t size, uint32_t stream,
+                                  memsim_addr_t *addr);
+    void (*a_free)(void *state, memsim_addr_t addr);
+    void *a_state;
     MemsimDevice dev;
     IdMap tensors;
     gboolean stopped;
@@ -333,6 +338,9 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
             memsim_replay_abort(rp);
             return NULL;
         }
+        r->a_malloc = r->alloc->ops->malloc;
+        r->a_free = r->alloc->ops->free;
+        r->a_state = r->alloc->state;
         if (r->alloc->ops->stats_live && r->alloc->ops->stats_live_fixed)
             r->stats_fixed = r->alloc->ops->stats_live(r->alloc->state);
     }
@@ -539,7 +547,7 @@ static void out_of_memory(RankSim *r, uint64_t index, const MemsimEvent *ev)
 /* A FREE of a live tensor (already out of the id map). */
 static inline void free_done(RankSim *r, const IdVal *v)
 {
-    r->alloc->ops->free(r->alloc->state, v->addr); /* memsim_alloc_free without the call */
+    r->a_free(r->a_state, v->addr); /* memsim_alloc_free without the call */
     r->live_cat[v->category] -= (int64_t)v->size;
     r->live_req[v->category] -= (int64_t)v->req;
     r->last_allocated -= (int64_t)v->size;
@@ -922,8 +930,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 r->cur_stream = ev->stream;
                 r->saw_oom = FALSE;
                 memsim_addr_t addr = 0;
-                if (G_LIKELY(r->alloc->ops->malloc(r->alloc->state, ev->size, ev->stream,
-                                                   &addr) == MEMSIM_ALLOC_OK)) {
+                if (G_LIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) ==
+                             MEMSIM_ALLOC_OK)) {
                     alloc_done(r, h, index, ev, slot, addr);
                     continue;
                 }
