@@ -179,6 +179,25 @@ static inline const guint8 *get_varint(const guint8 *p, const guint8 *end, uint6
     return get_varint_slow(p, end, out);
 }
 
+/* get_varint for values that mostly take at most four bytes (sizes): those in 32-bit
+ * arithmetic, the rest as get_varint does. */
+static inline const guint8 *get_varint4(const guint8 *p, const guint8 *end, uint64_t *out)
+{
+    if (G_LIKELY(end - p >= 4)) {
+        uint32_t w;
+        memcpy(&w, p, 4);
+        w = GUINT32_FROM_LE(w);
+        const uint32_t stop = ~w & 0x80808080u;
+        if (G_LIKELY(stop)) {
+            const uint32_t x = w & (stop ^ (stop - 1)) & 0x7f7f7f7fu;
+            const uint32_t y = (x & 0x007f007fu) | ((x & 0x7f007f00u) >> 1);
+            *out = (y & 0x3fffu) | ((y & 0x3fff0000u) >> 2);
+            return p + ((unsigned)__builtin_ctz(stop) >> 3) + 1;
+        }
+    }
+    return get_varint(p, end, out);
+}
+
 /* Skips one field's value of wire type `wt`; NULL when malformed. */
 static const guint8 *skip_field(const guint8 *p, const guint8 *end, unsigned wt)
 {
@@ -919,6 +938,17 @@ static gboolean read_header(MstReader *r, GError **error)
         }                                                                                          \
     } while (0)
 
+/* READ for the size column: its multi-byte values in 32-bit arithmetic (get_varint4). */
+#define READ4(p, end, v, col)                                                                      \
+    do {                                                                                           \
+        if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
+            (v) = *(p)++;                                                                          \
+        } else if (!((p) = get_varint4((p), (end), &(v)))) {                                       \
+            bad_col = (col);                                                                       \
+            goto bad_column;                                                                       \
+        }                                                                                          \
+    } while (0)
+
 /* Decodes a chunk's body into r->events; returns the number of events or -1. */
 static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, guint32 *rank,
                            GError **error)
@@ -1110,7 +1140,7 @@ fast:
                 e->id = prev_id[MEMSIM_EV_ALLOC];
             }
             if (pz) {
-                READ(pz, pz_end, v, COL(CH_SIZE));
+                READ4(pz, pz_end, v, COL(CH_SIZE));
                 e->size = v;
             }
         }
@@ -1330,6 +1360,7 @@ bad_message:
 }
 #undef READ
 #undef READ12
+#undef READ4
 
 static gsize mst_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
                       GError **error)
