@@ -1216,6 +1216,22 @@ MemsimReport *memsim_estimate(const MemsimModel *m, const MemsimRun *run,
     return memsim_estimate_recorded(m, run, opt, NULL, error);
 }
 
+memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per)
+{
+    memsim_size_t nccl = 0;
+    if (run->gpus > 1) {
+        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
+        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
+        for (int i = 0; i < 3; i++)
+            if (groups[i] > 1)
+                nccl += per              ? per
+                        : groups[i] == 2 ? (memsim_size_t)544000000
+                                         : (memsim_size_t)688000000;
+    }
+    return nccl;
+}
+
 MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *run,
                                        const MemsimEstimateOptions *opt,
                                        MemsimTimeline *timeline, GError **error)
@@ -1246,19 +1262,7 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     g_free(rep->source);
     rep->source = g_strdup(memsim_model_name(m));
     rep->run = memsim_run_describe(run);
-    /* NCCL's buffers, outside the allocator: one communicator per process group the rank
-     * belongs to (DISTRIBUTED.md §7.3: ≈544 MB for a 2-rank group, ≈688 MB for larger) */
-    memsim_size_t nccl = 0;
-    if (run->gpus > 1) {
-        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
-        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
-        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
-        for (int i = 0; i < 3; i++)
-            if (groups[i] > 1)
-                nccl += opt->nccl_bytes ? opt->nccl_bytes
-                        : groups[i] == 2 ? (memsim_size_t)544000000
-                                         : (memsim_size_t)688000000;
-    }
+    memsim_size_t nccl = memsim_estimate_nccl_bytes(run, opt->nccl_bytes);
     memsim_report_set_device(rep, opt->gpu_mem, opt->context_bytes + nccl);
     rep->nccl_bytes = nccl;
     return rep;

@@ -253,28 +253,12 @@ gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits,
 
 /* ---- what memsim_estimate does after generating (sim/replay.c), on a trace we keep ---- */
 
-static memsim_size_t nccl_of(const MemsimRun *run, memsim_size_t per)
-{
-    memsim_size_t nccl = 0;
-    if (run->gpus > 1) {
-        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
-        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
-        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
-        for (int i = 0; i < 3; i++)
-            if (groups[i] > 1)
-                nccl += per              ? per
-                        : groups[i] == 2 ? (memsim_size_t)544000000
-                                         : (memsim_size_t)688000000;
-    }
-    return nccl;
-}
-
 /* Replays `t` as memsim_estimate would with these settings; `reserve` more bytes are kept
  * off the allocator's capacity (the exact bound judges NCCL's share up front). */
 static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
                             const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
 {
-    memsim_size_t nccl = nccl_of(run, sw->opt.nccl_bytes);
+    memsim_size_t nccl = memsim_estimate_nccl_bytes(run, sw->opt.nccl_bytes);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.allocator = allocator;
     o.alloc_conf = alloc_conf;
@@ -778,7 +762,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
     }
     if (!p->done) {
         p->done = TRUE;
-        memsim_size_t nccl = nccl_of(&r, sw->opt.nccl_bytes);
+        memsim_size_t nccl = memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
         if (!rep)
             rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
         if (report_fits(rep)) {
@@ -1133,7 +1117,8 @@ static void run_phase(Sweep *sw)
         fill_costs(sw, g);
         MemsimRun r;
         candidate_run(sw, g, 0, &r);
-        g->bound = state_bound(sw, g, !sw->offload) + sw->ctx + nccl_of(&r, sw->opt.nccl_bytes);
+        g->bound = state_bound(sw, g, !sw->offload) + sw->ctx +
+                   memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
     }
     GPtrArray *order = g_ptr_array_new();
     for (int k = 0; k < sw->n_fams; k++) {

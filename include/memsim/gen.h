@@ -186,6 +186,11 @@ struct MemsimReport *memsim_estimate(const MemsimModel *model, const MemsimRun *
 struct MemsimReport *memsim_estimate_recorded(const MemsimModel *model, const MemsimRun *run,
                                               const MemsimEstimateOptions *opt,
                                               struct MemsimTimeline *timeline, GError **error);
+/* NCCL's memory outside the allocator on each rank of `run`, as memsim_estimate adds it to
+ * the device total: one communicator per process group the rank belongs to (DISTRIBUTED.md
+ * §7.3), each `per_communicator` bytes, or with 0 the measured defaults (≈544 MB for a 2-rank
+ * group, ≈688 MB for a larger one). 0 on one GPU. */
+memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per_communicator);
 
 G_END_DECLS
 
