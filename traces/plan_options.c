@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "traces/settings.h"
+
 MemsimPlanOptions *memsim_plan_options_new(void)
 {
     MemsimPlanOptions *o = g_new(MemsimPlanOptions, 1);
@@ -27,21 +29,6 @@ void memsim_plan_options_use_run(MemsimPlanOptions *o, const MemsimRun *run)
     }
 }
 
-static gboolean integer(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
-                        GError **error)
-{
-    char *end = NULL;
-    gint64 x = g_ascii_strtoll(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: '%s' is not an integer in [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]",
-                    key, v, lo, hi);
-        return FALSE;
-    }
-    *out = x;
-    return TRUE;
-}
-
 static gboolean real(const char *key, const char *v, double lo, double hi, double *out,
                      GError **error)
 {
@@ -56,19 +43,6 @@ static gboolean real(const char *key, const char *v, double lo, double hi, doubl
     return TRUE;
 }
 
-static gboolean flag(const char *key, const char *v, gboolean *out, GError **error)
-{
-    static const char *const names[] = {"false", "true", "no", "yes", "0", "1"};
-    for (gsize i = 0; i < G_N_ELEMENTS(names); i++)
-        if (g_ascii_strcasecmp(v, names[i]) == 0) {
-            *out = i % 2;
-            return TRUE;
-        }
-    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                "%s: '%s' is not one of false, true, no, yes, 0, 1", key, v);
-    return FALSE;
-}
-
 gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const char *v,
                                  GError **error)
 {
@@ -76,16 +50,16 @@ gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const ch
     double d;
     g_return_val_if_fail(o && key && v, FALSE);
     if (strcmp(key, "global-batch") == 0) {
-        if (!integer(key, v, 0, G_MAXINT64 / 2, &x, error))
+        if (!setting_int(key, v, 0, G_MAXINT64 / 2, &x, error))
             return FALSE;
         o->global_batch = x;
     } else if (strcmp(key, "max-batch") == 0) {
-        if (!integer(key, v, 0, 1 << 20, &x, error))
+        if (!setting_int(key, v, 0, 1 << 20, &x, error))
             return FALSE;
         o->max_batch = x;
     } else if (strcmp(key, "top") == 0 || strcmp(key, "misses") == 0 ||
                strcmp(key, "threads") == 0) {
-        if (!integer(key, v, 0, 1 << 16, &x, error))
+        if (!setting_int(key, v, 0, 1 << 16, &x, error))
             return FALSE;
         *(key[0] == 't' ? key[1] == 'o' ? &o->top : &o->threads : &o->misses) = (int)x;
     } else if (strcmp(key, "gpu-mem") == 0) {
@@ -104,16 +78,16 @@ gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const ch
         if (!memsim_plan_parse_list("checkpointing", v, &o->checkpointing, error))
             return FALSE;
     } else if (strcmp(key, "mig") == 0) {
-        if (!flag(key, v, &o->mig, error))
+        if (!setting_bool(key, v, &o->mig, error))
             return FALSE;
     } else if (strcmp(key, "exhaustive") == 0) {
-        if (!flag(key, v, &o->exhaustive, error))
+        if (!setting_bool(key, v, &o->exhaustive, error))
             return FALSE;
     } else if (strcmp(key, "no-expandable") == 0) {
-        if (!flag(key, v, &o->no_expandable, error))
+        if (!setting_bool(key, v, &o->no_expandable, error))
             return FALSE;
     } else if (strcmp(key, "no-offload") == 0) {
-        if (!flag(key, v, &o->no_offload, error))
+        if (!setting_bool(key, v, &o->no_offload, error))
             return FALSE;
     } else if (strcmp(key, "efficiency") == 0) {
         if (!real(key, v, 0.0, 1.0, &d, error))

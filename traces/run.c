@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "traces/models.h"
+#include "traces/settings.h"
 
 MemsimRun memsim_run_defaults(void)
 {
@@ -64,8 +65,8 @@ static gboolean pick(const char *key, const char *v, const char *const *names, i
     return FALSE;
 }
 
-static gboolean num(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
-                    GError **error)
+gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                     GError **error)
 {
     char *end = NULL;
     gint64 x = g_ascii_strtoll(v, &end, 10);
@@ -79,7 +80,7 @@ static gboolean num(const char *key, const char *v, int64_t lo, int64_t hi, int6
     return TRUE;
 }
 
-static gboolean boolean(const char *key, const char *v, gboolean *out, GError **error)
+gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **error)
 {
     int i;
     static const char *const names[] = {"false", "true", "no", "yes", "0", "1", NULL};
@@ -96,19 +97,19 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
     int i;
     int64_t x;
     if (strcmp(key, "batch") == 0) {
-        if (!num(key, v, 1, 1 << 20, &x, error))
+        if (!setting_int(key, v, 1, 1 << 20, &x, error))
             return FALSE;
         r->batch = x;
     } else if (strcmp(key, "seq") == 0) {
-        if (!num(key, v, 1, 1 << 24, &x, error))
+        if (!setting_int(key, v, 1, 1 << 24, &x, error))
             return FALSE;
         r->seq = x;
     } else if (strcmp(key, "steps") == 0) {
-        if (!num(key, v, 1, 1000, &x, error))
+        if (!setting_int(key, v, 1, 1000, &x, error))
             return FALSE;
         r->steps = (int)x;
     } else if (strcmp(key, "grad-accum") == 0) {
-        if (!num(key, v, 1, 4096, &x, error))
+        if (!setting_int(key, v, 1, 4096, &x, error))
             return FALSE;
         r->grad_accum = (int)x;
     } else if (strcmp(key, "precision") == 0) {
@@ -143,7 +144,7 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
             return FALSE;
         r->finetune = (MemsimFinetune)i;
     } else if (strcmp(key, "lora-rank") == 0) {
-        if (!num(key, v, 1, 65536, &x, error))
+        if (!setting_int(key, v, 1, 65536, &x, error))
             return FALSE;
         r->lora_rank = (int)x;
     } else if (strcmp(key, "lora-targets") == 0) {
@@ -163,18 +164,18 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
         r->torch_version = g_strdup(v);
     } else if (strcmp(key, "use-cache") == 0) {
         gboolean b;
-        if (!boolean(key, v, &b, error))
+        if (!setting_bool(key, v, &b, error))
             return FALSE;
         r->use_cache = b;
     } else if (strcmp(key, "inference") == 0) {
-        if (!boolean(key, v, &r->inference, error))
+        if (!setting_bool(key, v, &r->inference, error))
             return FALSE;
     } else if (strcmp(key, "prompt") == 0) {
-        if (!num(key, v, 1, 1 << 24, &x, error))
+        if (!setting_int(key, v, 1, 1 << 24, &x, error))
             return FALSE;
         r->prompt = x;
     } else if (strcmp(key, "generate") == 0) {
-        if (!num(key, v, 0, 1 << 24, &x, error))
+        if (!setting_int(key, v, 0, 1 << 24, &x, error))
             return FALSE;
         r->generate = x;
     } else if (strcmp(key, "weights") == 0) {
@@ -182,10 +183,10 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
             return FALSE;
         r->weights = (MemsimWeights)i;
     } else if (strcmp(key, "keep-outputs") == 0) {
-        if (!boolean(key, v, &r->keep_outputs, error))
+        if (!setting_bool(key, v, &r->keep_outputs, error))
             return FALSE;
     } else if (strcmp(key, "gpus") == 0) {
-        if (!num(key, v, 1, 1 << 20, &x, error))
+        if (!setting_int(key, v, 1, 1 << 20, &x, error))
             return FALSE;
         r->gpus = (int)x;
     } else if (strcmp(key, "method") == 0) {
@@ -196,7 +197,7 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
             return FALSE;
         r->method = (MemsimMethod)i;
     } else if (strcmp(key, "tp") == 0 || strcmp(key, "pp") == 0 || strcmp(key, "dp") == 0) {
-        if (!num(key, v, 1, 1 << 20, &x, error))
+        if (!setting_int(key, v, 1, 1 << 20, &x, error))
             return FALSE;
         *(key[0] == 't' ? &r->tp : key[1] == 'p' && key[0] == 'p' ? &r->pp : &r->dp) = (int)x;
     } else if (strcmp(key, "pp-schedule") == 0) {
@@ -204,22 +205,22 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
             return FALSE;
         r->pp_schedule = (MemsimPipeSchedule)i;
     } else if (strcmp(key, "microbatches") == 0) {
-        if (!num(key, v, 1, 1 << 16, &x, error))
+        if (!setting_int(key, v, 1, 1 << 16, &x, error))
             return FALSE;
         r->microbatches = (int)x;
     } else if (strcmp(key, "virtual-stages") == 0) {
-        if (!num(key, v, 1, 1024, &x, error))
+        if (!setting_int(key, v, 1, 1024, &x, error))
             return FALSE;
         r->virtual_stages = (int)x;
     } else if (strcmp(key, "sequence-parallel") == 0) {
-        if (!boolean(key, v, &r->sequence_parallel, error))
+        if (!setting_bool(key, v, &r->sequence_parallel, error))
             return FALSE;
     } else if (strcmp(key, "fsdp-wrap") == 0) {
         if (!pick(key, v, NAMES("layer", "model"), &i, error))
             return FALSE;
         r->fsdp_wrap_model = i == 1;
     } else if (strcmp(key, "gpus-per-node") == 0) {
-        if (!num(key, v, 1, 1024, &x, error))
+        if (!setting_int(key, v, 1, 1024, &x, error))
             return FALSE;
         r->gpus_per_node = (int)x;
     } else if (strcmp(key, "cublas-workspace") == 0) {

@@ -1,0 +1,16 @@
+/* Internal: the value parsers of the settings given as text (traces/run.c), shared by the run
+ * settings (memsim_run_set) and the plan options (memsim_plan_options_set) so that both
+ * accept and refuse alike, with the same messages. */
+#ifndef MEMSIM_TRACES_SETTINGS_H
+#define MEMSIM_TRACES_SETTINGS_H
+
+#include <glib.h>
+#include <stdint.h>
+
+/* An integer in [lo, hi]; else FALSE with "KEY: 'V' is not an integer in [lo, hi]". */
+gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                     GError **error);
+/* false, true, no, yes, 0 or 1 (any case); else FALSE with "KEY: 'V' is not one of ...". */
+gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **error);
+
+#endif
