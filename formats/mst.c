@@ -912,16 +912,18 @@ static gboolean read_header(MstReader *r, GError **error)
     return ok;
 }
 
-/* The column loop's varint read: the one-byte case inline, the rest out of line. */
-#define READ(p, end, v, col)                                                                       \
+/* The column loop's varint read: the one-byte case inline, the rest out of line through
+ * `get` (get_varint, or get_varint4 for values known to fit in 32 bits). */
+#define READ_WITH(get, p, end, v, col)                                                             \
     do {                                                                                           \
         if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
             (v) = *(p)++;                                                                          \
-        } else if (!((p) = get_varint((p), (end), &(v)))) {                                        \
+        } else if (!((p) = get((p), (end), &(v)))) {                                               \
             bad_col = (col);                                                                       \
             goto bad_column;                                                                       \
         }                                                                                          \
     } while (0)
+#define READ(p, end, v, col) READ_WITH(get_varint, p, end, v, col)
 
 /* READ with the two-byte case inline too: for the id column, whose deltas of recent tensors
  * take one or two bytes (a test on the length there is predictable; on sizes it is not). */
@@ -939,15 +941,7 @@ static gboolean read_header(MstReader *r, GError **error)
     } while (0)
 
 /* READ for the size column: its multi-byte values in 32-bit arithmetic (get_varint4). */
-#define READ4(p, end, v, col)                                                                      \
-    do {                                                                                           \
-        if (G_LIKELY((p) < (end) && *(p) < 0x80)) {                                                \
-            (v) = *(p)++;                                                                          \
-        } else if (!((p) = get_varint4((p), (end), &(v)))) {                                       \
-            bad_col = (col);                                                                       \
-            goto bad_column;                                                                       \
-        }                                                                                          \
-    } while (0)
+#define READ4(p, end, v, col) READ_WITH(get_varint4, p, end, v, col)
 
 /* Decodes a chunk's body into r->events; returns the number of events or -1. */
 static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, guint32 *rank,
