@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "formats/export-internal.h"
+#include "formats/json-internal.h"
 
 static void member_int(JsonBuilder *b, const char *key, int64_t v)
 {
@@ -172,14 +173,8 @@ gboolean memsim_export_perfetto(const MemsimTimeline *tl, const char *path, GErr
     json_builder_end_array(b);
     json_builder_end_object(b);
 
-    JsonGenerator *g = json_generator_new();
-    JsonNode *root = json_builder_get_root(b);
-    json_generator_set_root(g, root);
     gsize len = 0;
-    char *text = json_generator_to_data(g, &len);
-    json_node_unref(root);
-    g_object_unref(g);
-    g_object_unref(b);
+    char *text = json_builder_finish(b, FALSE, &len);
     MemsimOutFile o;
     gboolean ok = memsim_out_open(&o, path, error);
     if (ok) {

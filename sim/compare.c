@@ -12,6 +12,8 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
+#include "formats/json-internal.h"
+
 /* A token of the list starts a new policy when the part before its first ':' is a policy
  * name (or "all"); otherwise it continues the settings of the previous one, so that
  * "torch:expandable_segments=True,max_split_size_mb=128,bfc" is two policies. */
@@ -251,15 +253,7 @@ char *memsim_comparison_to_json(const MemsimComparison *c)
     }
     json_builder_end_array(b);
     json_builder_end_object(b);
-    JsonGenerator *g = json_generator_new();
-    JsonNode *root = json_builder_get_root(b);
-    json_generator_set_root(g, root);
-    json_generator_set_pretty(g, TRUE);
-    char *out = json_generator_to_data(g, NULL);
-    json_node_unref(root);
-    g_object_unref(g);
-    g_object_unref(b);
-    return out;
+    return json_builder_finish(b, TRUE, NULL);
 }
 
 char *memsim_comparison_to_text(const MemsimComparison *c)

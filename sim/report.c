@@ -4,6 +4,8 @@
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
 
+#include "formats/json-internal.h"
+
 const char *memsim_format_bytes(memsim_size_t b, char *buf, gsize len)
 {
     /* PyTorch's format_size: ≤1024 → bytes, ≤1 MiB → KiB, ≤1 GiB → MiB, else GiB. */
@@ -219,15 +221,7 @@ char *memsim_report_to_json(const MemsimReport *rep)
     json_builder_end_array(b);
     json_builder_end_object(b);
 
-    JsonGenerator *g = json_generator_new();
-    JsonNode *root = json_builder_get_root(b);
-    json_generator_set_root(g, root);
-    json_generator_set_pretty(g, TRUE);
-    char *out = json_generator_to_data(g, NULL);
-    json_node_unref(root);
-    g_object_unref(g);
-    g_object_unref(b);
-    return out;
+    return json_builder_finish(b, TRUE, NULL);
 }
 
 /* Rotating buffers, so that one printf can format several sizes. */

@@ -7,6 +7,8 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
+#include "formats/json-internal.h"
+
 static const char *method_key[] = {"none", "ddp",          "zero1", "zero2",   "zero3",
                                    "fsdp", "fsdp-grad-op", "hsdp",  "megatron"};
 static const char *ckpt_key[] = {"none", "full", "selective"};
@@ -355,15 +357,7 @@ char *memsim_plan_to_json(const MemsimPlan *p)
     jdbl(b, "elapsed_s", p->elapsed_s);
     json_builder_end_object(b);
     json_builder_end_object(b);
-    JsonGenerator *g = json_generator_new();
-    JsonNode *root = json_builder_get_root(b);
-    json_generator_set_root(g, root);
-    json_generator_set_pretty(g, TRUE);
-    char *out = json_generator_to_data(g, NULL);
-    json_node_unref(root);
-    g_object_unref(g);
-    g_object_unref(b);
-    return out;
+    return json_builder_finish(b, TRUE, NULL);
 }
 
 /* ---- CSV ---- */
