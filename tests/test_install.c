@@ -27,33 +27,6 @@ static const char *env_or_fail(const char *name)
     return v;
 }
 
-/* Runs argv with extra environment entries (NULL-terminated "K=V" list, may be NULL);
- * returns the exit status; out and err newly allocated when not NULL. */
-static int run(const char *const *argv, const char *const *env, char **out, char **err)
-{
-    g_auto(GStrv) envp = g_get_environ();
-    for (const char *const *e = env; e && *e; e++) {
-        const char *eq = strchr(*e, '=');
-        g_autofree char *k = g_strndup(*e, (gsize)(eq - *e));
-        envp = g_environ_setenv(envp, k, eq + 1, TRUE);
-    }
-    int status = 0;
-    GError *error = NULL;
-    char *o = NULL, *e = NULL;
-    gboolean ok = g_spawn_sync(NULL, (char **)argv, envp, G_SPAWN_SEARCH_PATH, NULL, NULL, &o,
-                               &e, &status, &error);
-    cr_assert(ok, "could not run %s: %s", argv[0], error ? error->message : "?");
-    if (out)
-        *out = o;
-    else
-        g_free(o);
-    if (err)
-        *err = e;
-    else
-        g_free(e);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 static char *under(const char *destdir, const char *abs_path)
 {
     return g_build_filename(destdir, abs_path, NULL);
@@ -67,7 +40,7 @@ static void install(Install *in)
     const char *argv[] = {"meson", "install", "--no-rebuild", "--quiet", "-C",
                           env_or_fail("MEMSIM_BUILD_ROOT"), "--destdir", in->destdir, NULL};
     g_autofree char *out = NULL, *err = NULL;
-    int rc = run(argv, NULL, &out, &err);
+    int rc = tu_run(argv, NULL, &out, &err);
     cr_assert_eq(rc, 0, "meson install failed (%d):\n%s\n%s", rc, out, err);
     in->root = under(in->destdir, env_or_fail("MEMSIM_PREFIX"));
     in->libdir = under(in->destdir, env_or_fail("MEMSIM_INSTALL_LIBDIR"));
@@ -84,7 +57,7 @@ static void install_clear(Install *in)
 {
     if (in->tmp) {
         const char *argv[] = {"rm", "-rf", in->tmp, NULL};
-        cr_expect_eq(run(argv, NULL, NULL, NULL), 0, "rm -rf %s", in->tmp);
+        cr_expect_eq(tu_run(argv, NULL, NULL, NULL), 0, "rm -rf %s", in->tmp);
     }
     g_free(in->destdir);
     g_free(in->root);
@@ -131,7 +104,7 @@ Test(install, layout)
     const char *env[] = {ld, NULL};
     const char *argv[] = {bin, "--version", NULL};
     g_autofree char *out = NULL;
-    cr_expect_eq(run(argv, env, &out, NULL), 0);
+    cr_expect_eq(tu_run(argv, env, &out, NULL), 0);
     cr_expect(g_str_has_prefix(out, "memsim "), "%s", out);
     install_clear(&in);
 }
@@ -171,7 +144,7 @@ static char **pkg_config(const Install *in, const char *what)
     const char *env[] = {pcpath, NULL};
     const char *argv[] = {"pkg-config", what, "--cflags", "--libs", "memsim", NULL};
     g_autofree char *out = NULL, *err = NULL;
-    int rc = run(argv, env, &out, &err);
+    int rc = tu_run(argv, env, &out, &err);
     cr_assert_eq(rc, 0, "pkg-config %s failed: %s", what, err);
     cr_assert(strstr(out, in->destdir) != NULL, "memsim.pc does not resolve inside the DESTDIR: %s",
               out);
@@ -206,7 +179,7 @@ static void compile(const char *exe, char **flags)
         g_ptr_array_add(argv, *f);
     g_ptr_array_add(argv, NULL);
     g_autofree char *out = NULL, *err = NULL;
-    int rc = run((const char *const *)argv->pdata, NULL, &out, &err);
+    int rc = tu_run((const char *const *)argv->pdata, NULL, &out, &err);
     g_ptr_array_free(argv, TRUE);
     cr_assert_eq(rc, 0, "the example does not compile against the install:\n%s%s", out, err);
 }
@@ -220,11 +193,11 @@ static char *expected_output(const Install *in, const char *trace)
     const char *est[] = {bin, "estimate", "--model", "gpt2", "--batch", "2", "--seq", "256",
                          "--finetune", "lora", "--gpu-mem", "16GiB", "--json", NULL};
     g_autofree char *e_out = NULL, *e_err = NULL;
-    int rc = run(est, env, &e_out, &e_err);
+    int rc = tu_run(est, env, &e_out, &e_err);
     cr_assert_eq(rc, 0, "memsim estimate: %d %s", rc, e_err);
     const char *rep[] = {bin, "replay", trace, "--json", NULL};
     g_autofree char *r_out = NULL, *r_err = NULL;
-    rc = run(rep, env, &r_out, &r_err);
+    rc = tu_run(rep, env, &r_out, &r_err);
     cr_assert_eq(rc, 0, "memsim replay: %d %s", rc, r_err);
     return g_strconcat(e_out, r_out, NULL);
 }
@@ -237,7 +210,7 @@ static char *example_output(const char *exe, const char *libdir, const char *tra
                           "finetune=lora", "gpu-mem=16GiB", NULL};
     char *out = NULL;
     g_autofree char *err = NULL;
-    int rc = run(argv, env, &out, &err);
+    int rc = tu_run(argv, env, &out, &err);
     cr_assert_eq(rc, 0, "%s: exit %d: %s", exe, rc, err);
     return out;
 }
@@ -302,10 +275,10 @@ Test(install, example_in_build_tree)
     /* Bad input: the library's message, exit 2. */
     const char *bad[] = {env_or_fail("MEMSIM_EXAMPLE"), "gpt2", trace, "precision=fp8", NULL};
     g_autofree char *err = NULL;
-    cr_expect_eq(run(bad, NULL, NULL, &err), 2);
+    cr_expect_eq(tu_run(bad, NULL, NULL, &err), 2);
     cr_expect(strstr(err, "precision: 'fp8' is not one of") != NULL, "%s", err);
     const char *rm[] = {"rm", "-rf", tmp, NULL};
-    cr_expect_eq(run(rm, NULL, NULL, NULL), 0);
+    cr_expect_eq(tu_run(rm, NULL, NULL, NULL), 0);
 }
 
 /* The installed Python module finds the installed library by itself (no MEMSIM_LIBRARY). */
@@ -327,7 +300,7 @@ Test(install, python_module_finds_installed_library)
                           "print(memsim.estimate('gpt2', seq=64)['ranks'][0]['peak_allocated'])",
                           NULL};
     g_autofree char *out = NULL, *err = NULL;
-    int rc = run(argv, env, &out, &err);
+    int rc = tu_run(argv, env, &out, &err);
     cr_assert_eq(rc, 0, "%s", err);
     cr_expect(g_str_has_prefix(out, in.destdir), "module loaded %s, not the installed library",
               out);

@@ -13,23 +13,6 @@ static char *source_path(const char *rel)
     return g_build_filename(src, rel, NULL);
 }
 
-/* Runs argv with the environment plus `env` ("K=V", NULL-terminated); exit status. */
-static int run(const char *const *argv, const char *const *env, char **out, char **err)
-{
-    g_auto(GStrv) envp = g_get_environ();
-    for (const char *const *e = env; e && *e; e++) {
-        const char *eq = strchr(*e, '=');
-        g_autofree char *k = g_strndup(*e, (gsize)(eq - *e));
-        envp = g_environ_setenv(envp, k, eq + 1, TRUE);
-    }
-    int status = 0;
-    GError *error = NULL;
-    gboolean ok = g_spawn_sync(NULL, (char **)argv, envp, G_SPAWN_SEARCH_PATH, NULL, NULL, out,
-                               err, &status, &error);
-    cr_assert(ok, "could not run %s: %s", argv[0], error ? error->message : "?");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 /* The subcommands, from `memsim --help` ("Commands:" then "  name   summary" lines). */
 static char **subcommands(void)
 {
@@ -95,7 +78,7 @@ static char *rendered(void)
     const char *env[] = {"MANWIDTH=80", "LC_ALL=C", "MANPAGER=cat", "PAGER=cat", NULL};
     char *out = NULL;
     g_autofree char *err = NULL;
-    cr_assert_eq(run(argv, env, &out, &err), 0, "man -l: %s", err);
+    cr_assert_eq(tu_run(argv, env, &out, &err), 0, "man -l: %s", err);
     return out;
 }
 
@@ -115,7 +98,7 @@ Test(manpage, renders_without_warnings)
         const char *argv[] = {"man", "--warnings", "-l", page, NULL};
         const char *env[] = {"MANWIDTH=80", locales[i], "MANPAGER=cat", "PAGER=cat", NULL};
         g_autofree char *out = NULL, *err = NULL;
-        cr_expect_eq(run(argv, env, &out, &err), 0);
+        cr_expect_eq(tu_run(argv, env, &out, &err), 0);
         cr_expect_str_empty(err, "man --warnings (%s) says:\n%s", locales[i], err);
         cr_expect_gt(strlen(out), 1000);
     }
@@ -188,7 +171,7 @@ static char *complete(const char *const *words)
     const char *argv[] = {"bash", "--norc", "--noprofile", "-c", cmd->str, NULL};
     char *out = NULL;
     g_autofree char *err = NULL;
-    int rc = run(argv, NULL, &out, &err);
+    int rc = tu_run(argv, NULL, &out, &err);
     cr_assert_eq(rc, 0, "bash: %s", err);
     cr_expect_str_empty(err, "completion printed errors: %s", err);
     g_string_free(cmd, TRUE);

@@ -2,6 +2,7 @@
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *tu_shared_data(void)
 {
@@ -30,22 +31,20 @@ char *tu_test_data(const char *relative)
     return g_build_filename(d, relative, NULL);
 }
 
-int tu_run_memsim(const char *const *argv, char **out, char **err)
+int tu_run(const char *const *argv, const char *const *env, char **out, char **err)
 {
-    const char *bin = g_getenv("MEMSIM_BIN");
-    cr_assert(bin != NULL, "MEMSIM_BIN not set (run the tests through meson test)");
-    GPtrArray *args = g_ptr_array_new();
-    g_ptr_array_add(args, (gpointer)bin);
-    for (const char *const *a = argv; *a; a++)
-        g_ptr_array_add(args, (gpointer)*a);
-    g_ptr_array_add(args, NULL);
+    g_auto(GStrv) envp = g_get_environ();
+    for (const char *const *e = env; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        g_autofree char *k = g_strndup(*e, (gsize)(eq - *e));
+        envp = g_environ_setenv(envp, k, eq + 1, TRUE);
+    }
     int status = 0;
     GError *error = NULL;
     char *o = NULL, *e = NULL;
-    gboolean ok = g_spawn_sync(NULL, (char **)args->pdata, NULL, G_SPAWN_DEFAULT, NULL, NULL, &o,
+    gboolean ok = g_spawn_sync(NULL, (char **)argv, envp, G_SPAWN_SEARCH_PATH, NULL, NULL, &o,
                                &e, &status, &error);
-    g_ptr_array_free(args, TRUE);
-    cr_assert(ok, "could not run %s: %s", bin, error ? error->message : "?");
+    cr_assert(ok, "could not run %s: %s", argv[0], error ? error->message : "?");
     if (out)
         *out = o;
     else
@@ -57,6 +56,20 @@ int tu_run_memsim(const char *const *argv, char **out, char **err)
     if (WIFEXITED(status))
         return WEXITSTATUS(status);
     return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+int tu_run_memsim(const char *const *argv, char **out, char **err)
+{
+    const char *bin = g_getenv("MEMSIM_BIN");
+    cr_assert(bin != NULL, "MEMSIM_BIN not set (run the tests through meson test)");
+    GPtrArray *args = g_ptr_array_new();
+    g_ptr_array_add(args, (gpointer)bin);
+    for (const char *const *a = argv; *a; a++)
+        g_ptr_array_add(args, (gpointer)*a);
+    g_ptr_array_add(args, NULL);
+    int rc = tu_run((const char *const *)args->pdata, NULL, out, err);
+    g_ptr_array_free(args, TRUE);
+    return rc;
 }
 
 char *tu_tmpdir(void)

@@ -11,6 +11,10 @@ const char *tu_shared_data(void);
 char *tu_shared_path_or_skip(const char *relative);
 /* Path of a file under tests/data. Newly allocated. */
 char *tu_test_data(const char *relative);
+/* Runs argv (argv[0] found on PATH) with the environment plus `env` (NULL-terminated "K=V"
+ * list, may be NULL); returns its exit status (128 + the signal if killed) and, if not NULL,
+ * its stdout and stderr (newly allocated). */
+int tu_run(const char *const *argv, const char *const *env, char **out, char **err);
 /* Runs the memsim command with argv (NULL-terminated, without the program name); returns its
  * exit status and, if not NULL, its stdout and stderr (newly allocated). */
 int tu_run_memsim(const char *const *argv, char **out, char **err);
