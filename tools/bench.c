@@ -166,6 +166,30 @@ static double cpu_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The options of a model benchmark parsed, its model (default llama-2-70b) loaded and its run
+ * set up at `seq`; NULL after printing the error. `model` and `seq` are read after parsing,
+ * through the pointers the entries fill. */
+static MemsimModel *setup(const char *name, const GOptionEntry *entries, int *argc, char ***argv,
+                          char *const *model, const gint64 *seq, MemsimRun *run)
+{
+    GOptionContext *ctx = g_option_context_new(name);
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    gboolean ok = g_option_context_parse(ctx, argc, argv, &error);
+    g_option_context_free(ctx);
+    MemsimModel *m = ok ? memsim_model_load(*model ? *model : "llama-2-70b", &error) : NULL;
+    if (!m) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        g_error_free(error);
+        return NULL;
+    }
+    *run = memsim_run_defaults();
+    char sq[32];
+    g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, *seq);
+    memsim_run_set(run, "seq", sq, NULL);
+    return m;
+}
+
 static int bench_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL;
@@ -180,23 +204,11 @@ static int bench_estimate(int argc, char **argv)
         {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs; the best is reported (default 5)", "R"},
         {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator, "Policy (default torch)", "SPEC"},
         {NULL}};
-    GOptionContext *ctx = g_option_context_new("estimate");
-    g_option_context_add_main_entries(ctx, entries, NULL);
     GError *error = NULL;
-    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
+    MemsimRun run;
+    MemsimModel *m = setup("estimate", entries, &argc, &argv, &model, &seq, &run);
+    if (!m)
         return 2;
-    }
-    g_option_context_free(ctx);
-    MemsimModel *m = memsim_model_load(model ? model : "llama-2-70b", &error);
-    if (!m) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
-        return 2;
-    }
-    MemsimRun run = memsim_run_defaults();
-    char sq[32];
-    g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
-    memsim_run_set(&run, "seq", sq, NULL);
     for (char **kv = sets; kv && *kv; kv++) {
         g_auto(GStrv) p = g_strsplit(*kv, "=", 2);
         if (!p[0] || !p[1] || !memsim_run_set(&run, p[0], p[1], &error)) {
@@ -420,23 +432,11 @@ static int bench_plan(int argc, char **argv)
         {"exhaustive", 0, 0, G_OPTION_ARG_NONE, &exhaustive,
          "Also run the sweep without pruning and bisection (slow)", NULL},
         {NULL}};
-    GOptionContext *ctx = g_option_context_new("plan");
-    g_option_context_add_main_entries(ctx, entries, NULL);
     GError *error = NULL;
-    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
+    MemsimRun run;
+    MemsimModel *m = setup("plan", entries, &argc, &argv, &model, &seq, &run);
+    if (!m)
         return 2;
-    }
-    g_option_context_free(ctx);
-    MemsimModel *m = memsim_model_load(model ? model : "llama-2-70b", &error);
-    if (!m) {
-        fprintf(stderr, "memsim-bench: %s\n", error->message);
-        return 2;
-    }
-    MemsimRun run = memsim_run_defaults();
-    char sq[32];
-    g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
-    memsim_run_set(&run, "seq", sq, NULL);
     MemsimPlanOptions o = memsim_plan_options_defaults();
     o.run = &run;
     o.gpus = gpus;
