@@ -282,6 +282,34 @@ Test(plan, bad_options_in_the_library)
     memsim_model_free(m);
 }
 
+/* memsim_plan_option_keys() lists exactly what memsim_plan_options_set accepts: each key
+ * takes a value of its kind, an unknown key is refused by name. */
+Test(plan, option_keys_match_the_setter)
+{
+    MemsimPlanOptions *o = memsim_plan_options_new();
+    guint n = 0;
+    for (const char *const *k = memsim_plan_option_keys(); *k; k++, n++) {
+        const char *value = strcmp(*k, "methods") == 0               ? "zero3"
+                            : strcmp(*k, "schedules") == 0           ? "1f1b"
+                            : strcmp(*k, "checkpointing-modes") == 0 ? "full"
+                            : strstr(*k, "mem") || strstr(*k, "context") ? "1GiB"
+                                                                          : "1";
+        GError *error = NULL;
+        cr_expect(memsim_plan_options_set(o, *k, value, &error), "%s=%s: %s", *k, value,
+                  error ? error->message : "");
+        g_clear_error(&error);
+    }
+    cr_expect_eq(n, 17, "%u keys", n);
+    GError *error = NULL;
+    cr_expect_not(memsim_plan_options_set(o, "gpus", "8", &error));
+    cr_expect(error && strstr(error->message, "unknown plan option 'gpus'"), "%s",
+              error ? error->message : "");
+    g_clear_error(&error);
+    cr_expect_eq(o->top, 1);
+    cr_expect_eq(o->gpu_mem, (memsim_size_t)1 << 30);
+    memsim_plan_options_free(o);
+}
+
 /* MIG: every slice of the GPU is listed with its memory and count; the job fits the large
  * slices and not the smallest; a fitting slice's configuration re-estimates identically. */
 Test(plan, mig_slices, .timeout = 300)

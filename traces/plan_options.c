@@ -43,6 +43,15 @@ static gboolean real(const char *key, const char *v, double lo, double hi, doubl
     return TRUE;
 }
 
+const char *const *memsim_plan_option_keys(void)
+{
+    static const char *const keys[] = {
+        "global-batch", "gpu-mem", "mig", "methods", "schedules", "checkpointing-modes",
+        "max-batch", "no-expandable", "no-offload", "top", "misses", "exhaustive", "threads",
+        "cuda-context", "nccl-mem", "efficiency", "network-gbs", NULL};
+    return keys;
+}
+
 gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const char *v,
                                  GError **error)
 {

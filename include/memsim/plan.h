@@ -178,6 +178,8 @@ void memsim_plan_options_free(MemsimPlanOptions *opt);
  * key and the bad value, leaving the options as they were. */
 gboolean memsim_plan_options_set(MemsimPlanOptions *opt, const char *key, const char *value,
                                  GError **error);
+/* The keys memsim_plan_options_set accepts, NULL-terminated (static; do not free). */
+const char *const *memsim_plan_option_keys(void);
 /* Plans for `run` (borrowed; NULL = the defaults): sets opt->run and takes the cluster from
  * the run's gpus, gpu and gpus-per-node (memsim_run_set keys). */
 void memsim_plan_options_use_run(MemsimPlanOptions *opt, const MemsimRun *run);

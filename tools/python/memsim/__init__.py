@@ -189,6 +189,7 @@ def _load_locked():
         fn("memsim_plan", P, P, P, _ERR)
         fn("memsim_plan_to_json", P, P)
         fn("memsim_plan_free", None, P)
+        fn("memsim_plan_option_keys", ctypes.POINTER(S))
     _glib = glib
     _lib = lib
     return lib
@@ -284,11 +285,15 @@ def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=No
         lib.memsim_run_clear(ctypes.byref(r))
 
 
-# The options of `memsim plan` that are not run settings (memsim_plan_options_set keys).
-_PLAN_KEYS = frozenset(("global-batch", "gpu-mem", "mig", "methods", "schedules",
-                        "checkpointing-modes", "max-batch", "no-expandable", "no-offload",
-                        "top", "misses", "exhaustive", "threads", "cuda-context", "nccl-mem",
-                        "efficiency", "network-gbs"))
+def _plan_keys(lib):
+    """The options of `memsim plan` that are not run settings (memsim_plan_option_keys)."""
+    keys = lib.memsim_plan_option_keys()
+    out = set()
+    i = 0
+    while keys[i]:
+        out.add(keys[i].decode("utf-8"))
+        i += 1
+    return out
 
 
 def plan(model, **kwargs):
@@ -306,9 +311,10 @@ def plan(model, **kwargs):
     lib = _load()
     if not hasattr(lib, "memsim_plan_options_new"):
         raise Error("this libmemsim has no planner (memsim_plan_options_new)")
-    run = {k: v for k, v in kwargs.items() if k.replace("_", "-") not in _PLAN_KEYS}
+    plan_keys = _plan_keys(lib)
+    run = {k: v for k, v in kwargs.items() if k.replace("_", "-") not in plan_keys}
     opts = [(k.replace("_", "-"), v) for k, v in kwargs.items()
-            if k.replace("_", "-") in _PLAN_KEYS]
+            if k.replace("_", "-") in plan_keys]
     r = lib.memsim_run_defaults()
     o = lib.memsim_plan_options_new()
     m = p = None
