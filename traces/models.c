@@ -671,7 +671,9 @@ static AgTensor *attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor
     return gg_checkpoint(md->g, attn_region, a, attn_arg_free, in, 3);
 }
 
-/* The KV cache during training (§2.2): cat(empty, k) copies K and V. */
+/* The KV cache (HF_MODELS.md §2.2): DynamicLayer.update sets keys = cat([keys, k], -2), so
+ * the first forward copies K and V (cat(empty, k)) and each later one (generation) makes the
+ * longer copy from the past entry and the new K/V, the past entry dying with the update. */
 static void cache_update(Model *md, AgTensor **k, AgTensor **v)
 {
     if (!(md->run->use_cache < 0 ? md->m->use_cache : md->run->use_cache) ||
@@ -680,8 +682,21 @@ static void cache_update(Model *md, AgTensor **k, AgTensor **v)
     AgGraph *g = md->g;
     uint8_t old = gg_ctx(g)->category;
     gg_ctx(g)->category = MEMSIM_CAT_KV_CACHE;
-    AgTensor *kk[1] = {*k}, *vv[1] = {*v};
-    AgTensor *kc = op_cat(g, kk, 1, -2), *vc = op_cat(g, vv, 1, -2);
+    guint at = md->cache->len;
+    AgTensor *pk = md->past && at + 1 < md->past->len ? md->past->pdata[at] : NULL;
+    AgTensor *pv = pk ? md->past->pdata[at + 1] : NULL;
+    AgTensor *kk[2] = {pk, *k}, *vv[2] = {pv, *v};
+    /* self.keys = cat(...) drops the old keys before the values are concatenated */
+    AgTensor *kc = op_cat(g, pk ? kk : kk + 1, pk ? 2 : 1, -2);
+    if (pk) {
+        md->past->pdata[at] = NULL;
+        gt_unref(g, pk);
+    }
+    AgTensor *vc = op_cat(g, pk ? vv : vv + 1, pk ? 2 : 1, -2);
+    if (pk) {
+        md->past->pdata[at + 1] = NULL;
+        gt_unref(g, pv);
+    }
     gg_ctx(g)->category = old;
     /* the cache object (in the output's past_key_values) holds them */
     g_ptr_array_add(md->cache, gt_ref(kc));
@@ -1836,7 +1851,9 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(sin);
     U(pos);
     /* lm_head(hidden[:, slice(-0, None), :]) — a full-range slice, recorded in 1.13 */
-    AgTensor *hs = gg_rules(g)->full_slices_recorded ? op_slice(g, x, 1, 0, S) : gt_ref(x);
+    AgTensor *hs = md->last_logits_only            ? op_slice(g, x, 1, S - 1, S)
+                   : gg_rules(g)->full_slices_recorded ? op_slice(g, x, 1, 0, S)
+                                                       : gt_ref(x);
     U(x);
     AgTensor *w = md->lm_head ? md->lm_head : md->wte;
     AgTensor *logits;

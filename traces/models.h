@@ -51,6 +51,10 @@ typedef struct Model {
     /* (optional) called before and after each layer's forward (distributed methods) */
     void (*layer_hook)(struct Model *md, int32_t layer, bool pre);
     GPtrArray *cache;     /* the DynamicCache of the last forward: K/V per layer (references) */
+    GPtrArray *past;      /* generation: the cache before this forward (K, V per layer, the
+                           * references handed over); each layer's update concatenates its
+                           * entry with the new K/V and drops it, as DynamicLayer.update does */
+    bool last_logits_only; /* generation: lm_head on the last position (logits_to_keep=1) */
     int64_t B, S;
 } Model;
 

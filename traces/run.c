@@ -521,49 +521,50 @@ static void optimizer_step(Model *md, Optim *o, const AgRules *rules, bool last)
 
 static gboolean run_inference(Model *md, AgGraph *g, GError **error)
 {
-    /* prompt (prefill) then one token at a time with a growing KV cache; no grad */
+    /* generate(): the prompt (prefill), then one token at a time; no grad. With the cache
+     * (use_cache, the default) each forward's layers extend the DynamicCache (cache_update in
+     * traces/models.c: the prefill's copies, then cat(past, new) per token); without it every
+     * token runs the whole sequence again. The forward computes the last position's logits
+     * only (generate passes logits_to_keep=1), and generate takes an fp32 copy of them
+     * (logits[:, -1, :].to(float32)) for the next token's choice (greedy: argmax). */
     AgContext *c = gg_ctx(g);
     c->grad_enabled = false;
     const MemsimModel *m = md->m;
+    bool cache = md->run->use_cache < 0 ? m->use_cache : md->run->use_cache;
     int64_t B = md->run->batch, P = md->run->prompt, N = md->run->generate;
-    int64_t kvb = m->nkv * m->hd * dt_size(md->adt);
-    AgTensor **cache = g_new0(AgTensor *, 2 * m->L);
-    gg_mark(g, "prefill");
-    md->S = P;
-    AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(B, P), false, MEMSIM_CAT_INPUT);
+    md->last_logits_only = true;
     c->phase = MEMSIM_PHASE_FORWARD;
-    AgTensor *logits = NULL;
-    AgTensor *none = model_forward(md, ids, NULL, &logits);
-    (void)none;
-    /* the DynamicCache keeps K and V of every layer: (B, nkv, P, hd) each */
-    c->category = MEMSIM_CAT_KV_CACHE;
-    for (int64_t l = 0; l < 2 * m->L; l++)
-        cache[l] = op_new(g, "cat", md->adt, SHAPE(B, m->nkv, P, m->hd));
-    c->category = MEMSIM_CAT_TEMPORARY;
-    gt_unref(g, logits);
-    gt_unref(g, ids);
-    (void)kvb;
-    for (int64_t t = 0; t < N; t++) {
+    for (int64_t t = 0; t <= N; t++) {
         if (t == 0)
+            gg_mark(g, "prefill");
+        else if (t == 1)
             gg_mark(g, "decode");
-        md->S = 1;
-        AgTensor *tok = gg_leaf(g, DT_I64, SHAPE(B, 1), false, MEMSIM_CAT_INPUT);
-        AgTensor *lg = NULL;
-        model_forward(md, tok, NULL, &lg);
-        /* each layer's cache.update: cat makes the longer copy, the old one dies */
-        c->category = MEMSIM_CAT_KV_CACHE;
-        for (int64_t l = 0; l < 2 * m->L; l++) {
-            AgTensor *n = op_new(g, "cat", md->adt, SHAPE(B, m->nkv, P + t + 1, m->hd));
-            gt_unref(g, cache[l]);
-            cache[l] = n;
+        md->S = t == 0 ? P : cache ? 1 : P + t;
+        AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(B, md->S), false, MEMSIM_CAT_INPUT);
+        if (t > 0 && cache) {
+            /* the past cache goes into this forward; each layer's update consumes its entry */
+            GPtrArray *past = md->cache;
+            md->past = past;
+            md->cache = g_ptr_array_new();
         }
-        c->category = MEMSIM_CAT_TEMPORARY;
-        gt_unref(g, lg);
+        AgTensor *logits = NULL;
+        model_forward(md, ids, NULL, &logits);
+        if (md->past) {
+            for (guint i = 0; i < md->past->len; i++)
+                gt_unref(g, md->past->pdata[i]); /* NULL where consumed */
+            g_ptr_array_unref(md->past);
+            md->past = NULL;
+        }
+        if (!cache)
+            model_drop_output(md);
+        AgTensor *next = op_new(g, "_to_copy", DT_F32, SHAPE(B, m->V));
+        gt_unref(g, logits);
+        gt_unref(g, ids);
+        AgTensor *tok = op_new(g, "argmax", DT_I64, SHAPE(B));
+        gt_unref(g, next);
         gt_unref(g, tok);
     }
-    for (int64_t l = 0; l < 2 * m->L; l++)
-        gt_unref(g, cache[l]);
-    g_free(cache);
+    model_drop_output(md);
     (void)error;
     return TRUE;
 }
