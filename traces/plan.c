@@ -338,6 +338,7 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
 static void candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
 {
     *r = sw->base;
+    r->given = 0; /* a candidate is the planner's, not settings a user gave */
     r->gpu = (char *)sw->gpu_name;
     r->checkpointing = g->ckpt;
     r->batch = g->bs[j];

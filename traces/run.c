@@ -11,6 +11,7 @@
 #include <memsim/alloc.h>
 #include <memsim/gen.h>
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,7 +93,49 @@ gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **er
 
 #define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* Every setting memsim_run_set takes, in the order of the bits of MemsimRun.given. */
+static const char *const run_keys[] = {
+    "batch", "seq", "steps", "grad-accum", "precision", "optimizer", "optimizer-impl",
+    "zero-grad", "attention", "checkpointing", "finetune", "lora-rank", "lora-targets",
+    "torch-version", "use-cache", "inference", "prompt", "generate", "weights", "keep-outputs",
+    "gpus", "method", "tp", "pp", "dp", "pp-schedule", "microbatches", "virtual-stages",
+    "sequence-parallel", "fsdp-wrap", "gpus-per-node", "cublas-workspace", "gpu", "device",
+    NULL};
+
+static int run_key_index(const char *key)
+{
+    for (int i = 0; run_keys[i]; i++)
+        if (strcmp(run_keys[i], key) == 0)
+            return i;
+    return -1;
+}
+
+gboolean memsim_run_given(const MemsimRun *run, const char *key)
+{
+    int i = run_key_index(key);
+    return i >= 0 && (run->given >> i & 1);
+}
+
+static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GError **error);
+
 gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **error)
+{
+    int i = run_key_index(key);
+    if (i < 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "unknown run setting '%s'", key);
+        return FALSE;
+    }
+    if (!v) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: no value", key);
+        return FALSE;
+    }
+    if (!run_set_value(r, key, v, error))
+        return FALSE;
+    r->given |= (guint64)1 << i;
+    return TRUE;
+}
+
+static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GError **error)
 {
     int i;
     int64_t x;
@@ -227,8 +270,15 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
         if (!memsim_parse_size(v, &r->cublas_workspace, error))
             return FALSE;
     } else if (strcmp(key, "gpu") == 0) {
+        g_autofree char *name = g_ascii_strdown(v, -1);
+        if (!memsim_gpu_find(name)) {
+            g_autofree char *known = memsim_gpu_names();
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "gpu: unknown GPU '%s' (known: %s)", v, known);
+            return FALSE;
+        }
         g_free(r->gpu);
-        r->gpu = g_ascii_strdown(v, -1);
+        r->gpu = g_steal_pointer(&name);
     } else if (strcmp(key, "device") == 0) {
         if (!pick(key, v, NAMES("cuda", "cpu"), &i, error))
             return FALSE;
@@ -237,6 +287,73 @@ gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **e
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "unknown run setting '%s'", key);
         return FALSE;
     }
+    return TRUE;
+}
+
+static gboolean refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static gboolean refuse(GError **error, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s", msg);
+    return FALSE;
+}
+
+gboolean memsim_run_check(const MemsimRun *r, GError **error)
+{
+#define GIVEN(k) memsim_run_given(r, k)
+    if (r->gpu && !memsim_gpu_find(r->gpu)) {
+        g_autofree char *known = memsim_gpu_names();
+        return refuse(error, "gpu: unknown GPU '%s' (known: %s)", r->gpu, known);
+    }
+    if (r->inference) {
+        if (GIVEN("seq"))
+            return refuse(error, "seq: an inference run takes --prompt (the prompt's tokens) and "
+                                 "--generate (the tokens generated), not --seq");
+        /* what only a training step has */
+        static const char *const training[] = {
+            "steps", "grad-accum", "optimizer", "optimizer-impl", "zero-grad", "checkpointing",
+            "finetune", "lora-rank", "lora-targets", "keep-outputs", "method", "tp", "pp", "dp",
+            "pp-schedule", "microbatches", "virtual-stages", "sequence-parallel", "fsdp-wrap",
+            NULL};
+        for (int i = 0; training[i]; i++)
+            if (GIVEN(training[i]))
+                return refuse(error, "%s: an inference run has no %s (it is a training setting)",
+                              training[i], training[i]);
+    } else {
+        static const char *const inference[] = {"prompt", "generate", "weights", NULL};
+        for (int i = 0; inference[i]; i++)
+            if (GIVEN(inference[i]))
+                return refuse(error, "%s: only with --inference (training takes --seq)",
+                              inference[i]);
+    }
+    if ((GIVEN("lora-rank") || GIVEN("lora-targets")) && r->finetune == MEMSIM_FT_FULL)
+        return refuse(error, "%s: only with --finetune lora or qlora",
+                      GIVEN("lora-rank") ? "lora-rank" : "lora-targets");
+    int tp = r->tp ? r->tp : 1, pp = r->pp ? r->pp : 1;
+    if (GIVEN("sequence-parallel") && r->sequence_parallel && tp < 2)
+        return refuse(error, "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+    if (GIVEN("microbatches") && pp < 2)
+        return refuse(error, "microbatches: pipeline micro-batches need --pp 2 or more (for "
+                             "data-parallel accumulation use --grad-accum)");
+    if (GIVEN("pp-schedule") && pp < 2)
+        return refuse(error, "pp-schedule: needs a pipeline (--pp 2 or more)");
+    if (GIVEN("virtual-stages") && r->virtual_stages > 1 &&
+        r->pp_schedule != MEMSIM_PP_INTERLEAVED)
+        return refuse(error, "virtual-stages: only with --pp-schedule interleaved");
+    if (GIVEN("fsdp-wrap") && r->method != MEMSIM_METHOD_FSDP &&
+        r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
+        return refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
+    if ((GIVEN("method") || GIVEN("tp") || GIVEN("pp") || GIVEN("dp") ||
+         GIVEN("gpus-per-node")) &&
+        r->gpus < 2 && (r->method != MEMSIM_METHOD_NONE || tp > 1 || pp > 1 || r->dp > 1 ||
+                        GIVEN("gpus-per-node")))
+        return refuse(error, "gpus: --method, --tp, --pp, --dp and --gpus-per-node describe a "
+                             "run on several GPUs: give --gpus");
+#undef GIVEN
     return TRUE;
 }
 
@@ -573,6 +690,8 @@ static gboolean run_inference(Model *md, AgGraph *g, GError **error)
 
 MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError **error)
 {
+    if (!memsim_run_check(run, error))
+        return NULL;
     bool learned_pos = m->fam == FAM_GPT2 || m->fam == FAM_OPT || m->fam == FAM_GPTNEO;
     int64_t len = run->inference ? run->prompt + run->generate : run->seq;
     if (learned_pos && len > m->max_pos) {

@@ -105,6 +105,7 @@ typedef struct {
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
+    guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking. The run owns its
@@ -116,6 +117,13 @@ void memsim_run_clear(MemsimRun *run);
  * MEMSIM_ERROR_BAD_INPUT error for an unknown key or a bad value ("precision: 'fp8' is not
  * one of ..."), leaving the run as it was. */
 gboolean memsim_run_set(MemsimRun *run, const char *key, const char *value, GError **error);
+/* Whether the setting `key` was given (set through memsim_run_set or a run file). */
+gboolean memsim_run_given(const MemsimRun *run, const char *key);
+/* The settings taken together: FALSE with a MEMSIM_ERROR_BAD_INPUT error naming the setting
+ * for one that this run would ignore (--seq with --inference, --weights without it,
+ * --microbatches without --pp, ...) or a GPU profile that does not exist. memsim_generate
+ * (and so memsim_estimate and plan) checks this first. */
+gboolean memsim_run_check(const MemsimRun *run, GError **error);
 /* Reads the [run] group of a GLib key file with the same keys, in the file's order; FALSE
  * with an error naming the file (and the key) on the first bad one. */
 gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
