@@ -329,6 +329,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->rep.peak_op_layer = -1;
         r->rep.oom.op = -1;
         r->rep.recorded_oom.op = -1;
+        r->rep.oom.layer = r->rep.recorded_oom.layer = -1;
         r->rep.verified = rp->opt.verify;
         r->rep.has_recorded_final = header->ranks[i].has_final;
         r->rep.recorded_final_reserved = header->ranks[i].final_reserved;
@@ -528,7 +529,8 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
 }
 
 /* An ALLOC the policy could not serve: the replay of this rank stops. */
-static void out_of_memory(RankSim *r, uint64_t index, const MemsimEvent *ev)
+static void out_of_memory(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                          const MemsimEvent *ev)
 {
     MemsimAllocStats st = memsim_alloc_stats(r->alloc);
     MemsimOomInfo *o = &r->rep.oom;
@@ -541,6 +543,16 @@ static void out_of_memory(RankSim *r, uint64_t index, const MemsimEvent *ev)
     o->reserved = (memsim_size_t)st.reserved.current;
     o->stream = ev->stream;
     o->op = r->cur_op;
+    o->layer = -1;
+    if (r->cur_op >= 0 && (uint64_t)r->cur_op < h->n_ops) {
+        const MemsimOpInfo *op = &h->ops[r->cur_op];
+        g_strlcpy(o->op_name, op->name < h->n_strings ? h->strings[op->name] : "?",
+                  sizeof o->op_name);
+        o->layer = op->layer;
+        o->phase = op->phase;
+    }
+    if (r->steps->len)
+        o->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).step;
     r->stopped = TRUE;
 }
 
@@ -715,7 +727,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         memsim_addr_t addr = 0;
         r->saw_oom = FALSE;
         if (memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK) {
-            out_of_memory(r, index, ev);
+            out_of_memory(r, h, index, ev);
             break;
         }
         idmap_reserve(&r->tensors);
@@ -935,7 +947,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                     alloc_done(r, h, index, ev, slot, addr);
                     continue;
                 }
-                out_of_memory(r, index, ev);
+                out_of_memory(r, h, index, ev);
                 r->rep.n_events += n - i - 1; /* counted, not applied */
                 break;
             }
@@ -1124,6 +1136,7 @@ void memsim_report_free(MemsimReport *rep)
         g_free(rep->ranks[i].breakdowns);
     }
     g_free(rep->run);
+    g_free(rep->device);
     g_free(rep->ranks);
     g_free(rep->source);
     g_free(rep->allocator);
@@ -1239,11 +1252,16 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     static const MemsimEstimateOptions defaults = MEMSIM_ESTIMATE_OPTIONS_INIT;
     if (!opt)
         opt = &defaults;
-    if (opt->gpu_mem && opt->context_bytes >= opt->gpu_mem) {
+    /* without gpu_mem, the run's GPU profile (default a100-80gb) is the device judged */
+    memsim_size_t gpu_mem = opt->gpu_mem;
+    const MemsimGpu *profile = memsim_gpu_find(run->gpu);
+    if (!gpu_mem && profile)
+        gpu_mem = profile->memory;
+    if (gpu_mem && opt->context_bytes >= gpu_mem) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
                     " bytes of CUDA context and libraries",
-                    opt->gpu_mem, opt->context_bytes);
+                    gpu_mem, opt->context_bytes);
         return NULL;
     }
     MemsimTrace *t = memsim_generate(m, run, error);
@@ -1252,7 +1270,7 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.allocator = opt->allocator;
     o.alloc_conf = opt->alloc_conf;
-    o.capacity = opt->gpu_mem ? opt->gpu_mem - opt->context_bytes : 0;
+    o.capacity = gpu_mem ? gpu_mem - opt->context_bytes : 0;
     /* (NCCL's share is judged afterwards, with the device total) */
     o.timeline = timeline;
     MemsimReport *rep = memsim_replay_trace(t, &o, error);
@@ -1261,9 +1279,17 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
         return NULL;
     g_free(rep->source);
     rep->source = g_strdup(memsim_model_name(m));
-    rep->run = memsim_run_describe(run);
+    MemsimRun adapted = *run;
+    memsim_run_adapt(&adapted, m);
+    rep->run = memsim_run_describe(&adapted);
     memsim_size_t nccl = memsim_estimate_nccl_bytes(run, opt->nccl_bytes);
-    memsim_report_set_device(rep, opt->gpu_mem, opt->context_bytes + nccl);
+    memsim_report_set_device(rep, gpu_mem, opt->context_bytes + nccl);
     rep->nccl_bytes = nccl;
+    if (!opt->gpu_mem && profile) {
+        rep->device = g_strdup(profile->name);
+        rep->device_assumed = TRUE;
+    } else if (opt->gpu_mem && opt->device) {
+        rep->device = g_strdup(opt->device);
+    }
     return rep;
 }

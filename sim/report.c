@@ -46,6 +46,14 @@ static void add_oom(JsonBuilder *b, const char *key, const MemsimOomInfo *o, gbo
     add_int(b, "reserved", (int64_t)o->reserved);
     add_int(b, "stream", o->stream);
     add_int(b, "op", o->op);
+    if (o->op_name[0]) {
+        json_builder_set_member_name(b, "op_name");
+        json_builder_add_string_value(b, o->op_name);
+        json_builder_set_member_name(b, "phase");
+        json_builder_add_string_value(b, memsim_phase_name(o->phase));
+        add_int(b, "layer", o->layer);
+    }
+    add_int(b, "step", o->step);
     if (simulated && capacity)
         add_int(b, "capacity", (int64_t)capacity);
     json_builder_end_object(b);
@@ -73,6 +81,13 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_set_member_name(b, "run");
         json_builder_add_string_value(b, rep->run);
     }
+    json_builder_set_member_name(b, "device");
+    if (rep->device)
+        json_builder_add_string_value(b, rep->device);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "device_assumed");
+    json_builder_add_boolean_value(b, rep->device_assumed);
     json_builder_set_member_name(b, "gpu_mem");
     if (rep->gpu_mem)
         json_builder_add_int_value(b, (int64_t)rep->gpu_mem);
@@ -241,6 +256,12 @@ char *memsim_report_to_text(const MemsimReport *rep)
     else
         g_string_append_printf(s, "source:    %s\n", rep->source ? rep->source : "");
     g_string_append_printf(s, "allocator: %s\n", rep->allocator ? rep->allocator : "");
+    if (rep->gpu_mem && rep->run)
+        g_string_append_printf(s, "device:    %s%s%s (%" G_GUINT64_FORMAT " bytes)%s\n",
+                               rep->device ? rep->device : "", rep->device ? ", " : "",
+                               FB(rep->gpu_mem), (guint64)rep->gpu_mem,
+                               rep->device_assumed ? ", assumed: --gpu-mem or --gpu to change"
+                                                   : "");
     if (rep->capacity)
         g_string_append_printf(s, "capacity:  %s\n", FB(rep->capacity));
     g_string_append(s, "\n");
@@ -252,8 +273,13 @@ char *memsim_report_to_text(const MemsimReport *rep)
         for (guint i = 0; i < rep->n_ranks; i++) {
             const MemsimRankReport *r = &rep->ranks[i];
             const MemsimAllocStats *st = &r->stats;
+            /* where it ran out, if it did: the replay of that rank stopped there */
             g_autofree char *where =
-                r->peak_op_name[0]
+                r->oom.happened && r->oom.op_name[0]
+                    ? g_strdup_printf("OOM at %s (%s, %d, %u)", r->oom.op_name,
+                                      memsim_phase_name(r->oom.phase), r->oom.layer,
+                                      r->oom.stream)
+                : r->peak_op_name[0]
                     ? g_strdup_printf("%s (%s, %d, %u)", r->peak_op_name,
                                       memsim_phase_name(r->peak_op_phase), r->peak_op_layer,
                                       r->peak_stream)
@@ -306,7 +332,8 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                st->segments.peak, st->n_device_alloc, st->n_device_free,
                                st->n_alloc_retries);
         if (r->peak_op_name[0]) {
-            g_string_append_printf(s, "  peak allocated %s at op %s (%s", FB(st->allocated.peak),
+            g_string_append_printf(s, "  peak allocated %s%s at op %s (%s", FB(st->allocated.peak),
+                                   r->oom.happened ? " before running out of memory" : "",
                                    r->peak_op_name, memsim_phase_name(r->peak_op_phase));
             if (r->peak_stream)
                 g_string_append_printf(s, ", stream %u", r->peak_stream);
@@ -350,7 +377,23 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                    FB(r->device_total), FB(rep->context_bytes - rep->nccl_bytes));
             if (rep->nccl_bytes)
                 g_string_append_printf(s, " + %s NCCL", FB(rep->nccl_bytes));
-            if (rep->gpu_mem) {
+            if (rep->gpu_mem && r->oom.happened) {
+                const MemsimOomInfo *o = &r->oom;
+                g_string_append_printf(s, "; DOES NOT FIT in %s: ran out of memory on rank %u",
+                                       FB(rep->gpu_mem), r->rank);
+                if (o->step)
+                    g_string_append_printf(s, " in step %u", o->step);
+                if (o->op_name[0]) {
+                    g_string_append_printf(s, " at op %s (%s", o->op_name,
+                                           memsim_phase_name(o->phase));
+                    if (o->layer >= 0)
+                        g_string_append_printf(s, ", layer %d", o->layer);
+                    g_string_append(s, ")");
+                }
+                g_string_append_printf(s, ", short by %s\n",
+                                       FB(o->rounded > o->device_free ? o->rounded - o->device_free
+                                                                      : 0));
+            } else if (rep->gpu_mem) {
                 int64_t margin = (int64_t)rep->gpu_mem - (int64_t)r->device_total;
                 g_string_append_printf(s, "; %s in %s: %s %s\n",
                                        r->fits ? "FITS" : "DOES NOT FIT", FB(rep->gpu_mem),

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <json-glib/json-glib.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -90,4 +91,143 @@ Test(answers, kv_cache_counted_once)
                  0);
     cr_expect_eq(at_peak(rank0(p), "kv_cache"), 0);
     g_object_unref(p);
+}
+
+/* Settings a run would ignore are refused, naming them (exit 2). */
+Test(answers, ignored_settings_refused)
+{
+    static const struct {
+        const char *argv[12];
+        const char *word;
+    } cases[] = {
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--gpu", "h300"}, "h300"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--weights", "4bit"}, "weights"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--prompt", "64"}, "prompt"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--generate", "64"}, "generate"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--sequence-parallel"},
+         "sequence-parallel"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--microbatches", "4"}, "microbatches"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--gpu-mem", "0"}, "gpu-mem"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--gpu-mem", "h300"}, "gpu-mem"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--lora-rank", "8"}, "lora-rank"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--pp-schedule", "gpipe"},
+         "pp-schedule"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--method", "ddp"}, "gpus"},
+        {{"estimate", "--model", "mistral-7b", "--inference", "--weights", "4bit", "--seq",
+          "8192"},
+         "--prompt"},
+        {{"estimate", "--model", "gpt2", "--inference", "--checkpointing", "full"},
+         "checkpointing"},
+        {{"estimate", "--model", "gpt2", "--inference", "--optimizer", "sgd"}, "optimizer"},
+        {{"gen", "--model", "gpt2", "--seq", "128", "--prompt", "5", "-o", "/dev/null"},
+         "prompt"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--efficiency", "nan"}, "efficiency"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--efficiency", "inf"}, "efficiency"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--efficiency", "0"}, "efficiency"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--efficiency", "-1"}, "efficiency"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--efficiency", "5"}, "efficiency"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--network-gbs", "-1"}, "network-gbs"},
+        {{"plan", "--model", "gpt2", "--seq", "128", "--gpu-mem", "0"}, "gpu-mem"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++)
+        expect_refused(cases[i].argv, (const char *const[]){cases[i].word, NULL});
+}
+
+/* --gpu-mem takes a card's name: the bytes its profile gives, printed. */
+Test(answers, gpu_mem_names_a_card)
+{
+    JsonParser *p = run_json(ARGV("estimate", "--model", "gpt2", "--seq", "128", "--gpu-mem",
+                                  "h100-80gb", "--json"),
+                             0);
+    JsonObject *root = json_node_get_object(json_parser_get_root(p));
+    /* nvidia-smi's total for an H100 SXM 80GB: 81559 MiB */
+    cr_expect_eq(json_object_get_int_member(root, "gpu_mem"), (int64_t)81559 << 20);
+    cr_expect_str_eq(json_object_get_string_member(root, "device"), "h100-80gb");
+    cr_expect(!json_object_get_boolean_member(root, "device_assumed"));
+    g_object_unref(p);
+    const char *argv[] = {"estimate", "--model", "gpt2", "--seq", "128", "--gpu-mem", "H100-80GB",
+                          NULL};
+    g_autofree char *out = NULL;
+    cr_expect_eq(tu_run_memsim(argv, &out, NULL), 0);
+    cr_expect(strstr(out, "device:    h100-80gb") && strstr(out, "85520809984 bytes"), "%s", out);
+}
+
+/* Without --gpu-mem the --gpu profile (default a100-80gb, 80 GiB) is judged, and said to be
+ * assumed. */
+Test(answers, default_device_gives_a_verdict)
+{
+    JsonParser *p =
+        run_json(ARGV("estimate", "--model", "gpt2", "--seq", "128", "--json"), 0);
+    JsonObject *root = json_node_get_object(json_parser_get_root(p));
+    cr_expect_eq(json_object_get_int_member(root, "gpu_mem"), (int64_t)80 << 30);
+    cr_expect_str_eq(json_object_get_string_member(root, "device"), "a100-80gb");
+    cr_expect(json_object_get_boolean_member(root, "device_assumed"));
+    cr_expect(json_object_get_boolean_member(rank0(p), "fits"));
+    g_object_unref(p);
+    const char *argv[] = {"estimate", "--model", "gpt2", "--seq", "128", "--gpu", "v100-16gb",
+                          NULL};
+    g_autofree char *out = NULL;
+    cr_expect_eq(tu_run_memsim(argv, &out, NULL), 0);
+    cr_expect(strstr(out, "v100-16gb") && strstr(out, "assumed") && strstr(out, "FITS in"),
+              "%s", out);
+    /* Llama-2-7B full fine-tuning does not fit a 16 GB card: exit 1 without --gpu-mem */
+    const char *big[] = {"estimate", "--model", "llama-2-7b", "--seq", "128", "--gpu", "v100-16gb",
+                         NULL};
+    cr_expect_eq(tu_run_memsim(big, NULL, NULL), 1);
+}
+
+/* GPT-2 has 1024 learned positions: with no --seq the run takes the model's context, and
+ * says so. */
+Test(answers, default_seq_is_the_models_context)
+{
+    const char *argv[] = {"estimate", "--model", "gpt2", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "seq 1024 (the model's context)"), "%s", out);
+    const char *given[] = {"estimate", "--model", "gpt2", "--seq", "2048", NULL};
+    expect_refused(given, (const char *const[]){"max_position_embeddings", NULL});
+}
+
+/* Out of memory: the verdict names where (rank, step, op, phase, layer) and does not claim a
+ * margin; the table's op column points to the same op. */
+Test(answers, oom_says_where)
+{
+    const char *argv[] = {"estimate", "--model", "llama-2-7b", "--batch", "4", "--seq", "2048",
+                          "--gpu-mem", "h100-80gb", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, &err), 1, "%s", err);
+    cr_expect(!strstr(out, "margin"), "%s", out);
+    const char *v = strstr(out, "DOES NOT FIT in 79.65 GiB: ran out of memory on rank 0 in step 1 "
+                                "at op ");
+    cr_assert(v, "%s", out);
+    /* "at op NAME (PHASE, layer N)" in the verdict and "OOM at NAME (PHASE, N, stream)" in
+     * the table */
+    char name[96] = "", phase[32] = "";
+    int layer = -2;
+    cr_assert_eq(sscanf(strstr(v, "at op ") + 6, "%95s (%31[a-z], layer %d)", name, phase, &layer),
+                 3, "%s", v);
+    g_autofree char *col = g_strdup_printf("OOM at %s (%s, %d, ", name, phase, layer);
+    cr_expect(strstr(out, col), "the table's op column is not '%s': %s", col, out);
+    JsonParser *p = run_json(ARGV("estimate", "--model", "llama-2-7b", "--batch", "4", "--seq",
+                                  "2048", "--gpu-mem", "h100-80gb", "--json"),
+                             1);
+    JsonObject *oom = json_object_get_object_member(rank0(p), "oom");
+    cr_assert(oom);
+    cr_expect_str_eq(json_object_get_string_member(oom, "op_name"), name);
+    cr_expect_str_eq(json_object_get_string_member(oom, "phase"), phase);
+    cr_expect_eq(json_object_get_int_member(oom, "layer"), layer);
+    cr_expect_eq(json_object_get_int_member(oom, "step"), 1);
+    g_object_unref(p);
+}
+
+/* Help text holds … and × whatever the locale: the command sets its locale (C.UTF-8 where
+ * the environment's is plain C). */
+Test(answers, help_prints_its_characters)
+{
+    const char *argv[] = {"env", "-u", "LANG", "-u", "LC_ALL", "-u", "LC_CTYPE",
+                          g_getenv("MEMSIM_BIN"), "plan", "--help", NULL};
+    g_autofree char *out = NULL;
+    cr_assert_eq(tu_run(argv, NULL, &out, NULL), 0);
+    cr_expect(strstr(out, "--gpus \xc3\x97 --gpu"), "× is not printed: %.300s", out);
+    cr_expect(!strstr(out, "--gpus ? --gpu"), "%s", out);
 }

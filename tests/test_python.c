@@ -15,7 +15,8 @@
 /* _Run: an opaque 4096-byte buffer that memsim_run_defaults() fills. */
 G_STATIC_ASSERT(sizeof(MemsimRun) <= 4096);
 /* _EstimateOptions: allocator, alloc_conf, gpu_mem, context_bytes, nccl_bytes. */
-G_STATIC_ASSERT(sizeof(MemsimEstimateOptions) == 2 * sizeof(char *) + 3 * sizeof(uint64_t));
+G_STATIC_ASSERT(sizeof(MemsimEstimateOptions) == 3 * sizeof(char *) + 3 * sizeof(uint64_t));
+G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, device) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, nccl_bytes) == 32);
 /* _ReplayOptions: allocator, alloc_conf, capacity, verify, check_invariants, timeline. */
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, verify) == 24);

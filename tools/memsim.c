@@ -9,6 +9,7 @@
 #include <memsim/plan.h>
 #include <memsim/sim.h>
 
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,7 +267,7 @@ static int cmd_replay(int argc, char **argv)
     o.allocator = allocator;
     o.verify = verify;
     o.check_invariants = check;
-    if (gpu_mem && !memsim_parse_size(gpu_mem, &o.capacity, &error)) {
+    if (gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &o.capacity, NULL, &error)) {
         rc = report_error("replay", error);
         goto out;
     }
@@ -466,7 +467,8 @@ static int cmd_estimate(int argc, char **argv)
         {"model", 0, 0, G_OPTION_ARG_STRING, &model,
          "A preset (see memsim models) or a config.json", "MODEL"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
-         "Device memory, e.g. 80GiB: says whether the run fits", "SIZE"},
+         "Device memory, a size (80GiB) or a GPU (h100-80gb); default: the --gpu profile's",
+         "SIZE|GPU"},
         {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
          "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
         {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
@@ -509,7 +511,7 @@ static int cmd_estimate(int argc, char **argv)
     tl = exports_timeline(&ex);
     Progress pr;
     progress_start(&pr, "estimating", NULL);
-    if ((gpu_mem && !memsim_parse_size(gpu_mem, &eo.gpu_mem, &error)) ||
+    if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &eo.gpu_mem, &eo.device, &error)) ||
         (context && !memsim_parse_size(context, &eo.context_bytes, &error)) ||
         (nccl && !memsim_parse_size(nccl, &eo.nccl_bytes, &error)) ||
         !(m = memsim_model_load(model, &error)) ||
@@ -680,7 +682,7 @@ static int cmd_compare(int argc, char **argv)
         goto out;
     }
     memsim_size_t gpu = 0, ctxb = model ? MEMSIM_ESTIMATE_CONTEXT_DEFAULT : 0;
-    if ((gpu_mem && !memsim_parse_size(gpu_mem, &gpu, &error)) ||
+    if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &gpu, NULL, &error)) ||
         (context && !memsim_parse_size(context, &ctxb, &error)) ||
         !(specs = memsim_compare_parse_specs(allocators ? allocators : "all", &error))) {
         rc = report_error("compare", error);
@@ -745,10 +747,9 @@ static void plan_progress(guint done, guint total, gpointer user)
 static int cmd_plan(int argc, char **argv)
 {
     char *model = NULL, *gpu_mem = NULL, *context = NULL, *nccl = NULL, *methods = NULL,
-         *schedules = NULL, *ckpts = NULL;
+         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL;
     gint64 global_batch = 0, max_batch = 0;
     gint top = 5, misses = 5, threads = 0;
-    gdouble efficiency = 0, network = 0;
     gboolean json = FALSE, csv = FALSE, mig = FALSE, exhaustive = FALSE, no_exp = FALSE,
              no_offload = FALSE;
     MemsimRun run = memsim_run_defaults();
@@ -785,9 +786,9 @@ static int cmd_plan(int argc, char **argv)
          "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
         {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
          "NCCL memory per communicator (default 544MB for 2 ranks, 688MB for more)", "SIZE"},
-        {"efficiency", 0, 0, G_OPTION_ARG_DOUBLE, &efficiency,
+        {"efficiency", 0, 0, G_OPTION_ARG_STRING, &efficiency,
          "Fraction of the tensor-core peak the cost model assumes (default 0.5)", "F"},
-        {"network-gbs", 0, 0, G_OPTION_ARG_DOUBLE, &network,
+        {"network-gbs", 0, 0, G_OPTION_ARG_STRING, &network,
          "Per-GPU bandwidth between nodes in GB/s for the cost model (default 25)", "GBS"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
         {"csv", 0, 0, G_OPTION_ARG_NONE, &csv, "Print CSV (one line per row)", NULL},
@@ -830,8 +831,6 @@ static int cmd_plan(int argc, char **argv)
     o.no_expandable = no_exp;
     o.no_offload = no_offload;
     o.threads = threads;
-    o.efficiency = efficiency;
-    o.network_gbs = network;
     o.progress = plan_progress;
     if ((gpu_mem && !memsim_plan_options_set(&o, "gpu-mem", gpu_mem, &error)) ||
         (context && !memsim_plan_options_set(&o, "cuda-context", context, &error)) ||
@@ -839,6 +838,8 @@ static int cmd_plan(int argc, char **argv)
         (methods && !memsim_plan_options_set(&o, "methods", methods, &error)) ||
         (schedules && !memsim_plan_options_set(&o, "schedules", schedules, &error)) ||
         (ckpts && !memsim_plan_options_set(&o, "checkpointing-modes", ckpts, &error)) ||
+        (efficiency && !memsim_plan_options_set(&o, "efficiency", efficiency, &error)) ||
+        (network && !memsim_plan_options_set(&o, "network-gbs", network, &error)) ||
         !(m = memsim_model_load(model, &error))) {
         rc = report_error("plan", error);
         goto out;
@@ -872,6 +873,8 @@ out:
     g_free(gpu_mem);
     g_free(context);
     g_free(nccl);
+    g_free(efficiency);
+    g_free(network);
     g_free(methods);
     g_free(schedules);
     g_free(ckpts);
@@ -909,6 +912,12 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* the user's locale for text (help and messages hold … and ×), with C numbers (JSON
+     * and tables print with a point); where that locale is not UTF-8 (plain C), C.UTF-8 */
+    setlocale(LC_ALL, "");
+    setlocale(LC_NUMERIC, "C");
+    if (!g_get_charset(NULL))
+        setlocale(LC_CTYPE, "C.UTF-8");
     g_set_prgname("memsim");
     if (argc < 2) {
         usage(stderr);

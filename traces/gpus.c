@@ -2,6 +2,7 @@
  * reports it, dense tensor-core peak (bf16/fp16) and fp32 peak, HBM bandwidth, and the
  * per-direction bandwidth of its GPU-to-GPU link (NVLink, or PCIe 4.0 x16 for cards without
  * it). Durations derived from them use half the peak and 80% of the bandwidths. */
+#include <memsim/alloc.h>
 #include <memsim/gen.h>
 
 #include <string.h>
@@ -45,4 +46,36 @@ char *memsim_gpu_names(void)
     for (const MemsimGpu *g = gpus; g->name; g++)
         g_string_append_printf(s, "%s%s", s->len ? ", " : "", g->name);
     return g_string_free(s, FALSE);
+}
+
+gboolean memsim_parse_gpu_mem(const char *key, const char *text, memsim_size_t *bytes,
+                              const char **profile, GError **error)
+{
+    g_autofree char *low = g_ascii_strdown(text, -1);
+    const MemsimGpu *g = memsim_gpu_find(low);
+    if (g) {
+        *bytes = g->memory;
+        if (profile)
+            *profile = g->name;
+        return TRUE;
+    }
+    GError *e = NULL;
+    memsim_size_t b;
+    if (!memsim_parse_size(text, &b, &e)) {
+        g_autofree char *known = memsim_gpu_names();
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is neither a size (80GiB, 80GB, bytes) nor a GPU (%s)", key, text,
+                    known);
+        g_error_free(e);
+        return FALSE;
+    }
+    if (b == 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: 0 bytes: give the device's memory (80GiB) or a GPU name", key);
+        return FALSE;
+    }
+    *bytes = b;
+    if (profile)
+        *profile = NULL;
+    return TRUE;
 }

@@ -1672,6 +1672,7 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         return NULL;
     }
     MemsimRun base = opt.run ? *opt.run : memsim_run_defaults();
+    memsim_run_adapt(&base, model);
     if (base.inference) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "inference: plan sweeps training configurations");
@@ -1688,6 +1689,18 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     if (opt.mig && opt.gpus != 1) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "mig: MIG slices hold single-GPU jobs; use --gpus 1 (got %d)", opt.gpus);
+        return NULL;
+    }
+    /* 0 = the default; anything else outside (0, 1] and (0, 1e6] (NaN included) is refused,
+     * as memsim_plan_options_set refuses it */
+    if (opt.efficiency != 0 && !(opt.efficiency > 0 && opt.efficiency <= 1)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "efficiency: %g is not a number in (0, 1]", opt.efficiency);
+        return NULL;
+    }
+    if (opt.network_gbs != 0 && !(opt.network_gbs > 0 && opt.network_gbs <= 1e6)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "network-gbs: %g is not a number in (0, 1e+06]", opt.network_gbs);
         return NULL;
     }
     if (opt.efficiency <= 0)

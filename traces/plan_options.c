@@ -34,9 +34,9 @@ static gboolean real(const char *key, const char *v, double lo, double hi, doubl
 {
     char *end = NULL;
     double x = g_ascii_strtod(v, &end);
-    if (!*v || *end || !(x >= lo && x <= hi)) {
+    if (!*v || *end || !(x > lo && x <= hi)) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: '%s' is not a number in [%g, %g]", key, v, lo, hi);
+                    "%s: '%s' is not a number in (%g, %g]", key, v, lo, hi);
         return FALSE;
     }
     *out = x;
@@ -72,7 +72,7 @@ gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const ch
             return FALSE;
         *(key[0] == 't' ? key[1] == 'o' ? &o->top : &o->threads : &o->misses) = (int)x;
     } else if (strcmp(key, "gpu-mem") == 0) {
-        if (!memsim_parse_size(v, &o->gpu_mem, error))
+        if (!memsim_parse_gpu_mem("gpu-mem", v, &o->gpu_mem, NULL, error))
             return FALSE;
     } else if (strcmp(key, "cuda-context") == 0) {
         if (!memsim_parse_size(v, &o->context_bytes, error))

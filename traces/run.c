@@ -452,6 +452,13 @@ char *memsim_run_describe(const MemsimRun *run)
             optim_names[run->optimizer], impl_names[effective_impl(run, &rules)],
             effective_to_none(run, &rules) ? "to None" : "in place", attn_names[run->attention],
             ckpt_names[run->checkpointing], ft_names[run->finetune]);
+        if (!memsim_run_given(run, "seq") && run->seq != memsim_run_defaults().seq) {
+            /* memsim_run_adapt cut it: say so after the number */
+            g_autofree char *num = g_strdup_printf("seq %" G_GINT64_FORMAT, run->seq);
+            char *at = strstr(s->str, num);
+            if (at)
+                g_string_insert(s, at - s->str + (gssize)strlen(num), " (the model's context)");
+        }
         if (run->finetune != MEMSIM_FT_FULL) {
             g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
             g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
@@ -688,11 +695,25 @@ static gboolean run_inference(Model *md, AgGraph *g, GError **error)
 
 /* ---- the trace ---- */
 
-MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run, GError **error)
+static bool learned_positions(const MemsimModel *m)
 {
-    if (!memsim_run_check(run, error))
+    return m->fam == FAM_GPT2 || m->fam == FAM_OPT || m->fam == FAM_GPTNEO;
+}
+
+void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
+{
+    if (!memsim_run_given(run, "seq") && learned_positions(m) && run->seq > m->max_pos)
+        run->seq = m->max_pos;
+}
+
+MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GError **error)
+{
+    if (!memsim_run_check(run_in, error))
         return NULL;
-    bool learned_pos = m->fam == FAM_GPT2 || m->fam == FAM_OPT || m->fam == FAM_GPTNEO;
+    MemsimRun adapted = *run_in;
+    memsim_run_adapt(&adapted, m);
+    const MemsimRun *run = &adapted;
+    bool learned_pos = learned_positions(m);
     int64_t len = run->inference ? run->prompt + run->generate : run->seq;
     if (learned_pos && len > m->max_pos) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,

@@ -148,6 +148,10 @@ int64_t memsim_model_n_params(const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
 char **memsim_model_presets(void);
 
+/* Applies the run defaults that depend on the model: a sequence length that was not given
+ * is cut to the context of a model with learned positions when shorter (GPT-2: 1024). */
+void memsim_run_adapt(MemsimRun *run, const MemsimModel *model);
+
 /* Generates the trace of `run` (one rank per distinct GPU program; a single GPU unless the
  * run says otherwise). Returns a new trace (memsim_trace_free) or NULL with error for a run
  * the model cannot take (e.g. a tensor-parallel degree that does not divide the heads). */
@@ -169,18 +173,26 @@ const MemsimGpu *memsim_gpus(void);
 const MemsimGpu *memsim_gpu_find(const char *name);
 /* "a100-40gb, a100-80gb, ..." — newly allocated, g_free() it. */
 char *memsim_gpu_names(void);
+/* A device's memory as the user names it: a GPU profile ("h100-80gb": the bytes nvidia-smi
+ * reports for the card) or a size ("80GiB", "80GB", bytes). *profile (may be NULL) gets the
+ * profile's name, or NULL for a size. FALSE with a MEMSIM_ERROR_BAD_INPUT error naming `key`
+ * for anything else, and for 0 bytes. */
+gboolean memsim_parse_gpu_mem(const char *key, const char *text, memsim_size_t *bytes,
+                              const char **profile, GError **error);
 
 /* How an estimate is replayed and judged. */
 typedef struct {
     const char *allocator;      /* policy spec; NULL = "torch" */
     const char *alloc_conf;     /* PYTORCH_CUDA_ALLOC_CONF for the torch policy, or NULL */
-    memsim_size_t gpu_mem;      /* device memory; 0 = not given (nothing is judged) */
+    memsim_size_t gpu_mem;      /* device memory; 0 = the run's GPU profile's (run.gpu,
+                                 * default a100-80gb), reported as assumed */
     memsim_size_t context_bytes;/* outside the allocator: CUDA context, libraries */
     memsim_size_t nccl_bytes;   /* per NCCL communicator; 0 = the measured defaults */
+    const char *device;         /* (optional) the name gpu_mem came from, for the report */
 } MemsimEstimateOptions;
 
 #define MEMSIM_ESTIMATE_CONTEXT_DEFAULT ((memsim_size_t)500 << 20)
-#define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT, 0}
+#define MEMSIM_ESTIMATE_OPTIONS_INIT {NULL, NULL, 0, MEMSIM_ESTIMATE_CONTEXT_DEFAULT, 0, NULL}
 
 struct MemsimReport;
 struct MemsimTimeline;

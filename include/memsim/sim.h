@@ -52,6 +52,12 @@ typedef struct {
     memsim_size_t reserved;  /* reserved bytes at that moment */
     uint32_t stream;
     int64_t op;              /* the op running then, -1 if unknown */
+    /* where: that op's name ("" if none), layer (-1 none), phase, and the step (0 before
+     * the first step mark) */
+    char op_name[96];
+    int32_t layer;
+    uint8_t phase;
+    uint32_t step;
 } MemsimOomInfo;
 
 /* Peaks between two "step N" marks, overall and per phase of the running op. */
@@ -125,6 +131,8 @@ typedef struct MemsimReport {
     memsim_size_t context_bytes;  /* outside the allocator: CUDA context, libraries, NCCL */
     memsim_size_t nccl_bytes;     /* of which NCCL's communicators */
     char *run;                    /* the run description (generated traces) */
+    char *device;                 /* what gpu_mem is: a GPU profile's name, or NULL */
+    gboolean device_assumed;      /* gpu_mem is the run's GPU profile, not given */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
 } MemsimReport;

@@ -72,7 +72,7 @@ class _EstimateOptions(ctypes.Structure):
     """MemsimEstimateOptions (include/memsim/gen.h); tests/test_python.c checks its size."""
     _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
                 ("gpu_mem", ctypes.c_uint64), ("context_bytes", ctypes.c_uint64),
-                ("nccl_bytes", ctypes.c_uint64)]
+                ("nccl_bytes", ctypes.c_uint64), ("device", ctypes.c_char_p)]
 
 
 class _ReplayOptions(ctypes.Structure):
@@ -166,6 +166,8 @@ def _load_locked():
     fn("memsim_model_n_params", ctypes.c_int64, P)
     fn("memsim_estimate", P, P, ctypes.POINTER(_Run), ctypes.POINTER(_EstimateOptions), _ERR)
     fn("memsim_parse_size", B, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
+    fn("memsim_parse_gpu_mem", B, S, S, ctypes.POINTER(ctypes.c_uint64),
+       ctypes.POINTER(S), _ERR)
     fn("memsim_replay_path", P, S, ctypes.POINTER(_ReplayOptions), _ERR)
     fn("memsim_report_to_json", P, P)
     fn("memsim_report_free", None, P)
@@ -231,6 +233,15 @@ def _size(text):
     return out.value
 
 
+def _gpu_mem(text):
+    """A device's memory as a size or a GPU name (memsim_parse_gpu_mem): (bytes, name)."""
+    out = ctypes.c_uint64(0)
+    name = ctypes.c_char_p()
+    _call(_lib.memsim_parse_gpu_mem, b"gpu-mem", _b(_value(text)), ctypes.byref(out),
+          ctypes.byref(name))
+    return out.value, name.value
+
+
 def _report_json(rep):
     """The report's JSON as a dict; frees the C string, not the report."""
     s = _lib.memsim_report_to_json(rep)
@@ -269,7 +280,7 @@ def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=No
         _apply_run(lib, r, run)
         eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT, 0)
         if gpu_mem is not None:
-            eo.gpu_mem = _size(gpu_mem)
+            eo.gpu_mem, eo.device = _gpu_mem(gpu_mem)
         if cuda_context is not None:
             eo.context_bytes = _size(cuda_context)
         if nccl_mem is not None:
@@ -355,7 +366,7 @@ def replay(path, alloc_conf=None, allocator=None, gpu_mem=None, verify=False):
     replay under the recorded settings as its "recorded_settings" member (as the command
     prints it). Raises Error on bad input."""
     _load()
-    capacity = _size(gpu_mem) if gpu_mem is not None else 0
+    capacity = _gpu_mem(gpu_mem)[0] if gpu_mem is not None else 0
     base = _replay_report(path, allocator, None, capacity, verify)
     if alloc_conf is None:
         return base
@@ -394,7 +405,7 @@ def compare(path=None, allocators="all", model=None, gpu_mem=None, cuda_context=
     try:
         # In the command's order: the run flags, the sizes, the specs, then the trace.
         _apply_run(lib, r, run)
-        gpu = _size(gpu_mem) if gpu_mem is not None else 0
+        gpu = _gpu_mem(gpu_mem)[0] if gpu_mem is not None else 0
         ctxb = _CONTEXT_DEFAULT if model is not None else 0
         if cuda_context is not None:
             ctxb = _size(cuda_context)
