@@ -112,7 +112,7 @@ Test(answers, ignored_settings_refused)
         {{"estimate", "--model", "gpt2", "--seq", "128", "--lora-rank", "8"}, "lora-rank"},
         {{"estimate", "--model", "gpt2", "--seq", "128", "--pp-schedule", "gpipe"},
          "pp-schedule"},
-        {{"estimate", "--model", "gpt2", "--seq", "128", "--method", "ddp"}, "gpus"},
+        {{"estimate", "--model", "gpt2", "--seq", "128", "--tp", "2"}, "gpus"},
         {{"estimate", "--model", "mistral-7b", "--inference", "--weights", "4bit", "--seq",
           "8192"},
          "--prompt"},
@@ -230,4 +230,33 @@ Test(answers, help_prints_its_characters)
     cr_assert_eq(tu_run(argv, NULL, &out, NULL), 0);
     cr_expect(strstr(out, "--gpus \xc3\x97 --gpu"), "× is not printed: %.300s", out);
     cr_expect(!strstr(out, "--gpus ? --gpu"), "%s", out);
+}
+
+/* The bad-settings table (tests/data/bad-settings.txt): every run flag and plan option with
+ * values it must refuse — negative, zero, huge, NaN, wrong type, empty — and settings a run
+ * would ignore. Each: exit 2, a message naming the setting, no sanitizer report. */
+Test(answers, bad_settings_table, .timeout = 240)
+{
+    g_autofree char *path = tu_test_data("bad-settings.txt");
+    g_autofree char *text = NULL;
+    cr_assert(g_file_get_contents(path, &text, NULL, NULL), "%s", path);
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    int n = 0;
+    for (char **l = lines; *l; l++) {
+        if (!**l || **l == '#')
+            continue;
+        g_auto(GStrv) f = g_strsplit(*l, "|", 3);
+        cr_assert(f[0] && f[1] && f[2], "bad table line: %s", *l);
+        g_auto(GStrv) args = g_strsplit(g_strstrip(f[1]), " ", -1);
+        GPtrArray *argv = g_ptr_array_new();
+        g_ptr_array_add(argv, g_strstrip(f[0]));
+        for (char **a = args; *a; a++)
+            g_ptr_array_add(argv, strcmp(*a, "''") == 0 ? "" : *a);
+        g_ptr_array_add(argv, NULL);
+        expect_refused((const char *const *)argv->pdata,
+                       (const char *const[]){g_strstrip(f[2]), NULL});
+        g_ptr_array_free(argv, TRUE);
+        n++;
+    }
+    cr_expect_gt(n, 100, "the table has %d cases", n);
 }

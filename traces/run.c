@@ -91,6 +91,19 @@ gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **er
     return TRUE;
 }
 
+gboolean setting_size(const char *key, const char *v, uint64_t *out, GError **error)
+{
+    GError *e = NULL;
+    memsim_size_t b;
+    if (!memsim_parse_size(v, &b, &e)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", key, e->message);
+        g_error_free(e);
+        return FALSE;
+    }
+    *out = b;
+    return TRUE;
+}
+
 #define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Every setting memsim_run_set takes, in the order of the bits of MemsimRun.given. */
@@ -267,7 +280,7 @@ static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GErr
             return FALSE;
         r->gpus_per_node = (int)x;
     } else if (strcmp(key, "cublas-workspace") == 0) {
-        if (!memsim_parse_size(v, &r->cublas_workspace, error))
+        if (!setting_size(key, v, &r->cublas_workspace, error))
             return FALSE;
     } else if (strcmp(key, "gpu") == 0) {
         g_autofree char *name = g_ascii_strdown(v, -1);
@@ -334,25 +347,26 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
         return refuse(error, "%s: only with --finetune lora or qlora",
                       GIVEN("lora-rank") ? "lora-rank" : "lora-targets");
     int tp = r->tp ? r->tp : 1, pp = r->pp ? r->pp : 1;
+    bool megatron = r->method == MEMSIM_METHOD_MEGATRON ||
+                    (r->method == MEMSIM_METHOD_NONE && (tp > 1 || pp > 1));
     if (GIVEN("sequence-parallel") && r->sequence_parallel && tp < 2)
         return refuse(error, "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
-    if (GIVEN("microbatches") && pp < 2)
-        return refuse(error, "microbatches: pipeline micro-batches need --pp 2 or more (for "
-                             "data-parallel accumulation use --grad-accum)");
-    if (GIVEN("pp-schedule") && pp < 2)
-        return refuse(error, "pp-schedule: needs a pipeline (--pp 2 or more)");
+    if (GIVEN("microbatches") && !megatron)
+        return refuse(error, "microbatches: Megatron's micro-batches per step need --method "
+                             "megatron or --tp/--pp (elsewhere accumulation is --grad-accum)");
+    if (GIVEN("pp-schedule") && !megatron)
+        return refuse(error, "pp-schedule: needs a Megatron run (--pp 2 or more)");
     if (GIVEN("virtual-stages") && r->virtual_stages > 1 &&
         r->pp_schedule != MEMSIM_PP_INTERLEAVED)
         return refuse(error, "virtual-stages: only with --pp-schedule interleaved");
     if (GIVEN("fsdp-wrap") && r->method != MEMSIM_METHOD_FSDP &&
         r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
         return refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
-    if ((GIVEN("method") || GIVEN("tp") || GIVEN("pp") || GIVEN("dp") ||
-         GIVEN("gpus-per-node")) &&
-        r->gpus < 2 && (r->method != MEMSIM_METHOD_NONE || tp > 1 || pp > 1 || r->dp > 1 ||
-                        GIVEN("gpus-per-node")))
-        return refuse(error, "gpus: --method, --tp, --pp, --dp and --gpus-per-node describe a "
-                             "run on several GPUs: give --gpus");
+    if (r->gpus < 2 && (tp > 1 || pp > 1 || r->dp > 1))
+        return refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: give "
+                             "--gpus (tp × pp × dp)");
+    if (GIVEN("gpus-per-node") && r->gpus < 2)
+        return refuse(error, "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
 #undef GIVEN
     return TRUE;
 }

@@ -108,6 +108,69 @@ class Estimate(unittest.TestCase):
         self.assertIn("no-such-setting", str(cm.exception))
 
 
+def bad_settings():
+    """The rows of tests/data/bad-settings.txt: (command, model, keyword arguments, word)."""
+    path = os.path.join(os.environ["MEMSIM_TEST_DATA"], "bad-settings.txt")
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            cmd, args, word = (x.strip() for x in line.split("|"))
+            toks = args.split(" ")
+            kw, model, i = {}, None, 0
+            while i < len(toks):
+                key = toks[i][2:].replace("-", "_")
+                if i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+                    val = "" if toks[i + 1] == "''" else toks[i + 1]
+                    i += 2
+                else:
+                    val, i = True, i + 1
+                if key == "model":
+                    model = val
+                else:
+                    kw[key] = val
+            rows.append((cmd, model, kw, word))
+    return rows
+
+
+class BadSettings(unittest.TestCase):
+    def test_table(self):
+        """Every row of the command's bad-settings table raises memsim.Error naming the
+        setting, through the module's estimate and plan."""
+        rows = bad_settings()
+        self.assertGreater(len(rows), 100)
+        for cmd, model, kw, word in rows:
+            fn = memsim.estimate if cmd == "estimate" else memsim.plan
+            with self.subTest(cmd=cmd, kw=kw):
+                with self.assertRaises(memsim.Error) as cm:
+                    fn(model, **kw)
+                self.assertIn(word, str(cm.exception))
+
+
+class Loading(unittest.TestCase):
+    def test_source_tree_prefers_the_normal_build(self):
+        """In a source tree with build/ and a newer sanitized build-asan/, the module takes
+        build/ and never the sanitized library (an interpreter cannot load it)."""
+        root = tempfile.mkdtemp()
+        try:
+            os.makedirs(os.path.join(root, "include", "memsim"))
+            open(os.path.join(root, "include", "memsim", "gen.h"), "w").close()
+            for name, sanitize in (("build", "none"), ("build-asan", "address,undefined"),
+                                   ("build-other", "none")):
+                d = os.path.join(root, name)
+                os.makedirs(os.path.join(d, "meson-info"))
+                with open(os.path.join(d, "meson-info", "intro-buildoptions.json"), "w") as f:
+                    json.dump([{"name": "b_sanitize", "value": sanitize}], f)
+                open(os.path.join(d, "libmemsim.so.0"), "w").close()
+            os.utime(os.path.join(root, "build", "libmemsim.so.0"), (1, 1))
+            got = [os.path.basename(os.path.dirname(p))
+                   for p in memsim._source_tree_builds(root)]
+            self.assertEqual(got, ["build", "build-other"])
+        finally:
+            shutil.rmtree(root)
+
+
 class Plan(unittest.TestCase):
     RUNS = [
         ("opt-125m", dict(gpus=2, gpu="a100-40gb", seq=512, methods=["ddp", "zero3"], top=3)),
@@ -144,9 +207,10 @@ class Plan(unittest.TestCase):
         same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=0)), "--model", "gpt2",
              "--gpus", "0", exact=False)
         same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=2, gpu="b200")), "--model",
-             "gpt2", "--gpus", "2", "--gpu", "b200")
-        same(self, "plan", memsim.plan, (("gpt2",), dict(gpus=4, global_batch=6)), "--model",
-             "gpt2", "--gpus", "4", "--global-batch", "6")
+             "gpt2", "--gpus", "2", "--gpu", "b200", exact=False)
+        same(self, "plan", memsim.plan,
+             (("gpt2",), dict(gpus=4, global_batch=6, methods="ddp,zero3")), "--model",
+             "gpt2", "--gpus", "4", "--global-batch", "6", "--methods", "ddp,zero3")
         same(self, "plan", memsim.plan, (("gpt2",), dict(methods="zero4")), "--model", "gpt2",
              "--methods", "zero4")
         with self.assertRaises(memsim.Error) as cm:

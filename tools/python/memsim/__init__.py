@@ -109,11 +109,31 @@ def _candidates():
     found = ctypes.util.find_library("memsim")
     if found:
         yield found
-    # The source tree: tools/python/memsim/ → the newest build*/libmemsim.so.0.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(_here())))
-    if os.path.exists(os.path.join(root, "include", "memsim", "gen.h")):
-        builds = glob.glob(os.path.join(root, "build*", "libmemsim.so.0"))
-        yield from sorted(builds, key=os.path.getmtime, reverse=True)
+    # The source tree: tools/python/memsim/ → build/libmemsim.so.0 (the README's build), then
+    # the newest other build*/ — never a sanitized one, which an interpreter cannot load.
+    yield from _source_tree_builds(os.path.dirname(os.path.dirname(os.path.dirname(_here()))))
+
+
+def _sanitized(build_dir):
+    """Whether meson configured build_dir with a sanitizer (b_sanitize)."""
+    try:
+        with open(os.path.join(build_dir, "meson-info", "intro-buildoptions.json")) as f:
+            for opt in json.load(f):
+                if opt.get("name") == "b_sanitize":
+                    return opt.get("value") not in (None, "", "none")
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _source_tree_builds(root):
+    """The unsanitized libraries of the build folders of a source tree, best first."""
+    if not os.path.exists(os.path.join(root, "include", "memsim", "gen.h")):
+        return []
+    libs = [p for p in glob.glob(os.path.join(root, "build*", "libmemsim.so.0"))
+            if not _sanitized(os.path.dirname(p))]
+    return sorted(libs, key=lambda p: (os.path.basename(os.path.dirname(p)) != "build",
+                                       -os.path.getmtime(p)))
 
 
 def _load():
@@ -227,9 +247,13 @@ def _b(s):
         str(s).encode("utf-8")
 
 
-def _size(text):
+def _size(key, text):
+    """A size given as `key` (the command's flag); the error names it as the command's does."""
     out = ctypes.c_uint64()
-    _call(_lib.memsim_parse_size, _b(text), ctypes.byref(out))
+    try:
+        _call(_lib.memsim_parse_size, _b(_value(text)), ctypes.byref(out))
+    except Error as e:
+        raise Error("%s: %s" % (key, e.message), e.code) from None
     return out.value
 
 
@@ -282,9 +306,9 @@ def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=No
         if gpu_mem is not None:
             eo.gpu_mem, eo.device = _gpu_mem(gpu_mem)
         if cuda_context is not None:
-            eo.context_bytes = _size(cuda_context)
+            eo.context_bytes = _size("cuda-context", cuda_context)
         if nccl_mem is not None:
-            eo.nccl_bytes = _size(nccl_mem)
+            eo.nccl_bytes = _size("nccl-mem", nccl_mem)
         m = _call(lib.memsim_model_load, _b(_value(model)))
         rep = _call(lib.memsim_estimate, m, ctypes.byref(r), ctypes.byref(eo))
         return _report_json(rep)
@@ -408,7 +432,7 @@ def compare(path=None, allocators="all", model=None, gpu_mem=None, cuda_context=
         gpu = _gpu_mem(gpu_mem)[0] if gpu_mem is not None else 0
         ctxb = _CONTEXT_DEFAULT if model is not None else 0
         if cuda_context is not None:
-            ctxb = _size(cuda_context)
+            ctxb = _size("cuda-context", cuda_context)
         specs = _call(lib.memsim_compare_parse_specs, _b(allocators or "all"))
         if gpu and ctxb >= gpu:
             raise Error("--cuda-context leaves nothing of --gpu-mem %s" % gpu_mem)
