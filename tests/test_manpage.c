@@ -203,6 +203,23 @@ Test(completion, subcommands_and_flags)
     }
 }
 
+/* What --help says of a default, the man page says too: replay's --gpu-mem. */
+Test(manpage, defaults_agree)
+{
+    const char *argv[] = {"replay", "--help", NULL};
+    g_autofree char *out = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, NULL), 0);
+    g_autofree char *page_path = source_path("tools/memsim.1");
+    g_autofree char *page = NULL;
+    cr_assert(g_file_get_contents(page_path, &page, NULL, NULL));
+    const char *line = strstr(out, "--gpu-mem");
+    cr_assert(line, "%s", out);
+    cr_expect(strstr(line, "recorded capacity") && !strstr(line, "(default: unlimited)"),
+              "replay --help: %.200s", line);
+    cr_expect(strstr(page, "(default: the trace's recorded capacity, else unlimited)"),
+              "the man page's replay --gpu-mem default differs");
+}
+
 Test(completion, values)
 {
     const char *m[] = {"estimate", "--model", "llama-3-", NULL};
@@ -217,6 +234,19 @@ Test(completion, values)
     const char *a[] = {"replay", "--allocator", "", NULL};
     g_autofree char *alloc = complete(a);
     cr_expect(has_line(alloc, "torch") && has_line(alloc, "exact"), "%s", alloc);
+    /* --model takes a preset or a config.json: no placeholder word, and paths complete */
+    const char *mm[] = {"estimate", "--model", "", NULL};
+    g_autofree char *mall = complete(mm);
+    cr_expect(has_line(mall, "gpt2") && !strstr(mall, "__file__"), "%s", mall);
+    g_autofree char *cdir = tu_test_data("good");
+    g_autofree char *cprefix = g_build_filename(cdir, "sma", NULL);
+    g_autofree char *cwant = g_build_filename(cdir, "small.mst", NULL);
+    const char *mp[] = {"estimate", "--model", cprefix, NULL};
+    g_autofree char *mfiles = complete(mp);
+    cr_expect(has_line(mfiles, cwant), "--model does not complete paths: %s", mfiles);
+    const char *gm[] = {"estimate", "--gpu-mem", "h100", NULL};
+    g_autofree char *gmem = complete(gm);
+    cr_expect(has_line(gmem, "h100-80gb"), "%s", gmem);
     /* Trace paths: files. */
     g_autofree char *dir = tu_test_data("good");
     g_autofree char *prefix = g_build_filename(dir, "sma", NULL);

@@ -235,7 +235,8 @@ static int cmd_replay(int argc, char **argv)
         {"allocator", 0, 0, G_OPTION_ARG_STRING, &allocator,
          "Allocator policy, name[:key=value,...] (default torch; 'help' lists them)", "SPEC"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
-         "Device memory available to the allocator, e.g. 80GiB (default: unlimited)", "SIZE"},
+         "Device memory available to the allocator, a size (80GiB) or a GPU name (default: the "
+         "trace's recorded capacity, else unlimited)", "SIZE|GPU"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON instead of a table", NULL},
         EXPORT_ENTRIES(ex),
         {"check", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &check,

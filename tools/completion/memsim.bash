@@ -57,7 +57,8 @@ _memsim_values()
         echo expandable_segments:True max_split_size_mb: roundup_power2_divisions: \
             garbage_collection_threshold: ;;
     -o | --output | --run) echo __file__ ;;
-    --gpu-mem) echo 16GiB 24GiB 40GiB 48GiB 80GiB 141GiB ;;
+    --gpu-mem) echo 16GiB 24GiB 40GiB 48GiB 80GiB 141GiB a100-40gb a100-80gb h100-80gb h200 \
+        v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
     *)
         # Any other option whose argument is a FILE (or a TRACE) takes a path.
         case $(_memsim_query "$1" "$2" --help-all |
@@ -101,7 +102,8 @@ _memsim()
     fi
     if [ -n "$opt" ]; then
         local values
-        values=$(_memsim_values "$bin" "$cmd" "$opt")
+        # one line, space-separated (the presets come one per line)
+        values=$(_memsim_values "$bin" "$cmd" "$opt" | tr '\n' ' ')
         case " $values " in
         *" __file__ "*)
             COMPREPLY=($(compgen -W "${values//__file__/}" -- "$cur") $(compgen -f -- "$cur")) ;;
