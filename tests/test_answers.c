@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "testutil.h"
 
@@ -259,4 +260,58 @@ Test(answers, bad_settings_table, .timeout = 240)
         n++;
     }
     cr_expect_gt(n, 100, "the table has %d cases", n);
+}
+
+/* Hostile inputs end quickly and small: exit 2 within 5 s and 500 MB (the children's largest
+ * resident set, getrusage). */
+static void expect_bounded(const char *const *argv, const char *word)
+{
+    gint64 t0 = g_get_monotonic_time();
+    expect_refused(argv, (const char *const[]){word, NULL});
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    const char *san = g_getenv("MEMSIM_SANITIZE");
+    gboolean sanitized = san && *san && strcmp(san, "none") != 0;
+    /* the sanitizers' shadow memory and slower code: bounds 4× */
+    double lim_s = sanitized ? 20.0 : 5.0, lim_mb = sanitized ? 2000.0 : 500.0;
+    cr_expect(secs < lim_s, "%s %s: %.2f s", argv[0], argv[2], secs);
+    cr_expect((double)ru.ru_maxrss / 1024.0 < lim_mb, "%s %s: %.0f MB resident", argv[0],
+              argv[2], (double)ru.ru_maxrss / 1024.0);
+}
+
+Test(answers, hostile_inputs_bounded, .timeout = 120)
+{
+    g_autofree char *dir = tu_tmpdir();
+    /* 100,000 nested brackets in a config */
+    g_autofree char *nested = g_build_filename(dir, "nested.json", NULL);
+    GString *s = g_string_new(NULL);
+    for (int i = 0; i < 100000; i++)
+        g_string_append(s, "{\"a\":");
+    g_string_append(s, "1");
+    for (int i = 0; i < 100000; i++)
+        g_string_append_c(s, '}');
+    cr_assert(g_file_set_contents(nested, s->str, (gssize)s->len, NULL));
+    g_string_free(s, TRUE);
+    expect_bounded(ARGV("estimate", "--model", nested, "--seq", "128"), "nest");
+    /* 10^9 layers */
+    g_autofree char *layers = g_build_filename(dir, "layers.json", NULL);
+    cr_assert(g_file_set_contents(
+        layers,
+        "{\"model_type\": \"llama\", \"hidden_size\": 4096, \"intermediate_size\": 11008, "
+        "\"num_attention_heads\": 32, \"num_key_value_heads\": 32, \"num_hidden_layers\": "
+        "1000000000, \"vocab_size\": 32000, \"max_position_embeddings\": 4096, "
+        "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-5}",
+        -1, NULL));
+    expect_bounded(ARGV("estimate", "--model", layers, "--seq", "128"), "num_hidden_layers");
+    /* a 20 MB pickle of Nones: PROTO 2, EMPTY_LIST, MARK, N × NONE, APPENDS, STOP */
+    g_autofree char *nones = g_build_filename(dir, "nones.pickle", NULL);
+    gsize n = 20u << 20;
+    char *buf = g_malloc(n + 6);
+    buf[0] = '\x80', buf[1] = 2, buf[2] = ']', buf[3] = '(';
+    memset(buf + 4, 'N', n);
+    buf[n + 4] = 'e', buf[n + 5] = '.';
+    cr_assert(g_file_set_contents(nones, buf, (gssize)n + 6, NULL));
+    g_free(buf);
+    expect_bounded(ARGV("replay", nones), "nones.pickle");
 }
