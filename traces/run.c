@@ -720,6 +720,47 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
         run->seq = m->max_pos;
 }
 
+/* The work a run asks for, bounded before any is done: the largest tensor it makes (the fp32
+ * logits, an MLP activation, eager attention's scores), which no device holds beyond 2^50
+ * bytes, and the events of its trace, which the generator keeps in memory (40 bytes each) —
+ * about 600 per layer and micro-batch of training (and 150 more per MoE expert), 200 per layer
+ * and token step of generation (measured on the presets: 526 for Llama-2-7B, 622 with
+ * checkpointing, 1576 for Mixtral's 8 experts, 126 per decode step). */
+#define MAX_TENSOR_BYTES 1125899906842624.0 /* 2^50 */
+#define MAX_EVENTS 1.5e8                    /* 6 GB of events */
+
+static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError **error)
+{
+    double B = (double)run->batch;
+    double S = run->inference ? (double)(run->prompt + run->generate) : (double)run->seq;
+    double width = MAX((double)m->V, (double)m->I);
+    double largest = MAX(B * S * width * 4.0, B * (double)m->nh * S * S * 4.0);
+    if (largest > MAX_TENSOR_BYTES) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: batch %" G_GINT64_FORMAT " × %.0f tokens makes a tensor of %.3g bytes, "
+                    "beyond any device (2^50 bytes)",
+                    run->inference ? "prompt" : "seq", run->batch, S, largest);
+        return FALSE;
+    }
+    double micro = (double)run->steps * run->grad_accum * (run->microbatches ? run->microbatches
+                                                                              : 1);
+    double per_layer = 600.0 + 150.0 * (double)m->n_experts;
+    double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
+                                   : micro * (double)m->L * per_layer;
+    if (events > MAX_EVENTS) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: about %.3g events to simulate (%.0f GB of trace held in memory), "
+                    "beyond the %.3g this machine's memory allows: give fewer %s",
+                    run->inference ? "generate" : "steps", events, events * 40.0 / 1e9,
+                    MAX_EVENTS,
+                    run->inference ? "generated tokens (--generate)"
+                                   : "steps (--steps), micro-batches (--grad-accum, "
+                                     "--microbatches) or layers");
+        return FALSE;
+    }
+    return TRUE;
+}
+
 MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GError **error)
 {
     if (!memsim_run_check(run_in, error))
@@ -731,9 +772,9 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     int64_t len = run->inference ? run->prompt + run->generate : run->seq;
     if (learned_pos && len > m->max_pos) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "seq: %" G_GINT64_FORMAT " tokens exceed the model's %" G_GINT64_FORMAT
+                    "%s: %" G_GINT64_FORMAT " tokens exceed the model's %" G_GINT64_FORMAT
                     " learned positions (max_position_embeddings)",
-                    len, m->max_pos);
+                    run->inference ? "prompt + generate" : "seq", len, m->max_pos);
         return NULL;
     }
     if (run->inference && run->finetune != MEMSIM_FT_FULL) {
@@ -741,6 +782,8 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
                     "finetune: inference takes no fine-tuning method");
         return NULL;
     }
+    if (!within_bounds(m, run, error))
+        return NULL;
     AgRules rules = rules_for(run);
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
