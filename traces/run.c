@@ -739,7 +739,7 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "%s: batch %" G_GINT64_FORMAT " × %.0f tokens makes a tensor of %.3g bytes, "
                     "beyond any device (2^50 bytes)",
-                    run->inference ? "prompt" : "seq", run->batch, S, largest);
+                    run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
         return FALSE;
     }
     double micro = (double)run->steps * run->grad_accum * (run->microbatches ? run->microbatches
