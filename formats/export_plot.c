@@ -1,9 +1,10 @@
 /* The timeline plot (include/memsim/export.h): drawn once with cairo, written as SVG, PNG or
  * PDF by the surface the extension picks.
  *
- * Each rank gets a panel: memory over the event index (or simulated time), the live bytes
- * stacked by category (the bucket maxima: the envelope, so that no peak is shaved off),
- * reserved bytes as a line over them, the peak as a marker with its op, the OOM point as a
+ * Each rank gets a panel: memory over the simulated time (the event index when the trace's
+ * ops have no durations), the live bytes stacked by category (the bucket maxima: the
+ * envelope, so that no peak is shaved off), reserved bytes as a line over them, the peak as a
+ * ring (its centre on the top of the stack) with its op, the OOM point as a
  * dashed vertical line, the capacity as a dashed horizontal one. The timeline's buckets are
  * first folded into at most one column per horizontal pixel, and the number of columns is
  * cut further so that ranks × series × columns stays under POINT_BUDGET: that is what keeps
@@ -197,15 +198,11 @@ typedef struct {
     int64_t cat[MEMSIM_CAT_COUNT];
 } Col;
 
+/* Where a bucket's max is drawn: the moment of that max, on the same clock as the peak
+ * marker, so that the column holding the peak is the one under the marker. */
 static double sample_x(const MemsimTimelineRank *r, const MemsimTimelineSample *s)
 {
-    if (!r->has_time)
-        return (double)s->event_at_max;
-    if (s->event_last == s->event_first)
-        return s->time_first_us;
-    return s->time_first_us + (s->time_last_us - s->time_first_us) *
-                                  (double)(s->event_at_max - s->event_first) /
-                                  (double)(s->event_last - s->event_first);
+    return r->has_time ? s->time_at_max_us : (double)s->event_at_max;
 }
 
 static double point_x(const MemsimTimelineRank *r, const MemsimTimelinePoint *p)
@@ -217,7 +214,8 @@ static double x_max(const MemsimTimelineRank *r)
 {
     double m = 1;
     if (r->has_time) {
-        /* the memory's own clock: allocations happen at the host's time */
+        /* the simulated time, to the end of the run (the last op's work done) */
+        m = MAX(m, r->end_us);
         for (gsize i = 0; i < r->n_samples; i++)
             m = MAX(m, r->samples[i].time_last_us);
         if (r->oom)
@@ -269,6 +267,19 @@ static void layout(Layout *L, const MemsimTimeline *tl, const char *title)
                 (L->n_ranks > L->n_panels ? 24.0 : 0.0) + 8.0;
 }
 
+/* The peak marker: a ring, open in the middle so that the top of the stack shows right up to
+ * the point it marks (a filled dot would hide the last pixels of a one-column spike). */
+#define PEAK_RING_R 5.5
+#define PEAK_RING_W 3.0
+static void peak_ring(cairo_t *cr, double x, double y)
+{
+    cairo_new_sub_path(cr);
+    cairo_arc(cr, x, y, PEAK_RING_R, 0, 2 * G_PI);
+    set_rgb(cr, MEMSIM_EXPORT_PEAK_RGB);
+    cairo_set_line_width(cr, PEAK_RING_W);
+    cairo_stroke(cr);
+}
+
 static void legend(cairo_t *cr, const Layout *L, double y)
 {
     double x = MARGIN_L;
@@ -295,9 +306,7 @@ static void legend(cairo_t *cr, const Layout *L, double y)
     text_at(cr, x + 27, y, 0, "reserved");
     x += 27 + text_width(cr, "reserved") + 16;
     /* peak marker */
-    set_rgb(cr, MEMSIM_EXPORT_PEAK_RGB);
-    cairo_arc(cr, x + 6, y - 4, 5, 0, 2 * G_PI);
-    cairo_fill(cr);
+    peak_ring(cr, x + 6, y - 4);
     set_rgb(cr, 0x222222);
     text_at(cr, x + 16, y, 0, "peak allocated");
     x += 16 + text_width(cr, "peak allocated") + 16;
@@ -401,7 +410,10 @@ static void panel(cairo_t *cr, const Layout *L, guint rank, double top)
         set_rgb(cr, 0x333333);
         text_at(cr, px0 - 6, y + 4, 1, a);
     }
-    double xstep = nice_step(xmax, 8);
+    /* x: the simulated time in ms (s for long runs) when the trace's ops have durations;
+     * else the only clock there is, the event index */
+    double xdiv = xmax >= 1e7 ? 1e6 : 1e3;
+    double xstep = r->has_time ? nice_step(xmax / xdiv, 8) * xdiv : nice_step(xmax, 8);
     for (double v = 0; v <= xmax * (1 + 1e-9); v += xstep) {
         double x = round(X(v)) + 0.5;
         cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
@@ -410,7 +422,7 @@ static void panel(cairo_t *cr, const Layout *L, guint rank, double top)
         cairo_stroke(cr);
         if (r->has_time) {
             char n[32];
-            fmt_num(n, sizeof n, v / 1000.0);
+            fmt_num(n, sizeof n, v / xdiv);
             g_snprintf(a, sizeof a, "%s", n);
         } else {
             fmt_count(a, sizeof a, v);
@@ -420,7 +432,9 @@ static void panel(cairo_t *cr, const Layout *L, guint rank, double top)
     }
     set_rgb(cr, 0x333333);
     text_at(cr, (px0 + px1) / 2, py1 + 34, 0.5,
-            r->has_time ? "simulated time (ms)" : "event index");
+            !r->has_time     ? "event index (the trace's ops have no durations)"
+            : xdiv == 1e6    ? "simulated time (s)"
+                             : "simulated time (ms)");
 
     /* Columns. */
     guint n = L->n_cols;
@@ -573,12 +587,7 @@ static void panel(cairo_t *cr, const Layout *L, guint rank, double top)
         gboolean left = x > px0 + (px1 - px0) * 0.6;
         double ly = MAX(y - 10, py0 + 14);
         boxed_text(cr, left ? x - 12 : x + 12, ly, left ? 1 : 0, a);
-        cairo_set_source_rgb(cr, 1, 1, 1);
-        cairo_arc(cr, x, y, 7.5, 0, 2 * G_PI);
-        cairo_fill(cr);
-        set_rgb(cr, MEMSIM_EXPORT_PEAK_RGB);
-        cairo_arc(cr, x, y, 6, 0, 2 * G_PI);
-        cairo_fill(cr);
+        peak_ring(cr, x, y);
     } else {
         font(cr, 12, FALSE);
         set_rgb(cr, 0x666666);

@@ -28,6 +28,7 @@ typedef struct {
     GArray *streams; /* StreamSlices by stream index */
     GArray *flat;    /* MemsimTimelineSlice: every stream's slices, built by end() */
     uint32_t cur_stream; /* stream of the running op */
+    double clock_us;     /* the latest end of an op's work: the simulated time of samples */
     gboolean ended;
 } RankTL;
 
@@ -136,6 +137,7 @@ static void merge_sample(MemsimTimelineSample *a, const MemsimTimelineSample *b)
     if (b->allocated_max > a->allocated_max) {
         a->allocated_max = b->allocated_max;
         a->event_at_max = b->event_at_max;
+        a->time_at_max_us = b->time_at_max_us;
         a->op_at_max = b->op_at_max;
         memcpy(a->by_category, b->by_category, sizeof a->by_category);
     }
@@ -174,7 +176,7 @@ void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *h, guin
 {
     g_return_if_fail(rank < tl->n_ranks);
     RankTL *r = &tl->ranks[rank];
-    double now = time_us;
+    double now = MAX(time_us, r->clock_us);
     if (op >= 0 && (guint64)op >= tl->ops->len)
         name_ops(tl, h, op);
     if (allocated > r->pub.peak_allocated.allocated) {
@@ -198,6 +200,7 @@ void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *h, guin
             if (allocated > last->allocated_max) {
                 last->allocated_max = allocated;
                 last->event_at_max = event;
+                last->time_at_max_us = now;
                 last->op_at_max = op;
                 memcpy(last->by_category, by_category, sizeof last->by_category);
             }
@@ -223,6 +226,7 @@ void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *h, guin
         .time_first_us = now,
         .time_last_us = now,
         .event_at_max = event,
+        .time_at_max_us = now,
         .op_at_max = op,
         .allocated_min = allocated,
         .allocated_max = allocated,
@@ -268,6 +272,8 @@ void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32 
         name_ops(tl, h, op);
     if (end_us > start_us)
         r->pub.has_time = TRUE;
+    if (MAX(end_us, start_us) > r->clock_us)
+        r->clock_us = MAX(end_us, start_us);
     if (stream >= r->streams->len) {
         guint from = r->streams->len;
         g_array_set_size(r->streams, stream + 1);
@@ -309,7 +315,8 @@ void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *h, guint32
     if (r->pub.oom)
         return;
     r->pub.oom = TRUE;
-    set_point(&r->pub.oom_point, event, time_us, op, allocated, reserved, by_category);
+    set_point(&r->pub.oom_point, event, MAX(time_us, r->clock_us), op, allocated, reserved,
+              by_category);
     r->pub.oom_point.requested = requested;
 }
 
@@ -329,6 +336,14 @@ void memsim_timeline_end(MemsimTimeline *tl, guint32 rank, uint64_t n_events)
         }
         g_array_append_vals(r->flat, ss->slices->data, ss->slices->len);
     }
+    r->pub.end_us = r->clock_us;
+    if (r->samples->len)
+        r->pub.end_us = MAX(r->pub.end_us, g_array_index(r->samples, MemsimTimelineSample,
+                                                         r->samples->len - 1).time_last_us);
+    if (r->pub.oom)
+        r->pub.end_us = MAX(r->pub.end_us, r->pub.oom_point.time_us);
+    if (!r->pub.has_time)
+        r->pub.end_us = 0;
     r->ended = TRUE;
 }
 

@@ -354,6 +354,200 @@ Test(svg, size_bounded, .timeout = 300)
     memsim_trace_free(t);
 }
 
+/* ---- the plot's time axis and its peak ---- */
+
+static MemsimTrace *gen_trace_batch(const char *model, const char *batch, const char *seq)
+{
+    GError *e = NULL;
+    MemsimModel *m = memsim_model_load(model, &e);
+    cr_assert(m, "%s", e ? e->message : "?");
+    MemsimRun run = memsim_run_defaults();
+    cr_assert(memsim_run_set(&run, "batch", batch, &e), "%s", e ? e->message : "?");
+    cr_assert(memsim_run_set(&run, "seq", seq, &e), "%s", e ? e->message : "?");
+    MemsimTrace *t = memsim_generate(m, &run, &e);
+    cr_assert(t, "%s", e ? e->message : "?");
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return t;
+}
+
+/* The SVG's panel: the outline of the stack (the first category area drawn, the cumulative
+ * top band) and the centre of the peak marker. */
+typedef struct {
+    GArray *top; /* double: x0, y0, x1, y1, ... */
+    double marker_x, marker_y;
+    gboolean have_marker;
+} SvgPeak;
+
+static void path_points(const char *d, GArray *out)
+{
+    const char *p = d;
+    while (*p) {
+        while (*p == ' ' || *p == 'M' || *p == 'L' || *p == 'C' || *p == 'Z')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        double x = g_ascii_strtod(p, &end);
+        cr_assert(end != p, "unexpected path data at \"%.20s\"", p);
+        p = end;
+        double y = g_ascii_strtod(p, &end);
+        cr_assert(end != p, "unexpected path data at \"%.20s\"", p);
+        p = end;
+        g_array_append_val(out, x);
+        g_array_append_val(out, y);
+    }
+}
+
+static void svg_peak_start(GMarkupParseContext *ctx, const char *name, const char **an,
+                           const char **av, gpointer user, GError **error)
+{
+    SvgPeak *c = user;
+    if (strcmp(name, "path") != 0)
+        return;
+    const char *style = "", *d = "";
+    for (int i = 0; an[i]; i++) {
+        if (strcmp(an[i], "style") == 0)
+            style = av[i];
+        if (strcmp(an[i], "d") == 0)
+            d = av[i];
+    }
+    double x0, y0;
+    int rgb[3];
+    if (sscanf(d, " M %lf %lf", &x0, &y0) != 2 || y0 < 100)
+        return;
+    if ((parse_rgb(style, "fill:", rgb) || parse_rgb(style, "stroke:", rgb)) &&
+        (guint32)(rgb[0] << 16 | rgb[1] << 8 | rgb[2]) == MEMSIM_EXPORT_PEAK_RGB) {
+        /* a circle (filled or a ring): the centre of its bounding box */
+        GArray *pts = g_array_new(FALSE, FALSE, sizeof(double));
+        path_points(d, pts);
+        double lo[2] = {INFINITY, INFINITY}, hi[2] = {-INFINITY, -INFINITY};
+        for (guint i = 0; i < pts->len; i++) {
+            double v = g_array_index(pts, double, i);
+            lo[i % 2] = MIN(lo[i % 2], v);
+            hi[i % 2] = MAX(hi[i % 2], v);
+        }
+        g_array_unref(pts);
+        c->marker_x = (lo[0] + hi[0]) / 2;
+        c->marker_y = (lo[1] + hi[1]) / 2;
+        c->have_marker = TRUE;
+        return;
+    }
+    if (c->top->len || !parse_rgb(style, "fill:", rgb))
+        return;
+    guint32 v = (guint32)(rgb[0] << 16 | rgb[1] << 8 | rgb[2]);
+    for (int k = 0; k < MEMSIM_CAT_COUNT; k++)
+        if (memsim_export_category_rgb(k) == v) {
+            path_points(d, c->top);
+            return;
+        }
+}
+
+static SvgPeak svg_peak(const MemsimTimeline *tl)
+{
+    g_autofree char *svg = memsim_export_timeline_svg(tl, NULL, NULL);
+    cr_assert(svg);
+    SvgPeak c = {.top = g_array_new(FALSE, FALSE, sizeof(double))};
+    GMarkupParser p = {svg_peak_start, NULL, NULL, NULL, NULL};
+    GMarkupParseContext *ctx = g_markup_parse_context_new(&p, 0, &c, NULL);
+    GError *e = NULL;
+    cr_assert(g_markup_parse_context_parse(ctx, svg, -1, &e) &&
+                  g_markup_parse_context_end_parse(ctx, &e),
+              "the SVG is not well-formed XML: %s", e ? e->message : "?");
+    g_markup_parse_context_free(ctx);
+    cr_assert(c.have_marker, "no peak marker");
+    cr_assert_gt(c.top->len, 8, "no stacked area");
+    return c;
+}
+
+/* The stack's top at x: the horizontal step that covers it. */
+static double stack_top_at(const GArray *pts, double x)
+{
+    const double *p = (const double *)pts->data;
+    guint n = pts->len / 2;
+    double best = NAN;
+    for (guint i = 0; i + 1 < n; i++) {
+        double xa = p[2 * i], ya = p[2 * i + 1], xb = p[2 * i + 2], yb = p[2 * i + 3];
+        if (fabs(ya - yb) < 1e-9 && xa <= x + 1e-3 && x + 1e-3 < xb)
+            best = isnan(best) ? ya : MIN(best, ya);
+    }
+    return best;
+}
+
+/* With op durations, the x axis is the simulated time: it ends at the report's time, the
+ * peak sits inside the step the report puts it in, and the stacked categories reach the
+ * peak marker. (The host's clock, which issues ops 10 µs apart, is far shorter than the
+ * streams' work for this run.) */
+Test(svg, simulated_time_axis_and_stack_reaches_peak, .timeout = 120)
+{
+    MemsimTrace *t = gen_trace_batch("gpt2", "8", "1024");
+    MemsimTimeline *tl = memsim_timeline_new(0);
+    MemsimReport *rep = replay_tl(t, tl, 0);
+    const MemsimRankReport *rr = &rep->ranks[0];
+    const MemsimTimelineRank *r = memsim_timeline_rank(tl, 0);
+    cr_assert(r->has_time);
+    cr_assert_gt(rr->time_us, 0);
+    cr_assert(r->n_samples > 0);
+    double col = rr->time_us / 1000.0; /* about one column of the plot */
+    double last = r->samples[r->n_samples - 1].time_last_us;
+    cr_expect(fabs(last - rr->time_us) <= col,
+              "the last sample is at %.1f µs, the run ends at %.1f µs", last, rr->time_us);
+    for (gsize i = 0; i < r->n_samples; i++)
+        cr_expect_leq(r->samples[i].time_last_us, rr->time_us + 1e-6);
+    cr_expect(fabs(r->end_us - rr->time_us) <= 1e-9 * rr->time_us,
+              "the timeline ends at %.1f µs, the run at %.1f µs", r->end_us, rr->time_us);
+    /* the peak lies in the step whose peak is the run's peak, in simulated time */
+    cr_assert_geq(rr->n_steps, 2);
+    guint ps = rr->n_steps;
+    for (guint k = 0; k < rr->n_steps && ps == rr->n_steps; k++)
+        if (rr->steps[k].peak_allocated == rr->stats.allocated.peak)
+            ps = k;
+    cr_assert_lt(ps, rr->n_steps);
+    double t0 = rr->steps[ps].start_us;
+    double t1 = ps + 1 < rr->n_steps ? rr->steps[ps + 1].start_us : rr->time_us;
+    cr_expect(r->peak_allocated.time_us >= t0 && r->peak_allocated.time_us <= t1,
+              "peak at %.1f µs, its step %u runs from %.1f to %.1f µs",
+              r->peak_allocated.time_us, rr->steps[ps].step, t0, t1);
+
+    /* The drawing. */
+    SvgPeak c = svg_peak(tl);
+    /* the panel: x from 84 to 1170 over [0, the run's end] */
+    double want_x = 84 + (1200 - 84 - 30) * r->peak_allocated.time_us / rr->time_us;
+    cr_expect(fabs(c.marker_x - want_x) < 0.5, "marker at x=%.2f, the peak's time is at x=%.2f",
+              c.marker_x, want_x);
+    double top = stack_top_at(c.top, c.marker_x);
+    cr_expect(!isnan(top) && fabs(top - c.marker_y) < 0.05,
+              "the stack's top at the peak's x (%.2f) is at y=%.2f, the marker at y=%.2f",
+              c.marker_x, top, c.marker_y);
+    g_array_unref(c.top);
+    memsim_report_free(rep);
+    memsim_timeline_free(tl);
+    memsim_trace_free(t);
+}
+
+/* Without op durations the axis is the event index, and the stack still reaches the peak. */
+Test(svg, event_axis_and_stack_reaches_peak)
+{
+    MemsimTrace *t = synthetic(1, 3000);
+    MemsimTimeline *tl = memsim_timeline_new(0);
+    MemsimReport *rep = replay_tl(t, tl, 0);
+    const MemsimTimelineRank *r = memsim_timeline_rank(tl, 0);
+    cr_assert(!r->has_time);
+    SvgPeak c = svg_peak(tl);
+    double want_x = 84 + (1200 - 84 - 30) * (double)r->peak_allocated.event /
+                             (double)(rep->ranks[0].n_events - 1);
+    cr_expect(fabs(c.marker_x - want_x) < 0.5, "marker at x=%.2f, the peak's event is at x=%.2f",
+              c.marker_x, want_x);
+    double top = stack_top_at(c.top, c.marker_x);
+    cr_expect(!isnan(top) && fabs(top - c.marker_y) < 0.05,
+              "the stack's top at the peak's x (%.2f) is at y=%.2f, the marker at y=%.2f",
+              c.marker_x, top, c.marker_y);
+    g_array_unref(c.top);
+    memsim_report_free(rep);
+    memsim_timeline_free(tl);
+    memsim_trace_free(t);
+}
+
 /* ---- PNG and PDF ---- */
 
 /* The PNG has the plot's size, and the peak marker's colour sits where the peak is. */
@@ -393,9 +587,7 @@ Test(png, size_and_peak_marker)
     double xmax = (double)MAX(r->n_events - 1, r->samples[r->n_samples - 1].event_last);
     double at = (double)r->peak_allocated.event;
     if (r->has_time) {
-        xmax = 1;
-        for (gsize i = 0; i < r->n_samples; i++)
-            xmax = MAX(xmax, r->samples[i].time_last_us);
+        xmax = rep->ranks[0].time_us; /* the run's simulated end */
         at = r->peak_allocated.time_us;
     }
     double want = 84 + (1200 - 84 - 30) * at / xmax;
@@ -406,6 +598,45 @@ Test(png, size_and_peak_marker)
     gsize len = 0;
     cr_assert(g_file_get_contents(pdf, &head, &len, NULL));
     cr_expect(len > 1000 && memcmp(head, "%PDF-", 5) == 0, "not a PDF");
+    memsim_report_free(rep);
+    memsim_timeline_free(tl);
+    memsim_trace_free(t);
+}
+
+/* The marker does not hide what it marks: just below its centre the stack's colours show,
+ * not the marker's nor the background (a filled dot, or a white halo, covered the top of the
+ * one-column spike at the peak, so that the stack seemed to stop below the peak). */
+Test(png, stack_visible_under_peak_marker)
+{
+    MemsimTrace *t = gen_trace_batch("gpt2", "2", "512");
+    MemsimTimeline *tl = memsim_timeline_new(0);
+    MemsimReport *rep = replay_tl(t, tl, 0);
+    SvgPeak c = svg_peak(tl);
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *png = tmp_path(dir, "t.png");
+    GError *e = NULL;
+    cr_assert(memsim_export_timeline_plot(tl, NULL, png, &e), "%s", e ? e->message : "");
+    cairo_surface_t *s = cairo_image_surface_create_from_png(png);
+    cr_assert_eq(cairo_surface_status(s), CAIRO_STATUS_SUCCESS, "cannot read the PNG back");
+    cairo_surface_flush(s);
+    const unsigned char *px = cairo_image_surface_get_data(s);
+    int stride = cairo_image_surface_get_stride(s);
+    int cx = (int)floor(c.marker_x), cy = (int)floor(c.marker_y);
+    int stack = 0;
+    for (int y = cy + 1; y <= cy + 3; y++)
+        for (int x = cx - 1; x <= cx + 1; x++) {
+            guint32 v = *(const guint32 *)(px + y * stride + x * 4) & 0xffffff;
+            int r = (int)(v >> 16), g = (int)((v >> 8) & 255), b = (int)(v & 255);
+            int pr = MEMSIM_EXPORT_PEAK_RGB >> 16, pg = (MEMSIM_EXPORT_PEAK_RGB >> 8) & 255,
+                pb = MEMSIM_EXPORT_PEAK_RGB & 255;
+            gboolean background = abs(r - 251) + abs(g - 251) + abs(b - 251) < 60;
+            gboolean marker = abs(r - pr) + abs(g - pg) + abs(b - pb) < 90;
+            stack += !background && !marker;
+        }
+    cr_expect_gt(stack, 0, "nothing of the stack shows just below the marker's centre (%d, %d)",
+                 cx, cy);
+    cairo_surface_destroy(s);
+    g_array_unref(c.top);
     memsim_report_free(rep);
     memsim_timeline_free(tl);
     memsim_trace_free(t);
@@ -548,7 +779,7 @@ Test(perfetto, simulated_time)
     }
     for (gsize i = 1; i < r->n_samples; i++)
         cr_expect_geq(r->samples[i].time_first_us, r->samples[i - 1].time_last_us);
-    /* allocations happen at the host's time, which runs ahead of the streams' work */
+    /* samples lie at the end of the running op's work: within the run, never past its end */
     cr_expect_gt(r->samples[r->n_samples - 1].time_last_us, 0);
     cr_expect_leq(r->samples[r->n_samples - 1].time_last_us,
                   r->slices[r->n_slices - 1].time_last_us);

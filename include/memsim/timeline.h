@@ -23,7 +23,11 @@
  * Memory: O(max_buckets × (ranks + streams)), whatever the trace length; adding a sample is
  * O(1) amortised. Time: the replay's simulated time (µs) is kept beside the event index;
  * has_time says whether the trace's ops carry durations (else it stays 0 and the event index
- * is the only clock).
+ * is the only clock). A sample's time is the simulated time of the memory state it records:
+ * the end of the work of the latest op issued on any stream (the figures after an op's
+ * allocations and frees hold once its work is done), or the host's time when that is later
+ * (after a synchronize). It never goes back, so where streams overlap a sample may sit at the
+ * end of another stream's op; the last sample lies at the run's simulated end.
  */
 #ifndef MEMSIM_TIMELINE_H
 #define MEMSIM_TIMELINE_H
@@ -39,6 +43,7 @@ typedef struct {
     uint64_t event_first, event_last; /* events of its first and last samples */
     double time_first_us, time_last_us; /* simulated time of those events */
     uint64_t event_at_max;            /* the event of the max allocated */
+    double time_at_max_us;            /* and its simulated time */
     int64_t op_at_max;                /* the op running then, -1 if none */
     int64_t allocated_min, allocated_max;
     int64_t reserved_min, reserved_max;
@@ -73,6 +78,8 @@ typedef struct {
     char *role;            /* or NULL */
     uint64_t n_events;
     gboolean has_time;     /* samples carry a simulated time */
+    double end_us;         /* simulated time at the end: the last op's work done (0 without
+                            * time); the replay's MemsimRankReport.time_us */
     gsize n_samples;
     const MemsimTimelineSample *samples;
     gsize n_slices;        /* all streams, each stream's slices in order */
@@ -110,8 +117,9 @@ const char *memsim_timeline_allocator(const MemsimTimeline *tl);
  * begin clears the first). */
 void memsim_timeline_begin(MemsimTimeline *tl, const MemsimTraceHeader *header,
                            const char *allocator, memsim_size_t capacity);
-/* The figures after event `event` of `rank`, at simulated time `time_us` (the host's, when the
- * allocator was called); by_category: live bytes per category. */
+/* The figures after event `event` of `rank`; `time_us` is the host's time when the allocator
+ * was called (the sample is stamped with the later of it and the end of the latest op's work,
+ * see above); by_category: live bytes per category. */
 void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
                             uint64_t event, double time_us, int64_t op, int64_t allocated,
                             int64_t reserved, const int64_t *by_category);
