@@ -854,7 +854,9 @@ Test(torch_expandable, real_example_and_unmap_all)
     EXPECT(&r, 0, {MEMSIM_AEV_SEG_MAP, B, 20 * MiB}, {MEMSIM_AEV_ALLOC, B, 16 * MiB});
     MemsimAllocStats st = stats(a);
     cr_assert_eq(st.reserved.current, (int64_t)(20 * MiB));
-    cr_assert_eq(st.segments.current, 0); /* the segment stat is not used (§8.1) */
+    /* PyTorch's segment stat is not used (§8.1); the model counts the mapped run (§1, §8.5:
+     * see segments_are_mapped_runs) */
+    cr_assert_eq(st.segments.current, 1);
     cr_assert_eq(st.n_device_alloc, 1);
     /* Next 16 MiB: the 4 MiB free tail plus unmapped space → map one more page; the
      * allocation starts at base + 16 MiB (the real trace example of §8.2). */
@@ -887,6 +889,85 @@ Test(torch_expandable, real_example_and_unmap_all)
     n0 = r.ev->len;
     mal(a, 16 * MiB, 0);
     EXPECT(&r, n0, {MEMSIM_AEV_SEG_MAP, B2, 20 * MiB}, {MEMSIM_AEV_ALLOC, B2, 16 * MiB});
+    rig_free(&r, a);
+}
+
+/* The segment count with expandable segments. A segment is one contiguous range obtained from
+ * the driver: with expandable segments, one contiguous *mapped* range of a VA reservation
+ * (§1), which is also what a snapshot lists as a segment (§8.5); each page mapping is a
+ * driver allocation (num_device_alloc, §8.2 step 4). PyTorch's own `segment` stat is left
+ * at 0 in this mode (§8.1), which would make the report's "segments: peak" 0 beside dozens
+ * of driver allocations; the model counts the mapped runs instead. */
+static void same_as_shape(MemsimAlloc *a)
+{
+    cr_assert_eq(stats(a).segments.current, (int64_t)memsim_alloc_shape(a).n_segments,
+                 "segments %" G_GINT64_FORMAT ", the layout shows %" G_GUINT64_FORMAT,
+                 stats(a).segments.current, memsim_alloc_shape(a).n_segments);
+}
+
+Test(torch_expandable, segments_are_mapped_runs)
+{
+    Rig r;
+    MemsimAlloc *a = rig_new(&r, "expandable_segments:True", 0);
+    const memsim_addr_t B = 0x10000000000ull, S = 0x30000000000ull;
+    script(&r, 2, (memsim_addr_t[]){B, S});
+    /* 20 MiB (large pool): a new reservation at B, page 0 mapped, the block is the whole
+     * page (nothing left to split off). One mapped run → 1 segment. */
+    memsim_addr_t pa = mal(a, 20 * MiB, 0);
+    cr_assert_eq(pa, B);
+    cr_assert_eq(stats(a).segments.current, 1);
+    same_as_shape(a);
+    /* 20 MiB twice more: no free block; the lowest unmapped range [B+20, ...) has an allocated
+     * predecessor, so it is the candidate; one page is mapped right after the run, which
+     * grows: still 1 segment, 3 driver allocations. */
+    memsim_addr_t pb = mal(a, 20 * MiB, 0);
+    memsim_addr_t pc = mal(a, 20 * MiB, 0);
+    cr_assert_eq(pb, B + 20 * MiB);
+    cr_assert_eq(pc, B + 40 * MiB);
+    cr_assert_eq(stats(a).segments.current, 1);
+    cr_assert_eq(stats(a).n_device_alloc, 3);
+    same_as_shape(a);
+    /* 1000 bytes (small pool): a reservation of its own at S, one 2 MiB page → 2 segments. */
+    memsim_addr_t ps = mal(a, 1000, 0);
+    cr_assert_eq(ps, S);
+    cr_assert_eq(stats(a).segments.current, 2);
+    same_as_shape(a);
+    /* Free the middle page's block and empty the cache: [B+20, B+40) holds one whole page and
+     * is unmapped; the small pool's free rest [S+1024, S+2 MiB) holds no whole page. The
+     * large reservation's mapped space is now two runs, [B, B+20) and [B+40, B+60): with the
+     * small one, 3 segments, the peak. */
+    fre(a, pb);
+    guint n0 = r.ev->len;
+    memsim_alloc_empty_cache(a);
+    checked(a);
+    EXPECT(&r, n0, {MEMSIM_AEV_SEG_UNMAP, B + 20 * MiB, 20 * MiB});
+    cr_assert_eq(stats(a).segments.current, 3);
+    cr_assert_eq(stats(a).segments.peak, 3);
+    same_as_shape(a);
+    /* 20 MiB: the hole is the lowest unmapped range and fits: page 1 is mapped again and
+     * joins both runs into one → 2 segments; the peak stays 3. */
+    n0 = r.ev->len;
+    memsim_addr_t pd = mal(a, 20 * MiB, 0);
+    cr_assert_eq(pd, B + 20 * MiB);
+    EXPECT(&r, n0, {MEMSIM_AEV_SEG_MAP, B + 20 * MiB, 20 * MiB},
+           {MEMSIM_AEV_ALLOC, B + 20 * MiB, 20 * MiB});
+    MemsimAllocStats st = stats(a);
+    cr_assert_eq(st.segments.current, 2);
+    cr_assert_eq(st.segments.peak, 3);
+    cr_assert_eq(st.n_device_alloc, 5);
+    cr_assert_eq(st.n_device_free, 1);
+    same_as_shape(a);
+    /* Everything freed and the cache emptied: every page unmapped, both reservations given
+     * back → 0 segments. */
+    fre(a, pa);
+    fre(a, pc);
+    fre(a, pd);
+    fre(a, ps);
+    memsim_alloc_empty_cache(a);
+    checked(a);
+    cr_assert_eq(stats(a).segments.current, 0);
+    cr_assert_eq(stats(a).reserved.current, 0);
+    same_as_shape(a);
     rig_free(&r, a);
 }
 

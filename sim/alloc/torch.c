@@ -19,7 +19,11 @@
  *         is of MemsimDevice.capacity).
  *   §8    expandable segments: VA reservations, find_expandable_block, map_block with page
  *         rounding, merges, page-wise unmapping in release_cached_blocks, VA release.
- *   §9    statistics (aggregate only, as MemsimAllocStats asks).
+ *   §9    statistics (aggregate only, as MemsimAllocStats asks). One departure: with
+ *         expandable segments PyTorch leaves its `segment` stat at 0 (§8.1); here `segments`
+ *         counts the maximal mapped runs of the VA reservations instead (a segment is one
+ *         contiguous mapped range, §1; what a snapshot lists, §8.5; what shape() counts),
+ *         kept up to date at each map and unmap.
  * Not implemented: private pools and graph capture (§10), runtime changes of settings.
  *
  * Device model: cudaMalloc(n) (or mapping n bytes of pages) fails iff the bytes held by the
@@ -1040,6 +1044,12 @@ static void release_block(Torch *t, TBlock *b)
     drop_block(t, b);
 }
 
+/* Whether a block (of an expandable segment) is mapped; NULL is not. */
+static inline gboolean is_mapped(const TBlock *b)
+{
+    return b && b->state != ST_UNMAPPED;
+}
+
 /* unmap_block (§8.4): unmaps the whole pages inside a free expandable block. */
 static void unmap_block(Torch *t, TBlock *b)
 {
@@ -1055,6 +1065,13 @@ static void unmap_block(Torch *t, TBlock *b)
     TPool *pool = pool_of(t, b);
     fs_remove(pool, b);
     memsim_size_t before = uptr - b->ptr;
+    /* The run loses its middle: what stays mapped on either side is a run of its own. */
+    int64_t runs = (before > 0 || is_mapped(b->prev)) +
+                   (before + usize < b->size || is_mapped(b->next));
+    if (runs > 1)
+        memsim_stat_add(&t->st.segments, runs - 1);
+    else if (runs < 1)
+        memsim_stat_sub(&t->st.segments, 1);
     if (before > 0) {
         TBlock *f = new_block(t, seg, b->ptr, before, ST_FREE);
         link_before(f, b);
@@ -1191,6 +1208,18 @@ static void garbage_collect(Torch *t)
 /* ---------------------------------------------------------------------------------------- */
 /* §8 expandable segments */
 
+/* The segment count (§9 departure, see the top): mapping [ptr, ptr + size) inside the
+ * unmapped block u makes a new mapped run, less one for each mapped neighbour it touches. */
+static void count_mapped_run(Torch *t, const TBlock *u, memsim_addr_t ptr, memsim_size_t size)
+{
+    int64_t d = 1 - (ptr == u->ptr && is_mapped(u->prev)) -
+                (ptr + size == u->ptr + u->size && is_mapped(u->next));
+    if (d > 0)
+        memsim_stat_add(&t->st.segments, d);
+    else if (d < 0)
+        memsim_stat_sub(&t->st.segments, -d);
+}
+
 /* map_block: maps the pages covering [b->ptr, b->ptr + size) of an unmapped block; the
  * mapped part becomes a free block merged with its free neighbours. */
 static gboolean map_block(Torch *t, TBlock *b, memsim_size_t size)
@@ -1201,6 +1230,7 @@ static gboolean map_block(Torch *t, TBlock *b, memsim_size_t size)
     memsim_size_t msize = ((off + size + page - 1) / page - off / page) * page;
     if (msize == 0 || !device_has(t, msize))
         return FALSE;
+    count_mapped_run(t, b, b->ptr, msize);
     TPool *pool = pool_of(t, b);
     memsim_addr_t mptr = b->ptr;
     tree_remove(&pool->uroot, b);
@@ -1631,6 +1661,9 @@ static gboolean torch_check(void *state, GError **error)
             FAIL("segment list broken at 0x%" G_GINT64_MODIFIER "x", s->base);
         if (!s->exp)
             segments++;
+        else
+            for (TBlock *b = s->first; b; b = b->next)
+                segments += is_mapped(b) && !is_mapped(b->prev);
         memsim_addr_t expect = s->base;
         TBlock *prev = NULL;
         if (!s->first || s->first->prev)
@@ -1852,6 +1885,7 @@ static gboolean seed_expandable(Torch *t, memsim_addr_t addr, memsim_size_t size
         u = u->next;
     if (!u || u->state != ST_UNMAPPED)
         goto overlap;
+    count_mapped_run(t, u, addr, size);
     TPool *pool = pool_of(t, u);
     tree_remove(&pool->uroot, u);
     if (u->ptr < addr) {
