@@ -4,16 +4,21 @@
  * python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW, two steps each). The
  * generator's trace for the same config and run (--torch-version 1.13, CPU kernels), replayed
  * through `exact`, must match the recording replayed through `exact`: each step's peak
- * allocated within 2%, each phase's within 3%. */
+ * allocated within 0.1%, each phase's within 0.5% (measured: 0.065% and 0.284% at worst). */
 #include <criterion/criterion.h>
 #include <json-glib/json-glib.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
+#include <math.h>
 #include <string.h>
 
 #include "testutil.h"
 
 #define PYTHON "/usr/bin/python3"
+/* What README.md claims: each step's peak allocated within 0.1% of the recording, each
+ * phase's (forward, backward, optimizer) within 0.5%. */
+#define STEP_BOUND 0.001
+#define PHASE_BOUND 0.005
 
 static char *record_all(void)
 {
@@ -128,7 +133,7 @@ static int compare_case(const char *dir, const char *json_path)
         cr_assert(sa && sb, "%s: step %u missing", name, s);
         double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                    (double)sb->peak_allocated;
-        cr_expect(e > -0.02 && e < 0.02, "%s step %u: generated %" G_GINT64_FORMAT
+        cr_expect(fabs(e) <= STEP_BOUND, "%s step %u: generated %" G_GINT64_FORMAT
                   ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
                   name, s, sa->peak_allocated, sb->peak_allocated, 100 * e);
         cr_log_info("%s step %u: %+.3f%%", name, s, 100 * e);
@@ -138,10 +143,11 @@ static int compare_case(const char *dir, const char *json_path)
                       memsim_phase_name(ph));
             double pe = ((double)sa->phase_peak_allocated[ph] - (double)sb->phase_peak_allocated[ph]) /
                         (double)sb->phase_peak_allocated[ph];
-            cr_expect(pe > -0.03 && pe < 0.03, "%s step %u %s: generated %" G_GINT64_FORMAT
+            cr_expect(fabs(pe) <= PHASE_BOUND, "%s step %u %s: generated %" G_GINT64_FORMAT
                       ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
                       name, s, memsim_phase_name(ph), sa->phase_peak_allocated[ph],
                       sb->phase_peak_allocated[ph], 100 * pe);
+            cr_log_info("%s step %u %s: %+.3f%%", name, s, memsim_phase_name(ph), 100 * pe);
             checks++;
         }
     }

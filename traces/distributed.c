@@ -689,6 +689,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     gg_set_hooks(g, &hooks);
 
     AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
+    /* the collator's labels: input_ids.clone(), moved to the device beside them */
+    AgTensor *labels =
+        gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
     int ac = meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
              : meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
                                                                                     : 0;
@@ -719,7 +722,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             if (d->units) /* the root unit: gathered for the step, freed after backward */
                 unshard(d, d->n_units - 1);
             AgTensor *logits = NULL;
-            AgTensor *loss = model_forward(&d->md, ids, ids, &logits);
+            AgTensor *loss = model_forward(&d->md, ids, labels, &logits);
             c->autocast = 0;
             gg_autocast_clear(g);
             gt_unref(g, logits);
@@ -772,6 +775,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         c->phase = MEMSIM_PHASE_OTHER;
     }
     gg_teardown(g);
+    gt_unref(g, labels);
     gt_unref(g, ids);
     for (guint i = 0; i < d->buckets->len; i++)
         gt_unref(g, d->buckets->pdata[i]);

@@ -1854,7 +1854,9 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     AgTensor *hs = md->last_logits_only            ? op_slice(g, x, 1, S - 1, S)
                    : gg_rules(g)->full_slices_recorded ? op_slice(g, x, 1, 0, S)
                                                        : gt_ref(x);
-    U(x);
+    /* the base model's output (hidden_states, last_hidden_state) is the CausalLM forward's
+     * local until it returns: alive through the loss, saved or not */
+    AgTensor *last_hidden = x;
     AgTensor *w = md->lm_head ? md->lm_head : md->wte;
     AgTensor *logits;
     if (md->sp) {
@@ -1865,12 +1867,15 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     }
     U(hs);
     *logits_out = logits;
-    if (!labels)
+    if (!labels) {
+        U(last_hidden);
         return NULL;
+    }
     if (md->tp > 1) {
         AgTensor *l2 = op_view(g, logits, SHAPE(B * S, V));
         AgTensor *loss = vocab_parallel_ce(md, l2);
         U(l2);
+        U(last_hidden);
         return loss;
     }
     /* ForCausalLMLoss (§2.11): logits.float(), labels padded and shifted, cross entropy */
@@ -1885,6 +1890,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(l2);
     U(t1);
     U(lp); /* the padded labels live until the loss function returns */
+    U(last_hidden);
     (void)H;
     return loss;
 }

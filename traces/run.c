@@ -2,7 +2,7 @@
  * optimizers and the version rules (AUTOGRAD_MEMORY.md §9, §12), and memsim_generate.
  *
  * The loop is the one HF's Trainer runs for each optimizer step:
- *     for each micro-batch: with autocast: loss = model(ids, labels=ids).loss
+ *     for each micro-batch: with autocast: loss = model(ids, labels=labels).loss
  *                           loss.backward()            (outputs dropped before backward)
  *     optimizer.step(); optimizer.zero_grad()
  * With keep-outputs the model output object is held until the next step's forward has
@@ -819,6 +819,10 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
                  : run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
                                                             : 0;
         AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
+        /* the collator's labels (DataCollatorForLanguageModeling: input_ids.clone()), a device
+         * tensor of their own */
+        AgTensor *labels =
+            gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
         Optim o = {g_ptr_array_new(), false};
         AgTensor *held = NULL, *held_loss = NULL;
         GPtrArray *held_cache = g_ptr_array_new();
@@ -832,7 +836,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
                 c->category = MEMSIM_CAT_TEMPORARY;
                 c->autocast = ac;
                 AgTensor *logits = NULL;
-                AgTensor *loss = model_forward(&md, ids, ids, &logits);
+                AgTensor *loss = model_forward(&md, ids, labels, &logits);
                 c->autocast = 0;
                 gg_autocast_clear(g); /* the autocast region ends */
                 if (run->keep_outputs) {
@@ -871,6 +875,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
         for (guint i = 0; i < o.state->len; i++)
             gt_unref(g, o.state->pdata[i]);
         g_ptr_array_unref(o.state);
+        gt_unref(g, labels);
         gt_unref(g, ids);
     }
     gg_teardown(g);
