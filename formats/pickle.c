@@ -11,12 +11,18 @@
  * with three colours) refuses cycles, nesting deeper than PICKLE_MAX_DEPTH and documents
  * whose shared references would expand to an unreasonable tree (a "billion laughs"), and
  * merges repeated dict keys. Consumers can therefore recurse over the result without
- * guards. Cost: O(input) time and memory; every value, string and item array lives in one
- * arena of large blocks, freed at once.
+ * guards. Cost: O(input) time and memory; every value and string lives in one arena of
+ * large blocks, freed at once; so do the item arrays of lists and dicts, except those that
+ * grow past their first fill: they are reallocated on the heap and freed with the document.
  *
  * Trust model: the input is hostile. Every length is checked against the bytes that remain
  * before anything is allocated for it; a memo index may not exceed the input size (a real
- * pickler numbers its memo entries densely from 0); all growth is bounded by the input size.
+ * pickler numbers its memo entries densely from 0). Memory is bounded by the input size
+ * with a constant a real snapshot stays far below: None, True, False, small ints and the
+ * empty tuple are one shared value each per document, not an object per opcode; the value
+ * stack holds at most PICKLE_MAX_STACK values (picklers write lists and dicts in runs of
+ * 1000); and everything the load holds (values, item arrays, memo, stack) is counted and
+ * refused beyond PICKLE_MEM_PER_BYTE bytes per input byte plus PICKLE_MEM_BASE.
  */
 #include "formats/pickle.h"
 
@@ -36,6 +42,19 @@
  * fewer than 4 per byte. */
 #define PICKLE_EXPAND_PER_BYTE 64
 #define PICKLE_EXPAND_BASE 1000000
+/* Values on the stack at once. Python's pickler appends list items and dict pairs in runs
+ * of 1000 (pickle._Pickler._batch_appends); only a tuple's items all stand on the stack
+ * together, and snapshots hold no tuple of a million values. */
+#define PICKLE_MAX_STACK (1u << 20)
+/* Bytes a load may hold: PICKLE_MEM_PER_BYTE per input byte plus PICKLE_MEM_BASE. The 30
+ * real snapshots of ../shared/data/torch-snapshots (0.5 KB to 3.3 MB) hold at most 13 MB,
+ * 3.3 to 7 bytes per input byte above 1 MB (arena blocks counted whole); 16 per byte keeps
+ * a 20 MB hostile file under 400 MB. */
+#define PICKLE_MEM_PER_BYTE 16
+#define PICKLE_MEM_BASE (32u << 20)
+/* Ints in [PICKLE_SMALL_INT_MIN, PICKLE_SMALL_INT_MAX) are shared values. */
+#define PICKLE_SMALL_INT_MIN (-256)
+#define PICKLE_SMALL_INT_MAX 65536
 
 /* ---- arena ---------------------------------------------------------------------------- */
 
@@ -45,8 +64,9 @@ typedef struct ArenaBlock {
     gsize cap;
 } ArenaBlock;
 
-/* Keeps the data of each block aligned for any value stored in it. */
-#define ARENA_ALIGN 16
+/* Keeps the data of each block aligned for any value stored in it (pointers, gsize,
+ * guint64, double). */
+#define ARENA_ALIGN 8
 #define ARENA_HEADER ((sizeof(ArenaBlock) + ARENA_ALIGN - 1) & ~(gsize)(ARENA_ALIGN - 1))
 #define ARENA_FIRST_BLOCK (64 * 1024)
 #define ARENA_MAX_BLOCK (4 * 1024 * 1024)
@@ -54,7 +74,23 @@ typedef struct ArenaBlock {
 typedef struct {
     ArenaBlock *head; /* the block being filled */
     gsize next_cap;   /* size of the next ordinary block (grows to ARENA_MAX_BLOCK) */
+    /* Bytes the load holds: the arena's blocks, plus what the parser adds (arena_hold) for
+     * its heap arrays; `over` is set once they pass `limit`, and then *trip is zeroed: it is
+     * the parser's end of input, so the test the opcode loop makes anyway stops it. */
+    guint64 held, limit;
+    gboolean over;
+    gsize *trip;
 } Arena;
+
+static void arena_hold(Arena *a, guint64 bytes)
+{
+    a->held += bytes;
+    if (a->held > a->limit) {
+        a->over = TRUE;
+        if (a->trip)
+            *a->trip = 0;
+    }
+}
 
 static void *arena_alloc(Arena *a, gsize size)
 {
@@ -71,6 +107,7 @@ static void *arena_alloc(Arena *a, gsize size)
         /* A large request gets a block of its own, linked behind the current one, so the
          * free space left in the current block is not wasted. */
         ArenaBlock *big = g_malloc(ARENA_HEADER + size);
+        arena_hold(a, ARENA_HEADER + size);
         big->cap = size;
         big->used = size;
         big->next = b->next;
@@ -81,6 +118,7 @@ static void *arena_alloc(Arena *a, gsize size)
     if (a->next_cap < ARENA_MAX_BLOCK)
         a->next_cap *= 2;
     ArenaBlock *nb = g_malloc(ARENA_HEADER + cap);
+    arena_hold(a, ARENA_HEADER + cap);
     nb->cap = cap;
     nb->used = size;
     nb->next = b;
@@ -97,6 +135,7 @@ static void arena_clear(Arena *a)
         b = next;
     }
     a->head = NULL;
+    a->held = 0;
 }
 
 /* ---- values --------------------------------------------------------------------------- */
@@ -105,11 +144,13 @@ static void arena_clear(Arena *a)
  * first so that a MemsimPyValue * of a container can be cast to Container *. */
 typedef struct {
     MemsimPyValue v;
-    gsize cap;       /* allocated item slots (lists and dicts, while parsing) */
+    gsize cap;       /* allocated item slots (lists and dicts) */
     guint64 weight;  /* tuples at creation: values held (for dict keys); final walk: size of
                         the expanded tree below and including this container */
     guint8 colour;   /* final walk: WHITE, GREY (on the path), BLACK (done) */
     guint8 hashable; /* tuples: every item is hashable */
+    guint8 heap;     /* lists and dicts: the item arrays are on the heap (Doc.heap lists it),
+                        else in the arena */
 } Container;
 
 enum { WHITE = 0, GREY, BLACK };
@@ -122,6 +163,7 @@ static gboolean is_container(const MemsimPyValue *v)
 struct MemsimPyDoc {
     Arena arena;
     MemsimPyValue *root;
+    GPtrArray *heap; /* Container *: lists and dicts whose item arrays are on the heap */
 };
 
 /* ---- opcodes -------------------------------------------------------------------------- */
@@ -215,6 +257,7 @@ static const char *op_name(guint8 op)
 typedef struct {
     const guint8 *data;
     gsize len;
+    gsize end; /* len, or 0 once a limit is passed (Arena.trip) */
     gsize pos;
     const char *name;
     Arena *arena;
@@ -228,6 +271,11 @@ typedef struct {
     gsize cap_memo;
     gsize n_memo; /* entries set: MEMOIZE stores at this index, as _pickle.c does */
     guint64 work, work_limit; /* dict key comparisons (see dict_merge_repeats) */
+
+    MemsimPyDoc *doc;
+    /* The shared values, made when first needed. */
+    MemsimPyValue *none, *bools[2], *empty_tuple;
+    MemsimPyValue **small_ints; /* PICKLE_SMALL_INT_MAX - PICKLE_SMALL_INT_MIN slots */
 } Parser;
 
 static gboolean G_GNUC_PRINTF(3, 4) fail(Parser *p, gsize offset, const char *fmt, ...)
@@ -295,7 +343,7 @@ static gboolean read_line(Parser *p, gsize off, guint8 op, const guint8 **line, 
     return TRUE;
 }
 
-static MemsimPyValue *new_value(Parser *p, MemsimPyType type, gsize off)
+static MemsimPyValue *new_value(Parser *p, MemsimPyType type, guint64 off)
 {
     MemsimPyValue *v = arena_alloc(p->arena, sizeof *v);
     memset(v, 0, sizeof *v);
@@ -304,7 +352,7 @@ static MemsimPyValue *new_value(Parser *p, MemsimPyType type, gsize off)
     return v;
 }
 
-static Container *new_container(Parser *p, MemsimPyType type, gsize off)
+static Container *new_container(Parser *p, MemsimPyType type, guint64 off)
 {
     Container *c = arena_alloc(p->arena, sizeof *c);
     memset(c, 0, sizeof *c);
@@ -315,12 +363,39 @@ static Container *new_container(Parser *p, MemsimPyType type, gsize off)
     return c;
 }
 
-/* A str or bytes value holding a copy of `n` bytes (NUL-terminated). */
+/* A shared value (None, True, False), made on first use. */
+static MemsimPyValue *shared(Parser *p, MemsimPyValue **slot, MemsimPyType type)
+{
+    if (!*slot)
+        *slot = new_value(p, type, MEMSIM_PY_NO_OFFSET);
+    return *slot;
+}
+
+static MemsimPyValue *new_bool(Parser *p, gboolean b)
+{
+    MemsimPyValue *v = shared(p, &p->bools[b ? 1 : 0], MEMSIM_PY_BOOL);
+    v->v.b = b ? TRUE : FALSE;
+    return v;
+}
+
+/* " (made at byte N)", or nothing for a shared value; in `buf`. */
+static const char *made_at(const MemsimPyValue *v, char buf[48])
+{
+    if (v->offset == MEMSIM_PY_NO_OFFSET)
+        return "";
+    g_snprintf(buf, 48, " (made at byte %" G_GUINT64_FORMAT ")", v->offset);
+    return buf;
+}
+
+/* A str or bytes value holding a copy of `n` bytes (NUL-terminated), in one allocation. */
 static MemsimPyValue *new_string(Parser *p, MemsimPyType type, gsize off, const guint8 *s,
                                  gsize n)
 {
-    MemsimPyValue *v = new_value(p, type, off);
-    char *d = arena_alloc(p->arena, n + 1);
+    MemsimPyValue *v = arena_alloc(p->arena, sizeof *v + n + 1);
+    memset(v, 0, sizeof *v);
+    v->type = type;
+    v->offset = off;
+    char *d = (char *)(v + 1);
     if (n)
         memcpy(d, s, n);
     d[n] = '\0';
@@ -329,10 +404,15 @@ static MemsimPyValue *new_string(Parser *p, MemsimPyType type, gsize off, const 
     return v;
 }
 
+/* The stack is bounded: growing past PICKLE_MAX_STACK stops the load after this opcode. */
 static void push(Parser *p, MemsimPyValue *v)
 {
     if (p->n_stack == p->cap_stack) {
-        p->cap_stack = p->cap_stack ? 2 * p->cap_stack : 256;
+        gsize cap = p->cap_stack ? 2 * p->cap_stack : 256;
+        arena_hold(p->arena, (cap - p->cap_stack) * sizeof *p->stack);
+        if (cap > PICKLE_MAX_STACK)
+            p->end = 0; /* n_stack is about to pass PICKLE_MAX_STACK */
+        p->cap_stack = cap;
         p->stack = g_renew(MemsimPyValue *, p->stack, p->cap_stack);
     }
     p->stack[p->n_stack++] = v;
@@ -384,36 +464,65 @@ static gboolean check_key(Parser *p, gsize off, guint8 op, const MemsimPyValue *
     return TRUE;
 }
 
+/* Item arrays of lists and dicts: the first fill (one APPENDS or SETITEMS run, usually the
+ * only one) gets an exact array in the arena; growth beyond it moves the array to the heap,
+ * where doubling by realloc leaves nothing behind, and the document frees it. Returns the
+ * new capacity, or 0 when `extra` more items fit already. *old_in_arena tells whether the
+ * current array (n items) is to be copied out of the arena. */
+static gsize grow(Parser *p, Container *c, gsize n, gsize extra, gsize arrays,
+                  gboolean *old_in_arena)
+{
+    if (n + extra <= c->cap)
+        return 0;
+    *old_in_arena = !c->heap;
+    if (c->cap == 0)
+        return c->cap = extra; /* into the arena */
+    gsize cap = MAX(2 * c->cap, n + extra);
+    if (!c->heap) {
+        c->heap = TRUE;
+        g_ptr_array_add(p->doc->heap, c);
+        /* the pointer in Doc.heap and malloc's own overhead, roughly */
+        arena_hold(p->arena, sizeof(gpointer) + arrays * (16 + cap * sizeof(MemsimPyValue *)));
+    } else {
+        arena_hold(p->arena, (cap - c->cap) * arrays * sizeof(MemsimPyValue *));
+    }
+    c->cap = cap;
+    return cap;
+}
+
+/* An item array of `cap` slots holding the `n` of `old`: in the arena for a first fill,
+ * else on the heap. */
+static MemsimPyValue **regrow(Parser *p, const Container *c, MemsimPyValue **old, gsize n,
+                              gsize cap, gboolean old_in_arena)
+{
+    if (!c->heap)
+        return arena_alloc(p->arena, cap * sizeof *old);
+    if (!old_in_arena)
+        return g_renew(MemsimPyValue *, old, cap);
+    MemsimPyValue **items = g_new(MemsimPyValue *, cap);
+    if (n)
+        memcpy(items, old, n * sizeof *items);
+    return items;
+}
+
 static void list_reserve(Parser *p, Container *c, gsize extra)
 {
     gsize n = c->v.v.seq.n;
-    if (n + extra <= c->cap)
-        return;
-    /* Doubling in the arena leaves the old array behind; the waste is at most the final
-     * size, and the total stays bounded by the input (each item was pushed by an opcode). */
-    gsize cap = MAX(MAX(2 * c->cap, n + extra), 4);
-    MemsimPyValue **items = arena_alloc(p->arena, cap * sizeof *items);
-    if (n)
-        memcpy(items, c->v.v.seq.items, n * sizeof *items);
-    c->v.v.seq.items = items;
-    c->cap = cap;
+    gboolean old_in_arena;
+    gsize cap = grow(p, c, n, extra, 1, &old_in_arena);
+    if (cap)
+        c->v.v.seq.items = regrow(p, c, c->v.v.seq.items, n, cap, old_in_arena);
 }
 
 static void dict_reserve(Parser *p, Container *c, gsize extra)
 {
     gsize n = c->v.v.dict.n;
-    if (n + extra <= c->cap)
-        return;
-    gsize cap = MAX(MAX(2 * c->cap, n + extra), 4);
-    MemsimPyValue **keys = arena_alloc(p->arena, cap * sizeof *keys);
-    MemsimPyValue **values = arena_alloc(p->arena, cap * sizeof *values);
-    if (n) {
-        memcpy(keys, c->v.v.dict.keys, n * sizeof *keys);
-        memcpy(values, c->v.v.dict.values, n * sizeof *values);
+    gboolean old_in_arena;
+    gsize cap = grow(p, c, n, extra, 2, &old_in_arena);
+    if (cap) {
+        c->v.v.dict.keys = regrow(p, c, c->v.v.dict.keys, n, cap, old_in_arena);
+        c->v.v.dict.values = regrow(p, c, c->v.v.dict.values, n, cap, old_in_arena);
     }
-    c->v.v.dict.keys = keys;
-    c->v.v.dict.values = values;
-    c->cap = cap;
 }
 
 /* Adds the pairs stack[from..n_stack) to `dict` (repeated keys are merged at the end). */
@@ -439,15 +548,20 @@ static gboolean dict_add_pairs(Parser *p, gsize off, guint8 op, Container *dict,
     return TRUE;
 }
 
-/* Replaces stack[from..n_stack) with a tuple of those values. */
+/* Replaces stack[from..n_stack) with a tuple of those values (the shared empty tuple when
+ * there are none). */
 static void make_tuple(Parser *p, gsize off, gsize from)
 {
     gsize n = p->n_stack - from;
-    Container *t = new_container(p, MEMSIM_PY_TUPLE, off);
-    if (n) {
-        t->v.v.seq.items = arena_alloc(p->arena, n * sizeof(MemsimPyValue *));
-        memcpy(t->v.v.seq.items, p->stack + from, n * sizeof(MemsimPyValue *));
+    if (n == 0) {
+        if (!p->empty_tuple)
+            p->empty_tuple = &new_container(p, MEMSIM_PY_TUPLE, MEMSIM_PY_NO_OFFSET)->v;
+        push(p, p->empty_tuple);
+        return;
     }
+    Container *t = new_container(p, MEMSIM_PY_TUPLE, off);
+    t->v.v.seq.items = arena_alloc(p->arena, n * sizeof(MemsimPyValue *));
+    memcpy(t->v.v.seq.items, p->stack + from, n * sizeof(MemsimPyValue *));
     t->v.v.seq.n = n;
     t->cap = n;
     for (gsize i = 0; i < n; i++) {
@@ -483,10 +597,10 @@ static void make_list(Parser *p, gsize off, gsize from)
 static gboolean list_append_from(Parser *p, gsize off, guint8 op, gsize from)
 {
     MemsimPyValue *target = p->stack[from - 1];
+    char buf[48];
     if (target->type != MEMSIM_PY_LIST)
-        return fail(p, off, "opcode 0x%02x (%s) on a %s (made at byte %" G_GUINT64_FORMAT
-                    "), not a list",
-                    op, op_name(op), memsim_py_type_name(target->type), target->offset);
+        return fail(p, off, "opcode 0x%02x (%s) on a %s%s, not a list", op, op_name(op),
+                    memsim_py_type_name(target->type), made_at(target, buf));
     Container *l = (Container *)target;
     gsize n = p->n_stack - from;
     list_reserve(p, l, n);
@@ -500,10 +614,10 @@ static gboolean list_append_from(Parser *p, gsize off, guint8 op, gsize from)
 static gboolean dict_target(Parser *p, gsize off, guint8 op, gsize at, Container **dict)
 {
     MemsimPyValue *target = p->stack[at];
+    char buf[48];
     if (target->type != MEMSIM_PY_DICT)
-        return fail(p, off, "opcode 0x%02x (%s) on a %s (made at byte %" G_GUINT64_FORMAT
-                    "), not a dict",
-                    op, op_name(op), memsim_py_type_name(target->type), target->offset);
+        return fail(p, off, "opcode 0x%02x (%s) on a %s%s, not a dict", op, op_name(op),
+                    memsim_py_type_name(target->type), made_at(target, buf));
     *dict = (Container *)target;
     return TRUE;
 }
@@ -546,8 +660,22 @@ static gboolean parse_decimal(const guint8 *s, gsize n, gint64 *val, gboolean *b
     return TRUE;
 }
 
+/* Small ints are shared values, made on first use. */
 static MemsimPyValue *new_int(Parser *p, gsize off, gint64 i, gboolean big)
 {
+    if (!big && i >= PICKLE_SMALL_INT_MIN && i < PICKLE_SMALL_INT_MAX) {
+        if (!p->small_ints) {
+            p->small_ints = g_new0(MemsimPyValue *, PICKLE_SMALL_INT_MAX - PICKLE_SMALL_INT_MIN);
+            arena_hold(p->arena,
+                       (PICKLE_SMALL_INT_MAX - PICKLE_SMALL_INT_MIN) * sizeof(gpointer));
+        }
+        MemsimPyValue **slot = &p->small_ints[i - PICKLE_SMALL_INT_MIN];
+        if (!*slot) {
+            *slot = new_value(p, MEMSIM_PY_INT, MEMSIM_PY_NO_OFFSET);
+            (*slot)->v.i = i;
+        }
+        return *slot;
+    }
     MemsimPyValue *v = new_value(p, big ? MEMSIM_PY_BIGINT : MEMSIM_PY_INT, off);
     if (!big)
         v->v.i = i;
@@ -630,6 +758,7 @@ static gboolean memo_put(Parser *p, gsize off, guint8 op, guint64 idx)
                     op, op_name(op), idx, p->len);
     if (idx >= p->cap_memo) {
         gsize cap = MAX(MAX(2 * p->cap_memo, (gsize)idx + 1), 256);
+        arena_hold(p->arena, (cap - p->cap_memo) * sizeof *p->memo);
         p->memo = g_renew(MemsimPyValue *, p->memo, cap);
         memset(p->memo + p->cap_memo, 0, (cap - p->cap_memo) * sizeof *p->memo);
         p->cap_memo = cap;
@@ -672,12 +801,23 @@ static gboolean read_memo_index(Parser *p, gsize off, guint8 op, guint64 *idx)
 /* Runs the opcodes up to STOP. On success the single value left is the root. */
 static MemsimPyValue *run(Parser *p)
 {
+    gsize prev = 0; /* the offset of the opcode just run */
     for (;;) {
-        if (p->pos >= p->len) {
-            fail(p, p->pos, "truncated: the data ends before the STOP opcode");
+        if (G_UNLIKELY(p->pos >= p->end)) {
+            if (p->n_stack > PICKLE_MAX_STACK)
+                fail(p, prev, "more than %u values on the stack (picklers append list items "
+                     "and dict pairs in runs of 1000): not the data of a snapshot",
+                     PICKLE_MAX_STACK);
+            else if (p->arena->over)
+                fail(p, prev, "the values read so far need more than %" G_GUINT64_FORMAT
+                     " MiB of memory (%d bytes per byte of input, plus %u MiB): not the data "
+                     "of a snapshot",
+                     p->arena->limit >> 20, PICKLE_MEM_PER_BYTE, PICKLE_MEM_BASE >> 20);
+            else
+                fail(p, p->pos, "truncated: the data ends before the STOP opcode");
             return NULL;
         }
-        const gsize off = p->pos;
+        const gsize off = prev = p->pos;
         const guint8 op = p->data[p->pos++];
         const guint8 *s;
         gsize n;
@@ -754,20 +894,18 @@ static MemsimPyValue *run(Parser *p)
             break;
 
         case 'N':
-            push(p, new_value(p, MEMSIM_PY_NONE, off));
+            push(p, shared(p, &p->none, MEMSIM_PY_NONE));
             break;
         case 0x88: /* NEWTRUE */
         case 0x89: /* NEWFALSE */
-            push(p, new_value(p, MEMSIM_PY_BOOL, off));
-            p->stack[p->n_stack - 1]->v.b = op == 0x88;
+            push(p, new_bool(p, op == 0x88));
             break;
 
         case 'I': /* INT: decimal text, or protocol 0's "01" / "00" for True / False */
             if (!read_line(p, off, op, &s, &n))
                 return NULL;
             if (n == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1')) {
-                push(p, new_value(p, MEMSIM_PY_BOOL, off));
-                p->stack[p->n_stack - 1]->v.b = s[1] == '1';
+                push(p, new_bool(p, s[1] == '1'));
                 break;
             }
             if (!parse_decimal(s, n, &i, &big)) {
@@ -1278,7 +1416,8 @@ static gboolean check_tree(Parser *p, MemsimPyValue *root)
             break;
         }
         if (path->len >= PICKLE_MAX_DEPTH) {
-            ok = fail(p, ch->offset, "values nested deeper than %d levels", PICKLE_MAX_DEPTH);
+            ok = fail(p, ch->offset != MEMSIM_PY_NO_OFFSET ? ch->offset : c->v.offset,
+                      "values nested deeper than %d levels", PICKLE_MAX_DEPTH);
             break;
         }
         cc->colour = GREY;
@@ -1297,20 +1436,27 @@ MemsimPyDoc *memsim_pickle_load(const guint8 *data, gsize len, const char *name,
 {
     g_return_val_if_fail(data != NULL || len == 0, NULL);
     MemsimPyDoc *doc = g_new0(MemsimPyDoc, 1);
+    doc->heap = g_ptr_array_new();
     Parser p = {
         .data = data,
         .len = len,
+        .end = len,
         .name = name ? name : "<pickle>",
         .arena = &doc->arena,
         .error = error,
         .work_limit = (guint64)len * PICKLE_EXPAND_PER_BYTE + PICKLE_EXPAND_BASE,
+        .doc = doc,
     };
+    doc->arena.limit = (guint64)len * PICKLE_MEM_PER_BYTE + PICKLE_MEM_BASE;
+    doc->arena.trip = &p.end;
     MemsimPyValue *root = run(&p);
     if (root && !check_tree(&p, root))
         root = NULL;
     g_free(p.stack);
     g_free(p.marks);
     g_free(p.memo);
+    g_free(p.small_ints);
+    doc->arena.trip = NULL;
     if (!root) {
         memsim_pickle_free(doc);
         return NULL;
@@ -1343,6 +1489,16 @@ void memsim_pickle_free(MemsimPyDoc *doc)
 {
     if (!doc)
         return;
+    for (guint i = 0; i < doc->heap->len; i++) {
+        MemsimPyValue *v = g_ptr_array_index(doc->heap, i);
+        if (v->type == MEMSIM_PY_DICT) {
+            g_free(v->v.dict.keys);
+            g_free(v->v.dict.values);
+        } else {
+            g_free(v->v.seq.items);
+        }
+    }
+    g_ptr_array_free(doc->heap, TRUE);
     arena_clear(&doc->arena);
     g_free(doc);
 }

@@ -11,7 +11,10 @@
  * Anything else (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, PERSID, EXT*, ...)
  * is refused with a MEMSIM_ERROR_BAD_INPUT naming the file, the byte offset and the opcode.
  * Values form a tree (memo references may share a value; cycles are refused). All values
- * belong to the document and live until memsim_pickle_free().
+ * belong to the document and live until memsim_pickle_free(). None, True, False, the ints
+ * from -256 to 65535 and the empty tuple are one shared value each per document, whose
+ * offset is MEMSIM_PY_NO_OFFSET: a hostile file of a million NONE opcodes costs a million
+ * pointers, not a million objects. Memory is bounded by the input size (see pickle.c).
  */
 #ifndef MEMSIM_FORMATS_PICKLE_H
 #define MEMSIM_FORMATS_PICKLE_H
@@ -34,9 +37,13 @@ typedef enum {
 
 typedef struct MemsimPyValue MemsimPyValue;
 
+/* The offset of a shared value (None, a bool, a small int, the empty tuple). */
+#define MEMSIM_PY_NO_OFFSET G_MAXUINT64
+
 struct MemsimPyValue {
     MemsimPyType type;
-    uint64_t offset; /* byte offset in the file of the opcode that made this value */
+    uint64_t offset; /* byte offset in the file of the opcode that made this value, or
+                        MEMSIM_PY_NO_OFFSET for a shared value */
     union {
         gboolean b;
         int64_t i;

@@ -52,6 +52,16 @@ static gboolean fail(Ctx *c, const char *where, const char *fmt, ...)
     return FALSE;
 }
 
+/* " (byte N)" where the value was made, or nothing for a shared value (None, a bool, a
+ * small int); in `buf`. */
+static const char *at_byte(const MemsimPyValue *v, char buf[40])
+{
+    if (v->offset == MEMSIM_PY_NO_OFFSET)
+        return "";
+    g_snprintf(buf, 40, " (byte %" G_GUINT64_FORMAT ")", v->offset);
+    return buf;
+}
+
 /* An integer field that must be present, non-negative and (optionally) positive. */
 static gboolean get_u64(Ctx *c, const MemsimPyValue *d, const char *key, const char *where,
                         gboolean required, uint64_t *out)
@@ -62,12 +72,12 @@ static gboolean get_u64(Ctx *c, const MemsimPyValue *d, const char *key, const c
             return TRUE;
         return fail(c, where, "missing key '%s'", key);
     }
+    char buf[40];
     if (v->type == MEMSIM_PY_BIGINT)
-        return fail(c, where, "'%s' does not fit in 64 bits (byte %" G_GUINT64_FORMAT ")", key,
-                    v->offset);
+        return fail(c, where, "'%s' does not fit in 64 bits%s", key, at_byte(v, buf));
     if (v->type != MEMSIM_PY_INT)
-        return fail(c, where, "'%s' is a %s, expected an int (byte %" G_GUINT64_FORMAT ")", key,
-                    memsim_py_type_name(v->type), v->offset);
+        return fail(c, where, "'%s' is a %s, expected an int%s", key,
+                    memsim_py_type_name(v->type), at_byte(v, buf));
     if (v->v.i < 0)
         return fail(c, where, "'%s' is negative (%" G_GINT64_FORMAT ")", key, v->v.i);
     *out = (uint64_t)v->v.i;
@@ -84,9 +94,10 @@ static gboolean expect(Ctx *c, const MemsimPyValue *v, MemsimPyType t, const cha
 {
     if (!v)
         return fail(c, where, "missing");
+    char buf[40];
     if (v->type != t && !(t == MEMSIM_PY_LIST && v->type == MEMSIM_PY_TUPLE))
-        return fail(c, where, "is a %s, expected a %s (byte %" G_GUINT64_FORMAT ")",
-                    memsim_py_type_name(v->type), memsim_py_type_name(t), v->offset);
+        return fail(c, where, "is a %s, expected a %s%s", memsim_py_type_name(v->type),
+                    memsim_py_type_name(t), at_byte(v, buf));
     return TRUE;
 }
 

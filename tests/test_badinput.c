@@ -2,7 +2,9 @@
  * make `memsim replay FILE` exit with status N, print a message naming the file, and never
  * crash (in the sanitizer build a report would also fail the test). */
 #include <criterion/criterion.h>
+#include <glib/gstdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "testutil.h"
 
@@ -32,4 +34,60 @@ Test(badinput, corpus, .timeout = 300)
     }
     g_dir_close(d);
     cr_expect_gt(n, 20, "the corpus has only %d files", n);
+}
+
+/* A 20 MB pickle of Nones (PROTO 2, EMPTY_LIST, MARK, N × NONE, APPENDS, STOP, or the same
+ * in runs of 1000 as Python's pickle.dumps([None] * N) writes it): refused with exit 2 and
+ * the file named, in a few seconds and well under 500 MB (it took 1.28 GB and 6 s). */
+static void none_flood(gsize n, gsize batch)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *path = g_build_filename(dir, batch ? "nones-batched.pickle" : "nones.pickle",
+                                             NULL);
+    GByteArray *b = g_byte_array_sized_new((guint)(n + n / 500 + 16));
+    g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
+    for (gsize done = 0; done < n;) {
+        gsize run = batch ? MIN(batch, n - done) : n;
+        g_byte_array_append(b, (const guint8 *)"(", 1);
+        guint len = b->len;
+        g_byte_array_set_size(b, len + (guint)run);
+        memset(b->data + len, 'N', run);
+        g_byte_array_append(b, (const guint8 *)"e", 1);
+        done += run;
+    }
+    g_byte_array_append(b, (const guint8 *)".", 1);
+    GError *error = NULL;
+    cr_assert(g_file_set_contents(path, (const char *)b->data, b->len, &error), "%s",
+              error ? error->message : "?");
+    g_byte_array_free(b, TRUE);
+
+    const char *argv[] = {"replay", path, NULL};
+    g_autofree char *err = NULL;
+    gint64 t0 = g_get_monotonic_time();
+    int rc = tu_run_memsim(argv, NULL, &err);
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
+    struct rusage ru;
+    getrusage(RUSAGE_CHILDREN, &ru);
+    double mib = (double)ru.ru_maxrss / 1024.0;
+    g_unlink(path);
+    g_rmdir(dir);
+    cr_log_info("%zu Nones%s: exit %d in %.2f s, peak RSS %.0f MiB", (size_t)n,
+                batch ? " in runs" : "", rc, secs, mib);
+    cr_expect_eq(rc, 2, "exit %d; stderr: %s", rc, err);
+    cr_expect(strstr(err, path) != NULL, "the message does not name the file: %s", err);
+    const char *san = g_getenv("MEMSIM_SANITIZE");
+    if (san && *san && strcmp(san, "none") != 0)
+        return; /* sanitizers multiply time and memory */
+    cr_expect_lt(secs, 5.0, "%.2f s", secs);
+    cr_expect_lt(mib, 500.0, "peak RSS %.0f MiB", mib);
+}
+
+Test(badinput, none_flood_pickle, .timeout = 120)
+{
+    none_flood(20000000, 0);
+}
+
+Test(badinput, none_flood_pickle_batched, .timeout = 120)
+{
+    none_flood(20000000, 1000);
 }

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* The length of a string literal holding a pickle (without the terminating NUL). */
 #define LIT(s) (s), (sizeof(s) - 1)
@@ -1340,6 +1341,10 @@ Test(pickle, malformed)
         CASE("\x80\x02}(K\x01" "e.", "not a list"),
         CASE("\x80\x02](K\x01K\x02u.", "not a dict"),
         CASE("\x80\x02K\x01K\x02K\x03s.", "not a dict"),
+        /* shared values (None, small ints) have no place of their own to name */
+        CASE("\x80\x02NNa.", "opcode 0x61 (APPEND) on a None, not a list"),
+        CASE("\x80\x02K\x01(K\x02K\x03u.", "(SETITEMS) on a int, not a dict"),
+        CASE("\x80\x02J\x01\x01\x01\x01(K\x02K\x03u.", "on a int (made at byte 2), not a dict"),
         CASE("\x80\x02}(K\x01u.", "odd number of items"),
         CASE("\x80\x02(K\x01" "d.", "odd number of items"),
         CASE("\x80\x02}]K\x01s.", "a list (made at byte 3) cannot be a dict key"),
@@ -1481,6 +1486,121 @@ Test(pickle, tuple_key_size)
         }
         g_byte_array_free(b, TRUE);
     }
+}
+
+/* ---- memory on hostile input ----------------------------------------------------------- */
+
+/* PROTO 2, EMPTY_LIST, then n NONEs appended by APPENDS: all at once (batch 0), or in runs
+ * of `batch` as Python's pickler writes them (pickle.dumps([None] * n)). */
+static GByteArray *none_flood(gsize n, gsize batch)
+{
+    GByteArray *b = g_byte_array_sized_new((guint)(n + n / (batch ? batch : n) * 2 + 16));
+    g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
+    for (gsize done = 0; done < n;) {
+        gsize run = batch ? MIN(batch, n - done) : n;
+        g_byte_array_append(b, (const guint8 *)"(", 1);
+        guint len = b->len;
+        g_byte_array_set_size(b, len + (guint)run);
+        memset(b->data + len, 'N', run);
+        g_byte_array_append(b, (const guint8 *)"e", 1);
+        done += run;
+    }
+    g_byte_array_append(b, (const guint8 *)".", 1);
+    return b;
+}
+
+/* Peak resident memory of this process, in MiB. */
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+static gboolean sanitized(void)
+{
+    const char *s = g_getenv("MEMSIM_SANITIZE");
+    return s && *s && strcmp(s, "none") != 0;
+}
+
+/* 20 MB of NONE opcodes: memory stays a small multiple of the input (it took 1.28 GB when
+ * every None was an object of its own and the stack held all 20 million at once). */
+Test(pickle, none_flood, .timeout = 120)
+{
+    const gsize n = 20000000;
+    gint64 t0 = g_get_monotonic_time();
+    GByteArray *b = none_flood(n, 0);
+    /* One APPENDS of 20 million values: no pickler writes that, refused early. */
+    char *msg = load_err((const char *)b->data, b->len);
+    cr_expect(strstr(msg, "values on the stack") != NULL, "%s", msg);
+    g_free(msg);
+    g_byte_array_free(b, TRUE);
+
+    /* Python's own layout (runs of 1000) is a valid pickle: loaded, each item the one None. */
+    b = none_flood(n, 1000);
+    GError *err = NULL;
+    MemsimPyDoc *doc = memsim_pickle_load(b->data, b->len, "t.pickle", &err);
+    cr_assert_not_null(doc, "%s", err ? err->message : "?");
+    const MemsimPyValue *root = memsim_pickle_root(doc);
+    cr_assert_eq(root->type, MEMSIM_PY_LIST);
+    cr_assert_eq(root->v.seq.n, n);
+    cr_expect_eq(root->v.seq.items[0]->type, MEMSIM_PY_NONE);
+    cr_expect_eq(root->v.seq.items[0], root->v.seq.items[n - 1], "Nones are not shared");
+    cr_expect_eq(root->v.seq.items[0]->offset, MEMSIM_PY_NO_OFFSET);
+    memsim_pickle_free(doc);
+    g_byte_array_free(b, TRUE);
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6, mib = peak_rss_mib();
+    cr_log_info("none_flood: %.2f s, peak RSS %.0f MiB", secs, mib);
+    if (!sanitized())
+        cr_expect_lt(mib, 400.0, "peak RSS %.0f MiB for 20 MB of Nones", mib);
+}
+
+/* Every kind of cheap opcode, repeated: memory is bounded by the input size. */
+Test(pickle, cheap_opcode_floods, .timeout = 120)
+{
+    static const struct {
+        const char *op;
+        const char *needle;
+    } floods[] = {
+        {"}", "memory"},        /* EMPTY_DICT: a container per byte */
+        {"]", "memory"},        /* EMPTY_LIST */
+        {"N\x85", "memory"},    /* a tuple around the last value: nested tuples */
+        {"J\1\1\1\1", NULL},    /* BININT, not small: an int object per 5 bytes (fits) */
+        {"K\x07", NULL},        /* BININT1: shared small ints */
+        {"\x88", NULL},         /* NEWTRUE: shared */
+        {")", NULL},            /* EMPTY_TUPLE: shared */
+    };
+    const gsize bytes = 8000000;
+    for (gsize f = 0; f < G_N_ELEMENTS(floods); f++) {
+        gsize oplen = strlen(floods[f].op);
+        GByteArray *b = g_byte_array_new();
+        g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
+        /* runs of 1000 values appended, as a pickler writes lists */
+        for (gsize done = 0; done < bytes; done += 1000 * oplen) {
+            g_byte_array_append(b, (const guint8 *)"(", 1);
+            for (int i = 0; i < 1000; i++)
+                g_byte_array_append(b, (const guint8 *)floods[f].op, (guint)oplen);
+            g_byte_array_append(b, (const guint8 *)"e", 1);
+        }
+        g_byte_array_append(b, (const guint8 *)".", 1);
+        GError *err = NULL;
+        MemsimPyDoc *doc = memsim_pickle_load(b->data, b->len, "t.pickle", &err);
+        if (floods[f].needle) {
+            cr_expect_null(doc, "flood of %zu × \"%s\" was loaded", (size_t)(bytes / oplen),
+                           floods[f].op);
+            cr_expect(err && strstr(err->message, floods[f].needle), "%s",
+                      err ? err->message : "no error");
+        } else {
+            cr_expect_not_null(doc, "%s", err ? err->message : "?");
+        }
+        g_clear_error(&err);
+        memsim_pickle_free(doc);
+        g_byte_array_free(b, TRUE);
+    }
+    double mib = peak_rss_mib();
+    cr_log_info("cheap_opcode_floods: peak RSS %.0f MiB", mib);
+    if (!sanitized())
+        cr_expect_lt(mib, 250.0, "peak RSS %.0f MiB for 8 MB floods", mib);
 }
 
 /* ---- API ------------------------------------------------------------------------------ */
