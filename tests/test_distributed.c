@@ -43,13 +43,6 @@ static const MemsimBreakdown *state_of(const MemsimRankReport *r)
     return NULL;
 }
 
-static int64_t n_params(const char *model)
-{
-    MemsimModel *m = memsim_model_load(model, NULL);
-    int64_t n = memsim_model_n_params(m);
-    memsim_model_free(m);
-    return n;
-}
 
 /* ZeRO (Rajbhandari et al. 2020, §5): with Ψ parameters, N ranks and mixed-precision Adam
  * (K = 12 bytes of fp32 master + two moments per parameter):
@@ -59,7 +52,9 @@ static int64_t n_params(const char *model)
 Test(distributed, zero_and_ddp_closed_forms, .timeout = 300)
 {
     const char *model = "opt-125m";
-    int64_t psi = n_params(model);
+    /* facebook/opt-125m's published parameter count (its checkpoint's tensors, the embedding
+     * tied to the head counted once; test_generator lists the presets' published counts) */
+    int64_t psi = 125239296;
     const int Ns[] = {2, 4, 8};
     for (gsize k = 0; k < G_N_ELEMENTS(Ns); k++) {
         int N = Ns[k];
@@ -378,7 +373,9 @@ Test(distributed, korthikanti_table_2, .timeout = 600)
     for (gsize i = 0; i < G_N_ELEMENTS(rows); i++) {
         int64_t got = layer_bytes((int64_t)h, (int64_t)a, rows[i].t, rows[i].ckpt, rows[i].sp);
         double e = ((double)got - rows[i].want) / rows[i].want;
-        cr_expect(e > -0.05 && e < 0.05, "t=%d %s%s: %" G_GINT64_FORMAT " bytes, paper %.0f (%+.3f%%)",
+        /* 0.1%: the paper's formulas leave out only buffers of a few bytes per token, and a
+         * dropout mask (sbh bytes) would be 3% of 34sbh */
+        cr_expect(e > -0.001 && e < 0.001, "t=%d %s%s: %" G_GINT64_FORMAT " bytes, paper %.0f (%+.3f%%)",
                   rows[i].t, rows[i].ckpt, rows[i].sp ? " +SP" : "", got, rows[i].want, 100 * e);
         cr_log_info("t=%d %s%s: %+.4f%%", rows[i].t, rows[i].ckpt, rows[i].sp ? " +SP" : "", 100 * e);
     }
@@ -522,16 +519,18 @@ Test(distributed, lora_and_qlora_model_state, .timeout = 300)
     }
 }
 
-/* Collectives carry durations from the profile's links: ZeRO-3 on 8 GPUs of one node (A100
- * NVLink 300 GB/s per direction, at 80%) gathers a Llama-2-7B layer (bf16, padded to N) in
- * (N − 1)/N of its bytes over the link; Megatron's TP and pipeline collectives are timed too.
- * Replaying the same trace twice gives the same time. */
+/* Collectives carry durations from the profile's links: ZeRO-3 on 8 GPUs of one node gathers
+ * a Llama-2-7B layer (bf16, padded to N), moving (N − 1)/N of its bytes over each GPU's link;
+ * the bus bandwidth that implies must be what NCCL measures on an A100 node: between 200 and
+ * 300 GB/s (NVLink 3's published 300 GB/s per direction is the ceiling; nccl-tests' all_gather
+ * on DGX A100 reports about 230 GB/s bus bandwidth). Megatron's TP and pipeline collectives
+ * are timed too. Replaying the same trace twice gives the same time. */
 Test(distributed, collectives_take_link_time, .timeout = 300)
 {
     const int N = 8;
     int64_t layer = 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096;
     double gl = 2.0 * N * (double)((layer + N - 1) / N);
-    double want = (N - 1.0) / N * gl / (0.8 * 300e3);
+    double moved = (N - 1.0) / N * gl; /* bytes over each GPU's link */
     const char *zero3[] = {"gpus", "8", "method", "zero3", "seq", "128", "steps", "1", NULL};
     const char *mega[] = {"gpus", "8", "tp", "2", "pp", "2", "dp", "2", "seq", "128",
                           "sequence-parallel", "true", "steps", "1", NULL};
@@ -552,8 +551,9 @@ Test(distributed, collectives_take_link_time, .timeout = 300)
                 colls++;
                 untimed += d <= 0;
                 if (k == 0 && ev[i].aux == MEMSIM_COLL_ALL_GATHER && ev[i].size == (uint64_t)gl) {
-                    cr_expect(fabs(d - want) < 1e-6 * want, "layer gather %.3f µs, want %.3f", d,
-                              want);
+                    double busbw = moved / d / 1e3; /* GB/s */
+                    cr_expect(busbw >= 200 && busbw <= 300,
+                              "layer gather %.3f µs: %.1f GB/s of bus bandwidth", d, busbw);
                     layer_gathers++;
                 }
             }
