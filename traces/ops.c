@@ -759,12 +759,14 @@ AgTensor *op_embedding(AgGraph *g, AgTensor *weight, AgTensor *ids)
 
 /* ---- matrix products (§2) ---- */
 
+/* Each GEMM opens its op (gg_op) before gg_gemm: the cuBLAS workspace the first GEMM of a
+ * thread allocates belongs to that GEMM, not to the op before it. */
+
 /* mm/addmm backward (§2.4): mat1 grad [M,K], then mat2 grad [K,N] (returned as the
  * transpose of a contiguous [N,K] when mat2 is Wᵀ), then the bias reduced to [N]. Inputs:
  * 0 = bias (addmm only), 1 = mat1, 2 = mat2. */
 static void bw_mm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
-    gg_gemm(g);
     AgTensor *gr = gin[0];
     int bias = n->iarg[0] ? 1 : 0;
     int i1 = bias, i2 = bias + 1;
@@ -772,12 +774,14 @@ static void bw_mm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     double mkn = (double)gt_numel(gr) * (double)n->in_meta[i2]->shape[0];
     if (needs(n, i1)) {
         gg_op(g, "mm");
+        gg_gemm(g);
         gg_flops(g, 2.0 * mkn);
         gout[i1] = alloc_like_dt(g, n->in_meta[i1], gr->dt);
     }
     if (needs(n, i2)) {
         const AgTensor *m2 = n->in_meta[i2];
         gg_op(g, "mm");
+        gg_gemm(g);
         gg_flops(g, 2.0 * mkn);
         AgTensor *t = gt_empty(g, gr->dt, SHAPE(m2->shape[1], m2->shape[0]));
         /* the transpose view of a row-major [N,K]: mat2's layout */
@@ -811,8 +815,8 @@ AgTensor *op_linear(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
         x2 = op_reshape(g, xc, SHAPE(M, H));
     }
     bool addmm = bc && (xc->nd == 2 || gt_is_contiguous(xc));
-    gg_gemm(g);
     gg_op(g, addmm ? "addmm" : "mm");
+    gg_gemm(g);
     gg_flops(g, 2.0 * (double)M * (double)H * (double)O);
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
     AgTensor *xs3[3] = {bc, x2, wt};
@@ -858,8 +862,8 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     int64_t nx = wc->shape[0], nf = wc->shape[1];
     int64_t M = gt_numel(xc) / nx;
     AgTensor *x2 = op_view(g, xc, SHAPE(M, nx));
-    gg_gemm(g);
     gg_op(g, "addmm");
+    gg_gemm(g);
     gg_flops(g, 2.0 * (double)M * (double)nx * (double)nf);
     AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
     AgTensor *xs3[3] = {bc, x2, wc};
@@ -887,13 +891,13 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
 /* bmm backward: grad.bmm(mat2ᵀ) then selfᵀ.bmm(grad), one alloc each (§2.4). */
 static void bw_bmm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
-    gg_gemm(g);
     /* [b,n,k] @ [b,k,p]: each gradient is 2·b·n·k·p FLOPs */
     const AgTensor *a = n->in_meta[0], *b = n->in_meta[1];
     double bnkp = (double)gt_numel(a) * (double)b->shape[b->nd - 1];
     for (int i = 0; i < 2; i++)
         if (needs(n, i)) {
             gg_op(g, "bmm");
+            gg_gemm(g);
             gg_flops(g, 2.0 * bnkp);
             gout[i] = alloc_like_dt(g, n->in_meta[i], gin[0]->dt);
         }
@@ -912,8 +916,8 @@ AgTensor *op_matmul(AgGraph *g, AgTensor *a, AgTensor *b)
     int64_t n_ = ac->shape[nd - 2], k_ = ac->shape[nd - 1], p_ = bc->shape[nd - 1];
     AgTensor *a3 = op_reshape(g, ac, SHAPE(batch, n_, k_));
     AgTensor *b3 = op_reshape(g, bc, SHAPE(batch, k_, p_));
-    gg_gemm(g);
     gg_op(g, "bmm");
+    gg_gemm(g);
     gg_flops(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_);
     AgTensor *out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
     AgTensor *xs[2] = {a3, b3};
