@@ -741,6 +741,19 @@ Test(policies, settings_change_behaviour)
 /* ---------------------------------------------------------------------------------------- */
 /* Real snapshots */
 
+/* The segments a recording starts with (a snapshot taken mid-run): policies that cache keep
+ * them, on top of what the program asks for. */
+static int64_t initial_segments(MemsimTrace *t, guint32 rank)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
+    int64_t sum = 0;
+    for (gsize i = 0; i < n; i++)
+        if (ev[i].kind == MEMSIM_EV_INIT_SEGMENT)
+            sum += (int64_t)ev[i].size;
+    return sum;
+}
+
 /* Per rank, the peak of live requests rounded by `a` (recorded live blocks rounded to 256
  * bytes: every policy charges a recorded block at least its request rounded so). */
 static GArray *trace_peak_rounded(MemsimTrace *t, MemsimAlloc *a)
@@ -840,6 +853,16 @@ Test(policies, real_snapshots, .timeout = 600)
                       " / allocated %" G_GINT64_FORMAT
                       " below the rounded live requests %" G_GINT64_FORMAT,
                       path, (*q)->name, r, x->stats.reserved.peak, x->stats.allocated.peak, lb);
+                /* and from above: no policy reserves more than twice what the program
+                 * holds rounded (exact's peak) plus 1 GiB — power-of-two blocks (buddy) and
+                 * doubling regions (bfc) at most double it; a segment's slack is below 1 GiB */
+                int64_t ub = 2 * exact->ranks[r].stats.reserved.peak + (int64_t)1024 * MiB +
+                             initial_segments(trace, r);
+                CHECK(x->stats.reserved.peak <= ub,
+                      "%s through %s, rank %u: peak reserved %" G_GINT64_FORMAT
+                      " above twice exact's %" G_GINT64_FORMAT " plus 1 GiB",
+                      path, (*q)->name, r, x->stats.reserved.peak,
+                      exact->ranks[r].stats.reserved.peak);
                 if (coarser)
                     CHECK(x->stats.reserved.peak >= exact->ranks[r].stats.reserved.peak,
                           "%s through %s, rank %u: peak reserved %" G_GINT64_FORMAT

@@ -1,8 +1,42 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Skips are visible: each skipped test is printed with its reason (and appended to
+ * $MEMSIM_SKIP_LOG, which tools/run-tests.sh lists and counts), and a suite all of whose tests
+ * were skipped exits 77, which meson reports as SKIP rather than OK. */
+void tu_note_skip(const char *what, const char *why)
+{
+    fprintf(stderr, "SKIP %s: %s\n", what, why);
+    const char *log = getenv("MEMSIM_SKIP_LOG");
+    FILE *f = log && *log ? fopen(log, "a") : NULL;
+    if (f) {
+        fprintf(f, "%s: %s\n", what, why);
+        fclose(f);
+    }
+}
+
+ReportHook(POST_TEST)(struct criterion_test_stats *st)
+{
+    if (st->test_status != CR_STATUS_SKIPPED)
+        return;
+    char what[256];
+    snprintf(what, sizeof what, "%s/%s", st->test->category, st->test->name);
+    tu_note_skip(what, st->message && *st->message ? st->message : "no reason given");
+}
+
+ReportHook(POST_ALL)(struct criterion_global_stats *st)
+{
+    if (st->nb_tests > 0 && st->tests_skipped == st->nb_tests) {
+        fprintf(stderr, "SKIP: every test of this suite was skipped\n");
+        fflush(NULL);
+        _Exit(77);
+    }
+}
 
 const char *tu_shared_data(void)
 {

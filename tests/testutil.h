@@ -9,6 +9,9 @@ const char *tu_shared_data(void);
 /* Path under the shared data folder; skips the current test with a clear message when the
  * folder is absent. Returns a newly allocated path. */
 char *tu_shared_path_or_skip(const char *relative);
+/* Says that a part of a test (`what`) was skipped and why: on stderr and in $MEMSIM_SKIP_LOG,
+ * which tools/run-tests.sh lists (a whole skipped Criterion test is noted by itself). */
+void tu_note_skip(const char *what, const char *why);
 /* Path of a file under tests/data. Newly allocated. */
 char *tu_test_data(const char *relative);
 /* Runs argv (argv[0] found on PATH) with the environment plus `env` (NULL-terminated "K=V"
