@@ -4,9 +4,12 @@
  * python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW, two steps each). The
  * generator's trace for the same config and run (--torch-version 1.13, CPU kernels), replayed
  * through `exact`, must match the recording replayed through `exact`: each step's peak
- * allocated within 0.1%, each phase's within 0.5% (measured: 0.065% and 0.284% at worst). */
+ * allocated within 0.1%, each phase's within 0.5% (measured: 0.065% and 0.284% at worst), and
+ * at each phase's peak the live bytes of each category within 0.5% of that peak. The same
+ * comparison of a generated run with one saved activation removed must fail. */
 #include <criterion/criterion.h>
 #include <json-glib/json-glib.h>
+#include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 #include <math.h>
@@ -71,7 +74,100 @@ static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
     return NULL;
 }
 
-static int compare_case(const char *dir, const char *json_path)
+/* Live requested bytes by category at each (step, phase)'s peak of a trace's rank 0: a step
+ * begins where the forward begins again. Activations, temporaries and the KV cache are one
+ * bucket (filed as "activation"): the recorder calls activation what a forward leaves alive at
+ * its end, the generator what autograd saves, so recomputed and output tensors fall on
+ * different sides of that line; parameters, gradients, optimizer state, inputs and buffers
+ * are compared each on their own. */
+typedef struct {
+    int64_t total;
+    int64_t cat[MEMSIM_CAT_COUNT];
+} PhasePeak;
+
+#define MAX_STEPS 8
+
+static void category_peaks(MemsimTrace *t, PhasePeak peaks[MAX_STEPS][MEMSIM_PHASE_COUNT])
+{
+    memset(peaks, 0, sizeof(PhasePeak) * MAX_STEPS * MEMSIM_PHASE_COUNT);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    PhasePeak now = {0};
+    int step = 0, phase = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP && ev[i].id < h->n_ops) {
+            int ph = h->ops[ev[i].id].phase;
+            if (ph == MEMSIM_PHASE_FORWARD && phase != MEMSIM_PHASE_FORWARD)
+                step++;
+            phase = ph;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC) {
+            int c = ev[i].category == MEMSIM_CAT_KV_CACHE || ev[i].category == MEMSIM_CAT_TEMPORARY
+                        ? MEMSIM_CAT_ACTIVATION
+                        : ev[i].category;
+            int64_t *k = g_new(int64_t, 1), *v = g_new(int64_t, 2);
+            *k = (int64_t)ev[i].id;
+            v[0] = (int64_t)ev[i].size;
+            v[1] = c;
+            g_hash_table_replace(live, k, v);
+            now.total += v[0];
+            now.cat[c] += v[0];
+            if (step > 0 && step < MAX_STEPS && phase >= 0 && now.total > peaks[step][phase].total)
+                peaks[step][phase] = now;
+        } else if (ev[i].kind == MEMSIM_EV_FREE) {
+            int64_t k = (int64_t)ev[i].id;
+            int64_t *v = g_hash_table_lookup(live, &k);
+            if (v) {
+                now.total -= v[0];
+                now.cat[v[1]] -= v[0];
+                g_hash_table_remove(live, &k);
+            }
+        }
+    }
+    g_hash_table_unref(live);
+}
+
+/* Removes one saved activation from a generated trace: the largest forward activation that
+ * lives into the backward is freed right after it is made. */
+static void drop_saved_activation(MemsimTrace *t)
+{
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n;
+    MemsimEvent *ev = (MemsimEvent *)memsim_trace_events(t, 0, &n);
+    gsize best = n, best_free = n;
+    int phase = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP && ev[i].id < h->n_ops)
+            phase = h->ops[ev[i].id].phase;
+        if (ev[i].kind != MEMSIM_EV_ALLOC || ev[i].category != MEMSIM_CAT_ACTIVATION ||
+            phase != MEMSIM_PHASE_FORWARD || (best < n && ev[i].size <= ev[best].size))
+            continue;
+        int ph = phase;
+        for (gsize j = i + 1; j < n; j++) {
+            if (ev[j].kind == MEMSIM_EV_OP && ev[j].id < h->n_ops)
+                ph = h->ops[ev[j].id].phase;
+            if (ev[j].kind == MEMSIM_EV_FREE && ev[j].id == ev[i].id) {
+                if (ph == MEMSIM_PHASE_BACKWARD) {
+                    best = i;
+                    best_free = j;
+                }
+                break;
+            }
+        }
+    }
+    cr_assert_lt(best, n, "no saved activation in the generated trace");
+    MemsimEvent fr = ev[best_free];
+    memmove(&ev[best + 2], &ev[best + 1], (best_free - best - 1) * sizeof *ev);
+    ev[best + 1] = fr;
+}
+
+/* Compares the generated run of a recorded case with the recording (each step's peak, each
+ * phase's peak, and each category's live bytes at each phase's peak); returns the number of
+ * comparisons that are off by more than the README's bounds, each reported (as failures when
+ * `expect`, else as notes). `mutate`, if given, changes the generated trace first. */
+static int compare_case(const char *dir, const char *json_path, void (*mutate)(MemsimTrace *),
+                        gboolean expect, int *checks_out)
 {
     GError *error = NULL;
     g_autoptr(JsonParser) p = json_parser_new();
@@ -118,6 +214,8 @@ static int compare_case(const char *dir, const char *json_path)
     }
     MemsimTrace *t = memsim_generate(m, &run, &error);
     cr_assert(t, "%s: %s", name, error ? error->message : "?");
+    if (mutate)
+        mutate(t);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.allocator = "exact";
     MemsimReport *ours = memsim_replay_trace(t, &o, &error);
@@ -127,15 +225,31 @@ static int compare_case(const char *dir, const char *json_path)
     cr_assert(real, "%s: %s", name, error ? error->message : "?");
 
     const MemsimRankReport *a = &ours->ranks[0], *b = &real->ranks[0];
-    int checks = 0;
+    int checks = 0, off = 0;
+    static PhasePeak cat_ours[MAX_STEPS][MEMSIM_PHASE_COUNT], cat_real[MAX_STEPS][MEMSIM_PHASE_COUNT];
+    category_peaks(t, cat_ours);
+    MemsimTrace *rt = memsim_trace_load(trace, &error);
+    cr_assert(rt, "%s: %s", trace, error ? error->message : "?");
+    category_peaks(rt, cat_real);
+    memsim_trace_free(rt);
+#define OFF(cond, ...)                                                                           \
+    do {                                                                                         \
+        if (cond) {                                                                              \
+            off++;                                                                               \
+            if (expect)                                                                          \
+                cr_expect_fail(__VA_ARGS__);                                                     \
+            else                                                                                 \
+                cr_log_info(__VA_ARGS__);                                                        \
+        }                                                                                        \
+    } while (0)
     for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
         const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
         cr_assert(sa && sb, "%s: step %u missing", name, s);
         double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                    (double)sb->peak_allocated;
-        cr_expect(fabs(e) <= STEP_BOUND, "%s step %u: generated %" G_GINT64_FORMAT
-                  ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
-                  name, s, sa->peak_allocated, sb->peak_allocated, 100 * e);
+        OFF(fabs(e) > STEP_BOUND, "%s step %u: generated %" G_GINT64_FORMAT
+            ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
+            name, s, sa->peak_allocated, sb->peak_allocated, 100 * e);
         cr_log_info("%s step %u: %+.3f%%", name, s, 100 * e);
         checks++;
         for (int ph = MEMSIM_PHASE_FORWARD; ph <= MEMSIM_PHASE_OPTIMIZER; ph++) {
@@ -143,20 +257,36 @@ static int compare_case(const char *dir, const char *json_path)
                       memsim_phase_name(ph));
             double pe = ((double)sa->phase_peak_allocated[ph] - (double)sb->phase_peak_allocated[ph]) /
                         (double)sb->phase_peak_allocated[ph];
-            cr_expect(fabs(pe) <= PHASE_BOUND, "%s step %u %s: generated %" G_GINT64_FORMAT
-                      ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
-                      name, s, memsim_phase_name(ph), sa->phase_peak_allocated[ph],
-                      sb->phase_peak_allocated[ph], 100 * pe);
+            OFF(fabs(pe) > PHASE_BOUND, "%s step %u %s: generated %" G_GINT64_FORMAT
+                ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
+                name, s, memsim_phase_name(ph), sa->phase_peak_allocated[ph],
+                sb->phase_peak_allocated[ph], 100 * pe);
+            /* what is live at that peak, by category: a missing tensor and an extra one of
+             * the same size in another category do not cancel */
+            const PhasePeak *ca = &cat_ours[s][ph], *cb = &cat_real[s][ph];
+            for (int k = 0; k < MEMSIM_CAT_COUNT; k++) {
+                double d = (double)(ca->cat[k] - cb->cat[k]) / (double)cb->total;
+                OFF(fabs(d) > PHASE_BOUND,
+                    "%s step %u %s, %s at the peak: generated %" G_GINT64_FORMAT
+                    ", recorded %" G_GINT64_FORMAT " (%+.2f%% of the phase's peak)",
+                    name, s, memsim_phase_name(ph),
+                    k == MEMSIM_CAT_ACTIVATION ? "activation+temporary" : memsim_category_name(k),
+                    ca->cat[k],
+                    cb->cat[k], 100 * d);
+                checks++;
+            }
             cr_log_info("%s step %u %s: %+.3f%%", name, s, memsim_phase_name(ph), 100 * pe);
             checks++;
         }
     }
+#undef OFF
     memsim_report_free(ours);
     memsim_report_free(real);
     memsim_trace_free(t);
     memsim_run_clear(&run);
     memsim_model_free(m);
-    return checks;
+    *checks_out = checks;
+    return off;
 }
 
 Test(reference, generator_matches_pytorch_1_13, .timeout = 900)
@@ -172,7 +302,9 @@ Test(reference, generator_matches_pytorch_1_13, .timeout = 900)
         if (!g_str_has_suffix(f, ".json") || g_str_has_suffix(f, ".config.json"))
             continue;
         g_autofree char *path = g_build_filename(dir, f, NULL);
-        checks += compare_case(dir, path);
+        int k = 0;
+        compare_case(dir, path, NULL, TRUE, &k);
+        checks += k;
         cases++;
         families[0] |= g_str_has_prefix(f, "llama");
         families[1] |= g_str_has_prefix(f, "gpt2");
@@ -186,4 +318,11 @@ Test(reference, generator_matches_pytorch_1_13, .timeout = 900)
     cr_expect(families[0] && families[1] && families[2] && families[3] && ckpt && lora,
               "every family, checkpointing and LoRA are covered");
     cr_log_info("%d cases, %d peak comparisons", cases, checks);
+    /* The comparison is shown to fail: the same generated run with one saved activation
+     * freed at once (the largest; in the LoRA case, an [4, 128, 128] fp32 tensor, 1.4% of
+     * the forward's peak) is off. */
+    g_autofree char *victim = g_build_filename(dir, "llama_gqa_lora_b4_s128.json", NULL);
+    int k = 0;
+    int off = compare_case(dir, victim, drop_saved_activation, FALSE, &k);
+    cr_expect_gt(off, 0, "a generated trace missing a saved activation still matches");
 }
