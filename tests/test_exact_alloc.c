@@ -715,6 +715,46 @@ Test(exact_oom, rounded_size_must_fit)
     rig_free(&r, a);
 }
 
+/* Requests no device can hold are refused, also on an unlimited device, and leave the
+ * statistics alone; rounding them must not wrap past 2^64 into a small (or empty) block. */
+Test(exact_oom, absurd_sizes_refused)
+{
+    static const memsim_size_t sizes[] = {
+        UINT64_MAX,                /* rounds past 2^64: to 0 if it wraps */
+        UINT64_MAX - 510,          /* the first size whose rounding wraps */
+        UINT64_MAX - 600,          /* rounds to 2^64 − 512 */
+        (memsim_size_t)1 << 63,    /* negative as an int64 */
+        ((memsim_size_t)1 << 63) + 1,
+    };
+    for (int capped = 0; capped < 2; capped++) {
+        Rig r;
+        MemsimAlloc *a = rig_new(&r, capped ? GiB : 0);
+        memsim_addr_t held = mal(a, 1024, 0);
+        MemsimAllocStats before = memsim_alloc_stats(a);
+        for (gsize i = 0; i < G_N_ELEMENTS(sizes); i++) {
+            memsim_addr_t untouched = 0x77;
+            MemsimAllocResult res = memsim_alloc_malloc(a, sizes[i], 0, &untouched);
+            cr_assert_eq(res, MEMSIM_ALLOC_OOM,
+                         "%s device: malloc(%" G_GUINT64_FORMAT ") succeeded at 0x%"
+                         G_GINT64_MODIFIER "x", capped ? "1 GiB" : "unlimited", sizes[i],
+                         untouched);
+            cr_assert_eq(untouched, 0x77);
+            checked(a);
+            MemsimAllocStats st = memsim_alloc_stats(a);
+            cr_assert_eq(st.n_ooms, before.n_ooms + i + 1);
+            st.n_ooms = before.n_ooms;
+            cr_assert(memcmp(&st, &before, sizeof st) == 0,
+                      "malloc(%" G_GUINT64_FORMAT ") changed the statistics", sizes[i]);
+        }
+        fre(a, held);
+        MemsimAllocStats st = memsim_alloc_stats(a);
+        EXPECT_STAT(st, allocated, 0, 1024);
+        cr_assert_eq(st.n_device_alloc, 1);
+        cr_assert_eq(st.n_device_free, 1);
+        rig_free(&r, a);
+    }
+}
+
 /* A long random program against the model, with and without a capacity. */
 Test(exact_oom, random_program_matches_the_rule)
 {

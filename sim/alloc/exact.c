@@ -78,11 +78,16 @@ static MemsimAllocResult exact_malloc(void *state, memsim_size_t size, uint32_t 
                                       memsim_addr_t *addr)
 {
     Exact *e = state;
-    memsim_size_t r = exact_round(e, size);
-    if (e->dev->capacity && (memsim_size_t)e->st.reserved.current + r > e->dev->capacity) {
+    /* What the device has left, without wrapping: an unlimited device ends where the int64
+     * statistics would overflow, and a request within 511 bytes of 2^64 saturates instead of
+     * rounding around to 0. */
+    memsim_size_t cap = e->dev->capacity ? e->dev->capacity : (memsim_size_t)INT64_MAX;
+    memsim_size_t held = (memsim_size_t)e->st.reserved.current;
+    memsim_size_t left = held < cap ? cap - held : 0;
+    memsim_size_t r = size > UINT64_MAX - 511 ? UINT64_MAX : exact_round(e, size);
+    if (r > left) {
         e->st.n_ooms++;
-        memsim_device_emit(e->dev, MEMSIM_AEV_OOM,
-                           e->dev->capacity - (memsim_size_t)e->st.reserved.current, r, stream);
+        memsim_device_emit(e->dev, MEMSIM_AEV_OOM, left, r, stream);
         return MEMSIM_ALLOC_OOM;
     }
     ExactBlock *b = g_new(ExactBlock, 1);
