@@ -923,3 +923,39 @@ Test(exact_seed, seeded_blocks_count_as_live)
     EXPECT_STAT(st, requested, 0, 5096);
     rig_free(&r, a);
 }
+
+/* A seeded block may sit where the policy would put its next block (recorded addresses are
+ * arbitrary): the addresses handed out must still be new, and the seeded block must stay. */
+Test(exact_seed, seeded_address_is_not_handed_out_again)
+{
+    /* Where a fresh instance puts its first two blocks. */
+    Rig r;
+    MemsimAlloc *a = rig_new(&r, 0);
+    memsim_addr_t first = mal(a, 512, 0);
+    memsim_addr_t second = mal(a, 512, 0);
+    rig_free(&r, a);
+
+    memsim_addr_t at[] = {first, second};
+    for (gsize i = 0; i < G_N_ELEMENTS(at); i++) {
+        a = rig_new(&r, 0);
+        GError *error = NULL;
+        cr_assert(memsim_alloc_seed_block(a, at[i], 1024, 1000, 0, &error), "%s",
+                  error ? error->message : "?");
+        memsim_addr_t p = mal(a, 512, 0);
+        memsim_addr_t q = mal(a, 512, 0);
+        cr_assert(p != at[i] && q != at[i],
+                  "the seeded address 0x%" G_GINT64_MODIFIER "x was handed out again", at[i]);
+        cr_assert_neq(p, q);
+        MemsimAllocStats st = memsim_alloc_stats(a);
+        EXPECT_STAT(st, allocated, 1024 + 512 + 512, 2048);
+        EXPECT_STAT(st, allocations, 3, 3);
+        fre(a, p);
+        fre(a, at[i]);
+        fre(a, q);
+        st = memsim_alloc_stats(a);
+        EXPECT_STAT(st, allocated, 0, 2048);
+        EXPECT_STAT(st, requested, 0, 2024);
+        cr_assert_eq(st.n_device_free, 3);
+        rig_free(&r, a);
+    }
+}

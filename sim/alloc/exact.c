@@ -21,6 +21,7 @@ typedef struct {
     MemsimDevice *dev;
     GHashTable *live; /* addr → ExactBlock* */
     memsim_addr_t next;
+    gboolean seeded; /* some live blocks sit at recorded addresses */
     MemsimAllocStats st;
 } Exact;
 
@@ -89,6 +90,14 @@ static MemsimAllocResult exact_malloc(void *state, memsim_size_t size, uint32_t 
         e->st.n_ooms++;
         memsim_device_emit(e->dev, MEMSIM_AEV_OOM, left, r, stream);
         return MEMSIM_ALLOC_OOM;
+    }
+    if (G_UNLIKELY(e->seeded)) {
+        /* A recorded block may sit where the bump pointer is: step over it, so that no
+         * address is live twice. */
+        ExactBlock *in;
+        gint64 at = (gint64)e->next;
+        while ((in = g_hash_table_lookup(e->live, &at)) != NULL)
+            at = (gint64)(e->next += in->size);
     }
     ExactBlock *b = g_new(ExactBlock, 1);
     b->size = r;
@@ -186,6 +195,7 @@ static gboolean exact_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
         return FALSE;
     }
     g_hash_table_insert(e->live, key, b);
+    e->seeded = TRUE;
     account(e, (int64_t)b->size, (int64_t)requested);
     e->st.n_device_alloc--; /* seeded, not a driver call */
     return TRUE;
