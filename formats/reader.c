@@ -596,6 +596,22 @@ static MemsimFormat output_format(const char *path, MemsimFormat format)
     return format == MEMSIM_FORMAT_AUTO ? MEMSIM_FORMAT_TEXT : format;
 }
 
+/* The format memsim_trace_save and memsim_convert write: `format`, or with AUTO the one the
+ * extension names; an unknown extension is refused rather than written as text. */
+static gboolean output_format_known(const char *path, MemsimFormat *format, GError **error)
+{
+    if (*format == MEMSIM_FORMAT_AUTO)
+        *format = memsim_format_from_path(path);
+    if (*format != MEMSIM_FORMAT_AUTO)
+        return TRUE;
+    memsim_set_bad_input(error,
+                         "%s: unknown extension: the format written follows it (expected .mst "
+                         "for binary, .txt or .mstt for text, .pickle or .pkl for a PyTorch "
+                         "snapshot)",
+                         path);
+    return FALSE;
+}
+
 MemsimTraceWriter *memsim_trace_writer_new(const char *path, MemsimFormat format,
                                            const MemsimTraceHeader *header, GError **error)
 {
@@ -715,7 +731,9 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
                            GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
-    if (output_format(path, format) == MEMSIM_FORMAT_SNAPSHOT) /* replayed, then written */
+    if (!output_format_known(path, &format, error))
+        return FALSE;
+    if (format == MEMSIM_FORMAT_SNAPSHOT) /* replayed, then written */
         return memsim_export_snapshot_trace(trace, path, NULL, error);
     MemsimTraceWriter *w = memsim_trace_writer_new(path, format, h, error);
     if (!w)
@@ -733,13 +751,16 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
 
 gboolean memsim_convert(const char *in, const char *out, GError **error)
 {
-    if (output_format(out, MEMSIM_FORMAT_AUTO) == MEMSIM_FORMAT_SNAPSHOT)
+    MemsimFormat format = MEMSIM_FORMAT_AUTO;
+    if (!output_format_known(out, &format, error))
+        return FALSE;
+    if (format == MEMSIM_FORMAT_SNAPSHOT)
         return memsim_export_snapshot(in, out, NULL, error); /* replayed, then written */
     MemsimTraceReader *r = memsim_trace_reader_open(in, error);
     if (!r)
         return FALSE;
     MemsimTraceWriter *w =
-        memsim_trace_writer_new(out, MEMSIM_FORMAT_AUTO, memsim_trace_reader_header(r), error);
+        memsim_trace_writer_new(out, format, memsim_trace_reader_header(r), error);
     if (!w) {
         memsim_trace_reader_free(r);
         return FALSE;

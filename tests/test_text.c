@@ -419,3 +419,69 @@ Test(text, bad_corpus)
 {
     tg_check_bad_corpus(".txt");
 }
+
+/* The output format follows the extension: an unknown one is refused (exit 2, the known ones
+ * listed, nothing written) instead of silently writing text; the known ones, in any case,
+ * are written. */
+static void expect_extensions_listed(const char *err)
+{
+    static const char *const ext[] = {".mst", ".txt", ".mstt", ".pickle", ".pkl"};
+    for (gsize i = 0; i < G_N_ELEMENTS(ext); i++)
+        cr_expect(strstr(err, ext[i]) != NULL, "the message does not list %s: %s", ext[i], err);
+}
+
+Test(text, unknown_output_extension, .timeout = 120)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *in = tu_test_data("good/small.mst");
+    g_autofree char *xyz = g_build_filename(dir, "out.xyz", NULL);
+    g_autofree char *bare = g_build_filename(dir, "out", NULL);
+    const char *outs[] = {xyz, bare};
+    for (gsize i = 0; i < G_N_ELEMENTS(outs); i++) {
+        const char *conv[] = {"convert", in, outs[i], NULL};
+        g_autofree char *err = NULL;
+        int rc = tu_run_memsim(conv, NULL, &err);
+        cr_expect_eq(rc, 2, "convert to %s: exit %d; %s", outs[i], rc, err);
+        cr_expect(strstr(err, outs[i]) != NULL, "the message does not name %s: %s", outs[i], err);
+        expect_extensions_listed(err);
+        cr_expect(!g_file_test(outs[i], G_FILE_TEST_EXISTS), "%s was written", outs[i]);
+    }
+    const char *gen[] = {"gen", "--model", "gpt2", "--seq", "128", "-o", xyz, NULL};
+    g_autofree char *gerr = NULL;
+    int rc = tu_run_memsim(gen, NULL, &gerr);
+    cr_expect_eq(rc, 2, "gen -o %s: exit %d; %s", xyz, rc, gerr);
+    cr_expect(strstr(gerr, xyz) != NULL, "the message does not name %s: %s", xyz, gerr);
+    expect_extensions_listed(gerr);
+    cr_expect(!g_file_test(xyz, G_FILE_TEST_EXISTS), "%s was written", xyz);
+
+    /* The library's convert and save refuse too; an explicit format still writes any name. */
+    GError *error = NULL;
+    cr_expect(!memsim_convert(in, xyz, &error));
+    cr_expect(error && g_error_matches(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT) &&
+                  strstr(error->message, ".mstt"),
+              "%s", error ? error->message : "no error");
+    g_clear_error(&error);
+    MemsimTrace *t = memsim_trace_load(in, &error);
+    cr_assert_not_null(t, "%s", error ? error->message : "?");
+    cr_expect(!memsim_trace_save(t, xyz, MEMSIM_FORMAT_AUTO, &error));
+    cr_expect(error && strstr(error->message, ".pkl"), "%s", error ? error->message : "?");
+    g_clear_error(&error);
+    cr_expect(!g_file_test(xyz, G_FILE_TEST_EXISTS), "%s was written", xyz);
+    cr_expect(memsim_trace_save(t, xyz, MEMSIM_FORMAT_TEXT, &error), "%s",
+              error ? error->message : "?");
+    g_clear_error(&error);
+    memsim_trace_free(t);
+    g_unlink(xyz);
+
+    /* Known extensions, any case, still convert. */
+    static const char *const ok[] = {"a.mst", "b.txt", "c.mstt", "D.TXT", "e.Mst"};
+    for (gsize i = 0; i < G_N_ELEMENTS(ok); i++) {
+        g_autofree char *out = g_build_filename(dir, ok[i], NULL);
+        const char *conv[] = {"convert", in, out, NULL};
+        g_autofree char *err = NULL;
+        cr_expect_eq(tu_run_memsim(conv, NULL, &err), 0, "convert to %s: %s", ok[i], err);
+        cr_expect(g_file_test(out, G_FILE_TEST_IS_REGULAR), "%s not written", ok[i]);
+        g_unlink(out);
+    }
+    g_rmdir(dir);
+}
