@@ -1401,6 +1401,7 @@ static gboolean check_tree(Parser *p, MemsimPyValue *root)
         }
         Container *cc = (Container *)ch;
         if (cc->colour == BLACK) {
+            ch->repeated = TRUE;
             c->weight += cc->weight;
             if (c->weight > limit) {
                 ok = fail(p, c->v.offset, "the %s made here expands to more than %"

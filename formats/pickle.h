@@ -42,6 +42,10 @@ typedef struct MemsimPyValue MemsimPyValue;
 
 struct MemsimPyValue {
     MemsimPyType type;
+    /* Lists, tuples and dicts: the tree holds this same value more than once (memo
+     * references to it); a pickler writes an object again that way only when the data
+     * shares it. */
+    guint8 repeated;
     uint64_t offset; /* byte offset in the file of the opcode that made this value, or
                         MEMSIM_PY_NO_OFFSET for a shared value */
     union {

@@ -33,6 +33,9 @@
 
 #define SMALL_SEGMENT ((uint64_t)2 << 20) /* kSmallBuffer: only small-pool segments have it */
 #define ONE_MIB ((uint64_t)1 << 20)
+/* Device indices are below this, and device_traces has at most this many lists: each device
+ * becomes a rank, and a rank costs the replay tens of KiB however small its trace. */
+#define MAX_DEVICES 4096u
 
 typedef struct {
     const char *file;
@@ -99,6 +102,19 @@ static gboolean expect(Ctx *c, const MemsimPyValue *v, MemsimPyType t, const cha
         return fail(c, where, "is a %s, expected a %s%s", memsim_py_type_name(v->type),
                     memsim_py_type_name(t), at_byte(v, buf));
     return TRUE;
+}
+
+/* A record (segment, block, trace entry, a device's trace or a segment's blocks) that the
+ * pickle holds more than once, through memo references, is refused: PyTorch makes each one
+ * a new object, and a shared one would let a few bytes stand for any number of records. */
+static gboolean once(Ctx *c, const MemsimPyValue *v, const char *where)
+{
+    if (!v->repeated || v->offset == MEMSIM_PY_NO_OFFSET) /* the reader's own empty tuple */
+        return TRUE;
+    char buf[40];
+    return fail(c, where, "this %s%s appears more than once (through memo references): a "
+                "snapshot writes each record once", memsim_py_type_name(v->type),
+                at_byte(v, buf));
 }
 
 typedef struct {
@@ -189,7 +205,7 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
         char where[64];
         g_snprintf(where, sizeof where, "segments[%zu]", i);
         const MemsimPyValue *s = segs->v.seq.items[i];
-        if (!expect(c, s, MEMSIM_PY_DICT, where))
+        if (!expect(c, s, MEMSIM_PY_DICT, where) || !once(c, s, where))
             return FALSE;
         Segment seg = {0};
         if (!get_u64(c, s, "device", where, FALSE, &seg.device) ||
@@ -208,7 +224,7 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
         const MemsimPyValue *blocks = memsim_py_dict_get(s, "blocks");
         char bwhere[80];
         g_snprintf(bwhere, sizeof bwhere, "%s.blocks", where);
-        if (!expect(c, blocks, MEMSIM_PY_LIST, bwhere))
+        if (!expect(c, blocks, MEMSIM_PY_LIST, bwhere) || !once(c, blocks, bwhere))
             return FALSE;
         seg.blocks = g_array_new(FALSE, FALSE, sizeof(Block));
         uint64_t at = seg.addr;
@@ -216,7 +232,7 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
             g_snprintf(bwhere, sizeof bwhere, "%s.blocks[%zu]", where, j);
             const MemsimPyValue *b = blocks->v.seq.items[j];
             Block blk = {0};
-            if (!expect(c, b, MEMSIM_PY_DICT, bwhere) ||
+            if (!expect(c, b, MEMSIM_PY_DICT, bwhere) || !once(c, b, bwhere) ||
                 !get_u64(c, b, "size", bwhere, TRUE, &blk.size) ||
                 !get_u64(c, b, "requested_size", bwhere, FALSE, &blk.requested)) {
                 g_array_unref(seg.blocks);
@@ -301,12 +317,12 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
 {
     char where[80];
     g_snprintf(where, sizeof where, "device_traces[%zu]", dev);
-    if (!expect(c, list, MEMSIM_PY_LIST, where))
+    if (!expect(c, list, MEMSIM_PY_LIST, where) || !once(c, list, where))
         return FALSE;
     for (gsize i = 0; i < list->v.seq.n; i++) {
         g_snprintf(where, sizeof where, "device_traces[%zu][%zu]", dev, i);
         const MemsimPyValue *e = list->v.seq.items[i];
-        if (!expect(c, e, MEMSIM_PY_DICT, where))
+        if (!expect(c, e, MEMSIM_PY_DICT, where) || !once(c, e, where))
             return FALSE;
         const char *action = get_str(e, "action");
         if (!action)
@@ -695,6 +711,8 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     g_array_set_clear_func(seg_list, segment_clear);
     GPtrArray *per_dev = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
     MemsimAlloc *rounder = NULL;
+    GArray **dev_segs = NULL; /* n_dev entries once set */
+    guint n_dev = 0;
     gboolean ok = FALSE;
 
     if (!read_segments(&c, segs, seg_list))
@@ -702,6 +720,11 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     if (traces) {
         if (!expect(&c, traces, MEMSIM_PY_LIST, "device_traces"))
             goto out;
+        if (traces->v.seq.n > MAX_DEVICES) {
+            fail(&c, "device_traces", "%zu lists: more devices than %u", (size_t)traces->v.seq.n,
+                 MAX_DEVICES);
+            goto out;
+        }
         for (gsize d = 0; d < traces->v.seq.n; d++) {
             GArray *en = g_array_new(FALSE, FALSE, sizeof(Entry));
             g_ptr_array_add(per_dev, en);
@@ -738,33 +761,47 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     for (guint d = 0; d < per_dev->len; d++)
         if (((GArray *)g_ptr_array_index(per_dev, d))->len)
             any_trace = TRUE;
-    guint n_dev = per_dev->len;
+    n_dev = per_dev->len;
     for (guint i = 0; i < seg_list->len; i++) {
         uint64_t dv = g_array_index(seg_list, Segment, i).device;
-        if (dv >= 4096) {
-            fail(&c, "segments", "device index %" G_GUINT64_FORMAT " is out of range", dv);
+        if (dv >= MAX_DEVICES) {
+            fail(&c, "segments", "device index %" G_GUINT64_FORMAT " is out of range (expected "
+                 "below %u)", dv, MAX_DEVICES);
             goto out;
         }
         if (dv + 1 > n_dev)
             n_dev = (guint)dv + 1;
     }
+    /* Each device's segments, in their order (copies sharing the blocks of seg_list), so
+     * that the work stays linear in the segments whatever the number of devices. */
+    dev_segs = g_new0(GArray *, n_dev);
+    for (guint i = 0; i < seg_list->len; i++) {
+        Segment *s = &g_array_index(seg_list, Segment, i);
+        if (!dev_segs[s->device])
+            dev_segs[s->device] = g_array_new(FALSE, FALSE, sizeof(Segment));
+        g_array_append_val(dev_segs[s->device], *s);
+    }
     GArray *empty = g_array_new(FALSE, FALSE, sizeof(Entry));
+    GArray *no_segs = g_array_new(FALSE, FALSE, sizeof(Segment));
     for (guint d = 0; d < n_dev; d++) {
         GArray *en = d < per_dev->len ? g_ptr_array_index(per_dev, d) : empty;
-        gboolean has_segs = FALSE;
-        for (guint i = 0; i < seg_list->len; i++)
-            if (g_array_index(seg_list, Segment, i).device == d)
-                has_segs = TRUE;
-        if (any_trace ? en->len == 0 : !has_segs)
+        if (any_trace ? en->len == 0 : !dev_segs[d])
             continue;
-        if (!build_device(&c, t, d, seg_list, en, rounder, max_split)) {
+        if (!build_device(&c, t, d, dev_segs[d] ? dev_segs[d] : no_segs, en, rounder,
+                          max_split)) {
             g_array_unref(empty);
+            g_array_unref(no_segs);
             goto out;
         }
     }
     g_array_unref(empty);
+    g_array_unref(no_segs);
     ok = TRUE;
 out:
+    for (guint d = 0; dev_segs && d < n_dev; d++)
+        if (dev_segs[d])
+            g_array_unref(dev_segs[d]);
+    g_free(dev_segs);
     memsim_alloc_free_instance(rounder);
     g_array_unref(seg_list);
     g_ptr_array_unref(per_dev);

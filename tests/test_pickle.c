@@ -1344,7 +1344,8 @@ Test(pickle, malformed)
         /* shared values (None, small ints) have no place of their own to name */
         CASE("\x80\x02NNa.", "opcode 0x61 (APPEND) on a None, not a list"),
         CASE("\x80\x02K\x01(K\x02K\x03u.", "(SETITEMS) on a int, not a dict"),
-        CASE("\x80\x02J\x01\x01\x01\x01(K\x02K\x03u.", "on a int (made at byte 2), not a dict"),
+        CASE("\x80\x02J\x01\x01\x01\x01(K\x02K\x03u.",
+             "on a int (made at byte 2), not a dict"),
         CASE("\x80\x02}(K\x01u.", "odd number of items"),
         CASE("\x80\x02(K\x01" "d.", "odd number of items"),
         CASE("\x80\x02}]K\x01s.", "a list (made at byte 3) cannot be a dict key"),

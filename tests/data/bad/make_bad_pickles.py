@@ -132,6 +132,34 @@ def bad_files():
     s = snapshot()
     s['device_traces'][0][1]['size'] = -512
     out['snapshot-negative-size'] = dumps(s)
+    # 4097 devices: a few KiB that would make 4097 ranks, each costing the replay tens of KiB.
+    out['snapshot-too-many-devices'] = dumps(snapshot(
+        segments=[], device_traces=[[{'action': 'snapshot'}] for _ in range(4097)]))
+    # Records held more than once through the memo: PyTorch makes each record a new object,
+    # and 2 bytes of BINGET per copy would let a small file stand for millions of records.
+    entry = {'action': 'snapshot'}
+    out['snapshot-shared-entry'] = dumps(snapshot(device_traces=[[entry] * 3]))
+    s = snapshot()
+    s['device_traces'].append(s['device_traces'][0])
+    out['snapshot-shared-device-trace'] = dumps(s)
+    s = snapshot()
+    s['segments'].append(s['segments'][0])
+    out['snapshot-shared-segment'] = dumps(s)
+    s = snapshot()
+    s['segments'][0]['blocks'][1] = s['segments'][0]['blocks'][0]
+    out['snapshot-shared-block'] = dumps(s)
+
+    # Declared lengths far beyond the file: refused before anything is allocated for them.
+    def huge(opcode, length_bytes):
+        data = dumps(snapshot(extra='HUGE'), protocol=2)
+        return replace_once(data, b'X\x04\x00\x00\x00HUGE', opcode + length_bytes + b'HUGE')
+    out['pickle-binunicode8-huge'] = huge(b'\x8d', struct.pack('<Q', 1 << 62))
+    out['pickle-binbytes8-huge'] = huge(b'\x8e', struct.pack('<Q', 0xffffffffffffffff))
+    out['pickle-long4-huge'] = huge(b'\x8b', struct.pack('<I', 0x7ffffff0))
+    # A FRAME claiming 2^60 bytes.
+    good4 = dumps(SNAPSHOT)
+    assert good4[2:3] == b'\x95'
+    out['pickle-frame-huge'] = good4[:3] + struct.pack('<Q', 1 << 60) + good4[11:]
     return out
 
 
