@@ -875,9 +875,25 @@ static const char restricted_loader[] =
     "segs = d['segments']\n"
     "acts = {}\n"
     "named = 0\n"
+    "# the trace a viewer plays (MemoryViz), replayed as PyTorch's actions mean: alloc adds the\n"
+    "# block, free_completed returns it, segment_alloc/segment_free reserve and release\n"
+    "alloc = reserved = peak_alloc = peak_reserved = 0\n"
+    "live = {}\n"
     "for dev in d['device_traces']:\n"
     "    for e in dev:\n"
     "        acts[e['action']] = acts.get(e['action'], 0) + 1\n"
+    "        a = e['action']\n"
+    "        if a == 'alloc':\n"
+    "            assert e['addr'] not in live, 'alloc of a live block %x' % e['addr']\n"
+    "            live[e['addr']] = e['size']; alloc += e['size']\n"
+    "        elif a == 'free_completed':\n"
+    "            assert live.pop(e['addr']) == e['size'], 'free of another size'\n"
+    "            alloc -= e['size']\n"
+    "        elif a in ('segment_alloc', 'segment_map'):\n"
+    "            reserved += e['size']\n"
+    "        elif a in ('segment_free', 'segment_unmap'):\n"
+    "            reserved -= e['size']\n"
+    "        peak_alloc = max(peak_alloc, alloc); peak_reserved = max(peak_reserved, reserved)\n"
     "        assert set(e) >= {'action', 'size', 'stream', 'time_us', 'frames'}, e\n"
     "        if e['frames']:\n"
     "            f = e['frames'][0]\n"
@@ -898,6 +914,8 @@ static const char restricted_loader[] =
     "  'allocated': sum(b['size'] for s in segs for b in s['blocks'] if b['state'] != 'inactive'),\n"
     "  'segments': len(segs), 'actions': acts, 'named_frames': named,\n"
     "  'devices': len(d['device_traces']),\n"
+    "  'trace': {'final_allocated': alloc, 'final_reserved': reserved,\n"
+    "            'peak_allocated': peak_alloc, 'peak_reserved': peak_reserved},\n"
     "  'settings': sorted(d['allocator_settings'])}))\n";
 
 static JsonObject *python_summary(const char *pickle_path, JsonNode **keep)
@@ -971,6 +989,18 @@ Test(snapshot, generated_trace_round_trip, .timeout = 300)
                  (int64_t)rep->ranks[0].stats.n_device_alloc);
     cr_expect_gt(json_object_get_int_member(py, "named_frames"), 1000, "frames name the ops");
     cr_expect_eq(json_object_get_int_member(py, "devices"), 1);
+    /* the device trace, played back in Python, ends and peaks where the replay did (a trace
+     * entry's size is the caller's request, as in PyTorch's record_trace: its sum is the
+     * requested bytes, not the blocks') */
+    JsonObject *tr = json_object_get_object_member(py, "trace");
+    cr_expect_eq(json_object_get_int_member(tr, "final_allocated"),
+                 rep->ranks[0].stats.requested.current);
+    cr_expect_eq(json_object_get_int_member(tr, "final_reserved"),
+                 rep->ranks[0].stats.reserved.current);
+    cr_expect_eq(json_object_get_int_member(tr, "peak_allocated"),
+                 rep->ranks[0].stats.requested.peak);
+    cr_expect_eq(json_object_get_int_member(tr, "peak_reserved"),
+                 rep->ranks[0].stats.reserved.peak);
 
     JsonObject *v = replay_verify_json(pkl, &k2);
     JsonObject *r0 = json_array_get_object_element(json_object_get_array_member(v, "ranks"), 0);
@@ -1093,6 +1123,44 @@ Test(snapshot, torch_memory_viz_stats, .timeout = 300)
     memsim_trace_free(t);
 }
 
+/* A corrupted export is caught: one block's address moved in the exported snapshot's device
+ * trace (rewritten with Python's own pickle module) makes `replay --verify` exit 1. */
+Test(snapshot, corrupted_export_is_caught, .timeout = 300)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *pkl = tmp_path(dir, "x.pickle");
+    g_autofree char *bad = tmp_path(dir, "bad.pickle");
+    const char *gen[] = {"gen", "--model", "gpt2", "--seq", "128", "-o", pkl, NULL};
+    g_autofree char *err = NULL;
+    cr_assert_eq(tu_run_memsim(gen, NULL, &err), 0, "%s", err);
+    g_autofree char *script = g_strdup_printf(
+        "import pickle, sys\n"
+        "d = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "tr = d['device_traces'][0]\n"
+        "# a block that is freed later, moved by 512 bytes in all its entries: the recording\n"
+        "# stays consistent, the allocator's placement no longer matches it\n"
+        "freed = {e['addr'] for e in tr if e['action'] == 'free_completed'}\n"
+        "allocs = [i for i, e in enumerate(tr) if e['action'] == 'alloc' and e['addr'] in freed]\n"
+        "i = allocs[len(allocs) // 2]\n"
+        "a = tr[i]['addr']\n"
+        "for e in tr[i:]:\n"
+        "    if e['addr'] == a and e['action'] in ('alloc', 'free_requested', 'free_completed'):\n"
+        "        e['addr'] = a + 512\n"
+        "        if e['action'] == 'free_completed':\n"
+        "            break\n"
+        "pickle.dump(d, open('%s', 'wb'), protocol=2)\n",
+        bad);
+    g_autofree char *out = NULL, *perr = NULL;
+    cr_assert_eq(run_python(script, pkl, &out, &perr), 0, "%s", perr);
+    const char *ok[] = {"replay", pkl, "--verify", NULL};
+    cr_expect_eq(tu_run_memsim(ok, NULL, NULL), 0, "the export itself verifies");
+    const char *argv[] = {"replay", bad, "--verify", NULL};
+    g_autofree char *vout = NULL, *verr = NULL;
+    int rc = tu_run_memsim(argv, &vout, &verr);
+    cr_expect_eq(rc, 1, "a moved block in the export: exit %d\n%s%s", rc, vout, verr);
+    cr_expect(vout && strstr(vout, "first:"), "the mismatch is named: %s", vout);
+}
+
 /* ---- the command ---- */
 
 Test(cli, replay_and_estimate_exports)
@@ -1125,8 +1193,20 @@ Test(cli, replay_and_estimate_exports)
     g_autofree char *page = NULL;
     cr_assert(g_file_get_contents(ehtml, &page, NULL, NULL));
     cr_expect(strstr(page, "<svg") && strstr(page, "id=peak-allocated") &&
-                  !strstr(page, "<?xml") && !strstr(page, "http://cdn") && !strstr(page, "<script"),
-              "the report inlines its SVG and fetches nothing");
+                  !strstr(page, "<?xml") && !strstr(page, "<script"),
+              "the report inlines its SVG and runs no script");
+    /* fetches nothing: no src/href/url()/@import to a network address (the inline SVG's
+     * xmlns URI is a name, not a fetch) */
+    g_autoptr(GRegex) fetch = g_regex_new(
+        "((src|href|xlink:href|action)\\s*=\\s*[\"']?\\s*(https?:)?//)|(url\\(\\s*[\"']?\\s*(https?:)?//)|@import",
+        G_REGEX_CASELESS, 0, NULL);
+    cr_assert(fetch);
+    cr_expect(!g_regex_match(fetch, page, 0, NULL), "the report fetches from the network");
+    cr_expect(g_regex_match_simple("(src|href)\\s*=\\s*\"https://x", "<img src=\"https://x/a.png\">",
+                                   G_REGEX_CASELESS, 0) &&
+                  g_regex_match(fetch, "<img src=\"https://cdn.example/a.png\">", 0, NULL) &&
+                  g_regex_match(fetch, "<link href='//cdn.example/s.css'>", 0, NULL),
+              "the fetch pattern finds https:// and protocol-relative fetches");
     const char *bad[] = {"replay", mst, "--timeline", "/nonexistent-dir/t.svg", NULL};
     g_autofree char *err3 = NULL;
     cr_expect_eq(tu_run_memsim(bad, NULL, &err3), 2);
