@@ -749,13 +749,34 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
     return memsim_trace_writer_close(w, error);
 }
 
+/* An error about the trace that names neither file (the replay behind a snapshot export
+ * names the trace by its header's name, the file it once came from) gets the input's path
+ * first. */
+static gboolean names(const char *message, const char *path)
+{
+    gsize n = strlen(path);
+    return strncmp(message, path, n) == 0 && message[n] == ':';
+}
+
+static void name_input(GError **error, const char *in, const char *out)
+{
+    if (error && *error && (*error)->domain == MEMSIM_ERROR &&
+        (*error)->code == MEMSIM_ERROR_BAD_INPUT && !names((*error)->message, in) &&
+        !names((*error)->message, out))
+        g_prefix_error(error, "%s: ", in);
+}
+
 gboolean memsim_convert(const char *in, const char *out, GError **error)
 {
     MemsimFormat format = MEMSIM_FORMAT_AUTO;
     if (!output_format_known(out, &format, error))
         return FALSE;
-    if (format == MEMSIM_FORMAT_SNAPSHOT)
-        return memsim_export_snapshot(in, out, NULL, error); /* replayed, then written */
+    if (format == MEMSIM_FORMAT_SNAPSHOT) { /* replayed, then written */
+        if (memsim_export_snapshot(in, out, NULL, error))
+            return TRUE;
+        name_input(error, in, out);
+        return FALSE;
+    }
     MemsimTraceReader *r = memsim_trace_reader_open(in, error);
     if (!r)
         return FALSE;

@@ -485,3 +485,34 @@ Test(text, unknown_output_extension, .timeout = 120)
     }
     g_rmdir(dir);
 }
+
+/* An error in a trace names the file given first; the trace's own name (its `name` line,
+ * often the file it was converted from) may follow, never replace it. */
+Test(text, convert_error_names_the_input, .timeout = 120)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *in = g_build_filename(dir, "in.txt", NULL);
+    g_autofree char *out = g_build_filename(dir, "out.pickle", NULL);
+    static const char text[] = "memsim-trace 1\n"
+                               "name \"embedded-source.pickle\"\n"
+                               "rank 0 device=0 multiplicity=1 streams=1\n"
+                               "@rank 0\n"
+                               "alloc t=1 size=4096\n"
+                               "alloc t=1 size=4096\n";
+    GError *error = NULL;
+    cr_assert(g_file_set_contents(in, text, -1, &error), "%s", error ? error->message : "?");
+    const char *argv[] = {"convert", in, out, NULL};
+    g_autofree char *err = NULL;
+    int rc = tu_run_memsim(argv, NULL, &err);
+    g_autofree char *want = g_strdup_printf("memsim convert: %s: ", in);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_expect(g_str_has_prefix(err, want), "the message does not start with %s: %s", in, err);
+    cr_expect(strstr(err, "tensor 1") != NULL, "%s", err);
+    cr_expect(!g_file_test(out, G_FILE_TEST_EXISTS), "%s was written", out);
+    cr_expect(!memsim_convert(in, out, &error));
+    cr_expect(error && g_str_has_prefix(error->message, in), "%s",
+              error ? error->message : "no error");
+    g_clear_error(&error);
+    g_unlink(in);
+    g_rmdir(dir);
+}
