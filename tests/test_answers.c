@@ -315,3 +315,16 @@ Test(answers, hostile_inputs_bounded, .timeout = 120)
     g_free(buf);
     expect_bounded(ARGV("replay", nones), "nones.pickle");
 }
+
+/* The README's ZeRO-3 example: Llama-2-13B at batch 4 on 8 GPUs does not fit in 80 GiB, and
+ * the command says so with exit status 1 — the model state alone is (2 + 2 + 12)Ψ/8 bytes
+ * (Rajbhandari et al. 2020) = 24.2 GiB, and the gathered layers and activations of batch 4 ×
+ * 2048 tokens fill the rest. */
+Test(answers, zero3_13b_batch_4_does_not_fit)
+{
+    const char *argv[] = {"estimate", "--model", "llama-2-13b", "--gpus", "8", "--method", "zero3",
+                          "--batch", "4", "--gpu-mem", "80GiB", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_expect_eq(tu_run_memsim(argv, &out, &err), 1, "%s%s", out, err);
+    cr_expect(out && strstr(out, "DOES NOT FIT in 80.00 GiB"), "%s", out);
+}
