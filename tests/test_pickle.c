@@ -1604,6 +1604,20 @@ Test(pickle, cheap_opcode_floods, .timeout = 120)
         cr_expect_lt(mib, 250.0, "peak RSS %.0f MiB for 8 MB floods", mib);
 }
 
+/* Containers the tree holds more than once (memo references) are marked repeated. */
+Test(pickle, repeated_containers)
+{
+    /* [A, A, B]: A stored in the memo and fetched again */
+    MemsimPyDoc *doc = load_ok(LIT("\x80\x02](]q\x01h\x01]e."));
+    const MemsimPyValue *root = memsim_pickle_root(doc);
+    cr_assert_eq(root->v.seq.n, 3);
+    cr_expect_eq(item(root, 0), item(root, 1));
+    cr_expect(item(root, 0)->repeated, "a list held twice is not marked");
+    cr_expect(!item(root, 2)->repeated, "a list held once is marked");
+    cr_expect(!root->repeated);
+    memsim_pickle_free(doc);
+}
+
 /* ---- API ------------------------------------------------------------------------------ */
 
 Test(pickle, api)
