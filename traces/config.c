@@ -1,62 +1,267 @@
 /* config.json → MemsimModel (traces/model.h), with each family's defaults as in the
  * Hugging Face configuration classes (HF_MODELS.md §3), and the shipped presets
- * (the JSON files in traces/models/, compiled into the library as a GResource). */
+ * (the JSON files in traces/models/, compiled into the library as a GResource).
+ *
+ * A config.json is untrusted input. Before json-glib parses it, its size and nesting are
+ * bounded (read_config, scan_json). Then every field the reader takes is checked for its type
+ * and range; null is refused except where Transformers gives it a meaning (num_key_value_heads:
+ * as many as the attention heads; sliding_window: no window; n_inner: 4 × hidden; ...); the
+ * sizes of the model (vocabulary, hidden size, layers, heads, MLP width where the family has
+ * one) are required, never taken from a default; and the model's bytes and the work of
+ * simulating it are bounded (the bounds below). A multimodal config's text model
+ * (text_config) is read when memsim models its family. Every refusal is a
+ * MEMSIM_ERROR_BAD_INPUT error naming the file and the field. */
 #include "traces/model.h"
 
+#include <errno.h>
 #include <json-glib/json-glib.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "traces/presets-resource.h"
 
+/* ---- bounds ----
+ * What a config.json may ask for. Each bound admits every published model with room to spare
+ * (the largest today: hidden size 53248, Llama 3.1 405B's 16384; vocabularies up to about
+ * 256000; 126 layers; 128 heads of at most 256 dimensions; contexts of 10M positions) and
+ * keeps the work of simulating the model within a few GB and seconds: the generator keeps
+ * about 110 KB of trace per layer, and 35 KB more per layer and expert of a mixture of
+ * experts (two training steps). A value beyond its bound is refused naming the field, the
+ * value and the bound. */
+typedef struct {
+    int64_t hi;
+    const char *why;
+} Bound;
+
+static const Bound B_VOCAB = {(int64_t)1 << 24, "published vocabularies stay below 300000"};
+static const Bound B_HIDDEN = {(int64_t)1 << 20, "published hidden sizes stay below 60000"};
+static const Bound B_WIDTH = {(int64_t)1 << 22, "published MLP widths stay below 300000"};
+static const Bound B_LAYERS = {10000, "published models have at most a few hundred layers, "
+                                      "and each layer is simulated op by op"};
+static const Bound B_HEADS = {(int64_t)1 << 16, "published models have at most a few hundred "
+                                                "heads of at most 256 dimensions"};
+static const Bound B_POS = {(int64_t)1 << 26, "published contexts reach about 10M positions"};
+static const Bound B_EXPERTS = {64, "the generator's mixture-of-experts block takes at most 64 "
+                                    "experts"};
+/* layers × experts of a mixture of experts (Mixtral 8x22B has 56 × 8 = 448) */
+#define MAX_EXPERT_LAYERS 16384
+/* The model's own bytes, its parameters at 2 bytes each and its buffers: beyond 2^50 bytes
+ * (1 PiB), more than any device holds. This also keeps the sizes computed from the model far
+ * inside 64 bits (16 bytes of training state per parameter: at most 2^53). */
+#define MAX_MODEL_BYTES ((int64_t)1 << 50)
+/* JSON nesting: json-glib's parser recurses once per level (a config.json nests 3 or 4) */
+#define MAX_DEPTH 64
+/* a config.json is a few KB */
+#define MAX_FILE_BYTES ((gsize)16 << 20)
+
+/* ---- reading fields ---- */
+
 typedef struct {
     const char *file;
+    const char *prefix; /* "text_config." for a multimodal config's text model, else "" */
     JsonObject *o;
+    GHashTable *huge;   /* field path → the text of an integer beyond 64 bits (scan_json) */
+    GString *missing;   /* required fields absent, named together */
+    GHashTable *used;   /* a field's common name → the name the config used (n_embd, ...) */
     GError **error;
 } Cfg;
 
-static gboolean bad(Cfg *c, const char *field, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static gboolean vbad(Cfg *c, const char *field, const char *role, const char *fmt, va_list ap)
+    G_GNUC_PRINTF(4, 0);
 
+static gboolean vbad(Cfg *c, const char *field, const char *role, const char *fmt, va_list ap)
+{
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    if (role && strcmp(role, field) != 0)
+        g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: field '%s%s' (%s): %s",
+                    c->file, c->prefix, field, role, msg);
+    else
+        g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: field '%s%s': %s",
+                    c->file, c->prefix, field, msg);
+    return FALSE;
+}
+
+static gboolean bad(Cfg *c, const char *field, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static gboolean bad_as(Cfg *c, const char *field, const char *role, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+static gboolean bad_role(Cfg *c, const char *role, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+
+/* `field` as the config spells it. */
 static gboolean bad(Cfg *c, const char *field, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    vbad(c, field, NULL, fmt, ap);
     va_end(ap);
-    g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: field '%s': %s", c->file,
-                field, msg);
     return FALSE;
 }
 
-/* An integer field (first of the alias names present), or `def` when absent or null. */
-static gboolean get_int(Cfg *c, const char *const *names, int64_t def, int64_t *out)
+/* `field` as the config spells it, and its common name `role` if that differs. */
+static gboolean bad_as(Cfg *c, const char *field, const char *role, const char *fmt, ...)
 {
-    for (const char *const *n = names; *n; n++) {
-        if (!json_object_has_member(c->o, *n))
-            continue;
-        JsonNode *v = json_object_get_member(c->o, *n);
-        if (JSON_NODE_HOLDS_NULL(v))
-            continue;
-        if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_INT64)
-            return bad(c, *n, "expected an integer");
-        *out = json_node_get_int(v);
+    va_list ap;
+    va_start(ap, fmt);
+    vbad(c, field, role, fmt, ap);
+    va_end(ap);
+    return FALSE;
+}
+
+/* The field of common name `role` (hidden_size, ...) as the config named it. */
+static const char *used_name(Cfg *c, const char *role)
+{
+    const char *n = g_hash_table_lookup(c->used, role);
+    return n ? n : role;
+}
+
+static gboolean bad_role(Cfg *c, const char *role, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vbad(c, used_name(c, role), role, fmt, ap);
+    va_end(ap);
+    return FALSE;
+}
+
+/* A JSON value in words, for messages. */
+static char *describe(JsonNode *v)
+{
+    switch (JSON_NODE_TYPE(v)) {
+    case JSON_NODE_OBJECT:
+        return g_strdup("an object");
+    case JSON_NODE_ARRAY:
+        return g_strdup("an array");
+    case JSON_NODE_NULL:
+        return g_strdup("null");
+    default:
+        break;
+    }
+    GType t = json_node_get_value_type(v);
+    if (t == G_TYPE_BOOLEAN)
+        return g_strdup(json_node_get_boolean(v) ? "true" : "false");
+    if (t == G_TYPE_STRING)
+        return g_strdup_printf("the string \"%.40s\"", json_node_get_string(v));
+    if (t == G_TYPE_DOUBLE) {
+        double x = json_node_get_double(v);
+        /* 4096.0: said with its fraction, which makes it no integer */
+        return isfinite(x) && x == floor(x) && fabs(x) < 1e15 ? g_strdup_printf("%.1f", x)
+                                                              : g_strdup_printf("%g", x);
+    }
+    if (t == G_TYPE_INT64)
+        return g_strdup_printf("%" G_GINT64_FORMAT, json_node_get_int(v));
+    return g_strdup("a value of another type");
+}
+
+enum {
+    OPTIONAL = 0,
+    REQUIRED = 1, /* a size of the model: absent is refused (naming every size absent) */
+    NULLABLE = 2, /* null is Transformers' None, which has a meaning for the field (*out = 0) */
+};
+
+/* The first of `names` the config has, with its node; NULL if none. The name is recorded
+ * under the field's common name `role` (NULL: names[0]) for later messages. */
+static const char *member(Cfg *c, const char *const *names, const char *role, JsonNode **v)
+{
+    for (const char *const *n = names; *n; n++)
+        if (json_object_has_member(c->o, *n)) {
+            *v = json_object_get_member(c->o, *n);
+            g_hash_table_insert(c->used, (gpointer)(role ? role : names[0]), (gpointer)*n);
+            return *n;
+        }
+    return NULL;
+}
+
+/* The field's text if it holds an integer beyond 64 bits (which json-glib wraps silently). */
+static const char *huge_literal(Cfg *c, const char *name)
+{
+    if (!c->huge)
+        return NULL;
+    g_autofree char *path = g_strconcat(c->prefix, name, NULL);
+    return g_hash_table_lookup(c->huge, path);
+}
+
+static void note_missing(Cfg *c, const char *const *names)
+{
+    g_string_append_printf(c->missing, "%s'%s%s'", c->missing->len ? ", " : "", c->prefix,
+                           names[0]);
+    for (const char *const *n = names + 1; *n; n++)
+        g_string_append_printf(c->missing, " (or '%s%s')", c->prefix, *n);
+}
+
+/* An integer field in [1, b->hi], under the first of its alias `names` present: `def` when
+ * absent (noted as missing when REQUIRED), 0 for null when NULLABLE. */
+static gboolean get_int(Cfg *c, const char *const *names, const char *role, int flags,
+                        int64_t def, const Bound *b, int64_t *out)
+{
+    JsonNode *v = NULL;
+    const char *n = member(c, names, role, &v);
+    *out = def;
+    if (!n) {
+        if (flags & REQUIRED)
+            note_missing(c, names);
         return TRUE;
     }
-    *out = def;
+    const char *lit = huge_literal(c, n);
+    if (lit && lit[0] == '-')
+        return bad_as(c, n, role, "must be a positive integer (got %s)", lit);
+    if (lit)
+        return bad_as(c, n, role,
+                      "%s is too large: beyond 64-bit integers, and memsim takes at most "
+                      "%" G_GINT64_FORMAT " (%s)",
+                      lit, b->hi, b->why);
+    if (JSON_NODE_HOLDS_NULL(v) && (flags & NULLABLE)) {
+        *out = 0;
+        return TRUE;
+    }
+    if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_INT64) {
+        g_autofree char *d = describe(v);
+        return bad_as(c, n, role, "expected an integer from 1 to %" G_GINT64_FORMAT ", got %s",
+                      b->hi, d);
+    }
+    int64_t x = json_node_get_int(v);
+    if (x < 1)
+        return bad_as(c, n, role, "must be a positive integer (got %" G_GINT64_FORMAT ")", x);
+    if (x > b->hi)
+        return bad_as(c, n, role,
+                      "%" G_GINT64_FORMAT " is too large: memsim takes at most %" G_GINT64_FORMAT
+                      " (%s)",
+                      x, b->hi, b->why);
+    *out = x;
     return TRUE;
 }
 
-static gboolean get_double(Cfg *c, const char *name, double def, double *out)
+/* The ranges of the floating-point fields. */
+typedef enum {
+    R_PROB,     /* a probability: [0, 1] */
+    R_FRACTION, /* (0, 1] */
+    R_POSITIVE, /* (0, inf) */
+} Range;
+
+static const char *const range_words[] = {"a probability in [0, 1]", "a fraction in (0, 1]",
+                                          "a positive number"};
+
+/* A number field (integer or not), finite and within `r`; `def` when absent. */
+static gboolean get_double(Cfg *c, const char *name, double def, Range r, double *out)
 {
     *out = def;
     if (!json_object_has_member(c->o, name))
         return TRUE;
     JsonNode *v = json_object_get_member(c->o, name);
-    if (JSON_NODE_HOLDS_NULL(v))
-        return TRUE;
+    const char *lit = huge_literal(c, name);
+    if (lit)
+        return bad(c, name, "expected %s, got %s", range_words[r], lit);
     if (!JSON_NODE_HOLDS_VALUE(v) || (json_node_get_value_type(v) != G_TYPE_DOUBLE &&
-                                      json_node_get_value_type(v) != G_TYPE_INT64))
-        return bad(c, name, "expected a number");
-    *out = json_node_get_double(v);
+                                      json_node_get_value_type(v) != G_TYPE_INT64)) {
+        g_autofree char *d = describe(v);
+        return bad(c, name, "expected %s, got %s", range_words[r], d);
+    }
+    double x = json_node_get_double(v);
+    bool ok = isfinite(x) && (r == R_PROB       ? x >= 0.0 && x <= 1.0
+                              : r == R_FRACTION ? x > 0.0 && x <= 1.0
+                                                : x > 0.0);
+    if (!ok)
+        return bad(c, name, "expected %s, got %g", range_words[r], x);
+    *out = x;
     return TRUE;
 }
 
@@ -66,40 +271,177 @@ static gboolean get_bool(Cfg *c, const char *name, bool def, bool *out)
     if (!json_object_has_member(c->o, name))
         return TRUE;
     JsonNode *v = json_object_get_member(c->o, name);
-    if (JSON_NODE_HOLDS_NULL(v))
-        return TRUE;
-    if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_BOOLEAN)
-        return bad(c, name, "expected true or false");
+    if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_BOOLEAN) {
+        g_autofree char *d = describe(v);
+        return bad(c, name, "expected true or false, got %s", d);
+    }
     *out = json_node_get_boolean(v);
     return TRUE;
 }
 
-static gboolean get_str(Cfg *c, const char *const *names, const char *def, char *out,
-                        gsize len)
+/* A string field under the first of `names` present; `def` when absent. */
+static gboolean get_str(Cfg *c, const char *const *names, const char *def, char *out, gsize len)
 {
-    for (const char *const *n = names; *n; n++) {
-        if (!json_object_has_member(c->o, *n))
-            continue;
-        JsonNode *v = json_object_get_member(c->o, *n);
-        if (JSON_NODE_HOLDS_NULL(v))
-            continue;
-        if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING)
-            return bad(c, *n, "expected a string");
-        g_strlcpy(out, json_node_get_string(v), len);
+    JsonNode *v = NULL;
+    const char *n = member(c, names, NULL, &v);
+    if (!n) {
+        g_strlcpy(out, def, len);
         return TRUE;
     }
-    g_strlcpy(out, def, len);
+    if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
+        g_autofree char *d = describe(v);
+        return bad(c, n, "expected a string, got %s", d);
+    }
+    const char *s = json_node_get_string(v);
+    if (strlen(s) >= len)
+        return bad(c, n, "'%.40s…' is longer than any name memsim knows", s);
+    g_strlcpy(out, s, len);
     return TRUE;
+}
+
+/* The activations the generator models (act() in traces/models.c), as Transformers' ACT2FN
+ * names them; any other is refused rather than simulated as something else. */
+static const char *const activations[] = {"gelu",          "gelu_new", "gelu_fast",
+                                          "gelu_accurate", "gelu_pytorch_tanh", "relu",
+                                          "silu",          "swish",    NULL};
+
+static gboolean get_act(Cfg *c, const char *const *names, const char *def, char *out, gsize len)
+{
+    if (!get_str(c, names, def, out, len))
+        return FALSE;
+    if (g_strv_contains(activations, out))
+        return TRUE;
+    g_autofree char *known = g_strjoinv(", ", (char **)activations);
+    JsonNode *v = NULL;
+    return bad(c, member(c, names, NULL, &v), "unknown activation '%s' (memsim models: %s)", out,
+               known);
 }
 
 #define N(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define INT(names, role, flags, def, bound, out) get_int(c, names, role, flags, def, bound, out)
+#define PROB(name, def, out) get_double(c, name, def, R_PROB, out)
+#define BOOL(name, def, out) get_bool(c, name, def, out)
 
-static gboolean positive(Cfg *c, const char *field, int64_t v)
+/* ---- the model's size, every product and sum checked ---- */
+
+/* Products and sums of sizes (none negative) that saturate at INT64_MAX instead of wrapping,
+ * so that a size past 64 bits still compares as the largest. */
+typedef struct {
+    bool over; /* a product or a sum went past 64 bits */
+} Ck;
+
+static int64_t ck_prod(Ck *k, const int64_t *v, gsize n)
 {
-    if (v <= 0)
-        return bad(c, field, "must be a positive integer (got %" G_GINT64_FORMAT ")", v);
-    return TRUE;
+    int64_t r = 1;
+    for (gsize i = 0; i < n; i++)
+        if (__builtin_mul_overflow(r, v[i], &r)) {
+            k->over = true;
+            r = INT64_MAX;
+        }
+    return r;
 }
+
+static int64_t ck_sum(Ck *k, const int64_t *v, gsize n)
+{
+    int64_t r = 0;
+    for (gsize i = 0; i < n; i++)
+        if (__builtin_add_overflow(r, v[i], &r)) {
+            k->over = true;
+            r = INT64_MAX;
+        }
+    return r;
+}
+
+#define CK_ARGS(...)                                                                           \
+    (const int64_t[]){__VA_ARGS__}, sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)
+#define P(...) ck_prod(&k, CK_ARGS(__VA_ARGS__))
+#define S(...) ck_sum(&k, CK_ARGS(__VA_ARGS__))
+
+typedef struct {
+    int64_t params;  /* tied weights counted once */
+    int64_t layers;  /* the parameters of the layers */
+    int64_t other;   /* embeddings, final norm, head */
+    int64_t buffers; /* bytes of the registered buffers that grow with the context */
+} Size;
+
+/* FALSE if a count goes past 64 bits (it is then INT64_MAX). */
+static gboolean model_size(const MemsimModel *m, Size *z)
+{
+    Ck k = {false};
+    int64_t H = m->H, V = m->V, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int64_t per_layer = 0, other = 0, buffers = 0;
+    switch (m->fam) {
+    case FAM_LLAMA:
+    case FAM_MIXTRAL: {
+        int64_t attn = S(P(H, nh, hd), P(2, H, nkv, hd), P(nh, hd, H),
+                         m->qkv_bias ? S(P(nh, hd), P(2, nkv, hd)) : 0, m->o_bias ? H : 0);
+        int64_t mlp = m->fam == FAM_MIXTRAL ? S(P(m->n_experts, 3, H, I), P(m->n_experts, H))
+                                            : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
+        per_layer = S(attn, mlp, P(2, H));
+        other = S(P(V, H), H, m->tie ? 0 : P(V, H));
+        break;
+    }
+    case FAM_GPT2:
+        per_layer = S(P(4, H), P(H, 3, H), P(3, H), P(H, H), H, P(H, I), I, P(I, H), H);
+        other = S(P(V, H), P(m->max_pos, H), P(2, H), m->tie ? 0 : P(V, H));
+        break;
+    case FAM_OPT: {
+        int64_t b = m->qkv_bias ? 1 : 0;
+        per_layer = S(P(4, S(P(H, H), P(b, H))), P(4, H), P(I, H), P(b, I), P(H, I), P(b, H));
+        other = S(P(V, m->wep), P(S(m->max_pos, 2), H), m->tie ? 0 : P(V, m->wep));
+        if (m->wep != H)
+            other = S(other, P(2, H, m->wep));
+        if (m->pre_ln)
+            other = S(other, P(2, H));
+        break;
+    }
+    case FAM_BLOOM:
+        per_layer = S(P(4, H), P(3, H, H), P(3, H), P(H, H), H, P(4, H, H), P(4, H), P(4, H, H), H);
+        other = S(P(V, H), P(4, H), m->tie ? 0 : P(V, H));
+        break;
+    case FAM_NEOX: {
+        int64_t b = m->qkv_bias ? 1 : 0;
+        per_layer = S(P(4, H), P(3, H, H), P(b, 3, H), P(H, H), P(b, H), P(I, H), I, P(H, I), H);
+        other = S(P(V, H), P(2, H), m->tie ? 0 : P(V, H));
+        break;
+    }
+    case FAM_FALCON: {
+        int64_t qkv = m->falcon_new_arch ? P(S(P(2, nkv), nh), hd)
+                      : nkv == 1         ? S(H, P(2, hd))
+                                         : P(3, H);
+        int64_t b = m->qkv_bias ? 1 : 0;
+        int64_t norms = m->falcon_new_arch ? P(4, H) : m->parallel_residual ? P(2, H) : P(4, H);
+        per_layer = S(P(qkv, H), P(b, qkv), P(H, H), P(b, H), P(I, H), P(b, I), P(H, I), P(b, H),
+                      norms);
+        other = S(P(V, H), P(2, H), m->tie ? 0 : P(V, H));
+        break;
+    }
+    case FAM_GPTNEO:
+        per_layer = S(P(4, H), P(3, H, H), P(H, H), H, P(I, H), I, P(H, I), H);
+        other = S(P(V, H), P(m->max_pos, H), P(2, H), m->tie ? 0 : P(V, H));
+        /* each layer's causal-mask buffer: bool [max_pos, max_pos] */
+        buffers = P(L, m->max_pos, m->max_pos);
+        break;
+    case FAM_CODEGEN:
+        per_layer = S(P(2, H), P(3, H, H), P(H, H), P(I, H), I, P(H, I), H);
+        other = S(P(V, H), P(2, H), m->tie ? 0 : S(P(V, H), V));
+        /* each layer's fp32 sinusoid table [max_pos, rotary_dim] */
+        buffers = P(L, m->max_pos, m->rotary_dim, 4);
+        break;
+    default:
+        g_assert_not_reached();
+    }
+    z->layers = P(per_layer, L);
+    z->other = other;
+    z->params = S(z->layers, other);
+    z->buffers = buffers;
+    return !k.over;
+}
+
+#undef P
+#undef S
+
+/* ---- the families ---- */
 
 static const struct {
     const char *type;
@@ -114,53 +456,61 @@ static const struct {
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
                                               "falcon", "gpt_neo", "codegen", "mixtral"};
 
-static gboolean parse(Cfg *c, MemsimModel *m)
+static gboolean family_of(const char *type, Family *fam)
 {
-    char type[64];
-    if (!get_str(c, N("model_type"), "", type, sizeof type))
-        return FALSE;
-    if (!*type)
-        return bad(c, "model_type", "missing: cannot tell the model family");
-    gboolean found = FALSE;
     for (gsize i = 0; i < G_N_ELEMENTS(types); i++)
         if (strcmp(types[i].type, type) == 0) {
-            m->fam = types[i].fam;
-            found = TRUE;
+            *fam = types[i].fam;
+            return TRUE;
         }
-    if (!found) {
-        GString *k = g_string_new(NULL);
-        for (gsize i = 0; i < G_N_ELEMENTS(types); i++)
-            g_string_append_printf(k, "%s%s", i ? ", " : "", types[i].type);
-        bad(c, "model_type", "unknown model type '%s' (known: %s)", type, k->str);
-        g_string_free(k, TRUE);
-        return FALSE;
-    }
-    m->model_type = g_strdup(type);
+    return FALSE;
+}
+
+static char *known_types(void)
+{
+    GString *k = g_string_new(NULL);
+    for (gsize i = 0; i < G_N_ELEMENTS(types); i++)
+        g_string_append_printf(k, "%s%s", i ? ", " : "", types[i].type);
+    return g_string_free(k, FALSE);
+}
+
+/* The fields of family `fam`, with the defaults of model type `type`'s configuration class.
+ * `strict`: the config is a text model read as `type` (a multimodal config's text_config of
+ * another model type), whose class defaults may differ: num_key_value_heads is required too. */
+static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type, bool strict)
+{
+    m->fam = fam;
     m->rotary_pct = 1.0;
     m->pre_ln = true;
-    int64_t h = 0;
     bool ok = true;
     switch (m->fam) {
     case FAM_LLAMA:
     case FAM_MIXTRAL: {
         bool mistral = strcmp(type, "mistral") == 0, qwen = strcmp(type, "qwen2") == 0;
         bool mix = m->fam == FAM_MIXTRAL;
-        ok = get_int(c, N("vocab_size"), qwen ? 151936 : 32000, &m->V) &&
-             get_int(c, N("hidden_size"), qwen ? 4096 : 4096, &m->H) &&
-             get_int(c, N("intermediate_size"), qwen ? 22016 : (mistral || mix) ? 14336 : 11008,
-                     &m->I) &&
-             get_int(c, N("num_hidden_layers"), 32, &m->L) &&
-             get_int(c, N("num_attention_heads"), 32, &m->nh) &&
-             get_int(c, N("num_key_value_heads"), (mistral || mix) ? 8 : qwen ? 32 : 0, &m->nkv) &&
-             get_int(c, N("head_dim"), 0, &m->hd) &&
-             get_int(c, N("max_position_embeddings"),
-                     mistral || mix ? 131072 : qwen ? 32768 : 2048, &m->max_pos) &&
-             get_str(c, N("hidden_act"), "silu", m->act, sizeof m->act) &&
-             get_bool(c, "tie_word_embeddings", false, &m->tie) &&
-             get_bool(c, "attention_bias", false, &m->qkv_bias) &&
-             get_bool(c, "mlp_bias", false, &m->mlp_bias) &&
-             get_double(c, "attention_dropout", 0.0, &m->attn_pdrop) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        int64_t window = 0;
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("hidden_size"), NULL, REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("intermediate_size"), NULL, REQUIRED, 0, &B_WIDTH, &m->I) &&
+             INT(N("num_hidden_layers"), NULL, REQUIRED, 0, &B_LAYERS, &m->L) &&
+             INT(N("num_attention_heads"), NULL, REQUIRED, 0, &B_HEADS, &m->nh) &&
+             /* None: as many as the attention heads (set in finish) */
+             INT(N("num_key_value_heads"), NULL, NULLABLE | (strict ? REQUIRED : 0),
+                 (mistral || mix) ? 8 : qwen ? 32 : 0, &B_HEADS, &m->nkv) &&
+             /* None: hidden_size / num_attention_heads */
+             INT(N("head_dim"), NULL, NULLABLE, 0, &B_HEADS, &m->hd) &&
+             INT(N("max_position_embeddings"), NULL, OPTIONAL,
+                 mistral || mix ? 131072 : qwen ? 32768 : 2048, &B_POS, &m->max_pos) &&
+             get_act(c, N("hidden_act"), "silu", m->act, sizeof m->act) &&
+             BOOL("tie_word_embeddings", false, &m->tie) &&
+             BOOL("attention_bias", false, &m->qkv_bias) &&
+             BOOL("mlp_bias", false, &m->mlp_bias) &&
+             PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+             BOOL("use_cache", true, &m->use_cache) &&
+             /* Mistral, Qwen2, Mixtral; None: no sliding window */
+             (!(mistral || qwen || mix) ||
+              INT(N("sliding_window"), NULL, NULLABLE, mistral || qwen ? 4096 : 0, &B_POS,
+                  &window));
         if (!ok)
             return FALSE;
         m->o_bias = m->qkv_bias;
@@ -168,32 +518,33 @@ static gboolean parse(Cfg *c, MemsimModel *m)
             m->qkv_bias = true; /* Qwen2: q, k, v always have biases, o_proj none */
             m->o_bias = false;
             bool sw = false;
-            if (!get_bool(c, "use_sliding_window", false, &sw))
+            if (!BOOL("use_sliding_window", false, &sw))
                 return FALSE;
-            if (sw && !get_int(c, N("sliding_window"), 4096, &m->sliding_window))
-                return FALSE;
+            m->sliding_window = sw ? window : 0;
         } else if (mistral || mix) {
-            if (!get_int(c, N("sliding_window"), mistral ? 4096 : 0, &m->sliding_window))
-                return FALSE;
+            m->sliding_window = window;
         }
-        if (mix && (!get_int(c, N("num_local_experts", "num_experts"), 8, &m->n_experts) ||
-                    !get_int(c, N("num_experts_per_tok"), 2, &m->top_k)))
+        if (mix && (!INT(N("num_local_experts", "num_experts"), "num_local_experts", OPTIONAL, 8,
+                         &B_EXPERTS, &m->n_experts) ||
+                    !INT(N("num_experts_per_tok"), NULL, OPTIONAL, 2, &B_EXPERTS, &m->top_k)))
             return FALSE;
         break;
     }
     case FAM_GPT2:
-        ok = get_int(c, N("vocab_size"), 50257, &m->V) &&
-             get_int(c, N("n_embd", "hidden_size"), 768, &m->H) &&
-             get_int(c, N("n_layer", "num_hidden_layers"), 12, &m->L) &&
-             get_int(c, N("n_head", "num_attention_heads"), 12, &m->nh) &&
-             get_int(c, N("n_positions", "max_position_embeddings"), 1024, &m->max_pos) &&
-             get_int(c, N("n_inner"), 0, &m->I) &&
-             get_str(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
-             get_double(c, "embd_pdrop", 0.1, &m->embd_pdrop) &&
-             get_double(c, "attn_pdrop", 0.1, &m->attn_pdrop) &&
-             get_double(c, "resid_pdrop", 0.1, &m->resid_pdrop) &&
-             get_bool(c, "tie_word_embeddings", true, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("n_embd", "hidden_size"), "hidden_size", REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("n_layer", "num_hidden_layers"), "num_hidden_layers", REQUIRED, 0, &B_LAYERS,
+                 &m->L) &&
+             INT(N("n_head", "num_attention_heads"), "num_attention_heads", REQUIRED, 0, &B_HEADS,
+                 &m->nh) &&
+             INT(N("n_positions", "max_position_embeddings"), "max_position_embeddings",
+                 OPTIONAL, 1024, &B_POS, &m->max_pos) &&
+             /* None: 4 × n_embd */
+             INT(N("n_inner"), "intermediate_size", NULLABLE, 0, &B_WIDTH, &m->I) &&
+             get_act(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
+             PROB("embd_pdrop", 0.1, &m->embd_pdrop) && PROB("attn_pdrop", 0.1, &m->attn_pdrop) &&
+             PROB("resid_pdrop", 0.1, &m->resid_pdrop) &&
+             BOOL("tie_word_embeddings", true, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         if (!m->I)
@@ -201,20 +552,20 @@ static gboolean parse(Cfg *c, MemsimModel *m)
         m->qkv_bias = m->o_bias = m->mlp_bias = true;
         break;
     case FAM_OPT:
-        ok = get_int(c, N("vocab_size"), 50272, &m->V) &&
-             get_int(c, N("hidden_size"), 768, &m->H) &&
-             get_int(c, N("num_hidden_layers"), 12, &m->L) &&
-             get_int(c, N("num_attention_heads"), 12, &m->nh) &&
-             get_int(c, N("ffn_dim"), 3072, &m->I) &&
-             get_int(c, N("max_position_embeddings"), 2048, &m->max_pos) &&
-             get_int(c, N("word_embed_proj_dim"), 0, &m->wep) &&
-             get_bool(c, "do_layer_norm_before", true, &m->pre_ln) &&
-             get_str(c, N("activation_function"), "relu", m->act, sizeof m->act) &&
-             get_double(c, "dropout", 0.1, &m->resid_pdrop) &&
-             get_double(c, "attention_dropout", 0.0, &m->attn_pdrop) &&
-             get_bool(c, "enable_bias", true, &m->qkv_bias) &&
-             get_bool(c, "tie_word_embeddings", true, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("hidden_size"), NULL, REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("num_hidden_layers"), NULL, REQUIRED, 0, &B_LAYERS, &m->L) &&
+             INT(N("num_attention_heads"), NULL, REQUIRED, 0, &B_HEADS, &m->nh) &&
+             INT(N("ffn_dim"), "intermediate_size", REQUIRED, 0, &B_WIDTH, &m->I) &&
+             INT(N("max_position_embeddings"), NULL, OPTIONAL, 2048, &B_POS, &m->max_pos) &&
+             /* None: hidden_size */
+             INT(N("word_embed_proj_dim"), NULL, NULLABLE, 0, &B_HIDDEN, &m->wep) &&
+             BOOL("do_layer_norm_before", true, &m->pre_ln) &&
+             get_act(c, N("activation_function"), "relu", m->act, sizeof m->act) &&
+             PROB("dropout", 0.1, &m->resid_pdrop) &&
+             PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+             BOOL("enable_bias", true, &m->qkv_bias) &&
+             BOOL("tie_word_embeddings", true, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         m->o_bias = m->mlp_bias = m->qkv_bias;
@@ -222,95 +573,93 @@ static gboolean parse(Cfg *c, MemsimModel *m)
             m->wep = m->H;
         break;
     case FAM_BLOOM:
-        ok = get_int(c, N("vocab_size"), 250880, &m->V) &&
-             get_int(c, N("n_embed", "hidden_size"), 64, &m->H) &&
-             get_int(c, N("n_layer", "num_hidden_layers"), 2, &m->L) &&
-             get_int(c, N("n_head", "num_attention_heads"), 8, &m->nh) &&
-             get_double(c, "hidden_dropout", 0.0, &m->resid_pdrop) &&
-             get_double(c, "attention_dropout", 0.0, &m->attn_pdrop) &&
-             get_bool(c, "tie_word_embeddings", true, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("n_embed", "hidden_size"), "hidden_size", REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("n_layer", "num_hidden_layers"), "num_hidden_layers", REQUIRED, 0, &B_LAYERS,
+                 &m->L) &&
+             INT(N("n_head", "num_attention_heads"), "num_attention_heads", REQUIRED, 0, &B_HEADS,
+                 &m->nh) &&
+             PROB("hidden_dropout", 0.0, &m->resid_pdrop) &&
+             PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+             BOOL("tie_word_embeddings", true, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         m->I = 4 * m->H;
         m->qkv_bias = m->o_bias = m->mlp_bias = true;
         g_strlcpy(m->act, "bloom_gelu", sizeof m->act);
         break;
-    case FAM_NEOX:
-        ok = get_int(c, N("vocab_size"), 50432, &m->V) &&
-             get_int(c, N("hidden_size"), 6144, &m->H) &&
-             get_int(c, N("num_hidden_layers"), 44, &m->L) &&
-             get_int(c, N("num_attention_heads"), 64, &m->nh) &&
-             get_int(c, N("intermediate_size"), 24576, &m->I) &&
-             get_int(c, N("max_position_embeddings"), 2048, &m->max_pos) &&
-             get_str(c, N("hidden_act"), "gelu", m->act, sizeof m->act) &&
-             get_double(c, "attention_dropout", 0.0, &m->attn_pdrop) &&
-             get_double(c, "hidden_dropout", 0.0, &m->resid_pdrop) &&
-             get_bool(c, "tie_word_embeddings", false, &m->tie) &&
-             get_bool(c, "use_parallel_residual", true, &m->parallel_residual) &&
-             get_bool(c, "attention_bias", true, &m->qkv_bias) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+    case FAM_NEOX: {
+        double pct = 0.25;
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("hidden_size"), NULL, REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("num_hidden_layers"), NULL, REQUIRED, 0, &B_LAYERS, &m->L) &&
+             INT(N("num_attention_heads"), NULL, REQUIRED, 0, &B_HEADS, &m->nh) &&
+             INT(N("intermediate_size"), NULL, REQUIRED, 0, &B_WIDTH, &m->I) &&
+             INT(N("max_position_embeddings"), NULL, OPTIONAL, 2048, &B_POS, &m->max_pos) &&
+             get_act(c, N("hidden_act"), "gelu", m->act, sizeof m->act) &&
+             PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+             PROB("hidden_dropout", 0.0, &m->resid_pdrop) &&
+             BOOL("tie_word_embeddings", false, &m->tie) &&
+             BOOL("use_parallel_residual", true, &m->parallel_residual) &&
+             BOOL("attention_bias", true, &m->qkv_bias) && BOOL("use_cache", true, &m->use_cache) &&
+             /* partial_rotary_factor, the newer name, wins over rotary_pct */
+             get_double(c, "rotary_pct", 0.25, R_FRACTION, &pct) &&
+             get_double(c, "partial_rotary_factor", pct, R_FRACTION, &m->rotary_pct);
         if (!ok)
             return FALSE;
-        {
-            double pct = 0.25, tmp;
-            if (!get_double(c, "rotary_pct", 0.25, &tmp))
-                return FALSE;
-            pct = tmp;
-            if (!get_double(c, "partial_rotary_factor", pct, &tmp))
-                return FALSE;
-            m->rotary_pct = tmp;
-            if (!(m->rotary_pct > 0.0 && m->rotary_pct <= 1.0))
-                return bad(c, "rotary_pct", "must be in (0, 1]");
-        }
         m->o_bias = m->qkv_bias;
         m->mlp_bias = true;
         break;
+    }
     case FAM_FALCON: {
         bool mq = true, alibi = false, bias = false, par = true;
-        int64_t ffn = 0;
-        ok = get_int(c, N("vocab_size"), 65024, &m->V) &&
-             get_int(c, N("n_embed", "hidden_size"), 4544, &m->H) &&
-             get_int(c, N("num_hidden_layers", "n_layer"), 32, &m->L) &&
-             get_int(c, N("num_attention_heads", "n_head"), 71, &m->nh) &&
-             get_int(c, N("num_kv_heads", "n_head_kv"), 0, &m->nkv) &&
-             get_int(c, N("ffn_hidden_size"), 0, &ffn) &&
-             get_bool(c, "multi_query", true, &mq) && get_bool(c, "alibi", false, &alibi) &&
-             get_bool(c, "new_decoder_architecture", false, &m->falcon_new_arch) &&
-             get_bool(c, "parallel_attn", true, &par) && get_bool(c, "bias", false, &bias) &&
-             get_int(c, N("max_position_embeddings"), 2048, &m->max_pos) &&
-             get_bool(c, "tie_word_embeddings", true, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        int64_t ffn = 0, kv = 0;
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("n_embed", "hidden_size"), "hidden_size", REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("num_hidden_layers", "n_layer"), "num_hidden_layers", REQUIRED, 0, &B_LAYERS,
+                 &m->L) &&
+             INT(N("num_attention_heads", "n_head"), "num_attention_heads", REQUIRED, 0, &B_HEADS,
+                 &m->nh) &&
+             /* None: as many as the attention heads */
+             INT(N("num_kv_heads", "n_head_kv"), "num_key_value_heads", NULLABLE, 0, &B_HEADS,
+                 &kv) &&
+             /* None: 4 × hidden_size */
+             INT(N("ffn_hidden_size"), "intermediate_size", NULLABLE, 0, &B_WIDTH, &ffn) &&
+             BOOL("multi_query", true, &mq) && BOOL("alibi", false, &alibi) &&
+             BOOL("new_decoder_architecture", false, &m->falcon_new_arch) &&
+             BOOL("parallel_attn", true, &par) && BOOL("bias", false, &bias) &&
+             INT(N("max_position_embeddings"), NULL, OPTIONAL, 2048, &B_POS, &m->max_pos) &&
+             BOOL("tie_word_embeddings", true, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         if (alibi)
             return bad(c, "alibi", "ALiBi Falcon models are not modelled yet");
         m->I = ffn ? ffn : 4 * m->H;
-        if (m->falcon_new_arch) {
-            if (!m->nkv)
-                m->nkv = m->nh;
-        } else {
+        if (m->falcon_new_arch)
+            m->nkv = kv ? kv : m->nh;
+        else
             m->nkv = mq ? 1 : m->nh;
-        }
         m->parallel_residual = par || m->falcon_new_arch;
         m->qkv_bias = m->o_bias = m->mlp_bias = bias;
         g_strlcpy(m->act, "gelu", sizeof m->act);
         break;
     }
     case FAM_GPTNEO:
-        ok = get_int(c, N("vocab_size"), 50257, &m->V) &&
-             get_int(c, N("hidden_size"), 2048, &m->H) &&
-             get_int(c, N("num_layers", "num_hidden_layers"), 24, &m->L) &&
-             get_int(c, N("num_heads", "num_attention_heads"), 16, &m->nh) &&
-             get_int(c, N("intermediate_size"), 0, &m->I) &&
-             get_int(c, N("max_position_embeddings"), 2048, &m->max_pos) &&
-             get_int(c, N("window_size"), 256, &m->sliding_window) &&
-             get_str(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
-             get_double(c, "embed_dropout", 0.0, &m->embd_pdrop) &&
-             get_double(c, "attention_dropout", 0.0, &m->attn_pdrop) &&
-             get_double(c, "resid_dropout", 0.0, &m->resid_pdrop) &&
-             get_bool(c, "tie_word_embeddings", true, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("hidden_size"), NULL, REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("num_layers", "num_hidden_layers"), "num_hidden_layers", REQUIRED, 0,
+                 &B_LAYERS, &m->L) &&
+             INT(N("num_heads", "num_attention_heads"), "num_attention_heads", REQUIRED, 0,
+                 &B_HEADS, &m->nh) &&
+             /* None: 4 × hidden_size */
+             INT(N("intermediate_size"), NULL, NULLABLE, 0, &B_WIDTH, &m->I) &&
+             INT(N("max_position_embeddings"), NULL, OPTIONAL, 2048, &B_POS, &m->max_pos) &&
+             INT(N("window_size"), NULL, OPTIONAL, 256, &B_POS, &m->sliding_window) &&
+             get_act(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
+             PROB("embed_dropout", 0.0, &m->embd_pdrop) &&
+             PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+             PROB("resid_dropout", 0.0, &m->resid_pdrop) &&
+             BOOL("tie_word_embeddings", true, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         if (!m->I)
@@ -318,19 +667,21 @@ static gboolean parse(Cfg *c, MemsimModel *m)
         m->o_bias = m->mlp_bias = true;
         break;
     case FAM_CODEGEN:
-        ok = get_int(c, N("vocab_size"), 50400, &m->V) &&
-             get_int(c, N("n_embd", "hidden_size"), 4096, &m->H) &&
-             get_int(c, N("n_layer", "num_hidden_layers"), 28, &m->L) &&
-             get_int(c, N("n_head", "num_attention_heads"), 16, &m->nh) &&
-             get_int(c, N("n_positions", "max_position_embeddings"), 2048, &m->max_pos) &&
-             get_int(c, N("rotary_dim"), 64, &m->rotary_dim) &&
-             get_int(c, N("n_inner"), 0, &m->I) &&
-             get_str(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
-             get_double(c, "embd_pdrop", 0.0, &m->embd_pdrop) &&
-             get_double(c, "attn_pdrop", 0.0, &m->attn_pdrop) &&
-             get_double(c, "resid_pdrop", 0.0, &m->resid_pdrop) &&
-             get_bool(c, "tie_word_embeddings", false, &m->tie) &&
-             get_bool(c, "use_cache", true, &m->use_cache);
+        ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+             INT(N("n_embd", "hidden_size"), "hidden_size", REQUIRED, 0, &B_HIDDEN, &m->H) &&
+             INT(N("n_layer", "num_hidden_layers"), "num_hidden_layers", REQUIRED, 0, &B_LAYERS,
+                 &m->L) &&
+             INT(N("n_head", "num_attention_heads"), "num_attention_heads", REQUIRED, 0, &B_HEADS,
+                 &m->nh) &&
+             INT(N("n_positions", "max_position_embeddings"), "max_position_embeddings",
+                 OPTIONAL, 2048, &B_POS, &m->max_pos) &&
+             INT(N("rotary_dim"), NULL, OPTIONAL, 64, &B_HEADS, &m->rotary_dim) &&
+             /* None: 4 × n_embd */
+             INT(N("n_inner"), "intermediate_size", NULLABLE, 0, &B_WIDTH, &m->I) &&
+             get_act(c, N("activation_function"), "gelu_new", m->act, sizeof m->act) &&
+             PROB("embd_pdrop", 0.0, &m->embd_pdrop) && PROB("attn_pdrop", 0.0, &m->attn_pdrop) &&
+             PROB("resid_pdrop", 0.0, &m->resid_pdrop) &&
+             BOOL("tie_word_embeddings", false, &m->tie) && BOOL("use_cache", true, &m->use_cache);
         if (!ok)
             return FALSE;
         if (!m->I)
@@ -341,36 +692,341 @@ static gboolean parse(Cfg *c, MemsimModel *m)
     default:
         g_assert_not_reached();
     }
-    (void)h;
-    if (!positive(c, "vocab_size", m->V) || !positive(c, "hidden_size", m->H) ||
-        !positive(c, "num_hidden_layers", m->L) || !positive(c, "num_attention_heads", m->nh) ||
-        !positive(c, "intermediate_size", m->I))
-        return FALSE;
-    if (m->nkv < 0 || m->hd < 0)
-        return bad(c, m->nkv < 0 ? "num_key_value_heads" : "head_dim", "must not be negative");
-    if (!m->nkv)
-        m->nkv = m->nh;
-    if (!m->hd) {
-        if (m->H % m->nh != 0)
-            return bad(c, "num_attention_heads",
-                       "%" G_GINT64_FORMAT " heads do not divide hidden_size %" G_GINT64_FORMAT,
-                       m->nh, m->H);
-        m->hd = m->H / m->nh;
+    /* fields no size depends on, checked where given: Transformers fails on these too */
+    static const char *const positive[] = {"rope_theta", "rotary_emb_base", "rms_norm_eps",
+                                           "layer_norm_eps", "layer_norm_epsilon"};
+    for (gsize i = 0; i < G_N_ELEMENTS(positive); i++) {
+        double unused;
+        if (!get_double(c, positive[i], 1.0, R_POSITIVE, &unused))
+            return FALSE;
     }
-    if (m->nh % m->nkv != 0)
-        return bad(c, "num_key_value_heads",
-                   "%" G_GINT64_FORMAT " key/value heads do not divide %" G_GINT64_FORMAT
-                   " attention heads",
-                   m->nkv, m->nh);
-    if (m->fam == FAM_MIXTRAL && (m->n_experts <= 0 || m->top_k <= 0 || m->top_k > m->n_experts))
-        return bad(c, "num_experts_per_tok", "needs 0 < num_experts_per_tok ≤ num_local_experts");
-    if (m->fam == FAM_CODEGEN && (m->rotary_dim <= 0 || m->rotary_dim > m->hd))
-        return bad(c, "rotary_dim", "must be in (0, head_dim]");
     return TRUE;
 }
 
+/* The values derived from others, the checks across fields, the sizes missing, and the
+ * bounds on the model's bytes and work. The checks between fields given come before the
+ * message naming the sizes missing. */
+static gboolean finish(Cfg *c, MemsimModel *m, const char *type)
+{
+    if (!m->nkv)
+        m->nkv = m->nh;
+    if (!m->hd && m->H && m->nh) {
+        if (m->H % m->nh != 0)
+            return bad_role(c, "num_attention_heads",
+                            "%" G_GINT64_FORMAT " heads do not divide hidden_size %" G_GINT64_FORMAT,
+                            m->nh, m->H);
+        m->hd = m->H / m->nh;
+    }
+    if (m->nh && m->nkv && m->nh % m->nkv != 0)
+        return bad_role(c, "num_key_value_heads",
+                        "%" G_GINT64_FORMAT " key/value heads do not divide %" G_GINT64_FORMAT
+                        " attention heads",
+                        m->nkv, m->nh);
+    if (m->fam == FAM_MIXTRAL && m->top_k > m->n_experts)
+        return bad(c, "num_experts_per_tok",
+                   "%" G_GINT64_FORMAT " experts per token, of %" G_GINT64_FORMAT
+                   " experts (num_local_experts)",
+                   m->top_k, m->n_experts);
+    if (m->fam == FAM_CODEGEN && m->hd && m->rotary_dim > m->hd)
+        return bad(c, "rotary_dim",
+                   "%" G_GINT64_FORMAT " is more than head_dim %" G_GINT64_FORMAT
+                   " (n_embd / n_head)",
+                   m->rotary_dim, m->hd);
+    if (c->missing->len) {
+        g_set_error(c->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: missing %s: a %s config must give the model's sizes (memsim does not "
+                    "fill them in from a default model)",
+                    c->file, c->missing->str, type);
+        return FALSE;
+    }
+    /* the layers of a rotary model rotate at least one pair of dimensions */
+    if (m->fam == FAM_NEOX && (int64_t)((double)m->hd * m->rotary_pct) < 2)
+        return bad(c, "rotary_pct",
+                   "%g of head_dim %" G_GINT64_FORMAT " rotates no pair of dimensions",
+                   m->rotary_pct, m->hd);
+    /* CodeGen's attention splits q, k, v into 4 groups (mp_num = 4) */
+    if (m->fam == FAM_CODEGEN && m->nh % 4 != 0)
+        return bad_role(c, "num_attention_heads",
+                        "CodeGen splits its heads into 4 groups: %" G_GINT64_FORMAT
+                        " is not a multiple of 4",
+                        m->nh);
+    if (m->fam == FAM_MIXTRAL && m->L * m->n_experts > MAX_EXPERT_LAYERS)
+        return bad_role(c, "num_local_experts",
+                        "%" G_GINT64_FORMAT " experts in each of %" G_GINT64_FORMAT
+                        " layers (num_hidden_layers) are %" G_GINT64_FORMAT
+                        " expert blocks to simulate: memsim takes at most %d (layers × experts)",
+                        m->n_experts, m->L, m->L * m->n_experts, MAX_EXPERT_LAYERS);
+    Size z;
+    bool counted = model_size(m, &z);
+    int64_t bytes = INT64_MAX;
+    if (counted && (__builtin_mul_overflow(z.params, 2, &bytes) ||
+                    __builtin_add_overflow(bytes, z.buffers, &bytes)))
+        bytes = INT64_MAX;
+    if (bytes <= MAX_MODEL_BYTES)
+        return TRUE;
+    if (z.buffers > MAX_MODEL_BYTES / 2)
+        return bad_role(c, "max_position_embeddings",
+                        "%" G_GINT64_FORMAT " positions make the buffers of the %" G_GINT64_FORMAT
+                        " layers (%s) more than 1 PiB (2^50 bytes), beyond any device",
+                        m->max_pos, m->L,
+                        m->fam == FAM_GPTNEO ? "bool [max_position_embeddings]² causal masks"
+                                             : "fp32 [max_position_embeddings, rotary_dim] tables");
+    GString *sizes = g_string_new(NULL);
+    g_string_append_printf(sizes,
+                           "%s %" G_GINT64_FORMAT ", %s %" G_GINT64_FORMAT ", %s %" G_GINT64_FORMAT
+                           ", %s %" G_GINT64_FORMAT,
+                           used_name(c, "vocab_size"), m->V, used_name(c, "hidden_size"), m->H,
+                           used_name(c, "intermediate_size"), m->I,
+                           used_name(c, "num_hidden_layers"), m->L);
+    if (m->fam == FAM_MIXTRAL)
+        g_string_append_printf(sizes, ", %s %" G_GINT64_FORMAT, used_name(c, "num_local_experts"),
+                               m->n_experts);
+    /* named after the larger part: the layers or the embeddings */
+    g_autofree char *count = z.params == INT64_MAX ? g_strdup("more than 2^63")
+                                                   : g_strdup_printf("%.3g", (double)z.params);
+    bad_role(c, z.layers >= z.other ? "num_hidden_layers" : "vocab_size",
+             "the model is too large: %s parameters (%s) take more than 1 PiB (2^50 bytes) at "
+             "2 bytes each, beyond any device",
+             count, sizes->str);
+    g_string_free(sizes, TRUE);
+    return FALSE;
+}
+
+/* A multimodal config's text model, under text_config, of a model type memsim models
+ * directly, or read as another: */
+static const struct {
+    const char *type, *as;
+} towers[] = {
+    {"mllama_text_model", "llama"}, /* Llama 3.2 Vision: cross-attention layers as Llama's */
+    {"qwen2_vl_text", "qwen2"},     /* Qwen2-VL, Qwen2.5-VL: Qwen2 with multimodal rotary */
+    {"qwen2_5_vl_text", "qwen2"},
+};
+
+/* Any other text model is read as a Llama decoder when it gives the fields of one. */
+static bool llama_shaped(JsonObject *o)
+{
+    static const char *const fields[] = {"vocab_size",          "hidden_size",
+                                         "intermediate_size",   "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads"};
+    for (gsize i = 0; i < G_N_ELEMENTS(fields); i++)
+        if (!json_object_has_member(o, fields[i]))
+            return false;
+    return true;
+}
+
+/* The text model of a multimodal config (model type `top`, not one memsim models). */
+static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
+{
+    JsonNode *tn = json_object_get_member(c->o, "text_config");
+    if (!JSON_NODE_HOLDS_OBJECT(tn)) {
+        g_autofree char *d = describe(tn);
+        return bad(c, "text_config", "expected an object (the text model's config), got %s", d);
+    }
+    g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GString) missing = g_string_new(NULL);
+    Cfg t = {c->file, "text_config.", json_node_get_object(tn), c->huge, missing, used,
+             c->error};
+    char type[64];
+    if (!get_str(&t, N("model_type"), "", type, sizeof type))
+        return FALSE;
+    const char *as = NULL;
+    bool strict = false;
+    Family fam;
+    if (family_of(type, &fam)) {
+        as = type;
+    } else {
+        for (gsize i = 0; i < G_N_ELEMENTS(towers); i++)
+            if (strcmp(towers[i].type, type) == 0)
+                as = towers[i].as;
+        if (!as && llama_shaped(t.o))
+            as = "llama";
+        strict = true;
+    }
+    if (!as) {
+        g_autofree char *known = known_types();
+        return bad(&t, "model_type",
+                   "the text model '%s' of this '%s' config is not a family memsim models "
+                   "(known: %s; a text model of another type is read as a Llama decoder when "
+                   "it gives vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
+                   "num_attention_heads and num_key_value_heads)",
+                   *type ? type : "(no model_type)", top, known);
+    }
+    bool known = family_of(as, &fam);
+    g_assert(known);
+    if (!read_family(&t, m, fam, as, strict) || !finish(&t, m, as))
+        return FALSE;
+    m->model_type = g_strdup(*type ? type : as);
+    fprintf(stderr,
+            "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
+            "as a %s decoder%s; its other towers (vision, audio) are not counted\n",
+            c->file, top, *type ? type : "none", as,
+            strcmp(as, type) != 0 ? ", its layers counted as that family's" : "");
+    return TRUE;
+}
+
+static gboolean parse(Cfg *c, MemsimModel *m)
+{
+    char type[64];
+    if (!get_str(c, N("model_type"), "", type, sizeof type))
+        return FALSE;
+    if (!*type)
+        return bad(c, "model_type", "missing: cannot tell the model family");
+    Family fam;
+    if (!family_of(type, &fam)) {
+        if (json_object_has_member(c->o, "text_config"))
+            return parse_text_config(c, m, type);
+        g_autofree char *known = known_types();
+        return bad(c, "model_type", "unknown model type '%s' (known: %s)", type, known);
+    }
+    m->model_type = g_strdup(type);
+    return read_family(c, m, fam, type, false) && finish(c, m, type);
+}
+
+/* ---- the file ---- */
+
+/* The key path of the value at `depth` (keys of the enclosing objects, joined by '.'). */
+typedef struct {
+    const char *key;
+    gsize len;
+    bool object;
+} Level;
+
+static char *key_path(const Level *st, int depth)
+{
+    GString *p = g_string_new(NULL);
+    for (int d = 1; d <= depth; d++)
+        if (st[d].object && st[d].key)
+            g_string_append_printf(p, "%s%.*s", p->len ? "." : "", (int)st[d].len, st[d].key);
+    if (!p->len)
+        g_string_append(p, "(top level)");
+    char *s = g_utf8_make_valid(p->str, -1);
+    g_string_free(p, TRUE);
+    return s;
+}
+
+/* One pass over the text before json-glib parses it (its parser recurses once per nesting
+ * level, and some 100000 brackets overflow the stack): nesting deeper than MAX_DEPTH is
+ * refused; NaN and Infinity, which Python's json writes but JSON has not, are refused naming
+ * their field; integers beyond 64 bits, which json-glib wraps silently, are noted in `huge`
+ * by key path for the readers to refuse. Strings are skipped, escapes included. */
+static gboolean scan_json(const char *file, const char *s, gsize len, GHashTable *huge,
+                          GError **error)
+{
+    Level st[MAX_DEPTH + 1] = {{NULL, 0, false}};
+    int depth = 0;
+    const char *str = NULL; /* the last string: a key when ':' follows */
+    gsize slen = 0;
+    for (gsize i = 0; i < len; i++) {
+        char ch = s[i];
+        if (ch == '"') {
+            gsize j = i + 1;
+            while (j < len && s[j] != '"')
+                j += s[j] == '\\' ? 2 : 1;
+            str = s + i + 1;
+            slen = MIN(j, len) - (i + 1);
+            i = j;
+            continue;
+        }
+        switch (ch) {
+        case '{':
+        case '[':
+            if (depth == MAX_DEPTH) {
+                g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                            "%s: JSON nested more than %d levels deep (at byte %" G_GSIZE_FORMAT
+                            "): not a config.json, which nests a few",
+                            file, MAX_DEPTH, i);
+                return FALSE;
+            }
+            depth++;
+            st[depth] = (Level){NULL, 0, ch == '{'};
+            break;
+        case '}':
+        case ']':
+            if (depth > 0)
+                depth--;
+            break;
+        case ':':
+            if (st[depth].object && str) {
+                st[depth].key = str;
+                st[depth].len = slen;
+            }
+            break;
+        case ',':
+            st[depth].key = NULL;
+            break;
+        default:
+            if (ch == '-' || g_ascii_isalnum(ch)) {
+                gsize j = i + 1;
+                while (j < len && (g_ascii_isalnum(s[j]) || s[j] == '.' || s[j] == '-' ||
+                                   s[j] == '+'))
+                    j++;
+                const char *tok = s + i;
+                gsize n = j - i;
+                const char *mag = tok[0] == '-' ? tok + 1 : tok;
+                gsize mlen = tok[0] == '-' ? n - 1 : n;
+                if (mlen && (mag[0] == 'N' || mag[0] == 'I')) {
+                    g_autofree char *path = key_path(st, depth);
+                    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                                "%s: field '%s': %.*s is not a JSON number (Python's json "
+                                "writes it for a value that is not finite): expected a finite "
+                                "number",
+                                file, path, (int)MIN(n, 16), tok);
+                    return FALSE;
+                }
+                bool integer = mlen > 0;
+                for (gsize k = 0; k < mlen; k++)
+                    integer = integer && g_ascii_isdigit(mag[k]);
+                while (integer && mlen > 1 && mag[0] == '0') {
+                    mag++;
+                    mlen--;
+                }
+                if (integer && huge &&
+                    (mlen > 19 || (mlen == 19 && memcmp(mag, "9223372036854775807", 19) > 0)))
+                    g_hash_table_insert(huge, key_path(st, depth),
+                                        g_strndup(tok, MIN(n, 40)));
+                i = j - 1;
+            }
+        }
+    }
+    return TRUE;
+}
+
+/* The file's text, at most MAX_FILE_BYTES (newly allocated, NUL-terminated). */
+static char *read_config(const char *path, gsize *len, GError **error)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: cannot open: %s", path,
+                    g_strerror(e));
+        return NULL;
+    }
+    GByteArray *b = g_byte_array_new();
+    guint8 chunk[65536];
+    size_t n;
+    while (b->len <= MAX_FILE_BYTES && (n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        g_byte_array_append(b, chunk, (guint)n);
+    int e = ferror(f) ? errno : 0;
+    fclose(f);
+    if (e || b->len > MAX_FILE_BYTES) {
+        if (e)
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: cannot read: %s", path,
+                        g_strerror(e));
+        else
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: larger than %" G_GSIZE_FORMAT
+                        " MiB: not a config.json, which takes a few KB",
+                        path, MAX_FILE_BYTES >> 20);
+        g_byte_array_free(b, TRUE);
+        return NULL;
+    }
+    *len = b->len;
+    g_byte_array_append(b, (const guint8 *)"", 1);
+    return (char *)g_byte_array_free(b, FALSE);
+}
+
 static MemsimModel *load_json(JsonParser *p, const char *file, const char *name,
-                              GError **error)
+                              GHashTable *huge, GError **error)
 {
     JsonNode *root = json_parser_get_root(p);
     if (!root || !JSON_NODE_HOLDS_OBJECT(root)) {
@@ -378,7 +1034,9 @@ static MemsimModel *load_json(JsonParser *p, const char *file, const char *name,
                     "%s: expected a JSON object (a Hugging Face config.json)", file);
         return NULL;
     }
-    Cfg c = {file, json_node_get_object(root), error};
+    g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GString) missing = g_string_new(NULL);
+    Cfg c = {file, "", json_node_get_object(root), huge, missing, used, error};
     MemsimModel *m = g_new0(MemsimModel, 1);
     m->name = g_strdup(name);
     if (!parse(&c, m)) {
@@ -426,7 +1084,7 @@ MemsimModel *memsim_model_load(const char *name_or_path, GError **error)
         gboolean ok = json_parser_load_from_data(p, data, (gssize)len, &e);
         g_bytes_unref(bytes);
         g_assert(ok && "a shipped preset does not parse");
-        return load_json(p, rpath + strlen("/org/memsim/models/"), name_or_path, error);
+        return load_json(p, rpath + strlen("/org/memsim/models/"), name_or_path, NULL, error);
     }
     if (!g_file_test(name_or_path, G_FILE_TEST_EXISTS)) {
         g_auto(GStrv) names = memsim_model_presets();
@@ -436,13 +1094,24 @@ MemsimModel *memsim_model_load(const char *name_or_path, GError **error)
                     name_or_path, list);
         return NULL;
     }
-    if (!json_parser_load_from_file(p, name_or_path, &e)) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: not valid JSON: %s",
-                    name_or_path, e->message);
+    gsize len = 0;
+    g_autofree char *text = read_config(name_or_path, &len, error);
+    if (!text)
+        return NULL;
+    g_autoptr(GHashTable) huge = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    if (!scan_json(name_or_path, text, len, huge, error))
+        return NULL;
+    if (!json_parser_load_from_data(p, text, (gssize)len, &e)) {
+        /* json-glib names the text "<data>": the file instead */
+        const char *msg = e->message;
+        bool data = g_str_has_prefix(msg, "<data>:");
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: not valid JSON: %s%s%s",
+                    name_or_path, data ? name_or_path : "", data ? ":" : "",
+                    data ? msg + strlen("<data>:") : msg);
         g_error_free(e);
         return NULL;
     }
-    return load_json(p, name_or_path, name_or_path, error);
+    return load_json(p, name_or_path, name_or_path, huge, error);
 }
 
 void memsim_model_free(MemsimModel *m)
@@ -466,65 +1135,8 @@ const char *memsim_model_family(const MemsimModel *m)
 
 int64_t memsim_model_n_params(const MemsimModel *m)
 {
-    int64_t H = m->H, V = m->V, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
-    int64_t per_layer = 0, other = 0;
-    switch (m->fam) {
-    case FAM_LLAMA:
-    case FAM_MIXTRAL: {
-        int64_t attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H;
-        if (m->qkv_bias)
-            attn += nh * hd + 2 * nkv * hd;
-        if (m->o_bias)
-            attn += H;
-        int64_t mlp = m->fam == FAM_MIXTRAL ? m->n_experts * 3 * H * I + m->n_experts * H
-                                            : 3 * H * I + (m->mlp_bias ? 2 * I + H : 0);
-        per_layer = attn + mlp + 2 * H;
-        other = V * H + H + (m->tie ? 0 : V * H);
-        break;
-    }
-    case FAM_GPT2:
-        per_layer = 4 * H + (H * 3 * H + 3 * H) + (H * H + H) + (H * I + I) + (I * H + H);
-        other = V * H + m->max_pos * H + 2 * H + (m->tie ? 0 : V * H);
-        break;
-    case FAM_OPT: {
-        int64_t b = m->qkv_bias ? 1 : 0;
-        per_layer = 4 * (H * H + b * H) + 4 * H + (I * H + b * I) + (H * I + b * H);
-        other = V * m->wep + (m->max_pos + 2) * H + (m->tie ? 0 : V * m->wep);
-        if (m->wep != H)
-            other += 2 * H * m->wep;
-        if (m->pre_ln)
-            other += 2 * H;
-        break;
-    }
-    case FAM_BLOOM:
-        per_layer = 4 * H + (3 * H * H + 3 * H) + (H * H + H) + (4 * H * H + 4 * H) +
-                    (4 * H * H + H);
-        other = V * H + 4 * H + (m->tie ? 0 : V * H);
-        break;
-    case FAM_NEOX: {
-        int64_t b = m->qkv_bias ? 1 : 0;
-        per_layer = 4 * H + (3 * H * H + b * 3 * H) + (H * H + b * H) + (I * H + I) + (H * I + H);
-        other = V * H + 2 * H + (m->tie ? 0 : V * H);
-        break;
-    }
-    case FAM_FALCON: {
-        int64_t qkv = m->falcon_new_arch ? (2 * nkv + nh) * hd : nkv == 1 ? H + 2 * hd : 3 * H;
-        int64_t b = m->qkv_bias ? 1 : 0;
-        int64_t norms = m->falcon_new_arch ? 4 * H : m->parallel_residual ? 2 * H : 4 * H;
-        per_layer = qkv * H + b * qkv + H * H + b * H + I * H + b * I + H * I + b * H + norms;
-        other = V * H + 2 * H + (m->tie ? 0 : V * H);
-        break;
-    }
-    case FAM_GPTNEO:
-        per_layer = 4 * H + 3 * H * H + (H * H + H) + (I * H + I) + (H * I + H);
-        other = V * H + m->max_pos * H + 2 * H + (m->tie ? 0 : V * H);
-        break;
-    case FAM_CODEGEN:
-        per_layer = 2 * H + 3 * H * H + H * H + (I * H + I) + (H * I + H);
-        other = V * H + 2 * H + (m->tie ? 0 : V * H + V);
-        break;
-    default:
-        g_assert_not_reached();
-    }
-    return per_layer * L + other;
+    Size z;
+    gboolean ok = model_size(m, &z);
+    g_assert(ok && "the loader refuses a model whose parameter count overflows");
+    return z.params;
 }
