@@ -1166,6 +1166,10 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
         memsim_replay_drain(rp, memsim_trace_reader_header(rd), &e);
     memsim_trace_reader_free(rd);
     if (e) {
+        /* an inconsistency the replay found names the trace by its embedded name: the file
+         * the user gave comes first */
+        if (!g_str_has_prefix(e->message, path))
+            g_prefix_error(&e, "%s: ", path);
         g_propagate_error(error, e);
         memsim_replay_abort(rp);
         return NULL;

@@ -328,3 +328,23 @@ Test(answers, zero3_13b_batch_4_does_not_fit)
     cr_expect_eq(tu_run_memsim(argv, &out, &err), 1, "%s%s", out, err);
     cr_expect(out && strstr(out, "DOES NOT FIT in 80.00 GiB"), "%s", out);
 }
+
+/* An inconsistency found while replaying a text trace names the file given first, not only
+ * the name the trace carries inside. */
+Test(answers, trace_errors_name_the_file_given)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *path = g_build_filename(dir, "given.txt", NULL);
+    cr_assert(g_file_set_contents(path,
+                                  "memsim-trace 1\nname \"embedded.pickle\"\n"
+                                  "rank 0 device=0 multiplicity=1 streams=1\n@rank 0\n"
+                                  "alloc t=1 size=512 stream=0 cat=other\n"
+                                  "alloc t=1 size=512 stream=0 cat=other\n",
+                                  -1, NULL));
+    const char *argv[] = {"replay", path, NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(tu_run_memsim(argv, NULL, &err), 2);
+    g_autofree char *want = g_strdup_printf("memsim replay: %s: ", path);
+    cr_expect(err && g_str_has_prefix(err, want), "the message does not start with the file: %s",
+              err);
+}

@@ -161,6 +161,9 @@ static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o,
     progress_stop(&pr);
     memsim_trace_reader_free(rd);
     if (e) {
+        /* the replay names the trace by its embedded name: the file given comes first */
+        if (!g_str_has_prefix(e->message, path))
+            g_prefix_error(&e, "%s: ", path);
         g_propagate_error(error, e);
         memsim_replay_abort(rp);
         return NULL;
