@@ -348,3 +348,19 @@ Test(answers, trace_errors_name_the_file_given)
     cr_expect(err && g_str_has_prefix(err, want), "the message does not start with the file: %s",
               err);
 }
+
+/* With expandable segments the report counts the mapped ranges as segments (a segment is one
+ * contiguous mapped range, as snapshots list them): at least one while anything is mapped,
+ * never more than the page mappings made. */
+Test(answers, expandable_segments_counted)
+{
+    JsonParser *p = run_json(ARGV("estimate", "--model", "gpt2", "--batch", "2", "--seq", "512",
+                                  "--alloc-conf", "expandable_segments:True", "--json"),
+                             0);
+    JsonObject *r = rank0(p);
+    int64_t segs = json_object_get_int_member(r, "peak_segments");
+    int64_t maps = json_object_get_int_member(r, "n_device_alloc");
+    cr_expect(segs >= 1 && segs <= maps, "peak_segments %" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+              " mappings", segs, maps);
+    g_object_unref(p);
+}
