@@ -148,6 +148,91 @@ class BadSettings(unittest.TestCase):
                 self.assertIn(word, str(cm.exception))
 
 
+def bad_configs():
+    """The table of tests/data/bad-configs.txt (its header gives the format), read as
+    tests/test_config.c reads it: ([(family, [(field, kind, flags, value)])], {kind: [bad
+    value, or None for the field left out]})."""
+    path = os.path.join(os.environ["MEMSIM_TEST_DATA"], "bad-configs.txt")
+    kinds = ("int", "prob", "frac", "pos", "bool", "act", "type")
+    bases, bad, ended = [], {k: [] for k in kinds}, False
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            assert not ended, "a record after end: " + line
+            word = line.split("|", 1)[0].strip()
+            parts = {"bad": 3, "family": 2, "field": 5}.get(word, 1)
+            w = [x.strip() for x in line.split("|", parts - 1)]
+            assert len(w) == parts, "bad record: " + line
+            if word == "end":
+                ended = True
+            elif word == "bad":
+                assert w[1] in kinds and w[2], "bad record: " + line
+                bad[w[1]].append(None if w[2] == "absent" else w[2])
+            elif word == "family":
+                bases.append((w[1], []))
+            elif word == "field":
+                assert bases, "a field before any family: " + line
+                flags = set() if w[3] == "-" else {x.strip() for x in w[3].split(",")}
+                assert w[2] in kinds and flags <= {"req", "null"} and w[1] and w[4], \
+                    "bad record: " + line
+                bases[-1][1].append((w[1], w[2], flags, w[4]))
+            else:
+                raise AssertionError("bad record: " + line)
+    assert ended, "no end record (the file is cut short)"
+    assert all(bad.values()), bad
+    return bases, bad
+
+
+def config_with(fields, name, value):
+    """The base config's text with field `name` set to `value` (JSON text, written as it is:
+    NaN too), or left out when value is None."""
+    pairs = []
+    for field, _, _, good in fields:
+        v = value if field == name else good
+        if v is not None:
+            pairs.append('"%s": %s' % (field, v))
+    return "{" + ", ".join(pairs) + "}"
+
+
+class BadConfigs(unittest.TestCase):
+    def test_table(self):
+        """Every case of the bad-config table (the one tests/test_config.c runs through
+        memsim_model_load) raises memsim.Error, a bad-input one naming the field. All of
+        them: the module loads configs in-process, so the whole table takes seconds."""
+        bases, bad = bad_configs()
+        tmp = tempfile.mkdtemp(prefix="memsim-py-")
+        cases = 0
+        try:
+            for family, fields in bases:
+                path = os.path.join(tmp, family + ".json")
+                with open(path, "w") as f:
+                    f.write(config_with(fields, "", None))
+                with self.subTest(family=family, base=True):
+                    memsim.estimate(path, seq=64)  # the base itself is a good config
+                for name, kind, flags, _ in fields:
+                    for k, v in enumerate(bad[kind]):
+                        if v == "null" and "null" in flags:
+                            continue  # null is accepted (Transformers' None)
+                        if v is None and "req" not in flags:
+                            continue  # left out: only required fields
+                        text = config_with(fields, name, v)
+                        path = os.path.join(tmp, "%s-%s-%d.json" % (family, name, k))
+                        with open(path, "w") as f:
+                            f.write(text)
+                        with self.subTest(config=text):
+                            with self.assertRaises(memsim.Error) as cm:
+                                memsim.estimate(path, seq=64)
+                            self.assertEqual(cm.exception.code, 0, str(cm.exception))
+                            self.assertIn(name, str(cm.exception))
+                        cases += 1
+        finally:
+            shutil.rmtree(tmp)
+        # as tests/test_config.c: an empty, truncated or misread table fails (1562 cases)
+        self.assertGreaterEqual(cases, 1500)
+
+
 class Loading(unittest.TestCase):
     def test_source_tree_prefers_the_normal_build(self):
         """In a source tree with build/ and a newer sanitized build-asan/, the module takes
