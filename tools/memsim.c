@@ -564,6 +564,7 @@ out:
     g_free(alloc_conf);
     g_free(gpu_mem);
     g_free(context);
+    g_free(nccl);
     exports_clear(&ex);
     memsim_timeline_free(tl);
     return rc;
