@@ -271,10 +271,8 @@ static void expect_bounded(const char *const *argv, const char *word)
     double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
     struct rusage ru;
     cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
-    const char *san = g_getenv("MEMSIM_SANITIZE");
-    gboolean sanitized = san && *san && strcmp(san, "none") != 0;
     /* the sanitizers' shadow memory and slower code: bounds 4× */
-    double lim_s = sanitized ? 20.0 : 5.0, lim_mb = sanitized ? 2000.0 : 500.0;
+    double lim_s = tu_sanitized() ? 20.0 : 5.0, lim_mb = tu_sanitized() ? 2000.0 : 500.0;
     cr_expect(secs < lim_s, "%s %s: %.2f s", argv[0], argv[2], secs);
     cr_expect((double)ru.ru_maxrss / 1024.0 < lim_mb, "%s %s: %.0f MB resident", argv[0],
               argv[2], (double)ru.ru_maxrss / 1024.0);
@@ -306,13 +304,9 @@ Test(answers, hostile_inputs_bounded, .timeout = 120)
     expect_bounded(ARGV("estimate", "--model", layers, "--seq", "128"), "num_hidden_layers");
     /* a 20 MB pickle of Nones: PROTO 2, EMPTY_LIST, MARK, N × NONE, APPENDS, STOP */
     g_autofree char *nones = g_build_filename(dir, "nones.pickle", NULL);
-    gsize n = 20u << 20;
-    char *buf = g_malloc(n + 6);
-    buf[0] = '\x80', buf[1] = 2, buf[2] = ']', buf[3] = '(';
-    memset(buf + 4, 'N', n);
-    buf[n + 4] = 'e', buf[n + 5] = '.';
-    cr_assert(g_file_set_contents(nones, buf, (gssize)n + 6, NULL));
-    g_free(buf);
+    GByteArray *b = tu_none_flood_pickle(20u << 20, 0);
+    cr_assert(g_file_set_contents(nones, (const char *)b->data, b->len, NULL));
+    g_byte_array_free(b, TRUE);
     expect_bounded(ARGV("replay", nones), "nones.pickle");
 }
 

@@ -44,18 +44,7 @@ static void none_flood(gsize n, gsize batch)
     g_autofree char *dir = tu_tmpdir();
     g_autofree char *path = g_build_filename(dir, batch ? "nones-batched.pickle" : "nones.pickle",
                                              NULL);
-    GByteArray *b = g_byte_array_sized_new((guint)(n + n / 500 + 16));
-    g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
-    for (gsize done = 0; done < n;) {
-        gsize run = batch ? MIN(batch, n - done) : n;
-        g_byte_array_append(b, (const guint8 *)"(", 1);
-        guint len = b->len;
-        g_byte_array_set_size(b, len + (guint)run);
-        memset(b->data + len, 'N', run);
-        g_byte_array_append(b, (const guint8 *)"e", 1);
-        done += run;
-    }
-    g_byte_array_append(b, (const guint8 *)".", 1);
+    GByteArray *b = tu_none_flood_pickle(n, batch);
     GError *error = NULL;
     cr_assert(g_file_set_contents(path, (const char *)b->data, b->len, &error), "%s",
               error ? error->message : "?");
@@ -75,8 +64,7 @@ static void none_flood(gsize n, gsize batch)
                 batch ? " in runs" : "", rc, secs, mib);
     cr_expect_eq(rc, 2, "exit %d; stderr: %s", rc, err);
     cr_expect(strstr(err, path) != NULL, "the message does not name the file: %s", err);
-    const char *san = g_getenv("MEMSIM_SANITIZE");
-    if (san && *san && strcmp(san, "none") != 0)
+    if (tu_sanitized())
         return; /* sanitizers multiply time and memory */
     cr_expect_lt(secs, 5.0, "%.2f s", secs);
     cr_expect_lt(mib, 500.0, "peak RSS %.0f MiB", mib);

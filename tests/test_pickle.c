@@ -1491,24 +1491,6 @@ Test(pickle, tuple_key_size)
 
 /* ---- memory on hostile input ----------------------------------------------------------- */
 
-/* PROTO 2, EMPTY_LIST, then n NONEs appended by APPENDS: all at once (batch 0), or in runs
- * of `batch` as Python's pickler writes them (pickle.dumps([None] * n)). */
-static GByteArray *none_flood(gsize n, gsize batch)
-{
-    GByteArray *b = g_byte_array_sized_new((guint)(n + n / (batch ? batch : n) * 2 + 16));
-    g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
-    for (gsize done = 0; done < n;) {
-        gsize run = batch ? MIN(batch, n - done) : n;
-        g_byte_array_append(b, (const guint8 *)"(", 1);
-        guint len = b->len;
-        g_byte_array_set_size(b, len + (guint)run);
-        memset(b->data + len, 'N', run);
-        g_byte_array_append(b, (const guint8 *)"e", 1);
-        done += run;
-    }
-    g_byte_array_append(b, (const guint8 *)".", 1);
-    return b;
-}
 
 /* Peak resident memory of this process, in MiB. */
 static double peak_rss_mib(void)
@@ -1518,11 +1500,6 @@ static double peak_rss_mib(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-static gboolean sanitized(void)
-{
-    const char *s = g_getenv("MEMSIM_SANITIZE");
-    return s && *s && strcmp(s, "none") != 0;
-}
 
 /* 20 MB of NONE opcodes: memory stays a small multiple of the input (it took 1.28 GB when
  * every None was an object of its own and the stack held all 20 million at once). */
@@ -1530,7 +1507,7 @@ Test(pickle, none_flood, .timeout = 120)
 {
     const gsize n = 20000000;
     gint64 t0 = g_get_monotonic_time();
-    GByteArray *b = none_flood(n, 0);
+    GByteArray *b = tu_none_flood_pickle(n, 0);
     /* One APPENDS of 20 million values: no pickler writes that, refused early. */
     char *msg = load_err((const char *)b->data, b->len);
     cr_expect(strstr(msg, "values on the stack") != NULL, "%s", msg);
@@ -1538,7 +1515,7 @@ Test(pickle, none_flood, .timeout = 120)
     g_byte_array_free(b, TRUE);
 
     /* Python's own layout (runs of 1000) is a valid pickle: loaded, each item the one None. */
-    b = none_flood(n, 1000);
+    b = tu_none_flood_pickle(n, 1000);
     GError *err = NULL;
     MemsimPyDoc *doc = memsim_pickle_load(b->data, b->len, "t.pickle", &err);
     cr_assert_not_null(doc, "%s", err ? err->message : "?");
@@ -1552,7 +1529,7 @@ Test(pickle, none_flood, .timeout = 120)
     g_byte_array_free(b, TRUE);
     double secs = (double)(g_get_monotonic_time() - t0) / 1e6, mib = peak_rss_mib();
     cr_log_info("none_flood: %.2f s, peak RSS %.0f MiB", secs, mib);
-    if (!sanitized())
+    if (!tu_sanitized())
         cr_expect_lt(mib, 400.0, "peak RSS %.0f MiB for 20 MB of Nones", mib);
 }
 
@@ -1600,7 +1577,7 @@ Test(pickle, cheap_opcode_floods, .timeout = 120)
     }
     double mib = peak_rss_mib();
     cr_log_info("cheap_opcode_floods: peak RSS %.0f MiB", mib);
-    if (!sanitized())
+    if (!tu_sanitized())
         cr_expect_lt(mib, 250.0, "peak RSS %.0f MiB for 8 MB floods", mib);
 }
 

@@ -113,3 +113,26 @@ char *tu_tmpdir(void)
     cr_assert(d != NULL, "mkdtemp: %s", error ? error->message : "?");
     return d;
 }
+
+gboolean tu_sanitized(void)
+{
+    const char *s = g_getenv("MEMSIM_SANITIZE");
+    return s && *s && strcmp(s, "none") != 0;
+}
+
+GByteArray *tu_none_flood_pickle(gsize n, gsize batch)
+{
+    GByteArray *b = g_byte_array_sized_new((guint)(n + n / (batch ? batch : n) * 2 + 16));
+    g_byte_array_append(b, (const guint8 *)"\x80\x02]", 3);
+    for (gsize done = 0; done < n;) {
+        gsize run = batch ? MIN(batch, n - done) : n;
+        g_byte_array_append(b, (const guint8 *)"(", 1);
+        guint len = b->len;
+        g_byte_array_set_size(b, len + (guint)run);
+        memset(b->data + len, 'N', run);
+        g_byte_array_append(b, (const guint8 *)"e", 1);
+        done += run;
+    }
+    g_byte_array_append(b, (const guint8 *)".", 1);
+    return b;
+}

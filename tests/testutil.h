@@ -21,6 +21,13 @@ int tu_run(const char *const *argv, const char *const *env, char **out, char **e
 /* Runs the memsim command with argv (NULL-terminated, without the program name); returns its
  * exit status and, if not NULL, its stdout and stderr (newly allocated). */
 int tu_run_memsim(const char *const *argv, char **out, char **err);
+/* Whether this build runs under sanitizers (MEMSIM_SANITIZE), which multiply time and
+ * memory: bounds on either are relaxed or left out there. */
+gboolean tu_sanitized(void);
+/* A pickle (protocol 2) of a list of n Nones: PROTO, EMPTY_LIST, then MARK, NONE × run, APPENDS
+ * in runs of `batch` (0: one run of n) as Python's pickle.dumps([None] * n) writes them with
+ * batch 1000, then STOP. */
+GByteArray *tu_none_flood_pickle(gsize n, gsize batch);
 /* A fresh temporary directory (removed by the OS's tmp cleaning). Newly allocated. */
 char *tu_tmpdir(void);
 

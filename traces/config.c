@@ -330,22 +330,12 @@ typedef struct {
     bool over; /* a product or a sum went past 64 bits */
 } Ck;
 
-static int64_t ck_prod(Ck *k, const int64_t *v, gsize n)
+/* The product (mul) or the sum of v[0..n). */
+static int64_t ck_fold(Ck *k, const int64_t *v, gsize n, bool mul)
 {
-    int64_t r = 1;
+    int64_t r = mul ? 1 : 0;
     for (gsize i = 0; i < n; i++)
-        if (__builtin_mul_overflow(r, v[i], &r)) {
-            k->over = true;
-            r = INT64_MAX;
-        }
-    return r;
-}
-
-static int64_t ck_sum(Ck *k, const int64_t *v, gsize n)
-{
-    int64_t r = 0;
-    for (gsize i = 0; i < n; i++)
-        if (__builtin_add_overflow(r, v[i], &r)) {
+        if (mul ? __builtin_mul_overflow(r, v[i], &r) : __builtin_add_overflow(r, v[i], &r)) {
             k->over = true;
             r = INT64_MAX;
         }
@@ -354,8 +344,8 @@ static int64_t ck_sum(Ck *k, const int64_t *v, gsize n)
 
 #define CK_ARGS(...)                                                                           \
     (const int64_t[]){__VA_ARGS__}, sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)
-#define P(...) ck_prod(&k, CK_ARGS(__VA_ARGS__))
-#define S(...) ck_sum(&k, CK_ARGS(__VA_ARGS__))
+#define P(...) ck_fold(&k, CK_ARGS(__VA_ARGS__), true)
+#define S(...) ck_fold(&k, CK_ARGS(__VA_ARGS__), false)
 
 typedef struct {
     int64_t params;  /* tied weights counted once */

@@ -64,6 +64,7 @@
 
 #include "traces/cost.h"
 #include "traces/models.h"
+#include "traces/settings.h"
 
 enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
 
@@ -1012,42 +1013,30 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     return TRUE;
 }
 
-static gboolean conflict(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static gboolean conflict(GError **error, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s", msg);
-    return FALSE;
-}
-
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error)
 {
     const GpuProfile *gpu = gpu_profile(run->gpu);
     if (!gpu) {
         g_autofree char *k = memsim_gpu_names();
-        return conflict(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);
+        return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);
     }
     MemsimMethod meth = run->method;
     if (meth == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1))
         meth = MEMSIM_METHOD_MEGATRON;
     if (run->inference)
-        return conflict(error, "method: distributed runs are modelled for training (inference "
+        return setting_refuse(error, "method: distributed runs are modelled for training (inference "
                                "runs on one GPU)");
     if (run->finetune != MEMSIM_FT_FULL && meth == MEMSIM_METHOD_MEGATRON)
-        return conflict(error, "finetune: Megatron-LM has no LoRA or QLoRA (its adapters live in "
+        return setting_refuse(error, "finetune: Megatron-LM has no LoRA or QLoRA (its adapters live in "
                                "NeMo); use ddp, zero1/2/3 or fsdp with --finetune %s",
                         run->finetune == MEMSIM_FT_LORA ? "lora" : "qlora");
     if (meth != MEMSIM_METHOD_MEGATRON) {
         if (run->tp > 1 || run->pp > 1)
-            return conflict(error, "method: --tp/--pp belong to the megatron method, not to %s",
+            return setting_refuse(error, "method: --tp/--pp belong to the megatron method, not to %s",
                             meth == MEMSIM_METHOD_NONE ? "none" : "a data-parallel method");
         if (meth == MEMSIM_METHOD_NONE)
-            return conflict(error, "method: %d GPUs need a method (ddp, zero1, zero2, zero3, "
+            return setting_refuse(error, "method: %d GPUs need a method (ddp, zero1, zero2, zero3, "
                                    "fsdp, fsdp-grad-op, hsdp, megatron)",
                             run->gpus);
         MemsimRun r2 = *run;
@@ -1057,32 +1046,32 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
     int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
     int dp = run->dp ? run->dp : run->gpus / (tp * pp);
     if ((int64_t)tp * pp * dp != run->gpus)
-        return conflict(error, "gpus: %d GPUs are not tp %d × pp %d × dp %d", run->gpus, tp, pp,
+        return setting_refuse(error, "gpus: %d GPUs are not tp %d × pp %d × dp %d", run->gpus, tp, pp,
                         dp);
     if (m->nh % tp)
-        return conflict(error, "tp: %d does not divide the %" G_GINT64_FORMAT
+        return setting_refuse(error, "tp: %d does not divide the %" G_GINT64_FORMAT
                                " attention heads (num_attention_heads)",
                         tp, m->nh);
     if (m->nkv != 1 && m->nkv % tp)
-        return conflict(error, "tp: %d does not divide the %" G_GINT64_FORMAT
+        return setting_refuse(error, "tp: %d does not divide the %" G_GINT64_FORMAT
                                " key/value heads (num_key_value_heads)",
                         tp, m->nkv);
     if (m->I % tp)
-        return conflict(error, "tp: %d does not divide the MLP width %" G_GINT64_FORMAT, tp, m->I);
+        return setting_refuse(error, "tp: %d does not divide the MLP width %" G_GINT64_FORMAT, tp, m->I);
     int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
     if (pp > m->L)
-        return conflict(error, "pp: %d stages for %" G_GINT64_FORMAT " layers", pp, m->L);
+        return setting_refuse(error, "pp: %d stages for %" G_GINT64_FORMAT " layers", pp, m->L);
     if (m->L % ((int64_t)pp * v))
-        return conflict(error, "pp: %" G_GINT64_FORMAT " layers do not split into %d stages × %d "
+        return setting_refuse(error, "pp: %" G_GINT64_FORMAT " layers do not split into %d stages × %d "
                                "virtual stages",
                         m->L, pp, v);
     int mbs = run->microbatches ? run->microbatches : pp;
     if (run->pp_schedule == MEMSIM_PP_INTERLEAVED && (v < 2 || mbs % pp))
-        return conflict(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
+        return setting_refuse(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
                                "micro-batches divisible by pp (%d)",
                         pp);
     if (run->sequence_parallel && (tp == 1 || run->seq % tp))
-        return conflict(error, "sequence-parallel: needs tp > 1 dividing the sequence length");
+        return setting_refuse(error, "sequence-parallel: needs tp > 1 dividing the sequence length");
     for (int r = 0; r < pp; r++)
         if (!megatron_program(m, run, t, rules, gpu, tp, pp, dp, r, error))
             return FALSE;

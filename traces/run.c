@@ -303,9 +303,7 @@ static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GErr
     return TRUE;
 }
 
-static gboolean refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static gboolean refuse(GError **error, const char *fmt, ...)
+gboolean setting_refuse(GError **error, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -320,11 +318,11 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
 #define GIVEN(k) memsim_run_given(r, k)
     if (r->gpu && !memsim_gpu_find(r->gpu)) {
         g_autofree char *known = memsim_gpu_names();
-        return refuse(error, "gpu: unknown GPU '%s' (known: %s)", r->gpu, known);
+        return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", r->gpu, known);
     }
     if (r->inference) {
         if (GIVEN("seq"))
-            return refuse(error, "seq: an inference run takes --prompt (the prompt's tokens) and "
+            return setting_refuse(error, "seq: an inference run takes --prompt (the prompt's tokens) and "
                                  "--generate (the tokens generated), not --seq");
         /* what only a training step has */
         static const char *const training[] = {
@@ -334,39 +332,39 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
             NULL};
         for (int i = 0; training[i]; i++)
             if (GIVEN(training[i]))
-                return refuse(error, "%s: an inference run has no %s (it is a training setting)",
+                return setting_refuse(error, "%s: an inference run has no %s (it is a training setting)",
                               training[i], training[i]);
     } else {
         static const char *const inference[] = {"prompt", "generate", "weights", NULL};
         for (int i = 0; inference[i]; i++)
             if (GIVEN(inference[i]))
-                return refuse(error, "%s: only with --inference (training takes --seq)",
+                return setting_refuse(error, "%s: only with --inference (training takes --seq)",
                               inference[i]);
     }
     if ((GIVEN("lora-rank") || GIVEN("lora-targets")) && r->finetune == MEMSIM_FT_FULL)
-        return refuse(error, "%s: only with --finetune lora or qlora",
+        return setting_refuse(error, "%s: only with --finetune lora or qlora",
                       GIVEN("lora-rank") ? "lora-rank" : "lora-targets");
     int tp = r->tp ? r->tp : 1, pp = r->pp ? r->pp : 1;
     bool megatron = r->method == MEMSIM_METHOD_MEGATRON ||
                     (r->method == MEMSIM_METHOD_NONE && (tp > 1 || pp > 1));
     if (GIVEN("sequence-parallel") && r->sequence_parallel && tp < 2)
-        return refuse(error, "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+        return setting_refuse(error, "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
     if (GIVEN("microbatches") && !megatron)
-        return refuse(error, "microbatches: Megatron's micro-batches per step need --method "
+        return setting_refuse(error, "microbatches: Megatron's micro-batches per step need --method "
                              "megatron or --tp/--pp (elsewhere accumulation is --grad-accum)");
     if (GIVEN("pp-schedule") && !megatron)
-        return refuse(error, "pp-schedule: needs a Megatron run (--pp 2 or more)");
+        return setting_refuse(error, "pp-schedule: needs a Megatron run (--pp 2 or more)");
     if (GIVEN("virtual-stages") && r->virtual_stages > 1 &&
         r->pp_schedule != MEMSIM_PP_INTERLEAVED)
-        return refuse(error, "virtual-stages: only with --pp-schedule interleaved");
+        return setting_refuse(error, "virtual-stages: only with --pp-schedule interleaved");
     if (GIVEN("fsdp-wrap") && r->method != MEMSIM_METHOD_FSDP &&
         r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
-        return refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
+        return setting_refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
     if (r->gpus < 2 && (tp > 1 || pp > 1 || r->dp > 1))
-        return refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: give "
+        return setting_refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: give "
                              "--gpus (tp × pp × dp)");
     if (GIVEN("gpus-per-node") && r->gpus < 2)
-        return refuse(error, "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
+        return setting_refuse(error, "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
 #undef GIVEN
     return TRUE;
 }
