@@ -101,8 +101,10 @@ static void check_block(const Block *b, int *ran, int *skipped)
             !strchr(*w, '/')) {
             const char *d = tu_shared_data();
             if (!d) {
-                cr_log_warn("README.md:%d: skipped, the shared data is absent: %s", b->line,
-                            b->command);
+                g_autofree char *what = g_strdup_printf("readme/README.md:%d", b->line);
+                g_autofree char *why =
+                    g_strdup_printf("the shared data is absent: %s not run", b->command);
+                tu_note_skip(what, why);
                 (*skipped)++;
                 g_ptr_array_unref(argv);
                 return;
