@@ -46,6 +46,10 @@ static const char *snapshot(void)
 Test(threads, concurrent_calls_give_serial_results)
 {
     const char *args[] = {snapshot(), NULL};
+    if (!args[0])
+        tu_note_skip("threads/concurrent_calls_give_serial_results (the snapshot job)",
+                     "the shared snapshot is absent: concurrent replays of a real snapshot not "
+                     "run (the generated jobs run)");
     g_autofree char *out = NULL, *err = NULL;
     int rc = run_check(NULL, args, &out, &err);
     cr_log_info("%s", out);
