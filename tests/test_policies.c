@@ -713,8 +713,9 @@ Test(policies, settings_errors_name_the_key)
 
 Test(policies, settings_change_behaviour)
 {
-    /* Each setting is used: the same program gives another peak. 40 blocks of 3 MiB, every
-     * other one freed, then 40 blocks of 5 MiB. */
+    /* Each setting is used: the same program gives another peak, and for the buddy and fit
+     * policies the peak each setting's rule implies, worked out by hand. The program: 40
+     * blocks of 3 MiB, every other one freed, then 40 blocks of 5 MiB. */
     GArray *ops = g_array_new(FALSE, FALSE, sizeof(Op));
     for (guint i = 0; i < 40; i++)
         add_alloc(ops, i, 3 * MiB, 0);
@@ -722,18 +723,44 @@ Test(policies, settings_change_behaviour)
         add_free(ops, i);
     for (guint i = 40; i < 80; i++)
         add_alloc(ops, i, 5 * MiB, 0);
+    /* want: peak reserved in MiB, or 0 where only "differs from a" is asserted.
+     * buddy (64 MiB arenas): 3 MiB takes a 4 MiB block, 16 to an arena: 3 arenas, the third
+     *   half used (its upper 32 MiB one free block). The freed blocks cannot merge (each
+     *   buddy is in use), so of the 40 8-MiB blocks for 5 MiB, 4 fit the third arena's free
+     *   half and 36 take 5 new arenas of 8: 8 × 64 = 512.
+     * buddy:segment_mb=1024: one arena holds everything (160 MiB, then 320 MiB): 1024.
+     * buddy:segment_mb=2: each request its own arena of its power of two: 40 × 4 MiB, and the
+     *   20 freed (cached) are too small for 8 MiB: 40 × 8 more: 160 + 320 = 480.
+     * first-fit (64 MiB segments): 21 blocks of 3 MiB to a segment: 2 segments (the second
+     *   with a 7 MiB tail); freed blocks leave 3 MiB holes, the first segment's last one
+     *   joins its 1 MiB tail (4 MiB). Of the 5 MiB blocks one fits the 7 MiB tail, 39 take
+     *   4 new segments of 12: 6 × 64 = 384.
+     * first-fit:segment_mb=512: everything fits one segment: 512.
+     * best-fit: the same holes; the smallest that holds 5 MiB is again the 7 MiB tail: 384.
+     * best-fit:segment_mb=2: each 3 MiB request its own segment rounded up to 2 MiB (4 MiB),
+     *   the freed ones cached but too small; each 5 MiB one its own 6 MiB: 160 + 240 = 400. */
     struct {
         const char *a, *b;
+        int64_t want_a, want_b;
     } pairs[] = {
-        {"buddy", "buddy:segment_mb=1024"},        {"buddy", "buddy:segment_mb=2"},
-        {"first-fit", "first-fit:segment_mb=512"}, {"best-fit", "best-fit:segment_mb=2"},
-        {"stitch", "stitch:granularity_mb=8"},     {"stitch", "stitch:fragment_limit_mb=64"},
+        {"buddy", "buddy:segment_mb=1024", 512, 1024},
+        {"buddy", "buddy:segment_mb=2", 512, 480},
+        {"first-fit", "first-fit:segment_mb=512", 384, 512},
+        {"best-fit", "best-fit:segment_mb=2", 384, 400},
+        {"stitch", "stitch:granularity_mb=8", 0, 0},
+        {"stitch", "stitch:fragment_limit_mb=64", 0, 0},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(pairs); i++) {
         Outcome x = run_program(pairs[i].a, (Op *)ops->data, ops->len, 0);
         Outcome y = run_program(pairs[i].b, (Op *)ops->data, ops->len, 0);
-        cr_assert(x.peak_reserved != y.peak_reserved, "%s and %s both peak at %" G_GINT64_FORMAT,
+        cr_expect(x.peak_reserved != y.peak_reserved, "%s and %s both peak at %" G_GINT64_FORMAT,
                   pairs[i].a, pairs[i].b, x.peak_reserved);
+        if (pairs[i].want_a) {
+            cr_expect_eq(x.peak_reserved, pairs[i].want_a * (int64_t)MiB, "%s: %" G_GINT64_FORMAT
+                         " MiB", pairs[i].a, x.peak_reserved / (int64_t)MiB);
+            cr_expect_eq(y.peak_reserved, pairs[i].want_b * (int64_t)MiB, "%s: %" G_GINT64_FORMAT
+                         " MiB", pairs[i].b, y.peak_reserved / (int64_t)MiB);
+        }
     }
     g_array_unref(ops);
 }
