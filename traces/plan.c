@@ -67,6 +67,7 @@
 
 #include "traces/cost.h"
 #include "traces/model.h"
+#include "traces/settings.h"
 
 #define DEFAULT_MAX_BATCH 256
 #define DEFAULT_TOP 5
@@ -1673,6 +1674,10 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     }
     MemsimRun base = opt.run ? *opt.run : memsim_run_defaults();
     memsim_run_adapt(&base, model);
+    /* candidates on several GPUs run the distributed loop: what it does not model is refused
+     * rather than planned as AdamW */
+    if (opt.gpus > 1 && !base.inference && !setting_check_distributed_loop(&base, FALSE, error))
+        return NULL;
     if (base.inference) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "inference: plan sweeps training configurations");

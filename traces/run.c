@@ -313,6 +313,31 @@ gboolean setting_refuse(GError **error, const char *fmt, ...)
     return FALSE;
 }
 
+/* The distributed programs (traces/distributed.c) run their own loop: AdamW's state as each
+ * method shards it, gradients set to None, outputs dropped before backward, and Megatron's
+ * micro-batches in place of accumulation. Settings given that say otherwise are refused. */
+gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error)
+{
+#define GIVEN(k) memsim_run_given(r, k)
+    if (GIVEN("optimizer") && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: the distributed methods are modelled with "
+                                     "AdamW, whose state they shard (one GPU takes the others)");
+    if (GIVEN("optimizer-impl"))
+        return setting_refuse(error, "optimizer-impl: the distributed methods step their own "
+                                     "flat or sharded AdamW (one GPU takes the choice)");
+    if (GIVEN("zero-grad") && !r->zero_grad_to_none)
+        return setting_refuse(error, "zero-grad: the distributed methods free their gradients "
+                                     "(set to None), as DeepSpeed, FSDP and Megatron do");
+    if (GIVEN("keep-outputs") && r->keep_outputs)
+        return setting_refuse(error, "keep-outputs: the distributed loops drop the output "
+                                     "before backward (one GPU models holding it)");
+    if (megatron && GIVEN("grad-accum") && r->grad_accum > 1)
+        return setting_refuse(error, "grad-accum: a Megatron run accumulates over its "
+                                     "micro-batches: give --microbatches");
+#undef GIVEN
+    return TRUE;
+}
+
 gboolean memsim_run_check(const MemsimRun *r, GError **error)
 {
 #define GIVEN(k) memsim_run_given(r, k)
@@ -360,6 +385,9 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
     if (GIVEN("fsdp-wrap") && r->method != MEMSIM_METHOD_FSDP &&
         r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
         return setting_refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
+    bool distributed = r->gpus > 1 || r->method != MEMSIM_METHOD_NONE || tp > 1 || pp > 1;
+    if (distributed && !r->inference && !setting_check_distributed_loop(r, megatron, error))
+        return FALSE;
     if (r->gpus < 2 && (tp > 1 || pp > 1 || r->dp > 1))
         return setting_refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: give "
                              "--gpus (tp × pp × dp)");

@@ -5,6 +5,7 @@
 #define MEMSIM_TRACES_SETTINGS_H
 
 #include <glib.h>
+#include <memsim/gen.h>
 #include <stdint.h>
 
 /* An integer in [lo, hi]; else FALSE with "KEY: 'V' is not an integer in [lo, hi]". */
@@ -17,5 +18,9 @@ gboolean setting_size(const char *key, const char *v, uint64_t *out, GError **er
 /* Sets a MEMSIM_ERROR_BAD_INPUT error with the formatted message (which names the setting)
  * and returns FALSE: settings that do not go together. */
 gboolean setting_refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+/* FALSE with an error naming the setting when a run on several GPUs (`megatron`: a Megatron
+ * run) was given a setting its loop does not model (traces/run.c). */
+gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error);
 
 #endif
