@@ -210,12 +210,12 @@ char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const Memsim
         case MEMSIM_EV_INIT_SEGMENT:
             if (e->addr + e->size < e->addr)
                 return g_strdup_printf("segment at 0x%" PRIx64 " of %" PRIu64
-                                       " bytes ends past 2^64",
+                                       " bytes reaches 2^64",
                                        e->addr, e->size);
             break;
         case MEMSIM_EV_INIT_BLOCK:
             if (e->addr + e->aux < e->addr)
-                return g_strdup_printf("block at 0x%" PRIx64 " of %" PRIu64 " bytes ends past 2^64",
+                return g_strdup_printf("block at 0x%" PRIx64 " of %" PRIu64 " bytes reaches 2^64",
                                        e->addr, e->aux);
             break;
         default:

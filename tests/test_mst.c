@@ -465,7 +465,7 @@ static const BadFile bad_files[] = {
     {"mst-mark-unknown-string.exit2.mst", bad_mark_string, "not in the string table"},
     {"mst-op-unknown-string.exit2.mst", bad_op_unknown_string, "not in the string table"},
     {"mst-multiplicity-zero.exit2.mst", bad_multiplicity, "rank 1: multiplicity 0"},
-    {"mst-segment-overflow.exit2.mst", bad_segment_overflow, "ends past 2^64"},
+    {"mst-segment-overflow.exit2.mst", bad_segment_overflow, "reaches 2^64"},
     {"mst-varint-overflow.exit2.mst", bad_varint, "malformed varint"},
     {"mst-not-protobuf.exit2.mst", bad_not_protobuf, "does not decode"},
     {"mst-header-not-protobuf.exit2.mst", bad_header_not_protobuf, "protobuf Header"},

@@ -327,8 +327,8 @@ Test(text, bad_lines)
     expect_error(HEAD "mark 1\n", 6, "not defined");
     expect_error(HEAD "wait stream=0 on=2\n", 6, "wait on stream 2");
     expect_error(HEAD "collective all_sum bytes=1 group=0\n", 6, "unknown collective kind");
-    expect_error(HEAD "segment_alloc addr=0xffffffffffffffff size=2\n", 6, "ends past 2^64");
-    expect_error(HEAD "init_block t=1 addr=0xffffffffffffffff size=1 block=2\n", 6, "past 2^64");
+    expect_error(HEAD "segment_alloc addr=0xffffffffffffffff size=2\n", 6, "reaches 2^64");
+    expect_error(HEAD "init_block t=1 addr=0xffffffffffffffff size=1 block=2\n", 6, "reaches 2^64");
     expect_error(HEAD "mark \"unterminated\n", 6, "unterminated string");
     expect_error(HEAD "mark \"bad \\q escape\"\n", 6, "unknown escape");
     expect_error(HEAD "mark \"nul \\x00\"\n", 6, "\\xHH");

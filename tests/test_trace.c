@@ -664,8 +664,7 @@ static MemsimTrace *build_trace(void)
         {.kind = MEMSIM_EV_SEG_FREE, .addr = seg + 20 * MiB, .size = 2 * MiB},
         {.kind = MEMSIM_EV_EMPTY_CACHE, .flags = MEMSIM_EVF_INFERRED},
         /* Extremes: the largest id and size, a segment whose last byte is 2^64 - 2 (one
-         * ending at 2^64 itself is refused by the writers, though formats/README.md only
-         * forbids ends past 2^64). */
+         * reaching 2^64 itself is refused, as formats/README.md says). */
         {.kind = MEMSIM_EV_ALLOC, .id = UINT64_MAX - 1, .size = UINT64_MAX,
          .category = MEMSIM_CAT_KV_CACHE},
         {.kind = MEMSIM_EV_SEG_ALLOC, .addr = UINT64_MAX - 2 * MiB, .size = 2 * MiB},
