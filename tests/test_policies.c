@@ -1371,3 +1371,43 @@ Test(compare, command)
     g_autofree char *err4 = NULL;
     cr_assert_eq(tu_run_memsim(argv4, NULL, &err4), 2);
 }
+
+/* Every policy reports a block's free on the stream the block was asked for (the exported
+ * snapshot's free_completed entries carry it), as PyTorch's allocator does. */
+static void keep_event(void *user, const MemsimAllocEvent *ev)
+{
+    g_array_append_val((GArray *)user, *ev);
+}
+
+Test(policies, frees_reported_on_the_blocks_stream)
+{
+    int n = 0;
+    for (const MemsimAllocOps *const *q = memsim_alloc_registry(); *q; q++, n++) {
+        GArray *evs = g_array_new(FALSE, FALSE, sizeof(MemsimAllocEvent));
+        MemsimDevice dev = MEMSIM_DEVICE_INIT;
+        dev.user = evs;
+        dev.on_event = keep_event;
+        GError *error = NULL;
+        MemsimAlloc *a = memsim_alloc_new(*q, "", &dev, &error);
+        cr_assert(a, "%s: %s", (*q)->name, error ? error->message : "?");
+        memsim_addr_t p1 = 0, p2 = 0;
+        cr_assert_eq(memsim_alloc_malloc(a, 3 * MiB, 3, &p1), MEMSIM_ALLOC_OK);
+        cr_assert_eq(memsim_alloc_malloc(a, 4096, 0, &p2), MEMSIM_ALLOC_OK);
+        memsim_alloc_free(a, p1);
+        memsim_alloc_free(a, p2);
+        int seen = 0;
+        for (guint i = 0; i < evs->len; i++) {
+            const MemsimAllocEvent *e = &g_array_index(evs, MemsimAllocEvent, i);
+            if (e->kind != MEMSIM_AEV_FREE_COMPLETED)
+                continue;
+            cr_expect_eq(e->stream, e->addr == p1 ? 3u : 0u, "%s: the free of %s on stream %u",
+                         (*q)->name, e->addr == p1 ? "the stream-3 block" : "the stream-0 block",
+                         e->stream);
+            seen++;
+        }
+        cr_expect_eq(seen, 2, "%s: %d frees reported", (*q)->name, seen);
+        memsim_alloc_free_instance(a);
+        g_array_unref(evs);
+    }
+    cr_expect_geq(n, 7, "only %d policies", n);
+}

@@ -134,10 +134,11 @@ static void split_blk(Fit *f, Blk *b, memsim_size_t n)
     free_insert(f, rest);
 }
 
-static void use_blk(Fit *f, Blk *b, memsim_size_t requested)
+static void use_blk(Fit *f, Blk *b, memsim_size_t requested, uint32_t stream)
 {
     b->used = 1;
     b->requested = requested;
+    b->stream = stream;
     b->seg->n_used++;
     kit_map_put(&f->live, b->ptr, b);
     memsim_stat_add(&f->st.allocated, (int64_t)b->size);
@@ -170,7 +171,7 @@ static MemsimAllocResult fit_malloc(void *state, memsim_size_t size, uint32_t st
         b = find_fit(f, n);
     }
     b = carve(f, b, n);
-    use_blk(f, b, size);
+    use_blk(f, b, size, stream);
     *addr = b->ptr;
     memsim_device_emit(f->dev, MEMSIM_AEV_ALLOC, b->ptr, size, stream);
     return MEMSIM_ALLOC_OK;
@@ -190,7 +191,7 @@ static void fit_free(void *state, memsim_addr_t addr)
     memsim_stat_sub(&f->st.active, (int64_t)b->size);
     memsim_stat_sub(&f->st.requested, (int64_t)b->requested);
     memsim_stat_sub(&f->st.allocations, 1);
-    memsim_device_emit(f->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
+    memsim_device_emit(f->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     release_blk(f, b);
 }
 
@@ -362,7 +363,7 @@ static gboolean fit_seed_block(void *state, memsim_addr_t addr, memsim_size_t bl
     }
     if (b->size > n)
         split_blk(f, b, n);
-    use_blk(f, b, requested);
+    use_blk(f, b, requested, stream);
     kit_reset_peaks(&f->st);
     return TRUE;
 }

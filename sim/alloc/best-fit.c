@@ -41,6 +41,7 @@ struct Blk {
     Blk *prev, *next; /* address neighbours in the segment */
     Seg *seg;
     uint8_t used;
+    uint32_t stream; /* in use: the request's, reported with its free */
 };
 
 struct Seg {

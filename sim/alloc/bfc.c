@@ -81,6 +81,7 @@ struct Chunk {
     Region *region;
     int8_t bin; /* -1 (kInvalidBinNum) unless free and in a bin */
     uint8_t in_use;
+    uint32_t stream; /* in use: the request's, reported with its free */
 };
 
 struct Region {
@@ -331,10 +332,11 @@ static gboolean deallocate_free_regions(Bfc *a, memsim_size_t rounded, uint32_t 
 }
 
 /* The chunk (out of its bin) becomes in use for a request of `requested` bytes. */
-static void use_chunk(Bfc *a, Chunk *c, memsim_size_t requested)
+static void use_chunk(Bfc *a, Chunk *c, memsim_size_t requested, uint32_t stream)
 {
     c->in_use = 1;
     c->requested = requested;
+    c->stream = stream;
     c->region->n_in_use++;
     kit_map_put(&a->live, c->ptr, c);
     memsim_stat_add(&a->st.allocated, (int64_t)c->size);
@@ -377,7 +379,7 @@ static MemsimAllocResult bfc_malloc(void *state, memsim_size_t size, uint32_t st
      * max_internal_fragmentation_bytes on padding (FindChunkPtr). */
     if (c->size >= rounded * 2 || (int64_t)(c->size - rounded) >= a->max_frag)
         split_chunk(a, c, rounded);
-    use_chunk(a, c, size);
+    use_chunk(a, c, size, stream);
     *addr = c->ptr;
     memsim_device_emit(a->dev, MEMSIM_AEV_ALLOC, c->ptr, size, stream);
     return MEMSIM_ALLOC_OK;
@@ -400,7 +402,7 @@ static void bfc_free(void *state, memsim_addr_t addr)
     memsim_stat_sub(&a->st.active, (int64_t)c->size);
     memsim_stat_sub(&a->st.requested, (int64_t)c->requested);
     memsim_stat_sub(&a->st.allocations, 1);
-    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, c->requested, 0);
+    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, c->requested, c->stream);
     bin_insert(a, coalesce(a, c));
 }
 
@@ -590,7 +592,7 @@ static gboolean bfc_seed_block(void *state, memsim_addr_t addr, memsim_size_t bl
     }
     if (f->size > n)
         split_chunk(a, f, n);
-    use_chunk(a, f, requested);
+    use_chunk(a, f, requested, stream);
     kit_reset_peaks(&a->st);
     return TRUE;
 }

@@ -56,6 +56,7 @@ struct BBlk {
     uint8_t order;        /* size = min_block << order (unless pinned) */
     uint8_t root;         /* order of the root it lies in: it never merges beyond */
     uint8_t state;
+    uint32_t stream;      /* in use: the request's, reported with its free */
 };
 
 struct BArena {
@@ -322,6 +323,7 @@ static MemsimAllocResult buddy_malloc(void *state, memsim_size_t size, uint32_t 
     split_down(a, b, k);
     mark_used(a, b);
     b->requested = size;
+    b->stream = stream;
     memsim_stat_add(&a->st.requested, (int64_t)size);
     memsim_stat_add(&a->st.allocations, 1);
     *addr = b->ptr;
@@ -342,7 +344,7 @@ static void buddy_free(void *state, memsim_addr_t addr)
     memsim_stat_sub(&a->st.allocated, (int64_t)blk_bytes(a, b));
     memsim_stat_sub(&a->st.active, (int64_t)blk_bytes(a, b));
     b->arena->n_used--;
-    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
+    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     if (!b->pinned) {
         merge_free(a, b);
         return;
@@ -609,6 +611,7 @@ static gboolean buddy_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     head->pinned = n;
     mark_used(a, head);
     head->requested = requested;
+    head->stream = stream;
     memsim_stat_add(&a->st.requested, (int64_t)requested);
     memsim_stat_add(&a->st.allocations, 1);
     kit_reset_peaks(&a->st);

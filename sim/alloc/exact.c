@@ -15,6 +15,7 @@
 typedef struct {
     memsim_size_t size;
     memsim_size_t requested;
+    uint32_t stream; /* the request's, reported with its free */
 } ExactBlock;
 
 typedef struct {
@@ -102,6 +103,7 @@ static MemsimAllocResult exact_malloc(void *state, memsim_size_t size, uint32_t 
     ExactBlock *b = g_new(ExactBlock, 1);
     b->size = r;
     b->requested = size;
+    b->stream = stream;
     gint64 *key = g_new(gint64, 1);
     *key = (gint64)e->next;
     g_hash_table_insert(e->live, key, b);
@@ -119,7 +121,7 @@ static void exact_free(void *state, memsim_addr_t addr)
     ExactBlock *b = g_hash_table_lookup(e->live, &key);
     g_assert(b != NULL);
     account(e, -(int64_t)b->size, (int64_t)b->requested);
-    memsim_device_emit(e->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
+    memsim_device_emit(e->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     g_hash_table_remove(e->live, &key);
 }
 
@@ -185,6 +187,7 @@ static gboolean exact_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     ExactBlock *b = g_new(ExactBlock, 1);
     b->size = exact_round(e, requested);
     b->requested = requested;
+    b->stream = stream;
     gint64 *key = g_new(gint64, 1);
     *key = (gint64)addr;
     if (g_hash_table_contains(e->live, key)) {

@@ -44,6 +44,7 @@ struct Blk {
     Seg *seg;
     memsim_size_t max; /* the largest free size in this node's subtree */
     uint8_t used;
+    uint32_t stream; /* in use: the request's, reported with its free */
 };
 
 struct Seg {

@@ -79,6 +79,7 @@ struct SBlk {
     SBlk *prev, *next; /* address neighbours in the segment */
     SSeg *seg;
     uint8_t state;
+    uint32_t stream; /* in use: the request's, reported with its free */
 };
 
 struct SSeg {
@@ -226,6 +227,7 @@ static void use_blk(Stitch *s, SBlk *b, memsim_size_t requested, uint32_t stream
 {
     b->state = S_USED;
     b->requested = requested;
+    b->stream = stream;
     b->seg->n_used++;
     kit_map_put(&s->live, b->ptr, b);
     memsim_stat_add(&s->st.allocated, (int64_t)b->size);
@@ -408,7 +410,7 @@ static void stitch_free(void *state, memsim_addr_t addr)
     memsim_stat_sub(&s->st.active, (int64_t)b->size);
     memsim_stat_sub(&s->st.requested, (int64_t)b->requested);
     memsim_stat_sub(&s->st.allocations, 1);
-    memsim_device_emit(s->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, 0);
+    memsim_device_emit(s->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     if (b->next && b->next->state == S_FREE) {
         free_remove(s, b->next);
         absorb_next(s, b);
@@ -634,6 +636,7 @@ static gboolean stitch_seed_block(void *state, memsim_addr_t addr, memsim_size_t
         split_blk(s, b, n);
     b->state = S_USED;
     b->requested = requested;
+    b->stream = stream;
     b->seg->n_used++;
     kit_map_put(&s->live, b->ptr, b);
     memsim_stat_add(&s->st.allocated, (int64_t)b->size);
