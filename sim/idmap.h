@@ -39,9 +39,9 @@ static inline size_t idmap_home(const IdMap *m, uint64_t k)
 
 static inline void idmap_init(IdMap *m)
 {
-    m->mask = 1023;
-    m->limit = 512;
-    m->shift = 64 - 10;
+    m->mask = 15; /* small: a trace may have thousands of ranks; the map doubles as it fills */
+    m->limit = 8;
+    m->shift = 64 - 4;
     m->n = 0;
     m->slots = g_new0(IdSlot, m->mask + 1);
 }

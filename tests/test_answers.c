@@ -326,6 +326,32 @@ Test(answers, hostile_inputs_bounded, .timeout = 120)
     expect_bounded(ARGV("replay", nones), "nones.pickle");
 }
 
+/* A text trace that declares 20,000 ranks (a 700 KB header) replays within 5 s and 500 MB:
+ * a rank nothing happens on costs little (it took 1.2 GB and 6 s). */
+Test(answers, many_declared_ranks_bounded, .timeout = 120)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *path = g_build_filename(dir, "ranks.txt", NULL);
+    GString *s = g_string_new("memsim-trace 1\nname \"many ranks\"\n");
+    for (int r = 0; r < 20000; r++)
+        g_string_append_printf(s, "rank %d device=%d multiplicity=1 streams=1\n", r, r);
+    g_string_append(s, "@rank 0\nalloc t=1 size=512 stream=0 cat=other\n");
+    cr_assert(g_file_set_contents(path, s->str, (gssize)s->len, NULL));
+    g_string_free(s, TRUE);
+    gint64 t0 = g_get_monotonic_time();
+    const char *argv[] = {"replay", path, "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_expect_eq(tu_run_memsim(argv, &out, &err), 0, "%s", err);
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    double lim_s = tu_sanitized() ? 20.0 : 5.0, lim_mb = tu_sanitized() ? 2000.0 : 500.0;
+    cr_expect(secs < lim_s, "%.2f s", secs);
+    cr_expect((double)ru.ru_maxrss / 1024.0 < lim_mb, "%.0f MB resident",
+              (double)ru.ru_maxrss / 1024.0);
+    cr_expect(out && strstr(out, "\"rank\" : 19999"), "every rank reported");
+}
+
 /* The README's ZeRO-3 example: Llama-2-13B at batch 4 on 8 GPUs does not fit in 80 GiB, and
  * the command says so with exit status 1 — the model state alone is (2 + 2 + 12)Ψ/8 bytes
  * (Rajbhandari et al. 2020) = 24.2 GiB, and the gathered layers and activations of batch 4 ×

@@ -395,7 +395,7 @@ static void *fit_create(const char *settings, MemsimDevice *dev, GError **error)
     Fit *f = g_new0(Fit, 1);
     f->dev = dev;
     f->segment_size = seg;
-    kit_map_init(&f->live, 10);
+    kit_map_init(&f->live, 4);
     kit_slab_init(&f->blocks, sizeof(Blk));
     kit_slab_init(&f->seg_slab, sizeof(Seg));
     f->rng = 0x6C8E9CF5u;

@@ -658,7 +658,7 @@ static void *bfc_create(const char *settings, MemsimDevice *dev, GError **error)
                                       : rounded_bytes(a->memory_limit);
     a->max_frag = cfg.frag_fraction > 0.0 ? (int64_t)(cfg.frag_fraction * (double)a->memory_limit)
                                           : DEFAULT_MAX_FRAG;
-    kit_map_init(&a->live, 10);
+    kit_map_init(&a->live, 4);
     kit_slab_init(&a->chunks, sizeof(Chunk));
     kit_slab_init(&a->region_slab, sizeof(Region));
     a->rng = 0x2545F491u;

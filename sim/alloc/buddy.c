@@ -663,7 +663,7 @@ static void *buddy_create(const char *settings, MemsimDevice *dev, GError **erro
     a->segment_size = cfg.segment;
     a->min_block = cfg.min_block;
     a->min_shift = __builtin_ctzll(cfg.min_block);
-    kit_map_init(&a->blocks, 10);
+    kit_map_init(&a->blocks, 4);
     kit_slab_init(&a->blk_slab, sizeof(BBlk));
     kit_slab_init(&a->arena_slab, sizeof(BArena));
     return a;

@@ -690,7 +690,7 @@ static void *stitch_create(const char *settings, MemsimDevice *dev, GError **err
     Stitch *s = g_new0(Stitch, 1);
     s->dev = dev;
     s->cfg = cfg;
-    kit_map_init(&s->live, 10);
+    kit_map_init(&s->live, 4);
     kit_slab_init(&s->blocks, sizeof(SBlk));
     kit_slab_init(&s->seg_slab, sizeof(SSeg));
     s->rng = 0x1B873593u;

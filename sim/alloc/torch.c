@@ -2297,7 +2297,7 @@ static void *torch_create(const char *settings, MemsimDevice *dev, GError **erro
     t->cfg = cfg;
     t->pools[1].small = TRUE;
     t->pools[0].small = FALSE;
-    kit_map_init(&t->live, 10);
+    kit_map_init(&t->live, 4);
     slab_init(&t->block_slab, sizeof(TBlock));
     slab_init(&t->seg_slab, sizeof(TSegment));
     slab_init(&t->use_slab, sizeof(UseNode));
