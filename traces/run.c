@@ -131,6 +131,17 @@ gboolean memsim_run_given(const MemsimRun *run, const char *key)
 
 static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GError **error);
 
+/* FALSE with the known profiles listed for a GPU name memsim has no profile of. */
+static gboolean gpu_known(const char *name, GError **error)
+{
+    if (memsim_gpu_find(name))
+        return TRUE;
+    g_autofree char *known = memsim_gpu_names();
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "gpu: unknown GPU '%s' (known: %s)",
+                name, known);
+    return FALSE;
+}
+
 gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **error)
 {
     int i = run_key_index(key);
@@ -284,12 +295,8 @@ static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GErr
             return FALSE;
     } else if (strcmp(key, "gpu") == 0) {
         g_autofree char *name = g_ascii_strdown(v, -1);
-        if (!memsim_gpu_find(name)) {
-            g_autofree char *known = memsim_gpu_names();
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                        "gpu: unknown GPU '%s' (known: %s)", v, known);
+        if (!gpu_known(name, error))
             return FALSE;
-        }
         g_free(r->gpu);
         r->gpu = g_steal_pointer(&name);
     } else if (strcmp(key, "device") == 0) {
@@ -341,14 +348,13 @@ gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, G
 gboolean memsim_run_check(const MemsimRun *r, GError **error)
 {
 #define GIVEN(k) memsim_run_given(r, k)
-    if (r->gpu && !memsim_gpu_find(r->gpu)) {
-        g_autofree char *known = memsim_gpu_names();
-        return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", r->gpu, known);
-    }
+    if (r->gpu && !gpu_known(r->gpu, error))
+        return FALSE;
     if (r->inference) {
         if (GIVEN("seq"))
-            return setting_refuse(error, "seq: an inference run takes --prompt (the prompt's tokens) and "
-                                 "--generate (the tokens generated), not --seq");
+            return setting_refuse(error, "seq: an inference run takes --prompt (the prompt's "
+                                         "tokens) and --generate (the tokens generated), not "
+                                         "--seq");
         /* what only a training step has */
         static const char *const training[] = {
             "steps", "grad-accum", "optimizer", "optimizer-impl", "zero-grad", "checkpointing",
@@ -357,26 +363,29 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
             NULL};
         for (int i = 0; training[i]; i++)
             if (GIVEN(training[i]))
-                return setting_refuse(error, "%s: an inference run has no %s (it is a training setting)",
-                              training[i], training[i]);
+                return setting_refuse(error,
+                                      "%s: an inference run has no %s (it is a training setting)",
+                                      training[i], training[i]);
     } else {
         static const char *const inference[] = {"prompt", "generate", "weights", NULL};
         for (int i = 0; inference[i]; i++)
             if (GIVEN(inference[i]))
                 return setting_refuse(error, "%s: only with --inference (training takes --seq)",
-                              inference[i]);
+                                      inference[i]);
     }
     if ((GIVEN("lora-rank") || GIVEN("lora-targets")) && r->finetune == MEMSIM_FT_FULL)
         return setting_refuse(error, "%s: only with --finetune lora or qlora",
-                      GIVEN("lora-rank") ? "lora-rank" : "lora-targets");
+                              GIVEN("lora-rank") ? "lora-rank" : "lora-targets");
     int tp = r->tp ? r->tp : 1, pp = r->pp ? r->pp : 1;
     bool megatron = r->method == MEMSIM_METHOD_MEGATRON ||
                     (r->method == MEMSIM_METHOD_NONE && (tp > 1 || pp > 1));
     if (GIVEN("sequence-parallel") && r->sequence_parallel && tp < 2)
-        return setting_refuse(error, "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+        return setting_refuse(error,
+                              "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
     if (GIVEN("microbatches") && !megatron)
-        return setting_refuse(error, "microbatches: Megatron's micro-batches per step need --method "
-                             "megatron or --tp/--pp (elsewhere accumulation is --grad-accum)");
+        return setting_refuse(error, "microbatches: Megatron's micro-batches per step need "
+                                     "--method megatron or --tp/--pp (elsewhere accumulation is "
+                                     "--grad-accum)");
     if (GIVEN("pp-schedule") && !megatron)
         return setting_refuse(error, "pp-schedule: needs a Megatron run (--pp 2 or more)");
     if (GIVEN("virtual-stages") && r->virtual_stages > 1 &&
@@ -389,10 +398,11 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
     if (distributed && !r->inference && !setting_check_distributed_loop(r, megatron, error))
         return FALSE;
     if (r->gpus < 2 && (tp > 1 || pp > 1 || r->dp > 1))
-        return setting_refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: give "
-                             "--gpus (tp × pp × dp)");
+        return setting_refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: "
+                                     "give --gpus (tp × pp × dp)");
     if (GIVEN("gpus-per-node") && r->gpus < 2)
-        return setting_refuse(error, "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
+        return setting_refuse(error,
+                              "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
 #undef GIVEN
     return TRUE;
 }
@@ -486,19 +496,17 @@ char *memsim_run_describe(const MemsimRun *run)
                                attn_names[run->attention]);
     } else {
         g_string_append_printf(
-            s, "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT ", %d step(s), grad-accum %d, %s, "
-            "%s (%s), zero_grad %s, attention %s, checkpointing %s, finetune %s",
-            run->batch, run->seq, run->steps, run->grad_accum, prec_names[run->precision],
+            s, "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT "%s, %d step(s), grad-accum %d, "
+            "%s, %s (%s), zero_grad %s, attention %s, checkpointing %s, finetune %s",
+            run->batch, run->seq,
+            /* memsim_run_adapt cut a sequence that was not given */
+            !memsim_run_given(run, "seq") && run->seq != memsim_run_defaults().seq
+                ? " (the model's context)"
+                : "",
+            run->steps, run->grad_accum, prec_names[run->precision],
             optim_names[run->optimizer], impl_names[effective_impl(run, &rules)],
             effective_to_none(run, &rules) ? "to None" : "in place", attn_names[run->attention],
             ckpt_names[run->checkpointing], ft_names[run->finetune]);
-        if (!memsim_run_given(run, "seq") && run->seq != memsim_run_defaults().seq) {
-            /* memsim_run_adapt cut it: say so after the number */
-            g_autofree char *num = g_strdup_printf("seq %" G_GINT64_FORMAT, run->seq);
-            char *at = strstr(s->str, num);
-            if (at)
-                g_string_insert(s, at - s->str + (gssize)strlen(num), " (the model's context)");
-        }
         if (run->finetune != MEMSIM_FT_FULL) {
             g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
             g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
