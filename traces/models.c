@@ -682,29 +682,26 @@ static void cache_update(Model *md, AgTensor **k, AgTensor **v)
     AgGraph *g = md->g;
     uint8_t old = gg_ctx(g)->category;
     gg_ctx(g)->category = MEMSIM_CAT_KV_CACHE;
+    /* K, then V: self.keys = cat(...) drops the old keys before the values are concatenated */
     guint at = md->cache->len;
-    AgTensor *pk = md->past && at + 1 < md->past->len ? md->past->pdata[at] : NULL;
-    AgTensor *pv = pk ? md->past->pdata[at + 1] : NULL;
-    AgTensor *kk[2] = {pk, *k}, *vv[2] = {pv, *v};
-    /* self.keys = cat(...) drops the old keys before the values are concatenated */
-    AgTensor *kc = op_cat(g, pk ? kk : kk + 1, pk ? 2 : 1, -2);
-    if (pk) {
-        md->past->pdata[at] = NULL;
-        gt_unref(g, pk);
-    }
-    AgTensor *vc = op_cat(g, pk ? vv : vv + 1, pk ? 2 : 1, -2);
-    if (pk) {
-        md->past->pdata[at + 1] = NULL;
-        gt_unref(g, pv);
+    bool past = md->past && at + 1 < md->past->len;
+    AgTensor **kv[2] = {k, v}, *cached[2];
+    for (int j = 0; j < 2; j++) {
+        AgTensor *parts[2] = {past ? md->past->pdata[at + j] : NULL, *kv[j]};
+        cached[j] = op_cat(g, past ? parts : parts + 1, past ? 2 : 1, -2);
+        if (past) {
+            md->past->pdata[at + j] = NULL;
+            gt_unref(g, parts[0]);
+        }
     }
     gg_ctx(g)->category = old;
-    /* the cache object (in the output's past_key_values) holds them */
-    g_ptr_array_add(md->cache, gt_ref(kc));
-    g_ptr_array_add(md->cache, gt_ref(vc));
-    U(*k);
-    U(*v);
-    *k = kc;
-    *v = vc;
+    /* the cache object (in the output's past_key_values) holds them; the layer's own K and V
+     * live until update() returns */
+    for (int j = 0; j < 2; j++) {
+        g_ptr_array_add(md->cache, gt_ref(cached[j]));
+        U(*kv[j]);
+        *kv[j] = cached[j];
+    }
 }
 
 /* ---- decoder layers ---- */
