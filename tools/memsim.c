@@ -37,17 +37,6 @@ static GOptionContext *make_context(const char *cmd, const char *params, const c
     return ctx;
 }
 
-/* A size given to the flag --KEY; an error names the flag. */
-static gboolean parse_size(const char *key, const char *text, memsim_size_t *out, GError **error)
-{
-    GError *e = NULL;
-    if (memsim_parse_size(text, out, &e))
-        return TRUE;
-    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", key, e->message);
-    g_error_free(e);
-    return FALSE;
-}
-
 /* Parses; on a usage error prints it and returns FALSE. */
 static gboolean parse(GOptionContext *ctx, const char *cmd, int *argc, char ***argv)
 {
@@ -527,8 +516,8 @@ static int cmd_estimate(int argc, char **argv)
     Progress pr;
     progress_start(&pr, "estimating", NULL);
     if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &eo.gpu_mem, &eo.device, &error)) ||
-        (context && !parse_size("cuda-context", context, &eo.context_bytes, &error)) ||
-        (nccl && !parse_size("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
+        (context && !memsim_parse_size_of("cuda-context", context, &eo.context_bytes, &error)) ||
+        (nccl && !memsim_parse_size_of("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
         !(m = memsim_model_load(model, &error)) ||
         !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
         progress_stop(&pr);
@@ -699,7 +688,7 @@ static int cmd_compare(int argc, char **argv)
     }
     memsim_size_t gpu = 0, ctxb = model ? MEMSIM_ESTIMATE_CONTEXT_DEFAULT : 0;
     if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &gpu, NULL, &error)) ||
-        (context && !parse_size("cuda-context", context, &ctxb, &error)) ||
+        (context && !memsim_parse_size_of("cuda-context", context, &ctxb, &error)) ||
         !(specs = memsim_compare_parse_specs(allocators ? allocators : "all", &error))) {
         rc = report_error("compare", error);
         goto out;

@@ -75,10 +75,10 @@ gboolean memsim_plan_options_set(MemsimPlanOptions *o, const char *key, const ch
         if (!memsim_parse_gpu_mem("gpu-mem", v, &o->gpu_mem, NULL, error))
             return FALSE;
     } else if (strcmp(key, "cuda-context") == 0) {
-        if (!setting_size(key, v, &o->context_bytes, error))
+        if (!memsim_parse_size_of(key, v, &o->context_bytes, error))
             return FALSE;
     } else if (strcmp(key, "nccl-mem") == 0) {
-        if (!setting_size(key, v, &o->nccl_bytes, error))
+        if (!memsim_parse_size_of(key, v, &o->nccl_bytes, error))
             return FALSE;
     } else if (strcmp(key, "methods") == 0 || strcmp(key, "schedules") == 0) {
         if (!memsim_plan_parse_list(key, v, key[0] == 'm' ? &o->methods : &o->schedules, error))

@@ -91,19 +91,6 @@ gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **er
     return TRUE;
 }
 
-gboolean setting_size(const char *key, const char *v, uint64_t *out, GError **error)
-{
-    GError *e = NULL;
-    memsim_size_t b;
-    if (!memsim_parse_size(v, &b, &e)) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", key, e->message);
-        g_error_free(e);
-        return FALSE;
-    }
-    *out = b;
-    return TRUE;
-}
-
 #define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Every setting memsim_run_set takes, in the order of the bits of MemsimRun.given. */
@@ -291,7 +278,7 @@ static gboolean run_set_value(MemsimRun *r, const char *key, const char *v, GErr
             return FALSE;
         r->gpus_per_node = (int)x;
     } else if (strcmp(key, "cublas-workspace") == 0) {
-        if (!setting_size(key, v, &r->cublas_workspace, error))
+        if (!memsim_parse_size_of(key, v, &r->cublas_workspace, error))
             return FALSE;
     } else if (strcmp(key, "gpu") == 0) {
         g_autofree char *name = g_ascii_strdown(v, -1);

@@ -13,8 +13,6 @@ gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int
                      GError **error);
 /* false, true, no, yes, 0 or 1 (any case); else FALSE with "KEY: 'V' is not one of ...". */
 gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **error);
-/* A size (80GiB, 40GB, 512MiB, bytes: memsim_parse_size); else FALSE with "KEY: ...". */
-gboolean setting_size(const char *key, const char *v, uint64_t *out, GError **error);
 /* Sets a MEMSIM_ERROR_BAD_INPUT error with the formatted message (which names the setting)
  * and returns FALSE: settings that do not go together. */
 gboolean setting_refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);

@@ -217,6 +217,15 @@ gboolean memsim_device_event_done(MemsimDevice *dev, uint32_t stream, uint64_t t
 
 /* ---- sizes ---- */
 
+gboolean memsim_parse_size_of(const char *key, const char *text, memsim_size_t *bytes,
+                              GError **error)
+{
+    if (memsim_parse_size(text, bytes, error))
+        return TRUE;
+    g_prefix_error(error, "%s: ", key);
+    return FALSE;
+}
+
 gboolean memsim_parse_size(const char *text, memsim_size_t *bytes, GError **error)
 {
     static const struct {

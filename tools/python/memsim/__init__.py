@@ -185,7 +185,7 @@ def _load_locked():
     fn("memsim_model_family", S, P)
     fn("memsim_model_n_params", ctypes.c_int64, P)
     fn("memsim_estimate", P, P, ctypes.POINTER(_Run), ctypes.POINTER(_EstimateOptions), _ERR)
-    fn("memsim_parse_size", B, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
+    fn("memsim_parse_size_of", B, S, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
     fn("memsim_parse_gpu_mem", B, S, S, ctypes.POINTER(ctypes.c_uint64),
        ctypes.POINTER(S), _ERR)
     fn("memsim_replay_path", P, S, ctypes.POINTER(_ReplayOptions), _ERR)
@@ -250,10 +250,7 @@ def _b(s):
 def _size(key, text):
     """A size given as `key` (the command's flag); the error names it as the command's does."""
     out = ctypes.c_uint64()
-    try:
-        _call(_lib.memsim_parse_size, _b(_value(text)), ctypes.byref(out))
-    except Error as e:
-        raise Error("%s: %s" % (key, e.message), e.code) from None
+    _call(_lib.memsim_parse_size_of, _b(key), _b(_value(text)), ctypes.byref(out))
     return out.value
 
 
