@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "testutil.h"
 
@@ -284,14 +283,9 @@ static void expect_bounded(const char *const *argv, const char *word)
 {
     gint64 t0 = g_get_monotonic_time();
     expect_refused(argv, (const char *const[]){word, NULL});
-    double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
-    struct rusage ru;
-    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
-    /* the sanitizers' shadow memory and slower code: bounds 4× */
-    double lim_s = tu_sanitized() ? 20.0 : 5.0, lim_mb = tu_sanitized() ? 2000.0 : 500.0;
-    cr_expect(secs < lim_s, "%s %s: %.2f s", argv[0], argv[2], secs);
-    cr_expect((double)ru.ru_maxrss / 1024.0 < lim_mb, "%s %s: %.0f MB resident", argv[0],
-              argv[2], (double)ru.ru_maxrss / 1024.0);
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6, mib = tu_children_peak_mib();
+    cr_expect(secs < tu_limit_s(), "%s %s: %.2f s", argv[0], argv[2], secs);
+    cr_expect(mib < tu_limit_mib(), "%s %s: %.0f MiB resident", argv[0], argv[2], mib);
 }
 
 Test(answers, hostile_inputs_bounded, .timeout = 120)
@@ -344,13 +338,9 @@ Test(answers, many_declared_ranks_bounded, .timeout = 300)
     const char *argv[] = {"replay", path, "--json", NULL};
     g_autofree char *out = NULL, *err = NULL;
     cr_expect_eq(tu_run_memsim(argv, &out, &err), 0, "%s", err);
-    double secs = (double)(g_get_monotonic_time() - t0) / 1e6;
-    struct rusage ru;
-    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
-    double lim_s = tu_sanitized() ? 20.0 : 5.0, lim_mb = tu_sanitized() ? 2000.0 : 500.0;
-    cr_expect(secs < lim_s, "%.2f s", secs);
-    cr_expect((double)ru.ru_maxrss / 1024.0 < lim_mb, "%.0f MB resident",
-              (double)ru.ru_maxrss / 1024.0);
+    double secs = (double)(g_get_monotonic_time() - t0) / 1e6, mib = tu_children_peak_mib();
+    cr_expect(secs < tu_limit_s(), "%.2f s", secs);
+    cr_expect(mib < tu_limit_mib(), "%.0f MiB resident", mib);
     g_autofree char *last = g_strdup_printf("\"rank\" : %d", n - 1);
     cr_expect(out && strstr(out, last), "every rank reported");
 }

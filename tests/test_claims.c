@@ -35,23 +35,6 @@
 
 /* ---- helpers ---- */
 
-static MemsimTrace *generate(const char *model, const char *const *settings)
-{
-    GError *error = NULL;
-    MemsimModel *m = memsim_model_load(model, &error);
-    cr_assert(m, "%s", error ? error->message : "?");
-    MemsimRun run = memsim_run_defaults();
-    for (const char *const *s = settings; *s; s += 2) {
-        gboolean ok = memsim_run_set(&run, s[0], s[1], &error);
-        cr_assert(ok, "%s=%s: %s", s[0], s[1], ok ? "" : error->message);
-    }
-    MemsimTrace *t = memsim_generate(m, &run, &error);
-    cr_assert(t, "%s", error ? error->message : "?");
-    memsim_run_clear(&run);
-    memsim_model_free(m);
-    return t;
-}
-
 static MemsimReport *replay(MemsimTrace *t)
 {
     GError *error = NULL;
@@ -175,7 +158,7 @@ Test(claims, hsdp_shards_within_a_node, .timeout = 120)
     for (gsize k = 0; k < G_N_ELEMENTS(cases); k++) {
         const char *hs[] = {"gpus", cases[k].gpus, "gpus-per-node", cases[k].per_node, "method",
                             "hsdp", "seq", "128", "steps", "1", NULL};
-        MemsimTrace *t = generate("opt-125m", hs);
+        MemsimTrace *t = tu_generate("opt-125m", hs);
         MemsimReport *rep = replay(t);
         cr_assert_eq(rep->n_ranks, 1);
         cr_expect_eq(rep->ranks[0].multiplicity, (uint32_t)atoi(cases[k].gpus));
@@ -186,7 +169,7 @@ Test(claims, hsdp_shards_within_a_node, .timeout = 120)
         /* FSDP over the whole world shards further: a different (smaller) state */
         const char *fs[] = {"gpus", cases[k].gpus, "method", "fsdp", "seq", "128", "steps", "1",
                             NULL};
-        MemsimTrace *tf = generate("opt-125m", fs);
+        MemsimTrace *tf = tu_generate("opt-125m", fs);
         MemsimReport *frep = replay(tf);
         int64_t world = atoi(cases[k].gpus);
         g_autofree char *fwhat = g_strdup_printf("fsdp %s GPUs", cases[k].gpus);
@@ -216,7 +199,7 @@ Test(claims, fsdp_grad_op_keeps_params_gathered, .timeout = 120)
     int64_t S = opt_shard(N), s_layer = ceil_div(OPT_LAYER, N), s_root = ceil_div(OPT_ROOT, N);
     const char *go[] = {"gpus", "8", "method", "fsdp-grad-op", "seq", "128", "steps", "1", NULL};
     const char *fs[] = {"gpus", "8", "method", "fsdp", "seq", "128", "steps", "1", NULL};
-    MemsimTrace *tg = generate("opt-125m", go), *tf = generate("opt-125m", fs);
+    MemsimTrace *tg = tu_generate("opt-125m", go), *tf = tu_generate("opt-125m", fs);
     MemsimReport *rg = replay(tg), *rf = replay(tf);
     expect_fsdp_state(rg, N, "fsdp-grad-op");
     expect_fsdp_state(rf, N, "fsdp");
@@ -260,7 +243,7 @@ Test(claims, fsdp_wrap_model_gathers_everything, .timeout = 120)
         int64_t B = precs[k].bytes;
         const char *wm[] = {"gpus", "5", "method", "fsdp", "fsdp-wrap", "model", "precision",
                             precs[k].precision, "seq", "128", "steps", "1", NULL};
-        MemsimTrace *t = generate("opt-125m", wm);
+        MemsimTrace *t = tu_generate("opt-125m", wm);
         MemsimReport *rep = replay(t);
         int64_t S = ceil_div(OPT_PSI, N);
         const MemsimBreakdown *b = state_of(&rep->ranks[0]);
@@ -280,7 +263,7 @@ Test(claims, fsdp_wrap_model_gathers_everything, .timeout = 120)
 
         const char *wl[] = {"gpus", "5", "method", "fsdp", "fsdp-wrap", "layer", "precision",
                             precs[k].precision, "seq", "128", "steps", "1", NULL};
-        MemsimTrace *tl = generate("opt-125m", wl);
+        MemsimTrace *tl = tu_generate("opt-125m", wl);
         int64_t SL = opt_shard(N);
         int64_t hi = 4 * SL + B * N * (ceil_div(OPT_ROOT, N) + 2 * ceil_div(OPT_LAYER, N));
         int64_t lo = 4 * SL + B * N * (ceil_div(OPT_ROOT, N) + ceil_div(OPT_LAYER, N));
@@ -345,7 +328,7 @@ Test(claims, cublas_workspace_size_and_peak, .timeout = 120)
     for (gsize k = 0; k < G_N_ELEMENTS(cases); k++) {
         const char *s[] = {"seq", "128", "steps", "1", "gpu", cases[k].gpu,
                            cases[k].ws ? "cublas-workspace" : NULL, cases[k].ws, NULL};
-        MemsimTrace *t = generate("gpt2", s);
+        MemsimTrace *t = tu_generate("gpt2", s);
         MemsimReport *rep = replay(t);
         int early = 0;
         int found = count_workspaces(t, cases[k].size, rep->ranks[0].peak_allocated_event, &early);
@@ -444,7 +427,7 @@ Test(claims, grad_accum_does_not_multiply_memory, .timeout = 120)
     const int N = 4;
     const char *one[] = {"seq", "128", "batch", "2", "steps", "2", "grad-accum", "1", NULL};
     const char *four[] = {"seq", "128", "batch", "2", "steps", "2", "grad-accum", "4", NULL};
-    MemsimTrace *t1 = generate("gpt2", one), *t4 = generate("gpt2", four);
+    MemsimTrace *t1 = tu_generate("gpt2", one), *t4 = tu_generate("gpt2", four);
     MemsimReport *r1 = replay(t1), *r4 = replay(t4);
     for (int k = 0; k < 2; k++) {
         const MemsimBreakdown *b = state_of(&(k ? r4 : r1)->ranks[0]);
@@ -491,8 +474,8 @@ Test(claims, grad_accum_does_not_multiply_memory, .timeout = 120)
                            "zero-grad", "zero", NULL};
     const char *four_z[] = {"seq", "128", "batch", "2", "steps", "2", "grad-accum", "4",
                             "zero-grad", "zero", NULL};
-    t1 = generate("gpt2", one_z);
-    t4 = generate("gpt2", four_z);
+    t1 = tu_generate("gpt2", one_z);
+    t4 = tu_generate("gpt2", four_z);
     r1 = replay(t1);
     r4 = replay(t4);
     p1 = r1->ranks[0].stats.requested.peak;

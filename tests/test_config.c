@@ -7,7 +7,6 @@
 #include <memsim/error.h>
 #include <memsim/gen.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "testutil.h"
 #include "traces/model.h"
@@ -46,18 +45,6 @@ static void refused_naming(const char *json, const char *const *names)
 
 #define REFUSED(json, ...) refused_naming((json), (const char *const[]){__VA_ARGS__, NULL})
 
-/* The bounds on a refusal's time and memory; the sanitizers' shadow memory and slower code:
- * 4× (as tests/test_answers.c). */
-static double limit_s(void)
-{
-    const char *san = g_getenv("MEMSIM_SANITIZE");
-    return san && *san && strcmp(san, "none") != 0 ? 20.0 : 5.0;
-}
-
-static long limit_kib(void)
-{
-    return limit_s() > 5.0 ? 2000 * 1024 : 500 * 1024;
-}
 
 /* `json` is refused by the library with a MEMSIM_ERROR_BAD_INPUT error (exit status 2 from
  * the command) naming `name`. */
@@ -179,11 +166,10 @@ Test(config, layer_counts_beyond_any_model_are_refused_at_once)
         cr_expect(strstr(err, "num_hidden_layers") && strstr(err, layers[i]) &&
                       strstr(err, "10000"),
                   "the message names the field, the value and the limit: %s", err);
-        cr_expect_lt(secs, limit_s(), "%s layers: refused after %.1f s", layers[i], secs);
+        cr_expect_lt(secs, tu_limit_s(), "%s layers: refused after %.1f s", layers[i], secs);
     }
-    struct rusage ru;
-    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
-    cr_expect_lt(ru.ru_maxrss, limit_kib(), "peak RSS %ld KiB", ru.ru_maxrss);
+    double mib = tu_children_peak_mib();
+    cr_expect_lt(mib, tu_limit_mib(), "peak RSS %.0f MiB", mib);
     /* the work of a mixture of experts grows with layers × experts */
     REFUSED("{\"model_type\": \"mixtral\", \"vocab_size\": 1000, \"hidden_size\": 64, "
             "\"intermediate_size\": 128, \"num_hidden_layers\": 1000, "
@@ -216,7 +202,7 @@ static void nested_refused(const char *unit)
     cr_expect_eq(rc, 2, "%s × %zu: exit %d (%s)", unit, n, rc, err);
     cr_expect(strstr(err, path) && strstr(err, "64") && strstr(err, "nested"),
               "the message names the file and the depth: %s", err);
-    cr_expect_lt(secs, limit_s(), "refused after %.1f s", secs);
+    cr_expect_lt(secs, tu_limit_s(), "refused after %.1f s", secs);
 }
 
 Test(config, deep_nesting_is_refused_before_parsing)

@@ -14,23 +14,13 @@
 static MemsimReport *run_dist(const char *model, const char *const *settings, MemsimTrace **keep)
 {
     GError *error = NULL;
-    MemsimModel *m = memsim_model_load(model, &error);
-    cr_assert(m, "%s", error ? error->message : "?");
-    MemsimRun run = memsim_run_defaults();
-    for (const char *const *s = settings; *s; s += 2) {
-        gboolean ok = memsim_run_set(&run, s[0], s[1], &error);
-        cr_assert(ok, "%s=%s: %s", s[0], s[1], ok ? "" : error->message);
-    }
-    MemsimTrace *t = memsim_generate(m, &run, &error);
-    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimTrace *t = tu_generate(model, settings);
     MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
     cr_assert(rep, "%s", error ? error->message : "?");
     if (keep)
         *keep = t;
     else
         memsim_trace_free(t);
-    memsim_run_clear(&run);
-    memsim_model_free(m);
     return rep;
 }
 

@@ -32,13 +32,6 @@ static MemsimPlan *plan_of(const char *model, const MemsimPlanOptions *o,
     return p;
 }
 
-/* Whether this build runs under AddressSanitizer or UndefinedBehaviorSanitizer. */
-static gboolean sanitized(void)
-{
-    const char *san = g_getenv("MEMSIM_SANITIZE");
-    return san && *san && strcmp(san, "none") != 0;
-}
-
 static char *row_key(const MemsimPlanRow *r)
 {
     return g_strdup_printf("%s ckpt=%d b=%" G_GINT64_FORMAT " accum=%d exp=%d offload=%d "
@@ -73,7 +66,7 @@ static void check_against_exhaustive(const char *model, const char *gpu, const c
     o.gpus = 8;
     o.gpu = gpu;
     /* under the sanitizers (several times slower) a shorter range of micro-batches */
-    o.max_batch = sanitized() ? 2 : 8;
+    o.max_batch = tu_sanitized() ? 2 : 8;
     o.top = 0;
     o.no_offload = TRUE;
     MemsimPlanOptions ox = o;
@@ -109,7 +102,7 @@ Test(plan, pruning_loses_nothing_7b, .timeout = 600)
 
 Test(plan, pruning_loses_nothing_13b, .timeout = 600)
 {
-    if (sanitized())
+    if (tu_sanitized())
         cr_skip_test("sanitized build: the 7B sweep covers the same code; the normal build "
                      "compares the 13B sweep too");
     check_against_exhaustive("llama-2-13b", "a100-40gb", "256");
@@ -208,14 +201,14 @@ Test(plan, recommendation_reestimates_identically, .timeout = 600)
     };
     gboolean saw_pipeline = FALSE, saw_expandable = FALSE;
     /* under the sanitizers the first three (data parallel, pipelines, LLMem's methods) */
-    gsize n_cases = sanitized() ? 3 : G_N_ELEMENTS(cases);
+    gsize n_cases = tu_sanitized() ? 3 : G_N_ELEMENTS(cases);
     for (gsize c = 0; c < n_cases; c++) {
         MemsimPlanOptions o = memsim_plan_options_defaults();
         o.gpus = cases[c].gpus;
         o.gpu = cases[c].gpu;
         o.global_batch = cases[c].global_batch;
         o.max_batch = 16;
-        o.top = sanitized() ? 1 : 3; /* each row is an estimate run: slow under sanitizers */
+        o.top = tu_sanitized() ? 1 : 3; /* each row is an estimate run: slow under sanitizers */
         o.no_offload = TRUE;
         if (cases[c].methods)
             cr_assert(memsim_plan_parse_list("methods", cases[c].methods, &o.methods, NULL));

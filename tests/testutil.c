@@ -1,10 +1,12 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <memsim/gen.h>
 #include <criterion/hooks.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* Skips are visible: each skipped test is printed with its reason (and appended to
  * $MEMSIM_SKIP_LOG, which tools/run-tests.sh lists and counts), and a suite all of whose tests
@@ -118,6 +120,40 @@ gboolean tu_sanitized(void)
 {
     const char *s = g_getenv("MEMSIM_SANITIZE");
     return s && *s && strcmp(s, "none") != 0;
+}
+
+MemsimTrace *tu_generate(const char *model, const char *const *settings)
+{
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(model, &error);
+    cr_assert(m, "%s: %s", model, error ? error->message : "?");
+    MemsimRun run = memsim_run_defaults();
+    for (const char *const *s = settings; s && *s; s += 2) {
+        gboolean ok = memsim_run_set(&run, s[0], s[1], &error);
+        cr_assert(ok, "%s=%s: %s", s[0], s[1], ok ? "" : error->message);
+    }
+    MemsimTrace *t = memsim_generate(m, &run, &error);
+    cr_assert(t, "%s: %s", model, error ? error->message : "?");
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return t;
+}
+
+double tu_limit_s(void)
+{
+    return tu_sanitized() ? 20.0 : 5.0;
+}
+
+double tu_limit_mib(void)
+{
+    return tu_sanitized() ? 2000.0 : 500.0;
+}
+
+double tu_children_peak_mib(void)
+{
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    return (double)ru.ru_maxrss / 1024.0;
 }
 
 GByteArray *tu_none_flood_pickle(gsize n, gsize batch)

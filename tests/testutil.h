@@ -3,6 +3,7 @@
 #define MEMSIM_TESTUTIL_H
 
 #include <glib.h>
+#include <memsim/trace.h>
 
 /* Folder of the shared real data (../shared/data), or NULL when it is absent. */
 const char *tu_shared_data(void);
@@ -12,6 +13,9 @@ char *tu_shared_path_or_skip(const char *relative);
 /* Says that a part of a test (`what`) was skipped and why: on stderr and in $MEMSIM_SKIP_LOG,
  * which tools/run-tests.sh lists (a whole skipped Criterion test is noted by itself). */
 void tu_note_skip(const char *what, const char *why);
+/* The trace memsim_generate makes of a model (preset or config.json) and run settings given as
+ * key, value, ..., NULL (memsim_run_set's names); a failure fails the test. */
+MemsimTrace *tu_generate(const char *model, const char *const *settings);
 /* Path of a file under tests/data. Newly allocated. */
 char *tu_test_data(const char *relative);
 /* Runs argv (argv[0] found on PATH) with the environment plus `env` (NULL-terminated "K=V"
@@ -24,6 +28,12 @@ int tu_run_memsim(const char *const *argv, char **out, char **err);
 /* Whether this build runs under sanitizers (MEMSIM_SANITIZE), which multiply time and
  * memory: bounds on either are relaxed or left out there. */
 gboolean tu_sanitized(void);
+/* The bound on what a hostile input may cost the command: 5 s and 500 MiB, four times both
+ * under the sanitizers (their shadow memory and checks). */
+double tu_limit_s(void);
+double tu_limit_mib(void);
+/* The largest resident set of the child processes waited for so far, in MiB. */
+double tu_children_peak_mib(void);
 /* A pickle (protocol 2) of a list of n Nones: PROTO, EMPTY_LIST, then MARK, NONE × run, APPENDS
  * in runs of `batch` (0: one run of n) as Python's pickle.dumps([None] * n) writes them with
  * batch 1000, then STOP. */
