@@ -175,6 +175,10 @@ char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const Memsim
 void memsim_header_append_string(MemsimTraceHeader *h, const char *s, gsize len);
 void memsim_header_append_op(MemsimTraceHeader *h, const MemsimOpInfo *op);
 
+/* The format memsim_trace_save and memsim_convert write: `format`, or with AUTO the one the
+ * extension names; an unknown extension is refused rather than written as text. */
+gboolean memsim_trace_output_format(const char *path, MemsimFormat *format, GError **error);
+
 /* Sets a MEMSIM_ERROR_BAD_INPUT error. */
 void memsim_set_bad_input(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 

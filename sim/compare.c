@@ -12,7 +12,7 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
-#include "formats/json-internal.h"
+#include "sim/export/json.h"
 
 /* A token of the list starts a new policy when the part before its first ':' is a policy
  * name (or "all"); otherwise it continues the settings of the previous one, so that

@@ -152,6 +152,9 @@ static gint range_cmp(gconstpointer a, gconstpointer b, gpointer user)
 static void on_event(void *user, const MemsimAllocEvent *ev)
 {
     RankSim *r = user;
+    const MemsimReplayHooks *hk = r->rp->opt.hooks;
+    if (hk && hk->on_action)
+        hk->on_action(hk->user, (guint32)(r - r->rp->ranks), r->rep.n_events - 1, r->cur_op, ev);
     if (ev->kind == MEMSIM_AEV_SEG_ALLOC) {
         Range *g = g_new(Range, 1);
         g->addr = ev->addr;
@@ -177,6 +180,9 @@ static void on_event(void *user, const MemsimAllocEvent *ev)
 static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t stream)
 {
     RankSim *r = user;
+    const MemsimReplayHooks *hk = r->rp->opt.hooks;
+    if (hk && hk->segment_addr)
+        return hk->segment_addr(hk->user, (guint32)(r - r->rp->ranks), size, stream);
     gboolean *claimed = (gboolean *)r->claimed->data;
     for (guint i = 0; i < r->expected->len; i++) {
         const MemsimEvent *e = &g_array_index(r->expected, MemsimEvent, i);
@@ -314,7 +320,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
         r->dev.record_event = record_event;
-        if (!rp->opt.verify) /* blocks handed out and freed need no report then */
+        if (!rp->opt.verify && !(rp->opt.hooks && rp->opt.hooks->on_action))
+            /* blocks handed out and freed need no report then */
             r->dev.quiet = (1u << MEMSIM_AEV_ALLOC) | (1u << MEMSIM_AEV_FREE_COMPLETED);
         r->dev.event_done = event_done;
         r->gpu_free = g_array_new(FALSE, TRUE, sizeof(double));
@@ -709,6 +716,9 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                      const MemsimEvent *ev, GError **error)
 {
     r->cur_stream = ev->stream;
+    const MemsimReplayHooks *hk = r->rp->opt.hooks;
+    if (hk && hk->on_event)
+        hk->on_event(hk->user, h, rank, index, ev);
     if (G_UNLIKELY(r->tl_held) && !is_peer_recv(ev))
         timeline_flush_op(r, h, rank);
     gboolean action = TRUE;
@@ -739,6 +749,10 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (!idmap_remove(&r->tensors, ev->id, &v))
             return bad(error, h, rank, index, "free of tensor %" PRIu64 ", which is not live",
                        ev->id);
+        if (hk && hk->on_free) {
+            MemsimReplayTensor t = {v.addr, v.req, v.stream, v.category};
+            hk->on_free(hk->user, rank, index, r->cur_op, &t);
+        }
         free_done(r, &v);
         break;
     }
@@ -923,7 +937,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
     RankSim *r = &rp->ranks[rank];
     /* Without a timeline, verification or invariant checks, valid allocations and frees take
      * the short paths below; everything else (and every error) goes through step(). */
-    const gboolean plain = !rp->opt.timeline && !rp->opt.verify && !rp->opt.check_invariants;
+    const gboolean plain =
+        !rp->opt.timeline && !rp->opt.verify && !rp->opt.check_invariants && !rp->opt.hooks;
     *used = n;
     /* A stopped rank's events are counted, not applied. Only an ALLOC that fails stops a
      * rank, so the test is made at the start and after those (and after step()). */
@@ -1116,6 +1131,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
         r->rep.fits = !r->rep.oom.happened;
+        if (rp->opt.hooks && rp->opt.hooks->on_end)
+            rp->opt.hooks->on_end(rp->opt.hooks->user, i, r->alloc);
         if (rp->opt.timeline)
             memsim_timeline_end(rp->opt.timeline, i, r->rep.n_events);
         rep->ranks[i] = r->rep;
@@ -1144,16 +1161,12 @@ void memsim_report_free(MemsimReport *rep)
     g_free(rep);
 }
 
-MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt, GError **error)
+MemsimReport *memsim_replay_reader(MemsimTraceReader *rd, const char *path,
+                                   const MemsimReplayOptions *opt, GError **error)
 {
-    MemsimTraceReader *rd = memsim_trace_reader_open(path, error);
-    if (!rd)
-        return NULL;
     MemsimReplay *rp = memsim_replay_new(memsim_trace_reader_header(rd), opt, error);
-    if (!rp) {
-        memsim_trace_reader_free(rd);
+    if (!rp)
         return NULL;
-    }
     const MemsimEvent *ev;
     guint32 rank;
     gsize n;
@@ -1164,7 +1177,6 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
     }
     if (!e)
         memsim_replay_drain(rp, memsim_trace_reader_header(rd), &e);
-    memsim_trace_reader_free(rd);
     if (e) {
         /* an inconsistency the replay found names the trace by its embedded name: the file
          * the user gave comes first */
@@ -1175,6 +1187,16 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
         return NULL;
     }
     return memsim_replay_finish(rp);
+}
+
+MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt, GError **error)
+{
+    MemsimTraceReader *rd = memsim_trace_reader_open(path, error);
+    if (!rd)
+        return NULL;
+    MemsimReport *rep = memsim_replay_reader(rd, path, opt, error);
+    memsim_trace_reader_free(rd);
+    return rep;
 }
 
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,

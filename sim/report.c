@@ -4,21 +4,7 @@
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
 
-#include "formats/json-internal.h"
-
-const char *memsim_format_bytes(memsim_size_t b, char *buf, gsize len)
-{
-    /* PyTorch's format_size: ≤1024 → bytes, ≤1 MiB → KiB, ≤1 GiB → MiB, else GiB. */
-    if (b <= 1024)
-        g_snprintf(buf, len, "%" PRIu64 " bytes", b);
-    else if (b <= ((memsim_size_t)1 << 20))
-        g_snprintf(buf, len, "%.2f KiB", (double)b / 1024.0);
-    else if (b <= ((memsim_size_t)1 << 30))
-        g_snprintf(buf, len, "%.2f MiB", (double)b / 1048576.0);
-    else
-        g_snprintf(buf, len, "%.2f GiB", (double)b / 1073741824.0);
-    return buf;
-}
+#include "sim/export/json.h"
 
 static void add_int(JsonBuilder *b, const char *key, int64_t v)
 {

@@ -18,10 +18,12 @@ G_STATIC_ASSERT(sizeof(MemsimRun) <= 4096);
 G_STATIC_ASSERT(sizeof(MemsimEstimateOptions) == 3 * sizeof(char *) + 3 * sizeof(uint64_t));
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, device) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, nccl_bytes) == 32);
-/* _ReplayOptions: allocator, alloc_conf, capacity, verify, check_invariants, timeline. */
+/* _ReplayOptions: allocator, alloc_conf, capacity, verify, check_invariants, timeline,
+ * hooks. */
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, verify) == 24);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, timeline) == 32);
-G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 40);
+G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, hooks) == 40);
+G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 48);
 
 Test(python, module_matches_command, .timeout = 600)
 {

@@ -17,7 +17,7 @@ run() {
     name=$1; shift
     n=$((n + 1))
     (cd "$out" && "$memsim" "$@" >"$name.out" 2>"$name.err"; echo "exit $?" >>"$name.err")
-    sed -i -e 's/[0-9.]* s wall/N s wall/g' -e 's/"wall_s": *[0-9.e+-]*/"wall_s": N/g' \
+    sed -i -e 's/[0-9.]* s wall/N s wall/g' -e "s/[0-9.]* s on /N s on /g" -e "s/\"elapsed_s\" : [0-9.e+-]*/\"elapsed_s\": N/g" -e 's/"wall_s": *[0-9.e+-]*/"wall_s": N/g' \
         -e "s|$out|OUT|g" "$out/$name.out" "$out/$name.err"
 }
 

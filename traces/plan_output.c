@@ -7,7 +7,7 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
-#include "formats/json-internal.h"
+#include "sim/export/json.h"
 
 static const char *method_key[] = {"none", "ddp",          "zero1", "zero2",   "zero3",
                                    "fsdp", "fsdp-grad-op", "hsdp",  "megatron"};

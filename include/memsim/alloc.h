@@ -22,6 +22,7 @@
 
 #include <memsim/error.h>
 #include <memsim/trace.h>
+#include <memsim/units.h>
 
 G_BEGIN_DECLS
 
@@ -235,13 +236,6 @@ static inline void memsim_stat_sub(MemsimStat *s, int64_t n)
 {
     s->current -= n;
 }
-
-/* Parses "80GiB", "40GB", "1.5TiB", "123456" into bytes. FALSE with a
- * MEMSIM_ERROR_BAD_INPUT error quoting `text` when it is not a size. */
-gboolean memsim_parse_size(const char *text, memsim_size_t *bytes, GError **error);
-/* The same for the value of a setting or flag: the error starts with "KEY: ". */
-gboolean memsim_parse_size_of(const char *key, const char *text, memsim_size_t *bytes,
-                              GError **error);
 
 G_END_DECLS
 

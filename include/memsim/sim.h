@@ -18,9 +18,11 @@
 #ifndef MEMSIM_SIM_H
 #define MEMSIM_SIM_H
 
+#include <memsim/formats.h>
 #include <memsim/alloc.h>
 #include <memsim/timeline.h>
 #include <memsim/trace.h>
+#include <memsim/units.h>
 
 G_BEGIN_DECLS
 
@@ -38,9 +40,42 @@ typedef struct {
     gboolean check_invariants;
     /* (optional) Records the memory over the replay (memsim/timeline.h); not owned. */
     MemsimTimeline *timeline;
+    /* (optional) Observers of the replay, event by event (the snapshot export); not owned. */
+    const struct MemsimReplayHooks *hooks;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL}
+
+/* A live tensor of a replay: its block's address, the bytes the program asked for, the
+ * stream it was allocated on and its category. */
+typedef struct {
+    memsim_addr_t addr;
+    memsim_size_t requested;
+    uint32_t stream;
+    uint8_t category;
+} MemsimReplayTensor;
+
+/* What a replay tells an observer (MemsimReplayOptions.hooks). Every member may be NULL;
+ * `index` is the event's index in its rank's program and `op` the op running (-1: none). */
+typedef struct MemsimReplayHooks {
+    void *user;
+    /* Each event of a rank's program as it comes, before it is checked and applied. */
+    void (*on_event)(void *user, const MemsimTraceHeader *header, guint32 rank, uint64_t index,
+                     const MemsimEvent *ev);
+    /* A FREE of a live tensor, before its block goes back to the policy. */
+    void (*on_free)(void *user, guint32 rank, uint64_t index, int64_t op,
+                    const MemsimReplayTensor *tensor);
+    /* Each action the rank's policy reports (memsim/alloc.h: segments, blocks, OOM). */
+    void (*on_action)(void *user, guint32 rank, uint64_t index, int64_t op,
+                      const MemsimAllocEvent *ev);
+    /* The address of the policy's next segment. NULL: the address the recording gave it,
+     * where the trace has one, else fresh addresses from 2^56 up. */
+    memsim_addr_t (*segment_addr)(void *user, guint32 rank, memsim_size_t size,
+                                  uint32_t stream);
+    /* At the end, the rank's policy with its final layout (memsim_alloc_foreach_block),
+     * before it is freed. */
+    void (*on_end)(void *user, guint32 rank, MemsimAlloc *alloc);
+} MemsimReplayHooks;
 
 typedef struct {
     gboolean happened;
@@ -170,6 +205,10 @@ void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,
  * OOM is not an error: it is in the report (ranks[i].oom). `opt` may be NULL (defaults). */
 MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,
                                  GError **error);
+/* As memsim_replay_path, for what an open reader (memsim/formats.h) reads from where it is;
+ * `path` names it in messages. The reader stays the caller's. */
+MemsimReport *memsim_replay_reader(MemsimTraceReader *reader, const char *path,
+                                   const MemsimReplayOptions *opt, GError **error);
 /* Replays an in-memory trace (borrowed, not changed); as memsim_replay_path. */
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error);
@@ -235,9 +274,6 @@ char *memsim_comparison_to_json(const MemsimComparison *c);
 /* One row per policy (and rank): peak reserved and allocated, fragmentation at the peak of
  * reserved, driver calls, the ratio to exact, the OOM point. Newly allocated; g_free() it. */
 char *memsim_comparison_to_text(const MemsimComparison *c);
-
-/* "12.50 GiB" style; writes into buf (at least 32 bytes) and returns it. Reentrant. */
-const char *memsim_format_bytes(memsim_size_t bytes, char *buf, gsize len);
 
 G_END_DECLS
 

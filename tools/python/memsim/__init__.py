@@ -79,7 +79,8 @@ class _ReplayOptions(ctypes.Structure):
     """MemsimReplayOptions (include/memsim/sim.h); tests/test_python.c checks its size."""
     _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
                 ("capacity", ctypes.c_uint64), ("verify", ctypes.c_int),
-                ("check_invariants", ctypes.c_int), ("timeline", ctypes.c_void_p)]
+                ("check_invariants", ctypes.c_int), ("timeline", ctypes.c_void_p),
+                ("hooks", ctypes.c_void_p)]
 
 
 _CONTEXT_DEFAULT = 500 << 20  # MEMSIM_ESTIMATE_CONTEXT_DEFAULT

@@ -1,6 +1,6 @@
 /* Internal: the end of every JSON document memsim writes with json-glib's builder. */
-#ifndef MEMSIM_FORMATS_JSON_INTERNAL_H
-#define MEMSIM_FORMATS_JSON_INTERNAL_H
+#ifndef MEMSIM_SIM_EXPORT_JSON_H
+#define MEMSIM_SIM_EXPORT_JSON_H
 
 #include <json-glib/json-glib.h>
 

@@ -1,9 +1,8 @@
 /* Export as a PyTorch memory snapshot (include/memsim/export.h, memsim_export_snapshot).
  *
  * What it writes is what torch.cuda.memory._dump_snapshot writes (TORCH_ALLOCATOR.md §11.2),
- * for what memsim's torch policy does with the trace: the trace is replayed through the
- * policy and every action the policy reports through the device's on_event hook becomes a
- * trace entry, in order (segment_alloc before the alloc it serves, free_requested before the
+ * for what memsim's torch policy does with the trace: the trace is replayed (sim/replay.c,
+ * through its hooks) and every action the policy reports becomes a trace entry, in order (segment_alloc before the alloc it serves, free_requested before the
  * free_completed it causes, the releases of an empty_cache or an OOM path, the oom itself);
  * the policy's final layout, listed by its foreach_block operation, becomes `segments` (an
  * expandable reservation gives one segment per run of mapped blocks, §8.5). Every entry's
@@ -30,8 +29,9 @@
 
 #include <glib/gstdio.h>
 
-#include "formats/export-internal.h"
-#include "sim/idmap.h"
+#include <memsim/sim.h>
+
+#include "sim/export/outfile.h"
 
 /* ---- pickle opcodes (protocol 2) ---- */
 
@@ -232,22 +232,36 @@ static void pw_frames(PWriter *w, const char *const *op_names, guint n_ops, int6
 typedef struct SnapExport SnapExport;
 
 typedef struct {
+    MemsimBlockInfo b;
+    int64_t op; /* the op that allocated it, -1 */
+} Blk;
+
+typedef struct {
+    uint32_t device;
+    memsim_addr_t addr;
+    memsim_size_t size;
+    uint32_t stream;
+    uint32_t flags;
+    guint first, n; /* blocks */
+    int64_t op;
+} Seg;
+
+typedef struct {
     SnapExport *x;
     guint32 rank;
-    MemsimDevice dev;
-    MemsimAlloc *alloc;
-    IdMap tensors; /* id → {addr, size: op + 1 of its alloc, req, stream} */
-    int64_t cur_op;
-    uint64_t index;
-    gboolean stopped;
+    int64_t cur_op;  /* the op of the entry being written */
+    uint64_t index;  /* and its event index (time_us) */
     memsim_addr_t bump;
     GHashTable *seg_op; /* segment (or first mapped) address → op + 1 */
+    GHashTable *blk_op; /* allocated block address → op + 1 of its alloc */
     /* its trace entries */
     MemsimOutFile tmp;
     char *tmp_path;
     PWriter pw;
     uint32_t in_batch;
     uint64_t n_entries;
+    /* its final layout (the first rank of each device), taken at the end of the replay */
+    guint first_seg, n_segs;
 } RankX;
 
 struct SnapExport {
@@ -258,6 +272,8 @@ struct SnapExport {
     RankX *ranks;
     uint32_t memo_counter;
     GPtrArray *op_names; /* char*, valid UTF-8 */
+    GArray *blocks;      /* Blk: the final layout of every rank */
+    GArray *segs;        /* Seg */
 };
 
 #define SEG_BASE ((memsim_addr_t)0x7f0000000000ull)
@@ -310,9 +326,52 @@ static void write_entry(RankX *r, const char *action, memsim_addr_t addr, memsim
     entry_end(r);
 }
 
-static void on_event(void *user, const MemsimAllocEvent *ev)
+static void sync_ops(SnapExport *x, const MemsimTraceHeader *h)
 {
-    RankX *r = user;
+    for (guint i = x->op_names->len; i < h->n_ops; i++) {
+        uint32_t s = h->ops[i].name;
+        const char *n = s < h->n_strings && h->strings[s] ? h->strings[s] : "?";
+        g_ptr_array_add(x->op_names,
+                        g_utf8_validate(n, -1, NULL) ? g_strdup(n) : g_utf8_make_valid(n, -1));
+    }
+}
+
+static void insert_op(GHashTable *map, memsim_addr_t addr, int64_t op)
+{
+    g_hash_table_insert(map, g_memdup2(&addr, sizeof addr),
+                        GINT_TO_POINTER((gint)MIN(op + 1, G_MAXINT)));
+}
+
+/* ---- the replay's hooks ---- */
+
+static void on_event(void *user, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                     const MemsimEvent *ev)
+{
+    SnapExport *x = user;
+    RankX *r = &x->ranks[rank];
+    if (h->n_ops > x->op_names->len)
+        sync_ops(x, h);
+    if (ev->kind == MEMSIM_EV_INIT_SEGMENT) {
+        /* new segments go above the ones the trace starts with */
+        memsim_addr_t end = ev->addr + ev->size;
+        if (end > r->bump - SEG_ALIGN)
+            r->bump = ((end + SEG_ALIGN - 1) & ~(SEG_ALIGN - 1)) + SEG_ALIGN;
+    }
+}
+
+static void on_free(void *user, guint32 rank, uint64_t index, int64_t op,
+                    const MemsimReplayTensor *t)
+{
+    RankX *r = &((SnapExport *)user)->ranks[rank];
+    r->index = index;
+    r->cur_op = op;
+    write_entry(r, "free_requested", t->addr, t->requested, t->stream, FALSE);
+}
+
+static void on_action(void *user, guint32 rank, uint64_t index, int64_t op,
+                      const MemsimAllocEvent *ev)
+{
+    RankX *r = &((SnapExport *)user)->ranks[rank];
     const char *action = NULL;
     switch (ev->kind) {
     case MEMSIM_AEV_SEG_ALLOC:
@@ -329,9 +388,11 @@ static void on_event(void *user, const MemsimAllocEvent *ev)
         break;
     case MEMSIM_AEV_ALLOC:
         action = "alloc";
+        insert_op(r->blk_op, ev->addr, op);
         break;
     case MEMSIM_AEV_FREE_COMPLETED:
         action = "free_completed";
+        g_hash_table_remove(r->blk_op, &ev->addr);
         break;
     case MEMSIM_AEV_OOM:
         action = "oom";
@@ -339,18 +400,33 @@ static void on_event(void *user, const MemsimAllocEvent *ev)
     }
     if (!action)
         return;
-    if ((ev->kind == MEMSIM_AEV_SEG_ALLOC || ev->kind == MEMSIM_AEV_SEG_MAP) && r->cur_op >= 0)
-        g_hash_table_insert(r->seg_op, g_memdup2(&ev->addr, sizeof ev->addr),
-                            GINT_TO_POINTER((gint)MIN(r->cur_op + 1, G_MAXINT)));
+    if ((ev->kind == MEMSIM_AEV_SEG_ALLOC || ev->kind == MEMSIM_AEV_SEG_MAP) && op >= 0)
+        insert_op(r->seg_op, ev->addr, op);
+    r->index = index;
+    r->cur_op = op;
     write_entry(r, action, ev->addr, ev->size, ev->stream, ev->kind == MEMSIM_AEV_OOM);
 }
 
-static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t stream)
+static memsim_addr_t segment_addr(void *user, guint32 rank, memsim_size_t size, uint32_t stream)
 {
-    RankX *r = user;
+    RankX *r = &((SnapExport *)user)->ranks[rank];
     memsim_addr_t a = r->bump;
     r->bump += ((size + SEG_ALIGN - 1) & ~(SEG_ALIGN - 1)) + SEG_ALIGN;
     return a;
+}
+
+static void rank_segments(RankX *r, MemsimAlloc *alloc, GArray *blocks, GArray *segs);
+
+static void on_end(void *user, guint32 rank, MemsimAlloc *alloc)
+{
+    SnapExport *x = user;
+    for (guint32 k = 0; k < rank; k++)
+        if (x->header.ranks[k].device == x->header.ranks[rank].device)
+            return; /* one program per device: the first rank of it */
+    RankX *r = &x->ranks[rank];
+    r->first_seg = x->segs->len;
+    rank_segments(r, alloc, x->blocks, x->segs);
+    r->n_segs = x->segs->len - r->first_seg;
 }
 
 static void sx_free(SnapExport *x)
@@ -359,10 +435,10 @@ static void sx_free(SnapExport *x)
         return;
     for (guint i = 0; i < x->n_ranks; i++) {
         RankX *r = &x->ranks[i];
-        memsim_alloc_free_instance(r->alloc);
-        idmap_clear(&r->tensors);
         if (r->seg_op)
             g_hash_table_unref(r->seg_op);
+        if (r->blk_op)
+            g_hash_table_unref(r->blk_op);
         pw_clear(&r->pw);
         if (r->tmp.f)
             memsim_out_abort(&r->tmp);
@@ -372,6 +448,8 @@ static void sx_free(SnapExport *x)
     }
     g_free(x->ranks);
     g_ptr_array_unref(x->op_names);
+    g_array_unref(x->blocks);
+    g_array_unref(x->segs);
     memsim_trace_header_clear(&x->header);
     g_free(x->conf);
     g_free(x->spec);
@@ -383,6 +461,8 @@ static SnapExport *sx_new(const MemsimTraceHeader *h, const char *alloc_conf, GE
     SnapExport *x = g_new0(SnapExport, 1);
     memsim_trace_header_copy(&x->header, h);
     x->op_names = g_ptr_array_new_with_free_func(g_free);
+    x->blocks = g_array_new(FALSE, FALSE, sizeof(Blk));
+    x->segs = g_array_new(FALSE, FALSE, sizeof(Seg));
     const char *conf = alloc_conf ? alloc_conf : h->alloc_conf;
     x->conf = g_strdup(conf ? conf : "");
     x->spec = g_strdup_printf("torch:%s", x->conf);
@@ -394,19 +474,8 @@ static SnapExport *sx_new(const MemsimTraceHeader *h, const char *alloc_conf, GE
         r->rank = i;
         r->cur_op = -1;
         r->bump = SEG_BASE;
-        idmap_init(&r->tensors);
         r->seg_op = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
-        MemsimDevice d = MEMSIM_DEVICE_INIT;
-        r->dev = d;
-        r->dev.capacity = h->capacity;
-        r->dev.user = r;
-        r->dev.on_event = on_event;
-        r->dev.segment_addr = segment_addr;
-        r->alloc = memsim_alloc_new_from_spec(x->spec, &r->dev, error);
-        if (!r->alloc) {
-            sx_free(x);
-            return NULL;
-        }
+        r->blk_op = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
         int fd = g_file_open_tmp("memsim-snapshot-XXXXXX", &r->tmp_path, error);
         if (fd < 0) {
             sx_free(x);
@@ -422,140 +491,8 @@ static SnapExport *sx_new(const MemsimTraceHeader *h, const char *alloc_conf, GE
     return x;
 }
 
-static void sync_ops(SnapExport *x, const MemsimTraceHeader *h)
-{
-    for (guint i = x->op_names->len; i < h->n_ops; i++) {
-        uint32_t s = h->ops[i].name;
-        const char *n = s < h->n_strings && h->strings[s] ? h->strings[s] : "?";
-        g_ptr_array_add(x->op_names,
-                        g_utf8_validate(n, -1, NULL) ? g_strdup(n) : g_utf8_make_valid(n, -1));
-    }
-}
-
-static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
-                    const char *fmt, ...) G_GNUC_PRINTF(5, 6);
-
-static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
-                    const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: rank %u, event %" PRIu64 ": %s",
-                h->name ? h->name : "trace", rank, index, msg);
-    return FALSE;
-}
-
-static gboolean step(RankX *r, const MemsimTraceHeader *h, const MemsimEvent *ev,
-                     GError **error)
-{
-    uint64_t index = r->index;
-    switch (ev->kind) {
-    case MEMSIM_EV_ALLOC: {
-        if (ev->size == 0 || ev->size >= ((uint64_t)1 << 60))
-            return bad(error, h, r->rank, index, "alloc of %" PRIu64 " bytes", ev->size);
-        if (ev->id == UINT64_MAX || idmap_get(&r->tensors, ev->id))
-            return bad(error, h, r->rank, index, "alloc of tensor %" PRIu64 ", which is live",
-                       ev->id);
-        memsim_addr_t addr = 0;
-        if (memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK) {
-            r->stopped = TRUE; /* the program dies of its OOM: nothing more happens */
-            return TRUE;
-        }
-        IdVal v = {addr, (uint64_t)(r->cur_op + 1), ev->size, ev->category, ev->stream};
-        idmap_put(&r->tensors, ev->id, &v);
-        return TRUE;
-    }
-    case MEMSIM_EV_FREE: {
-        IdVal v;
-        if (!idmap_remove(&r->tensors, ev->id, &v))
-            return bad(error, h, r->rank, index, "free of tensor %" PRIu64 ", which is not live",
-                       ev->id);
-        write_entry(r, "free_requested", v.addr, v.req, v.stream, FALSE);
-        memsim_alloc_free(r->alloc, v.addr);
-        return TRUE;
-    }
-    case MEMSIM_EV_USE: {
-        IdVal *v = idmap_get(&r->tensors, ev->id);
-        if (!v)
-            return bad(error, h, r->rank, index, "use of tensor %" PRIu64 ", which is not live",
-                       ev->id);
-        memsim_alloc_record_stream(r->alloc, v->addr, ev->stream);
-        return TRUE;
-    }
-    case MEMSIM_EV_EMPTY_CACHE:
-        memsim_alloc_empty_cache(r->alloc);
-        return TRUE;
-    case MEMSIM_EV_OP:
-        if (ev->id >= h->n_ops)
-            return bad(error, h, r->rank, index, "op %" PRIu64 " is not in the op table",
-                       ev->id);
-        r->cur_op = (int64_t)ev->id;
-        return TRUE;
-    case MEMSIM_EV_INIT_SEGMENT: {
-        if (!memsim_alloc_seed_segment(r->alloc, ev->addr, ev->size, ev->stream,
-                                       (uint32_t)ev->aux, error))
-            return FALSE;
-        memsim_addr_t end = ev->addr + ev->size;
-        if (end > r->bump - SEG_ALIGN)
-            r->bump = ((end + SEG_ALIGN - 1) & ~(SEG_ALIGN - 1)) + SEG_ALIGN;
-        return TRUE;
-    }
-    case MEMSIM_EV_INIT_BLOCK: {
-        if (ev->id == UINT64_MAX || idmap_get(&r->tensors, ev->id))
-            return bad(error, h, r->rank, index,
-                       "starting block of tensor %" PRIu64 ", which is live", ev->id);
-        if (!memsim_alloc_seed_block(r->alloc, ev->addr, ev->aux, ev->size, ev->stream, error))
-            return FALSE;
-        IdVal v = {ev->addr, 0, ev->size, ev->category, ev->stream};
-        idmap_put(&r->tensors, ev->id, &v);
-        return TRUE;
-    }
-    default:
-        /* MARK, WAIT, COLLECTIVE change nothing here; recorded SEG_* and OOM records are the
-         * recording's, not what this model does. */
-        return TRUE;
-    }
-}
-
-static gboolean sx_feed(SnapExport *x, const MemsimTraceHeader *h, guint32 rank,
-                        const MemsimEvent *events, gsize n, GError **error)
-{
-    if (rank >= x->n_ranks) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: events for rank %u, but the header has %u ranks",
-                    h->name ? h->name : "trace", rank, x->n_ranks);
-        return FALSE;
-    }
-    if (h->n_ops > x->op_names->len)
-        sync_ops(x, h);
-    RankX *r = &x->ranks[rank];
-    for (gsize i = 0; i < n; i++, r->index++) {
-        if (r->stopped)
-            continue;
-        if (!step(r, h, &events[i], error))
-            return FALSE;
-    }
-    return TRUE;
-}
-
 /* ---- the final layout ---- */
 
-typedef struct {
-    MemsimBlockInfo b;
-    int64_t op; /* the op that allocated it, -1 */
-} Blk;
-
-typedef struct {
-    uint32_t device;
-    memsim_addr_t addr;
-    memsim_size_t size;
-    uint32_t stream;
-    uint32_t flags;
-    guint first, n; /* blocks */
-    int64_t op;
-} Seg;
 
 static void collect_block(void *user, const MemsimBlockInfo *b)
 {
@@ -573,23 +510,16 @@ static int seg_cmp(gconstpointer pa, gconstpointer pb)
 }
 
 /* Snapshot segments of one rank: whole segments, or mapped runs of expandable ones. */
-static void rank_segments(RankX *r, GArray *blocks, GArray *segs)
+static void rank_segments(RankX *r, MemsimAlloc *alloc, GArray *blocks, GArray *segs)
 {
-    GHashTable *op_at = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
-    for (size_t i = 0; i <= r->tensors.mask; i++) {
-        const IdSlot *s = &r->tensors.slots[i];
-        if (s->key1 && s->val.size)
-            g_hash_table_insert(op_at, g_memdup2(&s->val.addr, 8),
-                                GINT_TO_POINTER((gint)MIN(s->val.size, (uint64_t)G_MAXINT)));
-    }
     guint first = blocks->len;
-    memsim_alloc_foreach_block(r->alloc, collect_block, blocks);
+    memsim_alloc_foreach_block(alloc, collect_block, blocks);
     uint32_t device = r->x->header.ranks[r->rank].device;
     Seg cur = {0};
     gboolean open = FALSE;
     for (guint i = first; i < blocks->len; i++) {
         Blk *k = &g_array_index(blocks, Blk, i);
-        gpointer v = g_hash_table_lookup(op_at, &k->b.addr);
+        gpointer v = g_hash_table_lookup(r->blk_op, &k->b.addr);
         if (v && k->b.state == MEMSIM_BLOCK_ALLOCATED)
             k->op = GPOINTER_TO_INT(v) - 1;
         gboolean exp = (k->b.segment_flags & MEMSIM_SEGF_EXPANDABLE) != 0;
@@ -622,7 +552,6 @@ static void rank_segments(RankX *r, GArray *blocks, GArray *segs)
     }
     if (open)
         g_array_append_val(segs, cur);
-    g_hash_table_unref(op_at);
 }
 
 /* The allocator settings as the snapshot shows them. The division table is read back from
@@ -774,18 +703,8 @@ static gboolean sx_finish(SnapExport *x, const char *path, GError **error)
         return FALSE;
     }
 
-    /* segments */
-    GArray *blocks = g_array_new(FALSE, FALSE, sizeof(Blk));
-    GArray *segs = g_array_new(FALSE, FALSE, sizeof(Seg));
-    gboolean *seen = g_new0(gboolean, n_dev + 1);
-    for (guint i = 0; i < x->n_ranks; i++) {
-        uint32_t d = x->header.ranks[i].device;
-        if (seen[d])
-            continue;
-        seen[d] = TRUE;
-        rank_segments(&x->ranks[i], blocks, segs);
-    }
-    g_free(seen);
+    /* segments (the final layouts, taken at the end of the replay) */
+    GArray *blocks = x->blocks, *segs = x->segs;
     g_array_sort(segs, seg_cmp);
     pw_str(&w, "segments");
     pw_byte(&w, OP_EMPTY_LIST);
@@ -856,8 +775,6 @@ static gboolean sx_finish(SnapExport *x, const char *path, GError **error)
         pw_byte(&w, OP_SETITEMS);
         pw_byte(&w, OP_APPEND);
     }
-    g_array_unref(blocks);
-    g_array_unref(segs);
 
     pw_str(&w, "allocator_settings");
     write_settings(&w, x);
@@ -871,51 +788,41 @@ static gboolean sx_finish(SnapExport *x, const char *path, GError **error)
 
 /* ---- public ---- */
 
+/* Replays `trace` (or the file at `path`) through the torch policy with the export's hooks,
+ * then writes the snapshot. */
+static gboolean export(MemsimTrace *trace, const char *path, const char *out,
+                       const char *alloc_conf, GError **error)
+{
+    MemsimTraceReader *rd = NULL;
+    if (!trace && !(rd = memsim_trace_reader_open(path, error)))
+        return FALSE;
+    SnapExport *x = sx_new(trace ? memsim_trace_header(trace) : memsim_trace_reader_header(rd),
+                           alloc_conf, error);
+    MemsimReport *rep = NULL;
+    if (x) {
+        MemsimReplayHooks hooks = {x, on_event, on_free, on_action, segment_addr, on_end};
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.allocator = "torch";
+        o.alloc_conf = x->conf;
+        o.hooks = &hooks;
+        rep = trace ? memsim_replay_trace(trace, &o, error)
+                    : memsim_replay_reader(rd, path, &o, error);
+    }
+    memsim_trace_reader_free(rd);
+    gboolean ok = rep && sx_finish(x, out, error);
+    memsim_report_free(rep);
+    sx_free(x);
+    return ok;
+}
+
 gboolean memsim_export_snapshot_trace(MemsimTrace *trace, const char *out, const char *alloc_conf,
                                       GError **error)
 {
-    MemsimTraceHeader *h = memsim_trace_header(trace);
-    SnapExport *x = sx_new(h, alloc_conf, error);
-    if (!x)
-        return FALSE;
-    gboolean ok = TRUE;
-    for (guint32 r = 0; r < h->n_ranks && ok; r++) {
-        gsize n;
-        const MemsimEvent *ev = memsim_trace_events(trace, r, &n);
-        ok = sx_feed(x, h, r, ev, n, error);
-    }
-    ok = ok && sx_finish(x, out, error);
-    sx_free(x);
-    return ok;
+    return export(trace, NULL, out, alloc_conf, error);
 }
 
 gboolean memsim_export_snapshot(const char *trace_path, const char *out, const char *alloc_conf,
                                 GError **error)
 {
-    MemsimTraceReader *rd = memsim_trace_reader_open(trace_path, error);
-    if (!rd)
-        return FALSE;
-    SnapExport *x = sx_new(memsim_trace_reader_header(rd), alloc_conf, error);
-    if (!x) {
-        memsim_trace_reader_free(rd);
-        return FALSE;
-    }
-    const MemsimEvent *ev;
-    guint32 rank;
-    gsize n;
-    GError *e = NULL;
-    gboolean ok = TRUE;
-    while (ok && (n = memsim_trace_reader_next(rd, &rank, &ev, &e)) > 0)
-        ok = sx_feed(x, memsim_trace_reader_header(rd), rank, ev, n, &e);
-    if (ok && !e)
-        sync_ops(x, memsim_trace_reader_header(rd));
-    memsim_trace_reader_free(rd);
-    if (e) {
-        g_propagate_error(error, e);
-        sx_free(x);
-        return FALSE;
-    }
-    ok = sx_finish(x, out, error);
-    sx_free(x);
-    return ok;
+    return export(NULL, trace_path, out, alloc_conf, error);
 }

@@ -5,7 +5,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "formats/export-internal.h"
+#include "sim/export/outfile.h"
 
 static const char css[] =
     "body{font-family:'DejaVu Sans',Helvetica,Arial,sans-serif;margin:24px 32px;color:#1b1b1b;"

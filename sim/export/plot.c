@@ -21,7 +21,7 @@
 
 #include <glib/gstdio.h>
 
-#include "formats/export-internal.h"
+#include "sim/export/outfile.h"
 
 #define PLOT_W 1200.0
 #define MARGIN_L 84.0

@@ -4,7 +4,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "formats/export-internal.h"
+#include "sim/export/outfile.h"
 
 static void csv_string(MemsimOutFile *o, const char *s)
 {

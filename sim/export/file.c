@@ -1,5 +1,5 @@
-/* Writing exported files (formats/export-internal.h). */
-#include "formats/export-internal.h"
+/* Writing exported files (sim/export/outfile.h). */
+#include "sim/export/outfile.h"
 
 #include <errno.h>
 #include <stdarg.h>

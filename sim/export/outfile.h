@@ -1,7 +1,7 @@
 /* Internal: writing an exported file. Output goes through stdio; the first write error is
  * kept and reported by close(), which also removes the half-written file. */
-#ifndef MEMSIM_FORMATS_EXPORT_INTERNAL_H
-#define MEMSIM_FORMATS_EXPORT_INTERNAL_H
+#ifndef MEMSIM_SIM_EXPORT_OUTFILE_H
+#define MEMSIM_SIM_EXPORT_OUTFILE_H
 
 #include <memsim/error.h>
 #include <stdio.h>

@@ -11,8 +11,8 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
-#include "formats/export-internal.h"
-#include "formats/json-internal.h"
+#include "sim/export/outfile.h"
+#include "sim/export/json.h"
 
 static void member_int(JsonBuilder *b, const char *key, int64_t v)
 {
