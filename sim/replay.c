@@ -33,7 +33,6 @@
  * used on another stream (record_stream) becomes free again.
  */
 #include <memsim/formats.h>
-#include <memsim/gen.h>
 #include <memsim/sim.h>
 
 #include <inttypes.h>
@@ -1249,73 +1248,16 @@ void memsim_report_set_device(MemsimReport *rep, memsim_size_t gpu_mem, memsim_s
     }
 }
 
-MemsimReport *memsim_estimate(const MemsimModel *m, const MemsimRun *run,
-                              const MemsimEstimateOptions *opt, GError **error)
+gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
+                                memsim_size_t *capacity, GError **error)
 {
-    return memsim_estimate_recorded(m, run, opt, NULL, error);
-}
-
-memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per)
-{
-    memsim_size_t nccl = 0;
-    if (run->gpus > 1) {
-        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
-        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
-        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
-        for (int i = 0; i < 3; i++)
-            if (groups[i] > 1)
-                nccl += per              ? per
-                        : groups[i] == 2 ? (memsim_size_t)544000000
-                                         : (memsim_size_t)688000000;
-    }
-    return nccl;
-}
-
-MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *run,
-                                       const MemsimEstimateOptions *opt,
-                                       MemsimTimeline *timeline, GError **error)
-{
-    static const MemsimEstimateOptions defaults = MEMSIM_ESTIMATE_OPTIONS_INIT;
-    if (!opt)
-        opt = &defaults;
-    /* without gpu_mem, the run's GPU profile (default a100-80gb) is the device judged */
-    memsim_size_t gpu_mem = opt->gpu_mem;
-    const MemsimGpu *profile = memsim_gpu_find(run->gpu);
-    if (!gpu_mem && profile)
-        gpu_mem = profile->memory;
-    if (gpu_mem && opt->context_bytes >= gpu_mem) {
+    if (gpu_mem && outside >= gpu_mem) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
                     " bytes of CUDA context and libraries",
-                    gpu_mem, opt->context_bytes);
-        return NULL;
+                    gpu_mem, outside);
+        return FALSE;
     }
-    MemsimTrace *t = memsim_generate(m, run, error);
-    if (!t)
-        return NULL;
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.allocator = opt->allocator;
-    o.alloc_conf = opt->alloc_conf;
-    o.capacity = gpu_mem ? gpu_mem - opt->context_bytes : 0;
-    /* (NCCL's share is judged afterwards, with the device total) */
-    o.timeline = timeline;
-    MemsimReport *rep = memsim_replay_trace(t, &o, error);
-    memsim_trace_free(t);
-    if (!rep)
-        return NULL;
-    g_free(rep->source);
-    rep->source = g_strdup(memsim_model_name(m));
-    MemsimRun adapted = *run;
-    memsim_run_adapt(&adapted, m);
-    rep->run = memsim_run_describe(&adapted);
-    memsim_size_t nccl = memsim_estimate_nccl_bytes(run, opt->nccl_bytes);
-    memsim_report_set_device(rep, gpu_mem, opt->context_bytes + nccl);
-    rep->nccl_bytes = nccl;
-    if (!opt->gpu_mem && profile) {
-        rep->device = g_strdup(profile->name);
-        rep->device_assumed = TRUE;
-    } else if (opt->gpu_mem && opt->device) {
-        rep->device = g_strdup(opt->device);
-    }
-    return rep;
+    *capacity = gpu_mem ? gpu_mem - outside : 0;
+    return TRUE;
 }

@@ -6,6 +6,7 @@
  * The module mirrors three C structs with ctypes (tools/python/memsim/__init__.py); the
  * asserts below fail the build when one of them changes without the module. */
 #include <criterion/criterion.h>
+#include <memsim/estimate.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 #include <string.h>

@@ -12,6 +12,7 @@
  * once (for Helgrind, which is slow). SNAPSHOT: a real PyTorch snapshot to replay with
  * --verify beside the others. Exit status 0 when every concurrent result matches. */
 #include <memsim/formats.h>
+#include <memsim/estimate.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 

@@ -5,6 +5,7 @@
 #include <memsim/alloc.h>
 #include <memsim/export.h>
 #include <memsim/formats.h>
+#include <memsim/estimate.h>
 #include <memsim/gen.h>
 #include <memsim/plan.h>
 #include <memsim/sim.h>
@@ -693,13 +694,11 @@ static int cmd_compare(int argc, char **argv)
         rc = report_error("compare", error);
         goto out;
     }
-    if (gpu && ctxb >= gpu) {
-        fprintf(stderr, "memsim compare: --cuda-context leaves nothing of --gpu-mem %s\n",
-                gpu_mem);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    if (!memsim_device_capacity(gpu, ctxb, &o.capacity, &error)) {
+        rc = report_error("compare", error);
         goto out;
     }
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.capacity = gpu ? gpu - ctxb : 0;
     if (model ? !(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error))
               : !(t = memsim_trace_load(argv[1], &error))) {
         rc = report_error("compare", error);

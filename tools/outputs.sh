@@ -18,7 +18,7 @@ run() {
     n=$((n + 1))
     (cd "$out" && "$memsim" "$@" >"$name.out" 2>"$name.err"; echo "exit $?" >>"$name.err")
     sed -i -e 's/[0-9.]* s wall/N s wall/g' -e "s/[0-9.]* s on /N s on /g" -e "s/\"elapsed_s\" : [0-9.e+-]*/\"elapsed_s\": N/g" -e 's/"wall_s": *[0-9.e+-]*/"wall_s": N/g' \
-        -e "s|$out|OUT|g" "$out/$name.out" "$out/$name.err"
+        -e "s|$out|OUT|g" -e "s|$(pwd)|SRC|g" "$out/$name.out" "$out/$name.err"
 }
 
 # --- estimate, one GPU ---
@@ -88,11 +88,11 @@ run replay-gen replay gen.mst --json
 run replay-gen-pickle replay gen.pickle --json
 run compare-model compare --model opt-125m --seq 256 --allocators all --gpu-mem 2GiB --json
 # --- plan ---
-run plan-readme plan --model opt-1.3b --gpus 4 --gpu v100-16gb --precision fp16-mixed --seq 512 --methods ddp,zero3,tp
-run plan-json plan --model opt-350m --gpus 8 --gpu a100-40gb --seq 1024 --global-batch 32 --json
-run plan-csv plan --model gpt2 --gpus 4 --gpu v100-16gb --seq 512 --csv
-run plan-mig plan --model opt-125m --gpus 1 --gpu a100-40gb --mig --seq 512 --global-batch 8 --json
-run plan-none plan --model llama-2-70b --gpus 2 --gpu v100-16gb --seq 4096
+run plan-readme plan --threads 1 --model opt-1.3b --gpus 4 --gpu v100-16gb --precision fp16-mixed --seq 512 --methods ddp,zero3,tp
+run plan-json plan --threads 1 --model opt-350m --gpus 8 --gpu a100-40gb --seq 1024 --global-batch 32 --json
+run plan-csv plan --threads 1 --model gpt2 --gpus 4 --gpu v100-16gb --seq 512 --csv
+run plan-mig plan --threads 1 --model opt-125m --gpus 1 --gpu a100-40gb --mig --seq 512 --global-batch 8 --json
+run plan-none plan --threads 1 --model llama-2-70b --gpus 2 --gpu v100-16gb --seq 4096
 # --- refusals ---
 run bad-ddp-tp estimate --model gpt2 --gpus 2 --method ddp --tp 2
 run bad-heads estimate --model gpt2 --gpus 4 --tp 5

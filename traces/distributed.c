@@ -62,7 +62,7 @@
 
 #include <string.h>
 
-#include "traces/cost.h"
+#include "traces/plan/cost.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 

@@ -194,6 +194,11 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp);
 /* Frees a replay without a report: after a feed failed, or to give up (NULL is accepted). */
 void memsim_replay_abort(MemsimReplay *rp);
 
+/* The allocator's share of a device of `gpu_mem` bytes (0: unlimited, then 0) when `outside`
+ * bytes lie outside it (CUDA context, libraries): FALSE with a MEMSIM_ERROR_BAD_INPUT error
+ * ("gpu-mem: ...") when they take it all. */
+gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
+                                memsim_size_t *capacity, GError **error);
 /* Sets the device figures of a report (gpu_mem may be 0) and recomputes device_total and
  * fits of every rank. */
 void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,

@@ -15,6 +15,7 @@
  *
  * Exit status: 0 success, 2 bad input (the message names what was wrong).
  */
+#include <memsim/estimate.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 

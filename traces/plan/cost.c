@@ -65,7 +65,7 @@
  * step = compute + recompute + bubble + exposed collectives + optimizer (+ dequantisation)
  * tokens per step = replicas · b · m · s; tokens per second = tokens / step.
  */
-#include "traces/cost.h"
+#include "traces/plan/cost.h"
 
 #include "traces/model.h"
 

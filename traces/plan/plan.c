@@ -65,7 +65,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "traces/cost.h"
+#include "traces/estimate/judge.h"
+#include "traces/plan/cost.h"
 #include "traces/model.h"
 #include "traces/settings.h"
 
@@ -252,19 +253,22 @@ gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits,
     return TRUE;
 }
 
-/* ---- what memsim_estimate does after generating (sim/replay.c), on a trace we keep ---- */
+/* ---- what memsim_estimate does after generating, on a trace we keep ---- */
 
-/* Replays `t` as memsim_estimate would with these settings; `reserve` more bytes are kept
- * off the allocator's capacity (the exact bound judges NCCL's share up front). */
+/* Replays `t` as memsim_estimate would with these settings (traces/estimate/judge.h);
+ * `reserve` more bytes are kept off the allocator's capacity (the exact bound judges NCCL's
+ * share up front). */
 static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
                             const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
 {
-    memsim_size_t nccl = memsim_estimate_nccl_bytes(run, sw->opt.nccl_bytes);
+    Judge j;
+    GError *e = NULL;
+    if (!judge_begin(&j, run, gpu_mem, sw->ctx, sw->opt.nccl_bytes, reserve, &e))
+        g_error("plan: %s", e->message); /* the plan checked the context against the device */
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.allocator = allocator;
     o.alloc_conf = alloc_conf;
-    o.capacity = gpu_mem ? gpu_mem - sw->ctx - reserve : 0;
-    GError *e = NULL;
+    o.capacity = j.capacity;
     MemsimReport *rep = memsim_replay_trace(t, &o, &e);
     g_mutex_lock(&sw->lock);
     sw->n_replays++;
@@ -273,8 +277,7 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
         /* a generated trace that does not replay is a bug of the generator */
         g_error("plan: replaying a generated trace failed: %s", e->message);
     }
-    memsim_report_set_device(rep, gpu_mem, sw->ctx + nccl);
-    rep->nccl_bytes = nccl;
+    judge_end(&j, rep);
     return rep;
 }
 
@@ -1713,14 +1716,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     if (opt.network_gbs <= 0)
         opt.network_gbs = COST_NETWORK_GBS_DEFAULT;
     memsim_size_t gpu_mem = opt.gpu_mem ? opt.gpu_mem : gpu->memory;
-    if (!opt.mig && gpu_mem <= opt.context_bytes) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "gpu-mem: %" G_GUINT64_FORMAT
-                    " bytes leave nothing after the %" G_GUINT64_FORMAT
-                    " bytes of CUDA context and libraries",
-                    gpu_mem, opt.context_bytes);
+    memsim_size_t capacity;
+    if (!opt.mig && !memsim_device_capacity(gpu_mem, opt.context_bytes, &capacity, error))
         return NULL;
-    }
     MemsimPlan *plan = g_new0(MemsimPlan, 1);
     plan->model = g_strdup(memsim_model_name(model));
     plan->run = describe_run(model, &base);
