@@ -167,9 +167,9 @@ typedef struct MemsimAllocOps {
 
 /* The registry: a NULL-terminated array of every policy; static, never freed. Safe to call
  * from any thread (initialised once). */
-const MemsimAllocOps *const *memsim_alloc_registry(void);
+MEMSIM_API const MemsimAllocOps *const *memsim_alloc_registry(void);
 /* Finds a policy by name; NULL if unknown. The table is static. */
-const MemsimAllocOps *memsim_alloc_find(const char *name);
+MEMSIM_API const MemsimAllocOps *memsim_alloc_find(const char *name);
 
 /* An instance of a policy, with the optional entries filled by defaults. */
 typedef struct MemsimAlloc MemsimAlloc;
@@ -177,53 +177,53 @@ typedef struct MemsimAlloc MemsimAlloc;
 /* Parses "name" or "name:key=value,..." (for `torch`, also the PYTORCH_CUDA_ALLOC_CONF form
  * "name:key:value,..."). Returns a new instance or NULL with error set. `dev` must outlive
  * the instance; a NULL dev means an unlimited device owned by the instance. */
-MemsimAlloc *memsim_alloc_new_from_spec(const char *spec, MemsimDevice *dev, GError **error);
+MEMSIM_API MemsimAlloc *memsim_alloc_new_from_spec(const char *spec, MemsimDevice *dev, GError **error);
 /* An instance of `ops` (from the registry) with its settings string ("key=value,..."; NULL
  * or "" = the defaults). Returns a new instance (memsim_alloc_free_instance) or NULL with a
  * MEMSIM_ERROR_BAD_INPUT error naming the bad setting. `dev` as above. */
-MemsimAlloc *memsim_alloc_new(const MemsimAllocOps *ops, const char *settings, MemsimDevice *dev,
+MEMSIM_API MemsimAlloc *memsim_alloc_new(const MemsimAllocOps *ops, const char *settings, MemsimDevice *dev,
                               GError **error);
 /* Frees the instance and its state (not a caller's `dev`); NULL is accepted. */
-void memsim_alloc_free_instance(MemsimAlloc *a);
+MEMSIM_API void memsim_alloc_free_instance(MemsimAlloc *a);
 /* The policy's table (static). */
-const MemsimAllocOps *memsim_alloc_ops(MemsimAlloc *a);
+MEMSIM_API const MemsimAllocOps *memsim_alloc_ops(MemsimAlloc *a);
 /* The operations of MemsimAllocOps, with the defaults of its optional entries. malloc:
  * `size` > 0; MEMSIM_ALLOC_OOM (and *addr untouched) when the device cannot provide the
  * memory. free, record_stream: `addr` must be a live block malloc returned (anything else
  * is the caller's bug: policies assert or log a critical warning). An instance is not
  * thread-safe: one thread at a time. */
-MemsimAllocResult memsim_alloc_malloc(MemsimAlloc *a, memsim_size_t size, uint32_t stream,
+MEMSIM_API MemsimAllocResult memsim_alloc_malloc(MemsimAlloc *a, memsim_size_t size, uint32_t stream,
                                       memsim_addr_t *addr);
-void memsim_alloc_free(MemsimAlloc *a, memsim_addr_t addr);
-void memsim_alloc_record_stream(MemsimAlloc *a, memsim_addr_t addr, uint32_t stream);
-void memsim_alloc_empty_cache(MemsimAlloc *a);
-MemsimAllocStats memsim_alloc_stats(MemsimAlloc *a);
+MEMSIM_API void memsim_alloc_free(MemsimAlloc *a, memsim_addr_t addr);
+MEMSIM_API void memsim_alloc_record_stream(MemsimAlloc *a, memsim_addr_t addr, uint32_t stream);
+MEMSIM_API void memsim_alloc_empty_cache(MemsimAlloc *a);
+MEMSIM_API MemsimAllocStats memsim_alloc_stats(MemsimAlloc *a);
 /* The statistics without a copy: owned by the instance, valid until its next call. */
-const MemsimAllocStats *memsim_alloc_stats_live(MemsimAlloc *a);
-MemsimAllocShape memsim_alloc_shape(MemsimAlloc *a);
+MEMSIM_API const MemsimAllocStats *memsim_alloc_stats_live(MemsimAlloc *a);
+MEMSIM_API MemsimAllocShape memsim_alloc_shape(MemsimAlloc *a);
 /* TRUE when every invariant holds (or the policy has no checker); FALSE with a message
  * naming the broken one. */
-gboolean memsim_alloc_check(MemsimAlloc *a, GError **error);
+MEMSIM_API gboolean memsim_alloc_check(MemsimAlloc *a, GError **error);
 /* The starting state of a recording that begins mid-run: FALSE with
  * MEMSIM_ERROR_UNSUPPORTED when the policy cannot start from one, or with BAD_INPUT when the
  * state is inconsistent (a block outside its segment, an overlap). */
-gboolean memsim_alloc_seed_segment(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t size,
+MEMSIM_API gboolean memsim_alloc_seed_segment(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t size,
                                    uint32_t stream, uint32_t segment_flags, GError **error);
-gboolean memsim_alloc_seed_block(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t block_size,
+MEMSIM_API gboolean memsim_alloc_seed_block(MemsimAlloc *a, memsim_addr_t addr, memsim_size_t block_size,
                                  memsim_size_t requested, uint32_t stream, GError **error);
 /* The size a request of `size` bytes takes (default: up to a multiple of 512). */
-memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size);
+MEMSIM_API memsim_size_t memsim_alloc_round_size(MemsimAlloc *a, memsim_size_t size);
 /* Lists the blocks (see MemsimAllocOps.foreach_block); FALSE if the policy cannot. */
-gboolean memsim_alloc_foreach_block(MemsimAlloc *a, MemsimBlockFunc fn, void *user);
+MEMSIM_API gboolean memsim_alloc_foreach_block(MemsimAlloc *a, MemsimBlockFunc fn, void *user);
 
 /* Helpers for policies: ask the device for an address (its hook, or the default bump
  * pointer), report an event to its on_event hook, record and query a stream event (the
  * defaults of MemsimDevice). */
-memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, uint32_t stream);
-void memsim_device_emit(MemsimDevice *dev, MemsimAllocEventKind kind, memsim_addr_t addr,
+MEMSIM_API memsim_addr_t memsim_device_segment_addr(MemsimDevice *dev, memsim_size_t size, uint32_t stream);
+MEMSIM_API void memsim_device_emit(MemsimDevice *dev, MemsimAllocEventKind kind, memsim_addr_t addr,
                         memsim_size_t size, uint32_t stream);
-uint64_t memsim_device_record_event(MemsimDevice *dev, uint32_t stream);
-gboolean memsim_device_event_done(MemsimDevice *dev, uint32_t stream, uint64_t token);
+MEMSIM_API uint64_t memsim_device_record_event(MemsimDevice *dev, uint32_t stream);
+MEMSIM_API gboolean memsim_device_event_done(MemsimDevice *dev, uint32_t stream, uint64_t token);
 
 /* Stat helpers: increase updates the peak. */
 static inline void memsim_stat_add(MemsimStat *s, int64_t n)

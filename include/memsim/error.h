@@ -31,6 +31,8 @@
 
 #include <glib.h>
 
+#include <memsim/api.h>
+
 G_BEGIN_DECLS
 
 #define MEMSIM_ERROR (memsim_error_quark())
@@ -42,7 +44,7 @@ typedef enum {
 } MemsimErrorCode;
 
 /* The domain of every error the library sets (MEMSIM_ERROR). */
-GQuark memsim_error_quark(void);
+MEMSIM_API GQuark memsim_error_quark(void);
 
 G_END_DECLS
 

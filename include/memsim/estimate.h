@@ -34,17 +34,17 @@ typedef struct {
 /* Generates the run's trace and replays it: the allocator sees gpu_mem − context_bytes.
  * Returns a new report (memsim_report_free) with the run described and each rank's device
  * total and fits set, or NULL with error. Thread-safe: distinct calls share nothing. */
-MemsimReport *memsim_estimate(const MemsimModel *model, const MemsimRun *run,
+MEMSIM_API MemsimReport *memsim_estimate(const MemsimModel *model, const MemsimRun *run,
                                      const MemsimEstimateOptions *opt, GError **error);
 /* The same, recording the replay into `timeline` (memsim/timeline.h; may be NULL). */
-MemsimReport *memsim_estimate_recorded(const MemsimModel *model, const MemsimRun *run,
+MEMSIM_API MemsimReport *memsim_estimate_recorded(const MemsimModel *model, const MemsimRun *run,
                                               const MemsimEstimateOptions *opt,
                                               MemsimTimeline *timeline, GError **error);
 /* NCCL's memory outside the allocator on each rank of `run`, as memsim_estimate adds it to
  * the device total: one communicator per process group the rank belongs to (DISTRIBUTED.md
  * §7.3), each `per_communicator` bytes, or with 0 the measured defaults (≈544 MB for a 2-rank
  * group, ≈688 MB for a larger one). 0 on one GPU. */
-memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per_communicator);
+MEMSIM_API memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per_communicator);
 
 G_END_DECLS
 

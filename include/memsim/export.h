@@ -25,7 +25,7 @@
 G_BEGIN_DECLS
 
 /* The colour of a category in every plot and table, 0xRRGGBB. */
-guint32 memsim_export_category_rgb(MemsimCategory cat);
+MEMSIM_API guint32 memsim_export_category_rgb(MemsimCategory cat);
 /* The colour of the peak marker, 0xRRGGBB (no category uses it). */
 #define MEMSIM_EXPORT_PEAK_RGB 0xdc143cu
 
@@ -34,28 +34,28 @@ guint32 memsim_export_category_rgb(MemsimCategory cat);
  * the OOM point and the device capacity marked. The format follows the extension of `path`:
  * .svg, .png or .pdf. `title` may be NULL (then the trace's name). An SVG stays under 2 MB
  * whatever the trace length. */
-gboolean memsim_export_timeline_plot(const MemsimTimeline *tl, const char *title,
+MEMSIM_API gboolean memsim_export_timeline_plot(const MemsimTimeline *tl, const char *title,
                                      const char *path, GError **error);
 /* The same SVG, in memory: newly allocated, g_free() it. NULL with error set on failure. */
-char *memsim_export_timeline_svg(const MemsimTimeline *tl, const char *title, GError **error);
+MEMSIM_API char *memsim_export_timeline_svg(const MemsimTimeline *tl, const char *title, GError **error);
 
 /* Chrome trace-event JSON (loads in ui.perfetto.dev and chrome://tracing): per rank (pid =
  * device) counter tracks "allocated", "reserved" and "by category" ("ph":"C"), op slices per
  * stream (tid = stream, "ph":"X", cat = phase), instants ("ph":"i") at the peak and at the
  * OOM. ts is the simulated time in µs when the trace has one, else the event index. */
-gboolean memsim_export_perfetto(const MemsimTimeline *tl, const char *path, GError **error);
+MEMSIM_API gboolean memsim_export_perfetto(const MemsimTimeline *tl, const char *path, GError **error);
 
 /* CSV, one row per timeline bucket, header first:
  *   rank,event,op,phase,allocated,reserved,<one column per category>,event_first,
  *   event_last,allocated_min,reserved_min,samples
  * `event`, `op` and the categories are those of the bucket's max allocated; `allocated` and
  * `reserved` are the bucket's maxima. */
-gboolean memsim_export_timeline_csv(const MemsimTimeline *tl, const char *path, GError **error);
+MEMSIM_API gboolean memsim_export_timeline_csv(const MemsimTimeline *tl, const char *path, GError **error);
 
 /* One self-contained HTML page (no network): the run, peaks per rank, the breakdown by
  * category at the peak, the timeline SVG inlined. `tl` may be NULL (no plot); `title` may be
  * NULL; `extra_html` (may be NULL) is inserted as is after the tables. */
-gboolean memsim_export_html(const MemsimReport *report, const MemsimTimeline *tl,
+MEMSIM_API gboolean memsim_export_html(const MemsimReport *report, const MemsimTimeline *tl,
                             const char *title, const char *extra_html, const char *path,
                             GError **error);
 
@@ -66,10 +66,10 @@ gboolean memsim_export_html(const MemsimReport *report, const MemsimTimeline *tl
  * layout becomes `segments`, its settings `allocator_settings`. alloc_conf: the
  * PYTORCH_CUDA_ALLOC_CONF settings to replay under (NULL = the trace's own). A rank that runs
  * out of memory (capacity: the trace's) stops there, as the program would. */
-gboolean memsim_export_snapshot(const char *trace_path, const char *out, const char *alloc_conf,
+MEMSIM_API gboolean memsim_export_snapshot(const char *trace_path, const char *out, const char *alloc_conf,
                                 GError **error);
 /* The same from an in-memory trace (borrowed, not changed). */
-gboolean memsim_export_snapshot_trace(MemsimTrace *trace, const char *out,
+MEMSIM_API gboolean memsim_export_snapshot_trace(MemsimTrace *trace, const char *out,
                                       const char *alloc_conf, GError **error);
 
 G_END_DECLS

@@ -34,56 +34,56 @@ typedef enum {
 } MemsimFormat;
 
 /* Guesses a format from a file name's extension; MEMSIM_FORMAT_AUTO if unknown. */
-MemsimFormat memsim_format_from_path(const char *path);
+MEMSIM_API MemsimFormat memsim_format_from_path(const char *path);
 
 typedef struct MemsimTraceReader MemsimTraceReader;
 
 /* Opens a trace of any supported format (detected from the content). Returns NULL and sets
  * error on failure. Free with memsim_trace_reader_free(). */
-MemsimTraceReader *memsim_trace_reader_open(const char *path, GError **error);
+MEMSIM_API MemsimTraceReader *memsim_trace_reader_open(const char *path, GError **error);
 /* The header; owned by the reader, may change after each memsim_trace_reader_next(). */
-const MemsimTraceHeader *memsim_trace_reader_header(MemsimTraceReader *r);
+MEMSIM_API const MemsimTraceHeader *memsim_trace_reader_header(MemsimTraceReader *r);
 /* Next run of events, all of one rank. Returns the number of events (> 0) and points *events
  * at them (owned by the reader, valid until the next call); 0 at the end or on error (error
  * set). */
-gsize memsim_trace_reader_next(MemsimTraceReader *r, guint32 *rank, const MemsimEvent **events,
+MEMSIM_API gsize memsim_trace_reader_next(MemsimTraceReader *r, guint32 *rank, const MemsimEvent **events,
                                GError **error);
 /* The format being read (never MEMSIM_FORMAT_AUTO). */
-MemsimFormat memsim_trace_reader_format(MemsimTraceReader *r);
+MEMSIM_API MemsimFormat memsim_trace_reader_format(MemsimTraceReader *r);
 /* Closes the file and frees the reader, its header and its events (NULL is accepted). */
-void memsim_trace_reader_free(MemsimTraceReader *r);
+MEMSIM_API void memsim_trace_reader_free(MemsimTraceReader *r);
 
 /* Reads a whole trace of any format into memory. Returns a new trace (memsim_trace_free)
  * or NULL with error set. */
-MemsimTrace *memsim_trace_load(const char *path, GError **error);
+MEMSIM_API MemsimTrace *memsim_trace_load(const char *path, GError **error);
 
 typedef struct MemsimTraceWriter MemsimTraceWriter;
 
 /* Creates `path` and writes the header. format AUTO picks by extension (.mst → binary, else
  * text). The header is copied. Returns NULL and sets error on failure. */
-MemsimTraceWriter *memsim_trace_writer_new(const char *path, MemsimFormat format,
+MEMSIM_API MemsimTraceWriter *memsim_trace_writer_new(const char *path, MemsimFormat format,
                                            const MemsimTraceHeader *header, GError **error);
 /* Declares strings and ops added to the header since the last write (they are written before
  * the next events). `header` must extend the one given before. */
-gboolean memsim_trace_writer_update_header(MemsimTraceWriter *w, const MemsimTraceHeader *header,
+MEMSIM_API gboolean memsim_trace_writer_update_header(MemsimTraceWriter *w, const MemsimTraceHeader *header,
                                            GError **error);
 /* Writes n events of `rank` (copied or encoded before it returns). FALSE with a
  * MEMSIM_ERROR_IO error when the file cannot be written; the writer must still be closed. */
-gboolean memsim_trace_writer_write(MemsimTraceWriter *w, guint32 rank, const MemsimEvent *events,
+MEMSIM_API gboolean memsim_trace_writer_write(MemsimTraceWriter *w, guint32 rank, const MemsimEvent *events,
                                    gsize n, GError **error);
 /* Flushes and closes the file, then frees the writer (also on failure). */
-gboolean memsim_trace_writer_close(MemsimTraceWriter *w, GError **error);
+MEMSIM_API gboolean memsim_trace_writer_close(MemsimTraceWriter *w, GError **error);
 
 /* Writes a whole in-memory trace to `path` (format AUTO: by extension). FALSE with error
  * set when it cannot be written. */
-gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat format,
+MEMSIM_API gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat format,
                            GError **error);
 
 /* Converts the trace `in` (any readable format) into `out`, whose format follows its
  * extension (.pickle: the trace replayed through the torch policy, as a PyTorch snapshot;
  * memsim/export.h). FALSE with error set (naming the file and the record) on bad input or
  * when `out` cannot be written. */
-gboolean memsim_convert(const char *in, const char *out, GError **error);
+MEMSIM_API gboolean memsim_convert(const char *in, const char *out, GError **error);
 
 G_END_DECLS
 

@@ -110,25 +110,25 @@ typedef struct {
 
 /* The defaults a current PyTorch + Transformers user gets without asking. The run owns its
  * strings (lora_targets, torch_version, gpu): release them with memsim_run_clear(). */
-MemsimRun memsim_run_defaults(void);
+MEMSIM_API MemsimRun memsim_run_defaults(void);
 /* Frees the strings the run owns and sets them to NULL (the other fields stay). */
-void memsim_run_clear(MemsimRun *run);
+MEMSIM_API void memsim_run_clear(MemsimRun *run);
 /* Sets one setting by name (flag spelling without "--"; the value is copied); FALSE with a
  * MEMSIM_ERROR_BAD_INPUT error for an unknown key or a bad value ("precision: 'fp8' is not
  * one of ..."), leaving the run as it was. */
-gboolean memsim_run_set(MemsimRun *run, const char *key, const char *value, GError **error);
+MEMSIM_API gboolean memsim_run_set(MemsimRun *run, const char *key, const char *value, GError **error);
 /* Whether the setting `key` was given (set through memsim_run_set or a run file). */
-gboolean memsim_run_given(const MemsimRun *run, const char *key);
+MEMSIM_API gboolean memsim_run_given(const MemsimRun *run, const char *key);
 /* The settings taken together: FALSE with a MEMSIM_ERROR_BAD_INPUT error naming the setting
  * for one that this run would ignore (--seq with --inference, --weights without it,
  * --microbatches without --pp, ...) or a GPU profile that does not exist. memsim_generate
  * (and so memsim_estimate and plan) checks this first. */
-gboolean memsim_run_check(const MemsimRun *run, GError **error);
+MEMSIM_API gboolean memsim_run_check(const MemsimRun *run, GError **error);
 /* Reads the [run] group of a GLib key file with the same keys, in the file's order; FALSE
  * with an error naming the file (and the key) on the first bad one. */
-gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
+MEMSIM_API gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
 /* One line describing the run, including every default that applied. Newly allocated. */
-char *memsim_run_describe(const MemsimRun *run);
+MEMSIM_API char *memsim_run_describe(const MemsimRun *run);
 
 typedef struct MemsimModel MemsimModel;
 
@@ -136,26 +136,26 @@ typedef struct MemsimModel MemsimModel;
  * model (memsim_model_free) or NULL with an error: an unknown name (listing the presets), an
  * unreadable or malformed config, an unsupported architecture. A model is only read by the
  * functions below: one model may serve several threads at once. */
-MemsimModel *memsim_model_load(const char *name_or_path, GError **error);
+MEMSIM_API MemsimModel *memsim_model_load(const char *name_or_path, GError **error);
 /* NULL is accepted. */
-void memsim_model_free(MemsimModel *model);
+MEMSIM_API void memsim_model_free(MemsimModel *model);
 /* The preset name (or the config's path) and the family ("llama", "gpt2", ...); owned by
  * the model. */
-const char *memsim_model_name(const MemsimModel *model);
-const char *memsim_model_family(const MemsimModel *model);
+MEMSIM_API const char *memsim_model_name(const MemsimModel *model);
+MEMSIM_API const char *memsim_model_family(const MemsimModel *model);
 /* Parameter count implied by the config (tied weights counted once). */
-int64_t memsim_model_n_params(const MemsimModel *model);
+MEMSIM_API int64_t memsim_model_n_params(const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
-char **memsim_model_presets(void);
+MEMSIM_API char **memsim_model_presets(void);
 
 /* Applies the run defaults that depend on the model: a sequence length that was not given
  * is cut to the context of a model with learned positions when shorter (GPT-2: 1024). */
-void memsim_run_adapt(MemsimRun *run, const MemsimModel *model);
+MEMSIM_API void memsim_run_adapt(MemsimRun *run, const MemsimModel *model);
 
 /* Generates the trace of `run` (one rank per distinct GPU program; a single GPU unless the
  * run says otherwise). Returns a new trace (memsim_trace_free) or NULL with error for a run
  * the model cannot take (e.g. a tensor-parallel degree that does not divide the heads). */
-MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
+MEMSIM_API MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
 
 /* A GPU's public figures (traces/gpus.c). */
 typedef struct {
@@ -165,19 +165,25 @@ typedef struct {
     double fp32_tflops;
     double hbm_gbs;           /* memory bandwidth, GB/s */
     double link_gbs;          /* GPU-to-GPU bandwidth per direction, GB/s */
+    /* What the time models assume is reached: the fraction of the tensor-core peak a GEMM
+     * gets, the fraction of the HBM and link bandwidths a kernel or collective gets, and the
+     * per-GPU bandwidth between nodes (GB/s: one 200 Gb/s NIC per GPU). */
+    double compute_efficiency;
+    double bandwidth_efficiency;
+    double network_gbs;
 } MemsimGpu;
 
 /* Every profile, ending with an entry whose name is NULL. Static; do not free. */
-const MemsimGpu *memsim_gpus(void);
+MEMSIM_API const MemsimGpu *memsim_gpus(void);
 /* The profile of a name (NULL = the default, a100-80gb), or NULL if unknown. */
-const MemsimGpu *memsim_gpu_find(const char *name);
+MEMSIM_API const MemsimGpu *memsim_gpu_find(const char *name);
 /* "a100-40gb, a100-80gb, ..." — newly allocated, g_free() it. */
-char *memsim_gpu_names(void);
+MEMSIM_API char *memsim_gpu_names(void);
 /* A device's memory as the user names it: a GPU profile ("h100-80gb": the bytes nvidia-smi
  * reports for the card) or a size ("80GiB", "80GB", bytes). *profile (may be NULL) gets the
  * profile's name, or NULL for a size. FALSE with a MEMSIM_ERROR_BAD_INPUT error naming `key`
  * for anything else, and for 0 bytes. */
-gboolean memsim_parse_gpu_mem(const char *key, const char *text, memsim_size_t *bytes,
+MEMSIM_API gboolean memsim_parse_gpu_mem(const char *key, const char *text, memsim_size_t *bytes,
                               const char **profile, GError **error);
 
 G_END_DECLS

@@ -21,7 +21,7 @@
  * exactly as `memsim estimate` would (the row's `command` re-runs it); candidates that
  * cannot fit are pruned first by lower bounds on memory, and candidates that cannot reach
  * the top rows by the cost model (traces/plan.c states the assumptions). Step times come
- * from the documented cost model of traces/cost.c: a ranking aid, not a promise. LoRA and
+ * from the documented cost model of traces/plan/cost.c: a ranking aid, not a promise. LoRA and
  * QLoRA are single-GPU programs in the generator: with gpus > 1 they are planned as
  * independent data-parallel replicas.
  */
@@ -106,7 +106,7 @@ typedef struct {
     gboolean expandable;      /* needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True */
     gboolean offload;         /* optimizer state on the CPU (approximation, see notes) */
     memsim_size_t host_bytes; /* offload: host memory per GPU */
-    /* the cost model (traces/cost.c) */
+    /* the cost model (traces/plan/cost.c) */
     double step_s, tokens_per_s;
     double compute_s, comm_s, bubble_s, optimizer_s;
     /* memory: peak = the largest device total over ranks */
@@ -159,43 +159,43 @@ typedef struct {
 
 /* The defaults: top 5, 5 misses, all methods, the three checkpointing modes, 1F1B and
  * interleaved, expandable_segments swept, offload as the last resort. */
-MemsimPlanOptions memsim_plan_options_defaults(void);
+MEMSIM_API MemsimPlanOptions memsim_plan_options_defaults(void);
 
 /* Parses a comma-separated list into the bits of `key`: "methods" (ddp, zero1, zero2,
  * zero3, fsdp, fsdp-grad-op, hsdp, tp, pp, megatron = tp and pp, zero = the three stages,
  * all), "schedules" (1f1b, gpipe, interleaved) or "checkpointing" (none, selective, full).
  * FALSE with an error naming the unknown word. */
-gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits, GError **error);
+MEMSIM_API gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits, GError **error);
 
 /* For bindings that cannot lay out the struct: new options at the defaults (free with
  * memsim_plan_options_free). */
-MemsimPlanOptions *memsim_plan_options_new(void);
-void memsim_plan_options_free(MemsimPlanOptions *opt);
+MEMSIM_API MemsimPlanOptions *memsim_plan_options_new(void);
+MEMSIM_API void memsim_plan_options_free(MemsimPlanOptions *opt);
 /* Sets one option from text; `key` is the flag of `memsim plan` without "--" (global-batch,
  * gpu-mem, mig, methods, schedules, checkpointing-modes, max-batch, no-expandable,
  * no-offload, top, misses, exhaustive, threads, cuda-context, nccl-mem, efficiency,
  * network-gbs; flags take true/false). FALSE with a MEMSIM_ERROR_BAD_INPUT error naming the
  * key and the bad value, leaving the options as they were. */
-gboolean memsim_plan_options_set(MemsimPlanOptions *opt, const char *key, const char *value,
+MEMSIM_API gboolean memsim_plan_options_set(MemsimPlanOptions *opt, const char *key, const char *value,
                                  GError **error);
 /* The keys memsim_plan_options_set accepts, NULL-terminated (static; do not free). */
-const char *const *memsim_plan_option_keys(void);
+MEMSIM_API const char *const *memsim_plan_option_keys(void);
 /* Plans for `run` (borrowed; NULL = the defaults): sets opt->run and takes the cluster from
  * the run's gpus, gpu and gpus-per-node (memsim_run_set keys). */
-void memsim_plan_options_use_run(MemsimPlanOptions *opt, const MemsimRun *run);
+MEMSIM_API void memsim_plan_options_use_run(MemsimPlanOptions *opt, const MemsimRun *run);
 
 /* Sweeps, simulates and ranks. Returns a new plan (memsim_plan_free), or NULL with a
  * MEMSIM_ERROR_BAD_INPUT error naming the bad option (no GPUs, an unknown GPU, a global
  * batch no candidate can divide, no MIG profiles for the GPU, ...). A plan with no rows is
  * not an error: nothing fits. Thread-safe like memsim_estimate. */
-MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt, GError **error);
-void memsim_plan_free(MemsimPlan *plan);
+MEMSIM_API MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt, GError **error);
+MEMSIM_API void memsim_plan_free(MemsimPlan *plan);
 
 /* The plan as a table (ranked rows, closest misses, the recommendation and its command),
  * as JSON, or as CSV (one line per row and miss). Newly allocated; g_free() them. */
-char *memsim_plan_to_text(const MemsimPlan *plan);
-char *memsim_plan_to_json(const MemsimPlan *plan);
-char *memsim_plan_to_csv(const MemsimPlan *plan);
+MEMSIM_API char *memsim_plan_to_text(const MemsimPlan *plan);
+MEMSIM_API char *memsim_plan_to_json(const MemsimPlan *plan);
+MEMSIM_API char *memsim_plan_to_csv(const MemsimPlan *plan);
 
 G_END_DECLS
 

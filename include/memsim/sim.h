@@ -176,56 +176,56 @@ typedef struct MemsimReplay MemsimReplay;
 
 /* Returns a new replay for the ranks of `header` (copied), or NULL with error set (bad
  * allocator spec or settings). */
-MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimReplayOptions *opt,
+MEMSIM_API MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimReplayOptions *opt,
                                 GError **error);
 /* Feeds the next events of `rank` in program order. `header` is the current header (its op
  * and string tables may have grown). FALSE with error set on an inconsistent trace (a FREE of
  * an unknown tensor, an ALLOC of a live one, ...), naming the rank and event index. */
-gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, guint32 rank,
+MEMSIM_API gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *header, guint32 rank,
                             const MemsimEvent *events, gsize n, GError **error);
 /* After the last feed: runs the events still held for parked ranks (a recv that no send will
  * meet completes on its own, the lowest rank first). `header` as for feed. FALSE with error
  * set on an inconsistent trace, as feed. */
-gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *header, GError **error);
+MEMSIM_API gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *header, GError **error);
 /* Ends the replay, frees it and returns the report (free with memsim_report_free). Events
  * still held (no memsim_replay_drain) are run against the header given to
  * memsim_replay_new(); a rank whose held events are inconsistent stops at the bad one. */
-MemsimReport *memsim_replay_finish(MemsimReplay *rp);
+MEMSIM_API MemsimReport *memsim_replay_finish(MemsimReplay *rp);
 /* Frees a replay without a report: after a feed failed, or to give up (NULL is accepted). */
-void memsim_replay_abort(MemsimReplay *rp);
+MEMSIM_API void memsim_replay_abort(MemsimReplay *rp);
 
 /* The allocator's share of a device of `gpu_mem` bytes (0: unlimited, then 0) when `outside`
  * bytes lie outside it (CUDA context, libraries): FALSE with a MEMSIM_ERROR_BAD_INPUT error
  * ("gpu-mem: ...") when they take it all. */
-gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
+MEMSIM_API gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
                                 memsim_size_t *capacity, GError **error);
 /* Sets the device figures of a report (gpu_mem may be 0) and recomputes device_total and
  * fits of every rank. */
-void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,
+MEMSIM_API void memsim_report_set_device(MemsimReport *report, memsim_size_t gpu_mem,
                               memsim_size_t context_bytes);
 
 /* Opens any trace file (.mst, text, PyTorch snapshot pickle), replays it and returns a new
  * report (memsim_report_free), or NULL with error set: the file cannot be read, is malformed
  * (the message names the file and the record), or the allocator spec is bad. A simulated
  * OOM is not an error: it is in the report (ranks[i].oom). `opt` may be NULL (defaults). */
-MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,
+MEMSIM_API MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *opt,
                                  GError **error);
 /* As memsim_replay_path, for what an open reader (memsim/formats.h) reads from where it is;
  * `path` names it in messages. The reader stays the caller's. */
-MemsimReport *memsim_replay_reader(MemsimTraceReader *reader, const char *path,
+MEMSIM_API MemsimReport *memsim_replay_reader(MemsimTraceReader *reader, const char *path,
                                    const MemsimReplayOptions *opt, GError **error);
 /* Replays an in-memory trace (borrowed, not changed); as memsim_replay_path. */
-MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
+MEMSIM_API MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error);
 
 /* Frees a report and everything it points to (NULL is accepted). */
-void memsim_report_free(MemsimReport *report);
+MEMSIM_API void memsim_report_free(MemsimReport *report);
 /* The report as JSON ({"source", "allocator", ..., "ranks": [...]}: what the command prints
  * with --json); newly allocated, g_free() it. */
-char *memsim_report_to_json(const MemsimReport *report);
+MEMSIM_API char *memsim_report_to_json(const MemsimReport *report);
 /* The report as a human-readable table (what the command prints); newly allocated,
  * g_free() it. */
-char *memsim_report_to_text(const MemsimReport *report);
+MEMSIM_API char *memsim_report_to_text(const MemsimReport *report);
 
 /* ---- Comparing policies (sim/compare.c) ----
  *
@@ -256,29 +256,29 @@ typedef struct {
  * ("torch:expandable_segments=True,max_split_size_mb=128,bfc" is two specs); "all" stands for
  * every registered policy. Returns a new NULL-terminated array (free with g_strfreev), or
  * NULL with error set (an unknown name, an empty list). */
-char **memsim_compare_parse_specs(const char *list, GError **error);
+MEMSIM_API char **memsim_compare_parse_specs(const char *list, GError **error);
 /* Replays the trace through each spec with the options `opt` (its allocator is ignored;
  * capacity 0 = the trace's). Bad settings, or a trace that even `exact` cannot replay, fail
  * the comparison (NULL, error set); a policy that cannot replay this trace gets an error in
  * its run instead. Returns a new comparison (free with memsim_comparison_free). */
-MemsimComparison *memsim_compare_trace(MemsimTrace *trace, const char *const *specs,
+MEMSIM_API MemsimComparison *memsim_compare_trace(MemsimTrace *trace, const char *const *specs,
                                        const MemsimReplayOptions *opt, GError **error);
 /* The same on a trace file of any format (read once). */
-MemsimComparison *memsim_compare_path(const char *path, const char *const *specs,
+MEMSIM_API MemsimComparison *memsim_compare_path(const char *path, const char *const *specs,
                                       const MemsimReplayOptions *opt, GError **error);
 /* Sets the device figures of every run's report (memsim_report_set_device). */
-void memsim_comparison_set_device(MemsimComparison *c, memsim_size_t gpu_mem,
+MEMSIM_API void memsim_comparison_set_device(MemsimComparison *c, memsim_size_t gpu_mem,
                                   memsim_size_t context_bytes);
 /* Peak reserved of run `run`, rank `rank`, divided by the baseline's; 0 when unknown. */
-double memsim_comparison_vs_exact(const MemsimComparison *c, guint run, guint rank);
-void memsim_comparison_free(MemsimComparison *c);
+MEMSIM_API double memsim_comparison_vs_exact(const MemsimComparison *c, guint run, guint rank);
+MEMSIM_API void memsim_comparison_free(MemsimComparison *c);
 /* {"source", "capacity", "baseline", "policies": [{"allocator", "error", "ranks": [the rank
  * entries of memsim_report_to_json], "peak_reserved_vs_exact": [per rank]}]}. Newly
  * allocated; g_free() it. */
-char *memsim_comparison_to_json(const MemsimComparison *c);
+MEMSIM_API char *memsim_comparison_to_json(const MemsimComparison *c);
 /* One row per policy (and rank): peak reserved and allocated, fragmentation at the peak of
  * reserved, driver calls, the ratio to exact, the OOM point. Newly allocated; g_free() it. */
-char *memsim_comparison_to_text(const MemsimComparison *c);
+MEMSIM_API char *memsim_comparison_to_text(const MemsimComparison *c);
 
 G_END_DECLS
 

@@ -94,46 +94,46 @@ typedef struct {
 
 /* A new, empty timeline keeping at most `max_buckets` buckets per rank (rounded up to an
  * even number ≥ 16; 0 = 4096). Free with memsim_timeline_free(). */
-MemsimTimeline *memsim_timeline_new(guint max_buckets);
+MEMSIM_API MemsimTimeline *memsim_timeline_new(guint max_buckets);
 /* Frees the timeline and everything it recorded (NULL is accepted). */
-void memsim_timeline_free(MemsimTimeline *tl);
+MEMSIM_API void memsim_timeline_free(MemsimTimeline *tl);
 
 /* The ranks recorded (0 before a replay). */
-guint memsim_timeline_n_ranks(const MemsimTimeline *tl);
+MEMSIM_API guint memsim_timeline_n_ranks(const MemsimTimeline *tl);
 /* The recorded figures of a rank; owned by the timeline, valid until it changes. */
-const MemsimTimelineRank *memsim_timeline_rank(const MemsimTimeline *tl, guint rank);
+MEMSIM_API const MemsimTimelineRank *memsim_timeline_rank(const MemsimTimeline *tl, guint rank);
 /* The name of an op ("" when unknown or op < 0) and its phase; owned by the timeline. */
-const char *memsim_timeline_op_name(const MemsimTimeline *tl, int64_t op);
-MemsimPhase memsim_timeline_op_phase(const MemsimTimeline *tl, int64_t op);
+MEMSIM_API const char *memsim_timeline_op_name(const MemsimTimeline *tl, int64_t op);
+MEMSIM_API MemsimPhase memsim_timeline_op_phase(const MemsimTimeline *tl, int64_t op);
 /* Where the trace came from, and the device capacity the replay used (0 = unlimited). */
-const char *memsim_timeline_source(const MemsimTimeline *tl);
-memsim_size_t memsim_timeline_capacity(const MemsimTimeline *tl);
+MEMSIM_API const char *memsim_timeline_source(const MemsimTimeline *tl);
+MEMSIM_API memsim_size_t memsim_timeline_capacity(const MemsimTimeline *tl);
 /* The allocator spec of the replay that recorded it ("" if none). */
-const char *memsim_timeline_allocator(const MemsimTimeline *tl);
+MEMSIM_API const char *memsim_timeline_allocator(const MemsimTimeline *tl);
 
 /* ---- recording: called by the replay (sim/replay.c) ---- */
 
 /* Starts a recording for the ranks of `header`; a timeline records one replay (a second
  * begin clears the first). */
-void memsim_timeline_begin(MemsimTimeline *tl, const MemsimTraceHeader *header,
+MEMSIM_API void memsim_timeline_begin(MemsimTimeline *tl, const MemsimTraceHeader *header,
                            const char *allocator, memsim_size_t capacity);
 /* The figures after event `event` of `rank`; `time_us` is the host's time when the allocator
  * was called (the sample is stamped with the later of it and the end of the latest op's work,
  * see above); by_category: live bytes per category. */
-void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
+MEMSIM_API void memsim_timeline_sample(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
                             uint64_t event, double time_us, int64_t op, int64_t allocated,
                             int64_t reserved, const int64_t *by_category);
 /* An OP event: op `op` runs on `stream` from start_us to end_us (equal when it has no
  * duration). */
-void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
+MEMSIM_API void memsim_timeline_op(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
                         uint64_t event, int64_t op, uint32_t stream, double start_us,
                         double end_us);
 /* The rank ran out of memory at `event` asking for `requested` bytes. */
-void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
+MEMSIM_API void memsim_timeline_oom(MemsimTimeline *tl, const MemsimTraceHeader *header, guint32 rank,
                          uint64_t event, double time_us, int64_t op, memsim_size_t requested,
                          int64_t allocated, int64_t reserved, const int64_t *by_category);
 /* The rank's program ended after n_events events. */
-void memsim_timeline_end(MemsimTimeline *tl, guint32 rank, uint64_t n_events);
+MEMSIM_API void memsim_timeline_end(MemsimTimeline *tl, guint32 rank, uint64_t n_events);
 
 G_END_DECLS
 

@@ -22,6 +22,8 @@
 #define MEMSIM_TRACE_H
 
 #include <glib.h>
+
+#include <memsim/api.h>
 #include <stdint.h>
 
 G_BEGIN_DECLS
@@ -154,45 +156,45 @@ typedef struct {
 typedef struct MemsimTrace MemsimTrace;
 
 /* Returns a new empty trace; free it with memsim_trace_free(). `name` is copied. */
-MemsimTrace *memsim_trace_new(const char *name);
+MEMSIM_API MemsimTrace *memsim_trace_new(const char *name);
 /* Frees the trace, its header and its events (NULL is accepted). */
-void memsim_trace_free(MemsimTrace *trace);
+MEMSIM_API void memsim_trace_free(MemsimTrace *trace);
 /* The header; owned by the trace, valid until it is freed or changed. */
-MemsimTraceHeader *memsim_trace_header(MemsimTrace *trace);
+MEMSIM_API MemsimTraceHeader *memsim_trace_header(MemsimTrace *trace);
 /* Adds a rank with one stream; returns its index. */
-guint32 memsim_trace_add_rank(MemsimTrace *trace, guint32 device, guint32 multiplicity);
+MEMSIM_API guint32 memsim_trace_add_rank(MemsimTrace *trace, guint32 device, guint32 multiplicity);
 /* Interns a string (copied; the same string gets the same index); returns its index. */
-guint32 memsim_trace_intern(MemsimTrace *trace, const char *s);
+MEMSIM_API guint32 memsim_trace_intern(MemsimTrace *trace, const char *s);
 /* Adds an op (copied); returns its index. */
-guint32 memsim_trace_add_op(MemsimTrace *trace, const MemsimOpInfo *op);
+MEMSIM_API guint32 memsim_trace_add_op(MemsimTrace *trace, const MemsimOpInfo *op);
 /* Appends a copy of n events to a rank's program (the rank's n_streams grows to cover
  * them). `rank` must be one memsim_trace_add_rank() returned. */
-void memsim_trace_append(MemsimTrace *trace, guint32 rank, const MemsimEvent *events, gsize n);
+MEMSIM_API void memsim_trace_append(MemsimTrace *trace, guint32 rank, const MemsimEvent *events, gsize n);
 /* Appends a GArray of MemsimEvent as memsim_trace_append does, taking the caller's reference
  * to it: when the rank's program is still empty, the array becomes the program without a
  * copy (a generator's buffer handed over whole). */
-void memsim_trace_append_array(MemsimTrace *trace, guint32 rank, GArray *events);
+MEMSIM_API void memsim_trace_append_array(MemsimTrace *trace, guint32 rank, GArray *events);
 /* The events of a rank and their count; owned by the trace, valid until the next append
  * to it or memsim_trace_free(). */
-const MemsimEvent *memsim_trace_events(MemsimTrace *trace, guint32 rank, gsize *n_events);
+MEMSIM_API const MemsimEvent *memsim_trace_events(MemsimTrace *trace, guint32 rank, gsize *n_events);
 
 /* Header helpers (shared by readers and the in-memory trace). clear frees everything the
  * header owns and zeroes it (NULL is accepted); copy makes `dst` (uninitialised or cleared:
  * its old contents are not freed) a deep copy of `src`, to be released with clear. */
-void memsim_trace_header_clear(MemsimTraceHeader *h);
-void memsim_trace_header_copy(MemsimTraceHeader *dst, const MemsimTraceHeader *src);
+MEMSIM_API void memsim_trace_header_clear(MemsimTraceHeader *h);
+MEMSIM_API void memsim_trace_header_copy(MemsimTraceHeader *dst, const MemsimTraceHeader *src);
 
 /* Value → name ("alloc", "activation", "forward", "all_reduce", ...): static strings, never
  * freed; "?" for a value out of range. */
-const char *memsim_event_kind_name(MemsimEventKind kind);
-const char *memsim_category_name(MemsimCategory cat);
-const char *memsim_phase_name(MemsimPhase phase);
-const char *memsim_collective_name(MemsimCollectiveKind kind);
+MEMSIM_API const char *memsim_event_kind_name(MemsimEventKind kind);
+MEMSIM_API const char *memsim_category_name(MemsimCategory cat);
+MEMSIM_API const char *memsim_phase_name(MemsimPhase phase);
+MEMSIM_API const char *memsim_collective_name(MemsimCollectiveKind kind);
 /* Name → value; return -1 when unknown. */
-int memsim_event_kind_from_name(const char *name);
-int memsim_category_from_name(const char *name);
-int memsim_phase_from_name(const char *name);
-int memsim_collective_from_name(const char *name);
+MEMSIM_API int memsim_event_kind_from_name(const char *name);
+MEMSIM_API int memsim_category_from_name(const char *name);
+MEMSIM_API int memsim_phase_from_name(const char *name);
+MEMSIM_API int memsim_collective_from_name(const char *name);
 
 G_END_DECLS
 
