@@ -1,7 +1,7 @@
 /* libFuzzer target: the .mst reader (formats/mst.c) on arbitrary bytes, and the round trips
  * of what it accepts (fuzz_trace.h).
  *
- *     tools/fuzz/run-fuzzer.sh mst 600
+ *     tests/fuzz/run-fuzzer.sh mst 600
  */
 #include "fuzz_trace.h"
 

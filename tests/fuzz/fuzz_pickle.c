@@ -1,6 +1,6 @@
 /* libFuzzer target: the restricted pickle reader (formats/pickle.c) on arbitrary bytes.
  *
- *     tools/fuzz/run-fuzzer.sh pickle 600
+ *     tests/fuzz/run-fuzzer.sh pickle 600
  *
  * Each input must either load, giving a tree that a recursive consumer can walk (no cycle,
  * bounded depth, NUL-terminated strings), or be refused with a MEMSIM_ERROR_BAD_INPUT

@@ -1,7 +1,7 @@
 /* libFuzzer target: the text trace reader (formats/text.c) on arbitrary bytes, and the round
  * trips of what it accepts (fuzz_trace.h).
  *
- *     tools/fuzz/run-fuzzer.sh text 600
+ *     tests/fuzz/run-fuzzer.sh text 600
  */
 #include "fuzz_trace.h"
 

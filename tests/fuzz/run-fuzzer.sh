@@ -1,7 +1,7 @@
 #!/bin/sh
-# Builds (when needed) and runs one libFuzzer target of tools/fuzz for a while.
+# Builds (when needed) and runs one libFuzzer target of tests/fuzz for a while.
 #
-#     tools/fuzz/run-fuzzer.sh NAME SECONDS        NAME: pickle | mst | text
+#     tests/fuzz/run-fuzzer.sh NAME SECONDS        NAME: pickle | mst | text
 #
 # The build lives in build-fuzz/ (clang, ASan + UBSan, every file instrumented for coverage:
 # tools/meson.build gives -fsanitize=fuzzer to the target's own file only, so the library is
@@ -38,10 +38,10 @@ if [ ! -f "$build/build.ninja" ]; then
     CC=${CC:-clang} meson setup "$build" "$root" -Dfuzzers=true -Dtests=false \
         -Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link
 fi
-ninja -C "$build" "tools/fuzz_$name"
-fuzzer=$build/tools/fuzz_$name
+ninja -C "$build" "tests/fuzz/fuzz_$name"
+fuzzer=$build/tests/fuzz/fuzz_$name
 [ -x "$fuzzer" ] || {
-    echo "$0: $fuzzer was not built (is tools/fuzz/fuzz_$name.c missing?)" >&2
+    echo "$0: $fuzzer was not built (is tests/fuzz/fuzz_$name.c missing?)" >&2
     exit 2
 }
 
