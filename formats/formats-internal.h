@@ -1,17 +1,17 @@
-/* Internal: what the trace formats share (formats/mst.c, formats/text.c, formats/reader.c).
+/* Internal: what the trace formats share (formats/stream.c, mst.c, text.c, reader.c).
  *
  * A reader or writer is a small base struct followed by its format's state; the base holds
  * the display name used in messages, the header and a table of the format's operations.
- * reader.c owns the public entry points (include/memsim/formats.h), detects formats and
- * keeps the checks that every format applies to headers and events, so that a trace that
- * one format accepts the others accept too.
+ * stream.c keeps the base and the checks that every format applies to headers and events, so
+ * that a trace that one format accepts the others accept too; reader.c detects formats and
+ * opens files (include/memsim/formats.h).
  *
  *     MemsimSource src;
  *     memsim_source_init_memory(&src, data, len);          // or _init_file
  *     MemsimTraceReader *r = memsim_trace_reader_open_source(&src, "fuzz.mst",
  *                                                            MEMSIM_FORMAT_AUTO, &err);
  *
- * Tests and fuzzers include this header; nothing outside formats/ and tests/ should.
+ * formats/, sim/export/save.c, the tests and the fuzzers include this header.
  */
 #ifndef MEMSIM_FORMATS_INTERNAL_H
 #define MEMSIM_FORMATS_INTERNAL_H

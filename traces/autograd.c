@@ -304,7 +304,8 @@ void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32)
         return;
     }
     /* TFLOP/s = 1e6 FLOP/µs; GB/s = 1e3 B/µs */
-    gg_set_rates(g, 0.5 * (fp32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e6, 0.8 * gpu->hbm_gbs * 1e3);
+    gg_set_rates(g, gpu->compute_efficiency * (fp32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e6,
+                 gpu->bandwidth_efficiency * gpu->hbm_gbs * 1e3);
 }
 
 void gg_flops(AgGraph *g, double flops)

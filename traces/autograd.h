@@ -1,11 +1,11 @@
 /* Internal: a small symbolic autograd over shapes, emitting the allocation trace.
  *
- *     AgGraph *g = gg_new(trace, rank, &version_rules);
- *     AgTensor *w = gg_param(g, "weight", DT_F32, 2, (int64_t[]){O, H}, TRUE);
- *     AgTensor *x = gg_input(g, DT_F32, 3, (int64_t[]){B, S, H});
- *     AgTensor *y = op_linear(g, x, w, NULL);          // allocs, saves, records a node
- *     gt_unref(g, x);                                  // Python drops its reference
- *     gg_backward(g, loss);                            // the engine of AUTOGRAD_MEMORY.md §1
+ *     AgGraph *g = gg_new(trace, rank, &rules);
+ *     AgTensor *w = gg_leaf(g, DT_F32, 2, (int64_t[]){O, H}, true, MEMSIM_CAT_PARAMETER);
+ *     AgTensor *x = gg_leaf(g, DT_F32, 3, (int64_t[]){B, S, H}, false, MEMSIM_CAT_INPUT);
+ *     AgTensor *y = op_linear(g, x, w, NULL);   // traces/ops.h: allocs, saves, records a node
+ *     gt_unref(g, x);                           // Python drops its reference
+ *     gg_backward(g, loss);                     // the engine of AUTOGRAD_MEMORY.md §1
  *
  * Tensors are reference-counted objects over reference-counted storages, exactly as Python
  * variables, autograd's saved variables and gradient buffers hold them in PyTorch: a

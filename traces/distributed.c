@@ -62,7 +62,6 @@
 
 #include <string.h>
 
-#include "traces/plan/cost.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 
@@ -75,13 +74,13 @@ enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
 typedef MemsimGpu GpuProfile;
 
 /* Microseconds per byte over a group's links: the profile's GPU-to-GPU link when the group
- * fits in one node, else the network (the planner's 25 GB/s per GPU), at 80% of the figure
- * as every derived duration (traces/gpus.c). Compute ops are costed too (gg_set_gpu), so the
+ * fits in one node, else its network bandwidth per GPU, at the profile's bandwidth
+ * efficiency as every derived duration (traces/gpus.c). Compute ops are costed too (gg_set_gpu), so the
  * replay's streams advance and a record_stream'd block is reusable once its stream passed. */
 static double comm_cost(const GpuProfile *gpu, bool intra)
 {
-    double gbs = intra ? gpu->link_gbs : COST_NETWORK_GBS_DEFAULT;
-    return 1.0 / (0.8 * gbs * 1e3);
+    double gbs = intra ? gpu->link_gbs : gpu->network_gbs;
+    return 1.0 / (gpu->bandwidth_efficiency * gbs * 1e3);
 }
 
 /* A ring collective among n ranks moving `bytes` (the full, unsharded size): all-reduce
@@ -910,7 +909,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     int64_t H = m->H;
     int64_t sq = run->sequence_parallel ? run->seq / tp : run->seq; /* p2p tensors' tokens */
     DType adt = chunks[0].adt;
-    /* Megatron's layout: tp innermost, then dp, then pp (the planner's, traces/cost.c) */
+    /* Megatron's layout: tp innermost, then dp, then pp (the planner's, traces/plan/cost.c) */
     double dp_cost = comm_cost(gpu, tp * dp <= run->gpus_per_node);
     uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
     double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,

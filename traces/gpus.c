@@ -1,26 +1,30 @@
 /* GPU profiles (include/memsim/gen.h): public figures of each card — memory as nvidia-smi
  * reports it, dense tensor-core peak (bf16/fp16) and fp32 peak, HBM bandwidth, and the
  * per-direction bandwidth of its GPU-to-GPU link (NVLink, or PCIe 4.0 x16 for cards without
- * it). Durations derived from them use half the peak and 80% of the bandwidths. */
+ * it). The time models (op durations, collectives, the planner's cost model) assume half
+ * the tensor-core peak and 80% of the bandwidths are reached, and 25 GB/s per GPU between
+ * nodes (one 200 Gb/s InfiniBand NIC per GPU, as DGX and HGX nodes have); the planner's
+ * --efficiency and --network-gbs change the last for its cost model. */
 #include <memsim/alloc.h>
 #include <memsim/gen.h>
 
 #include <string.h>
 
 #define MiB ((memsim_size_t)1 << 20)
+#define REACHED 0.5, 0.8, 25.0 /* compute and bandwidth efficiency, network GB/s */
 
 static const MemsimGpu gpus[] = {
-    {"a100-40gb", 40960 * MiB, 312, 19.5, 1555, 300},
-    {"a100-80gb", 81920 * MiB, 312, 19.5, 2039, 300},
-    {"h100-80gb", 81559 * MiB, 989, 67, 3350, 450},
-    {"h200", 143771 * MiB, 989, 67, 4800, 450},
-    {"v100-16gb", 16160 * MiB, 125, 15.7, 900, 150},
-    {"v100-32gb", 32510 * MiB, 125, 15.7, 900, 150},
-    {"a10g", 23028 * MiB, 70, 31.2, 600, 25},
-    {"l4", 23034 * MiB, 121, 30.3, 300, 25},
-    {"rtx4090", 24564 * MiB, 165, 82.6, 1008, 25},
-    {"rtx3090", 24576 * MiB, 71, 35.6, 936, 25},
-    {NULL, 0, 0, 0, 0, 0},
+    {"a100-40gb", 40960 * MiB, 312, 19.5, 1555, 300, REACHED},
+    {"a100-80gb", 81920 * MiB, 312, 19.5, 2039, 300, REACHED},
+    {"h100-80gb", 81559 * MiB, 989, 67, 3350, 450, REACHED},
+    {"h200", 143771 * MiB, 989, 67, 4800, 450, REACHED},
+    {"v100-16gb", 16160 * MiB, 125, 15.7, 900, 150, REACHED},
+    {"v100-32gb", 32510 * MiB, 125, 15.7, 900, 150, REACHED},
+    {"a10g", 23028 * MiB, 70, 31.2, 600, 25, REACHED},
+    {"l4", 23034 * MiB, 121, 30.3, 300, 25, REACHED},
+    {"rtx4090", 24564 * MiB, 165, 82.6, 1008, 25, REACHED},
+    {"rtx3090", 24576 * MiB, 71, 35.6, 936, 25, REACHED},
+    {NULL, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 const MemsimGpu *memsim_gpus(void)

@@ -1,5 +1,5 @@
 /* torch — an exact model of PyTorch's CUDA caching allocator ("native" backend) for one
- * device, written from /work/shared/TORCH_ALLOCATOR.md (the behavioural spec, itself written
+ * device, written from TORCH_ALLOCATOR.md (the project's behavioural spec, itself written
  * from c10/cuda/CUDACachingAllocator.cpp; "§" below refers to its sections).
  *
  * Implemented:

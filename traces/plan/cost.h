@@ -1,5 +1,5 @@
 /* Internal: the step-time cost model of `memsim plan` (every formula is listed at the top
- * of traces/cost.c). */
+ * of traces/plan/cost.c). */
 #ifndef MEMSIM_TRACES_COST_H
 #define MEMSIM_TRACES_COST_H
 
@@ -42,8 +42,5 @@ typedef struct {
 
 /* Fills `out` for the configuration of `in`. */
 void cost_step(const CostInput *in, CostResult *out);
-
-#define COST_EFFICIENCY_DEFAULT 0.5
-#define COST_NETWORK_GBS_DEFAULT 25.0
 
 #endif

@@ -1,6 +1,6 @@
 /* `memsim plan` (include/memsim/plan.h): sweep the configurations of a run on a cluster,
  * simulate each the way `memsim estimate` does, rank those that fit by the cost model of
- * traces/cost.c.
+ * traces/plan/cost.c.
  *
  * The search space. A layout is a method with its degrees: DDP, ZeRO-1/2/3, FSDP
  * FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD (across nodes only), Megatron tp × pp × dp (tp
@@ -1712,9 +1712,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         return NULL;
     }
     if (opt.efficiency <= 0)
-        opt.efficiency = COST_EFFICIENCY_DEFAULT;
+        opt.efficiency = gpu->compute_efficiency;
     if (opt.network_gbs <= 0)
-        opt.network_gbs = COST_NETWORK_GBS_DEFAULT;
+        opt.network_gbs = gpu->network_gbs;
     memsim_size_t gpu_mem = opt.gpu_mem ? opt.gpu_mem : gpu->memory;
     memsim_size_t capacity;
     if (!opt.mig && !memsim_device_capacity(gpu_mem, opt.context_bytes, &capacity, error))
@@ -1732,7 +1732,7 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     g_ptr_array_add(
         notes,
         g_strdup_printf(
-            "step times come from a simple cost model (traces/cost.c): compute at %.0f%% of the "
+            "step times come from a simple cost model (traces/plan/cost.c): compute at %.0f%% of the "
             "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
             "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
             "promise",
