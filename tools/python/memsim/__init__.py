@@ -187,6 +187,8 @@ def _load_locked():
     fn("memsim_model_n_params", ctypes.c_int64, P)
     fn("memsim_estimate", P, P, ctypes.POINTER(_Run), ctypes.POINTER(_EstimateOptions), _ERR)
     fn("memsim_parse_size_of", B, S, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
+    fn("memsim_device_capacity", B, ctypes.c_uint64, ctypes.c_uint64,
+       ctypes.POINTER(ctypes.c_uint64), _ERR)
     fn("memsim_parse_gpu_mem", B, S, S, ctypes.POINTER(ctypes.c_uint64),
        ctypes.POINTER(S), _ERR)
     fn("memsim_replay_path", P, S, ctypes.POINTER(_ReplayOptions), _ERR)
@@ -432,9 +434,10 @@ def compare(path=None, allocators="all", model=None, gpu_mem=None, cuda_context=
         if cuda_context is not None:
             ctxb = _size("cuda-context", cuda_context)
         specs = _call(lib.memsim_compare_parse_specs, _b(allocators or "all"))
-        if gpu and ctxb >= gpu:
-            raise Error("--cuda-context leaves nothing of --gpu-mem %s" % gpu_mem)
-        o = _ReplayOptions(None, None, gpu - ctxb if gpu else 0, False, False, None)
+        capacity = ctypes.c_uint64()
+        _call(lib.memsim_device_capacity, ctypes.c_uint64(gpu), ctypes.c_uint64(ctxb),
+              ctypes.byref(capacity))
+        o = _ReplayOptions(None, None, capacity.value, False, False, None, None)
         if model is not None:
             m = _call(lib.memsim_model_load, _b(_value(model)))
             t = _call(lib.memsim_generate, m, ctypes.byref(r))
