@@ -1,7 +1,9 @@
 /* The documentation that ships with the command: the man page (tools/memsim.1) renders
  * without a warning and names every subcommand and every flag the command accepts (and no
- * flag it does not); the bash completion (tools/completion/memsim.bash) offers them. */
+ * flag it does not), and every run setting (memsim_run_setting_info) with its value's name
+ * and values; the bash completion (tools/completion/memsim.bash) offers them. */
 #include <criterion/criterion.h>
+#include <memsim/gen.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -142,10 +144,78 @@ Test(manpage, every_subcommand_and_flag)
         if (n == 0)
             continue;
         g_autofree char *f = g_strndup(p, n + 2);
-        cr_expect(g_hash_table_contains(known, f), "the man page names %s, which no subcommand "
-                                                   "accepts", f);
+        cr_expect(g_hash_table_contains(known, f),
+                  "the man page names %s, which no subcommand "
+                  "accepts",
+                  f);
     }
     g_hash_table_unref(known);
+}
+
+/* The entries of the man page's RUN OPTIONS section, from its source: each ".TP" followed by
+ * ".BI --NAME= ARG" or ".B --NAME" (dashes unescaped), to its paragraph (the lines up to the
+ * next ".TP", ".PP" or ".SH"). Keys are "NAME=ARG" or "NAME". */
+static GHashTable *run_options_of_page(void)
+{
+    g_autofree char *path = source_path("tools/memsim.1");
+    g_autofree char *page = NULL;
+    cr_assert(g_file_get_contents(path, &page, NULL, NULL), "%s", path);
+    const char *start = strstr(page, "\n.SH RUN OPTIONS\n");
+    cr_assert(start, "no RUN OPTIONS section in %s", path);
+    start += 1;
+    const char *end = strstr(start + 1, "\n.SH ");
+    g_autofree char *section = g_strndup(start, end ? (gsize)(end - start) : strlen(start));
+    g_auto(GStrv) parts = g_strsplit(section, "\\-", -1);
+    g_autofree char *plain = g_strjoinv("-", parts);
+    g_auto(GStrv) lines = g_strsplit(plain, "\n", -1);
+    GHashTable *entries = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    for (char **l = lines; *l; l++) {
+        if (strcmp(*l, ".TP") != 0 || !l[1])
+            continue;
+        char *key = NULL;
+        if (g_str_has_prefix(l[1], ".BI --")) {
+            g_auto(GStrv) w = g_strsplit(l[1] + strlen(".BI --"), " ", -1);
+            cr_expect(g_strv_length(w) == 2, "RUN OPTIONS: %s", l[1]);
+            key = g_strconcat(w[0], w[1], NULL);
+        } else if (g_str_has_prefix(l[1], ".B --")) {
+            key = g_strdup(l[1] + strlen(".B --"));
+        } else {
+            continue;
+        }
+        GString *par = g_string_new(NULL);
+        for (char **p = l + 2; *p && !g_str_has_prefix(*p, ".TP") && !g_str_has_prefix(*p, ".PP") &&
+                               !g_str_has_prefix(*p, ".SH");
+             p++)
+            g_string_append_printf(par, "%s\n", *p);
+        g_hash_table_insert(entries, key, g_string_free(par, FALSE));
+    }
+    return entries;
+}
+
+/* Every run setting has its entry in RUN OPTIONS, with the value's name --help-run gives it,
+ * and an entry that names each of its values; the section has no other option but --run. */
+Test(manpage, every_run_setting)
+{
+    g_autoptr(GHashTable) entries = run_options_of_page();
+    g_autoptr(GHashTable) known = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_hash_table_add(known, g_strdup("run=FILE"));
+    const MemsimRunSetting *s;
+    for (guint i = 0; (s = memsim_run_setting_info(i)); i++) {
+        char *key = s->arg ? g_strdup_printf("%s=%s", s->name, s->arg) : g_strdup(s->name);
+        g_hash_table_add(known, key);
+        const char *par = g_hash_table_lookup(entries, key);
+        cr_expect(par, "the man page's RUN OPTIONS has no --%s", key);
+        for (const char *const *v = s->values; par && v && *v; v++)
+            cr_expect(has_flag(par, *v), "the man page's --%s does not name %s:\n%s", key, *v, par);
+    }
+    GHashTableIter it;
+    gpointer key;
+    g_hash_table_iter_init(&it, entries);
+    while (g_hash_table_iter_next(&it, &key, NULL))
+        cr_expect(g_hash_table_contains(known, key),
+                  "the man page's RUN OPTIONS has --%s, which is no run setting (or not with "
+                  "this value's name)",
+                  (const char *)key);
 }
 
 /* ---- bash completion ---- */
@@ -261,4 +331,53 @@ Test(completion, values)
     const char *r[] = {"replay", "--report", prefix, NULL};
     g_autofree char *rfiles = complete(r);
     cr_expect(has_line(rfiles, want), "%s", rfiles);
+}
+
+/* COMPREPLY for `memsim estimate --NAME ''`, as a set. */
+static GHashTable *values_offered(const char *name)
+{
+    g_autofree char *opt = g_strdup_printf("--%s", name);
+    const char *w[] = {"estimate", opt, "", NULL};
+    g_autofree char *out = complete(w);
+    g_auto(GStrv) lines = g_strsplit(out, "\n", -1);
+    GHashTable *set = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (char **l = lines; *l; l++)
+        if (**l)
+            g_hash_table_add(set, g_strdup(*l));
+    return set;
+}
+
+/* The values the completion offers for a run setting are the ones it takes: an enumeration's
+ * names, true and false, the GPU profiles, releases the torch version accepts. */
+Test(completion, run_setting_values)
+{
+    const MemsimRunSetting *s;
+    for (guint i = 0; (s = memsim_run_setting_info(i)); i++) {
+        if (!s->arg)
+            continue; /* a flag: no value */
+        g_autoptr(GHashTable) offered = values_offered(s->name);
+        if (s->kind == MEMSIM_SETTING_KIND_ENUM || s->kind == MEMSIM_SETTING_KIND_BOOL) {
+            const char *const tf[] = {"true", "false", NULL};
+            const char *const *values = s->values ? s->values : tf;
+            for (const char *const *v = values; *v; v++)
+                cr_expect(g_hash_table_contains(offered, *v), "--%s: %s not offered", s->name, *v);
+            cr_expect_eq(g_hash_table_size(offered), g_strv_length((char **)values),
+                         "--%s: the completion offers other values", s->name);
+        } else if (strcmp(s->name, "gpu") == 0) {
+            for (const MemsimGpu *g = memsim_gpus(); g->name; g++)
+                cr_expect(g_hash_table_contains(offered, g->name), "--gpu: %s not offered",
+                          g->name);
+        }
+        GHashTableIter it;
+        gpointer v;
+        g_hash_table_iter_init(&it, offered);
+        while (g_hash_table_iter_next(&it, &v, NULL)) {
+            MemsimRun r = memsim_run_defaults();
+            GError *error = NULL;
+            cr_expect(memsim_run_set(&r, s->name, v, &error), "--%s %s offered, refused: %s",
+                      s->name, (const char *)v, error ? error->message : "");
+            g_clear_error(&error);
+            memsim_run_clear(&r);
+        }
+    }
 }

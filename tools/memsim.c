@@ -401,60 +401,25 @@ static gboolean run_option(const gchar *name, const gchar *value, gpointer data,
     return memsim_run_set(run, name, value ? value : "true", error);
 }
 
-#define RUN_OPT(name, arg, help) {name, 0, 0, G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option, help, arg}
-#define RUN_FLAG(name, help)                                                                     \
-    {name, 0, G_OPTION_FLAG_NO_ARG, G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option, help, NULL}
-
-static GOptionEntry run_entries[] = {
-    RUN_OPT("run", "FILE", "Read settings from the [run] group of a key file (same keys)"),
-    RUN_OPT("batch", "N", "Micro-batch size (default 1)"),
-    RUN_OPT("seq", "N", "Sequence length (default 2048)"),
-    RUN_OPT("steps", "N", "Optimizer steps simulated (default 2: step 1 creates the state)"),
-    RUN_OPT("grad-accum", "N", "Micro-batches per optimizer step (default 1)"),
-    RUN_OPT("precision", "P", "fp32, bf16-mixed (default), fp16-mixed, bf16, fp16"),
-    RUN_OPT("optimizer", "O", "adamw (default), sgd, sgd-momentum, adafactor, adamw-8bit"),
-    RUN_OPT("optimizer-impl", "I",
-            "default (1.13: for-loop; 2.x: foreach), for-loop, foreach, fused"),
-    RUN_OPT("zero-grad", "Z", "none (set_to_none=True; default in 2.x) or zero (in place)"),
-    RUN_OPT("attention", "A", "sdpa (default), eager, sdpa-math, flash, mem-efficient"),
-    RUN_OPT("checkpointing", "C", "none (default), full, selective"),
-    RUN_OPT("finetune", "F", "full (default), lora, qlora"),
-    RUN_OPT("lora-rank", "R", "LoRA rank (default 16)"),
-    RUN_OPT("lora-targets", "LIST", "LoRA target modules, comma-separated (default: peft's)"),
-    RUN_OPT("torch-version", "V", "PyTorch release whose semantics apply: 1.13, 2.0 … 2.9 "
-                                  "(default 2.8)"),
-    RUN_OPT("use-cache", "BOOL", "Override the config's use_cache (a KV cache in training)"),
-    RUN_FLAG("inference", "Inference: a prompt, then generated tokens with a KV cache"),
-    RUN_OPT("prompt", "N", "Inference prompt tokens (default 512)"),
-    RUN_OPT("generate", "N", "Inference generated tokens (default 128)"),
-    RUN_OPT("weights", "W", "Inference weights: default (the precision), int8, 4bit"),
-    RUN_OPT("keep-outputs", "BOOL",
-            "The loop keeps the model output until the next step (default false: Trainer)"),
-    RUN_OPT("device", "D", "cuda (default) or cpu kernels (to compare with CPU recordings)"),
-    RUN_OPT("gpus", "N", "GPUs in all (default 1)"),
-    RUN_OPT("method", "M",
-            "ddp, zero1, zero2, zero3, fsdp, fsdp-grad-op, hsdp, megatron (default: megatron "
-            "when --tp/--pp are given, else none)"),
-    RUN_OPT("tp", "T", "Tensor-parallel degree (Megatron)"),
-    RUN_OPT("pp", "P", "Pipeline-parallel degree (Megatron)"),
-    RUN_OPT("dp", "D", "Data-parallel degree (default gpus / (tp × pp))"),
-    RUN_OPT("pp-schedule", "S", "1f1b (default), gpipe, interleaved"),
-    RUN_OPT("microbatches", "M", "Micro-batches per step for pipelines (default pp)"),
-    RUN_OPT("virtual-stages", "V", "Model chunks per stage for the interleaved schedule"),
-    RUN_FLAG("sequence-parallel", "Megatron sequence parallelism"),
-    RUN_OPT("fsdp-wrap", "W", "layer (default: one unit per decoder layer) or model"),
-    RUN_OPT("gpus-per-node", "N", "GPUs per node (HSDP's shard group; default 8)"),
-    RUN_OPT("gpu", "NAME", "GPU profile for op durations (default a100-80gb)"),
-    RUN_OPT("cublas-workspace", "SIZE",
-            "cuBLAS workspace per handle and stream, in the allocator (default 8519680 bytes; "
-            "32MiB on H100/H200)"),
-    {NULL}};
-
+/* The run options: --run FILE, then every run setting (memsim_run_setting_info) with its
+ * value's name and help; a setting without a value's name is a flag meaning true. */
 static GOptionGroup *run_group(MemsimRun *run)
 {
     GOptionGroup *grp = g_option_group_new("run", "Run description:", "Show the run options",
                                            run, NULL);
-    g_option_group_add_entries(grp, run_entries);
+    GOptionEntry file[] = {
+        {"run", 0, 0, G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option,
+         "Read settings from the [run] group of a key file (same keys)", "FILE"},
+        {NULL}};
+    g_option_group_add_entries(grp, file);
+    const MemsimRunSetting *s;
+    for (guint i = 0; (s = memsim_run_setting_info(i)); i++) {
+        GOptionEntry e[] = {{s->name, 0, s->arg ? 0 : G_OPTION_FLAG_NO_ARG,
+                             G_OPTION_ARG_CALLBACK, (gpointer)(guintptr)run_option, s->help,
+                             s->arg},
+                            {NULL}};
+        g_option_group_add_entries(grp, e); /* copies the entry */
+    }
     return grp;
 }
 

@@ -1,12 +1,55 @@
-/* Internal: the value parsers of the settings given as text (traces/run.c), shared by the run
- * settings (memsim_run_set) and the plan options (memsim_plan_options_set) so that both
- * accept and refuse alike, with the same messages. */
+/* Internal: the run settings (traces/settings.c) by number, and the value parsers of the
+ * settings given as text, shared by the run settings (memsim_run_set) and the plan options
+ * (memsim_plan_options_set) so that both accept and refuse alike, with the same messages. */
 #ifndef MEMSIM_TRACES_SETTINGS_H
 #define MEMSIM_TRACES_SETTINGS_H
 
 #include <glib.h>
 #include <memsim/gen.h>
 #include <stdint.h>
+
+/* The run settings, in the order of the table (memsim_run_setting_info) and of the bits of
+ * MemsimRun.given. */
+typedef enum {
+    SETTING_BATCH,
+    SETTING_SEQ,
+    SETTING_STEPS,
+    SETTING_GRAD_ACCUM,
+    SETTING_PRECISION,
+    SETTING_OPTIMIZER,
+    SETTING_OPTIMIZER_IMPL,
+    SETTING_ZERO_GRAD,
+    SETTING_ATTENTION,
+    SETTING_CHECKPOINTING,
+    SETTING_FINETUNE,
+    SETTING_LORA_RANK,
+    SETTING_LORA_TARGETS,
+    SETTING_TORCH_VERSION,
+    SETTING_USE_CACHE,
+    SETTING_INFERENCE,
+    SETTING_PROMPT,
+    SETTING_GENERATE,
+    SETTING_WEIGHTS,
+    SETTING_KEEP_OUTPUTS,
+    SETTING_DEVICE,
+    SETTING_GPUS,
+    SETTING_METHOD,
+    SETTING_TP,
+    SETTING_PP,
+    SETTING_DP,
+    SETTING_PP_SCHEDULE,
+    SETTING_MICROBATCHES,
+    SETTING_VIRTUAL_STAGES,
+    SETTING_SEQUENCE_PARALLEL,
+    SETTING_FSDP_WRAP,
+    SETTING_GPUS_PER_NODE,
+    SETTING_GPU,
+    SETTING_CUBLAS_WORKSPACE,
+    N_SETTINGS
+} SettingId;
+
+/* The key of a setting: "grad-accum" (the command's flag without "--"). */
+const char *setting_name(SettingId id);
 
 /* An integer in [lo, hi]; else FALSE with "KEY: 'V' is not an integer in [lo, hi]". */
 gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -20,5 +63,10 @@ gboolean setting_refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3
 /* FALSE with an error naming the setting when a run on several GPUs (`megatron`: a Megatron
  * run) was given a setting its loop does not model (traces/run.c). */
 gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error);
+
+/* The optimizer implementation a run steps with and whether zero_grad sets the gradients to
+ * None, the defaults of its torch version and device applied (traces/run.c, whose loop
+ * follows them; memsim_run_describe says them). */
+void run_optimizer_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none);
 
 #endif

@@ -9,9 +9,8 @@
  *     memsim_trace_free(t); memsim_model_free(m); memsim_run_clear(&run);
  *
  * Run settings have the same names as the command's flags and the keys of a run file
- * (a GLib key file, group [run]): batch, seq, steps, grad-accum, precision, optimizer,
- * optimizer-impl, zero-grad, attention, checkpointing, finetune, lora-rank, lora-targets,
- * torch-version, use-cache, inference, prompt, generate, weights.
+ * (a GLib key file, group [run]). memsim_run_setting_info() lists them, each with its value's
+ * kind, its default and its help (the table in traces/settings.c).
  */
 #ifndef MEMSIM_GEN_H
 #define MEMSIM_GEN_H
@@ -108,8 +107,9 @@ typedef struct {
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
 } MemsimRun;
 
-/* The defaults a current PyTorch + Transformers user gets without asking. The run owns its
- * strings (lora_targets, torch_version, gpu): release them with memsim_run_clear(). */
+/* The defaults a current PyTorch + Transformers user gets without asking (each setting's
+ * default_value, memsim_run_setting_info). The run owns its strings (lora_targets,
+ * torch_version, gpu): release them with memsim_run_clear(). */
 MEMSIM_API MemsimRun memsim_run_defaults(void);
 /* Frees the strings the run owns and sets them to NULL (the other fields stay). */
 MEMSIM_API void memsim_run_clear(MemsimRun *run);
@@ -129,6 +129,56 @@ MEMSIM_API gboolean memsim_run_check(const MemsimRun *run, GError **error);
 MEMSIM_API gboolean memsim_run_load_file(MemsimRun *run, const char *path, GError **error);
 /* One line describing the run, including every default that applied. Newly allocated. */
 MEMSIM_API char *memsim_run_describe(const MemsimRun *run);
+
+/* What a run setting's value is. */
+typedef enum {
+    MEMSIM_SETTING_KIND_INT,    /* a decimal integer in [min, max] */
+    MEMSIM_SETTING_KIND_ENUM,   /* one of `values` (any case) */
+    MEMSIM_SETTING_KIND_BOOL,   /* false, true, no, yes, 0 or 1 (any case) */
+    MEMSIM_SETTING_KIND_SIZE,   /* bytes, or with a unit: 32MiB, 1GB (memsim_parse_size_of) */
+    MEMSIM_SETTING_KIND_STRING, /* a name the setting checks: a torch release, a GPU profile */
+    MEMSIM_SETTING_KIND_LIST,   /* names, comma-separated */
+} MemsimSettingKind;
+
+/* Which runs a setting applies to; memsim_run_check refuses it, given to another. */
+typedef enum {
+    MEMSIM_SETTING_SCOPE_ANY,       /* training and inference */
+    MEMSIM_SETTING_SCOPE_TRAINING,  /* not with inference */
+    MEMSIM_SETTING_SCOPE_INFERENCE, /* only with inference */
+} MemsimSettingScope;
+
+/* One run setting, as memsim_run_set, a run file and the command (--help-run) take it. */
+typedef struct {
+    const char *name;          /* "grad-accum": the key, and the flag without "--" */
+    const char *arg;           /* the value's name in --help-run ("N"); NULL for a flag that
+                                * takes none (it means true) */
+    const char *help;          /* the line of --help-run */
+    MemsimSettingKind kind;
+    int64_t min, max;          /* MEMSIM_SETTING_KIND_INT: the bounds */
+    const char *const *values; /* MEMSIM_SETTING_KIND_ENUM: the names, NULL-terminated, in the
+                                * order of the C enum; else NULL */
+    const char *default_value; /* what memsim_run_defaults sets, as it would be given; NULL
+                                * where the run leaves it unset and it is decided later (the
+                                * help says how: the torch version's, the model's, from the
+                                * other settings) */
+    MemsimSettingScope scope;
+} MemsimRunSetting;
+
+/* The i-th run setting, in the order of --help-run; NULL past the last. Static: do not free. */
+MEMSIM_API const MemsimRunSetting *memsim_run_setting_info(guint i);
+
+/* A run's distribution with its defaults applied: what the settings given come to. */
+typedef struct {
+    MemsimMethod method;  /* megatron where --tp or --pp above 1 came without a method */
+    int tp, pp, dp;       /* the degrees: tp and pp 1 when not given, dp gpus / (tp × pp)
+                           * (rounded down; 0 when tp × pp exceeds the GPUs) */
+    int microbatches;     /* pipeline micro-batches per step: pp when not given */
+    gboolean distributed; /* several GPUs, a method or a degree: one program per rank */
+} MemsimResolvedRun;
+
+/* The distribution `run` describes, its defaults applied (none of it checked: see
+ * memsim_run_check). */
+MEMSIM_API MemsimResolvedRun memsim_run_resolve(const MemsimRun *run);
 
 typedef struct MemsimModel MemsimModel;
 

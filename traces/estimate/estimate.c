@@ -10,9 +10,8 @@ memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per
 {
     memsim_size_t nccl = 0;
     if (run->gpus > 1) {
-        int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
-        int dp = run->dp ? run->dp : run->gpus / (tp * pp);
-        int groups[3] = {dp, tp, pp > 1 ? 2 : 1};
+        MemsimResolvedRun rr = memsim_run_resolve(run);
+        int groups[3] = {rr.dp, rr.tp, rr.pp > 1 ? 2 : 1};
         for (int i = 0; i < 3; i++)
             if (groups[i] > 1)
                 nccl += per              ? per

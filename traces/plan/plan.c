@@ -1199,63 +1199,63 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
     GString *s = g_string_new("memsim estimate");
     flag(s, "model", memsim_model_name(sw->model));
     if (r->gpus > 1)
-        flag_int(s, "gpus", r->gpus);
+        flag_int(s, setting_name(SETTING_GPUS), r->gpus);
     if (r->method != MEMSIM_METHOD_NONE)
-        flag(s, "method", method_names[r->method]);
+        flag(s, setting_name(SETTING_METHOD), method_names[r->method]);
     if (r->method == MEMSIM_METHOD_MEGATRON) {
-        flag_int(s, "tp", r->tp);
-        flag_int(s, "pp", r->pp);
-        flag_int(s, "dp", r->dp);
+        flag_int(s, setting_name(SETTING_TP), r->tp);
+        flag_int(s, setting_name(SETTING_PP), r->pp);
+        flag_int(s, setting_name(SETTING_DP), r->dp);
         if (r->pp > 1)
-            flag(s, "pp-schedule", sched_names[r->pp_schedule]);
+            flag(s, setting_name(SETTING_PP_SCHEDULE), sched_names[r->pp_schedule]);
         if (r->virtual_stages > 1)
-            flag_int(s, "virtual-stages", r->virtual_stages);
-        flag_int(s, "microbatches", r->microbatches);
+            flag_int(s, setting_name(SETTING_VIRTUAL_STAGES), r->virtual_stages);
+        flag_int(s, setting_name(SETTING_MICROBATCHES), r->microbatches);
     }
-    flag_int(s, "batch", r->batch);
+    flag_int(s, setting_name(SETTING_BATCH), r->batch);
     if (r->grad_accum != 1)
-        flag_int(s, "grad-accum", r->grad_accum);
-    flag_int(s, "seq", r->seq);
-    flag(s, "checkpointing", ckpt_names[r->checkpointing]);
+        flag_int(s, setting_name(SETTING_GRAD_ACCUM), r->grad_accum);
+    flag_int(s, setting_name(SETTING_SEQ), r->seq);
+    flag(s, setting_name(SETTING_CHECKPOINTING), ckpt_names[r->checkpointing]);
     if (r->steps != d.steps)
-        flag_int(s, "steps", r->steps);
+        flag_int(s, setting_name(SETTING_STEPS), r->steps);
     if (r->precision != d.precision)
-        flag(s, "precision", prec[r->precision]);
+        flag(s, setting_name(SETTING_PRECISION), prec[r->precision]);
     if (r->optimizer != d.optimizer)
-        flag(s, "optimizer", optim[r->optimizer]);
+        flag(s, setting_name(SETTING_OPTIMIZER), optim[r->optimizer]);
     if (r->optimizer_impl != d.optimizer_impl)
-        flag(s, "optimizer-impl", impl[r->optimizer_impl]);
+        flag(s, setting_name(SETTING_OPTIMIZER_IMPL), impl[r->optimizer_impl]);
     if (r->zero_grad_set)
-        flag(s, "zero-grad", r->zero_grad_to_none ? "none" : "zero");
+        flag(s, setting_name(SETTING_ZERO_GRAD), r->zero_grad_to_none ? "none" : "zero");
     if (r->attention != d.attention)
-        flag(s, "attention", attn[r->attention]);
+        flag(s, setting_name(SETTING_ATTENTION), attn[r->attention]);
     if (r->finetune != d.finetune) {
-        flag(s, "finetune", ft[r->finetune]);
+        flag(s, setting_name(SETTING_FINETUNE), ft[r->finetune]);
         if (r->lora_rank != d.lora_rank)
-            flag_int(s, "lora-rank", r->lora_rank);
+            flag_int(s, setting_name(SETTING_LORA_RANK), r->lora_rank);
         if (r->lora_targets) {
             g_autofree char *t = g_strjoinv(",", r->lora_targets);
-            flag(s, "lora-targets", t);
+            flag(s, setting_name(SETTING_LORA_TARGETS), t);
         }
     }
     if (r->torch_version)
-        flag(s, "torch-version", r->torch_version);
+        flag(s, setting_name(SETTING_TORCH_VERSION), r->torch_version);
     if (r->use_cache >= 0)
-        flag(s, "use-cache", r->use_cache ? "true" : "false");
+        flag(s, setting_name(SETTING_USE_CACHE), r->use_cache ? "true" : "false");
     if (r->keep_outputs)
-        flag(s, "keep-outputs", "true");
+        flag(s, setting_name(SETTING_KEEP_OUTPUTS), "true");
     if (r->device_cpu)
-        flag(s, "device", "cpu");
+        flag(s, setting_name(SETTING_DEVICE), "cpu");
     if (r->fsdp_wrap_model &&
         (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
          r->method == MEMSIM_METHOD_HSDP))
-        flag(s, "fsdp-wrap", "model");
+        flag(s, setting_name(SETTING_FSDP_WRAP), "model");
     if (r->gpus_per_node != d.gpus_per_node)
-        flag_int(s, "gpus-per-node", r->gpus_per_node);
-    flag(s, "gpu", r->gpu);
+        flag_int(s, setting_name(SETTING_GPUS_PER_NODE), r->gpus_per_node);
+    flag(s, setting_name(SETTING_GPU), r->gpu);
     if (r->cublas_workspace) {
         g_autofree char *w = size_flag(r->cublas_workspace);
-        flag(s, "cublas-workspace", w);
+        flag(s, setting_name(SETTING_CUBLAS_WORKSPACE), w);
     }
     g_autofree char *mem = size_flag(gpu_mem);
     flag(s, "gpu-mem", mem);

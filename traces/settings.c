@@ -1,0 +1,563 @@
+/* Run settings (include/memsim/gen.h): one table of every setting a run takes — its key (the
+ * command's flag without "--", a run file's [run] key), the name and help of its value in
+ * --help-run, its kind and bounds, its default and the runs it applies to — and what reads
+ * it: memsim_run_defaults, memsim_run_set and the run file reader, memsim_run_check's
+ * refusals of settings a run would ignore, memsim_run_describe, and memsim_run_setting_info
+ * for the command's options, the bindings and the documentation's tests.
+ *
+ * A setting of a plain kind (an integer, a name among several, a boolean, a size) is parsed
+ * by its kind and stored into its field of MemsimRun; the few that are not (zero-grad sets
+ * two fields, the torch version and the GPU are checked names, LoRA targets a list) have a
+ * setter of their own. Settings are numbered by SettingId (traces/settings.h), which is the
+ * bit of MemsimRun.given.
+ */
+#include <memsim/alloc.h>
+#include <memsim/gen.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "traces/settings.h"
+
+typedef struct Setting Setting;
+
+struct Setting {
+    MemsimRunSetting info;
+    /* The field a setting of a plain kind is stored into (the index of a name, 0 or 1 for a
+     * boolean): an int, an enum or a gboolean of 4 bytes, an int64_t or a memsim_size_t. */
+    size_t offset, size;
+    /* (optional) Parses and stores the value instead; FALSE with an error naming the key. */
+    gboolean (*set)(MemsimRun *r, const Setting *s, const char *v, GError **error);
+    /* (optional) The refusal when given to a run it does not apply to (default: "KEY: an
+     * inference run has no KEY", "KEY: only with --inference"). */
+    const char *refusal;
+};
+
+/* The fields a plain setting stores into by kind: 4 bytes for enums and gbooleans. */
+G_STATIC_ASSERT(sizeof(MemsimPrecision) == sizeof(int) && sizeof(MemsimOptimizer) == sizeof(int));
+G_STATIC_ASSERT(sizeof(MemsimOptimizerImpl) == sizeof(int) &&
+                sizeof(MemsimAttention) == sizeof(int));
+G_STATIC_ASSERT(sizeof(MemsimCheckpointing) == sizeof(int) &&
+                sizeof(MemsimFinetune) == sizeof(int));
+G_STATIC_ASSERT(sizeof(MemsimWeights) == sizeof(int) && sizeof(MemsimMethod) == sizeof(int));
+G_STATIC_ASSERT(sizeof(MemsimPipeSchedule) == sizeof(int) && sizeof(gboolean) == sizeof(int));
+G_STATIC_ASSERT(N_SETTINGS <= 64); /* the bits of MemsimRun.given */
+
+static gboolean set_zero_grad(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error);
+
+#define KEY(k, a) .info.name = (k), .info.arg = (a)
+#define HELP(h) .info.help = (h)
+#define DEFAULT(v) .info.default_value = (v)
+#define TRAINING .info.scope = MEMSIM_SETTING_SCOPE_TRAINING
+#define INFERENCE .info.scope = MEMSIM_SETTING_SCOPE_INFERENCE
+#define INT(lo, hi) .info.kind = MEMSIM_SETTING_KIND_INT, .info.min = (lo), .info.max = (hi)
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define ENUM(...) .info.kind = MEMSIM_SETTING_KIND_ENUM, .info.values = NAMES(__VA_ARGS__)
+#define BOOL .info.kind = MEMSIM_SETTING_KIND_BOOL
+#define SIZE .info.kind = MEMSIM_SETTING_KIND_SIZE
+#define STRING(fn) .info.kind = MEMSIM_SETTING_KIND_STRING, .set = (fn)
+#define LIST(fn) .info.kind = MEMSIM_SETTING_KIND_LIST, .set = (fn)
+#define FIELD(f) .offset = offsetof(MemsimRun, f), .size = sizeof(((MemsimRun *)NULL)->f)
+
+/* In the order of --help-run. The help is the command's, word for word; tests/test_config.c
+ * checks that a default it names is default_value, tests/test_manpage.c that the man page
+ * and the bash completion have every setting and value. */
+static const Setting settings[N_SETTINGS] = {
+    [SETTING_BATCH] = {KEY("batch", "N"), INT(1, 1 << 20), DEFAULT("1"), FIELD(batch),
+                       HELP("Micro-batch size (default 1)")},
+    [SETTING_SEQ] = {KEY("seq", "N"), INT(1, 1 << 24), DEFAULT("2048"), FIELD(seq), TRAINING,
+                     HELP("Sequence length (default 2048)"),
+                     .refusal = "seq: an inference run takes --prompt (the prompt's tokens) and "
+                                "--generate (the tokens generated), not --seq"},
+    [SETTING_STEPS] = {KEY("steps", "N"), INT(1, 1000), DEFAULT("2"), FIELD(steps), TRAINING,
+                       HELP("Optimizer steps simulated (default 2: step 1 creates the state)")},
+    [SETTING_GRAD_ACCUM] = {KEY("grad-accum", "N"), INT(1, 4096), DEFAULT("1"), FIELD(grad_accum),
+                            TRAINING, HELP("Micro-batches per optimizer step (default 1)")},
+    [SETTING_PRECISION] = {KEY("precision", "P"),
+                           ENUM("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"),
+                           DEFAULT("bf16-mixed"), FIELD(precision),
+                           HELP("fp32, bf16-mixed (default), fp16-mixed, bf16, fp16")},
+    [SETTING_OPTIMIZER] = {KEY("optimizer", "O"),
+                           ENUM("adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"),
+                           DEFAULT("adamw"), FIELD(optimizer), TRAINING,
+                           HELP("adamw (default), sgd, sgd-momentum, adafactor, adamw-8bit")},
+    [SETTING_OPTIMIZER_IMPL] = {KEY("optimizer-impl", "I"),
+                                ENUM("default", "for-loop", "foreach", "fused"), DEFAULT("default"),
+                                FIELD(optimizer_impl), TRAINING,
+                                HELP("default (1.13: for-loop; 2.x: foreach), for-loop, foreach, "
+                                     "fused")},
+    [SETTING_ZERO_GRAD] = {KEY("zero-grad", "Z"), ENUM("zero", "none"), .set = set_zero_grad,
+                           TRAINING,
+                           HELP("none (set_to_none=True; default in 2.x) or zero (in place)")},
+    [SETTING_ATTENTION] = {KEY("attention", "A"),
+                           ENUM("sdpa", "eager", "sdpa-math", "flash", "mem-efficient"),
+                           DEFAULT("sdpa"), FIELD(attention),
+                           HELP("sdpa (default), eager, sdpa-math, flash, mem-efficient")},
+    [SETTING_CHECKPOINTING] = {KEY("checkpointing", "C"), ENUM("none", "full", "selective"),
+                               DEFAULT("none"), FIELD(checkpointing), TRAINING,
+                               HELP("none (default), full, selective")},
+    [SETTING_FINETUNE] = {KEY("finetune", "F"), ENUM("full", "lora", "qlora"), DEFAULT("full"),
+                          FIELD(finetune), TRAINING, HELP("full (default), lora, qlora")},
+    [SETTING_LORA_RANK] = {KEY("lora-rank", "R"), INT(1, 65536), DEFAULT("16"), FIELD(lora_rank),
+                           TRAINING, HELP("LoRA rank (default 16)")},
+    [SETTING_LORA_TARGETS] = {KEY("lora-targets", "LIST"), LIST(set_lora_targets), TRAINING,
+                              HELP("LoRA target modules, comma-separated (default: peft's)")},
+    [SETTING_TORCH_VERSION] = {KEY("torch-version", "V"), STRING(set_torch_version),
+                               HELP("PyTorch release whose semantics apply: 1.13, 2.0 … 2.9 "
+                                    "(default 2.8)")},
+    [SETTING_USE_CACHE] = {KEY("use-cache", "BOOL"), BOOL, FIELD(use_cache),
+                           HELP("Override the config's use_cache (a KV cache in training)")},
+    [SETTING_INFERENCE] = {KEY("inference", NULL), BOOL, DEFAULT("false"), FIELD(inference),
+                           HELP("Inference: a prompt, then generated tokens with a KV cache")},
+    [SETTING_PROMPT] = {KEY("prompt", "N"), INT(1, 1 << 24), DEFAULT("512"), FIELD(prompt),
+                        INFERENCE, HELP("Inference prompt tokens (default 512)")},
+    [SETTING_GENERATE] = {KEY("generate", "N"), INT(0, 1 << 24), DEFAULT("128"), FIELD(generate),
+                          INFERENCE, HELP("Inference generated tokens (default 128)")},
+    [SETTING_WEIGHTS] = {KEY("weights", "W"), ENUM("default", "int8", "4bit"), DEFAULT("default"),
+                         FIELD(weights), INFERENCE,
+                         HELP("Inference weights: default (the precision), int8, 4bit")},
+    [SETTING_KEEP_OUTPUTS] = {KEY("keep-outputs", "BOOL"), BOOL, DEFAULT("false"),
+                              FIELD(keep_outputs), TRAINING,
+                              HELP("The loop keeps the model output until the next step "
+                                   "(default false: Trainer)")},
+    [SETTING_DEVICE] = {KEY("device", "D"), ENUM("cuda", "cpu"), DEFAULT("cuda"), FIELD(device_cpu),
+                        HELP("cuda (default) or cpu kernels (to compare with CPU recordings)")},
+    [SETTING_GPUS] = {KEY("gpus", "N"), INT(1, 1 << 20), DEFAULT("1"), FIELD(gpus),
+                      HELP("GPUs in all (default 1)")},
+    [SETTING_METHOD] = {KEY("method", "M"),
+                        ENUM("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op",
+                             "hsdp", "megatron"),
+                        FIELD(method), TRAINING,
+                        HELP("ddp, zero1, zero2, zero3, fsdp, fsdp-grad-op, hsdp, megatron "
+                             "(default: megatron when --tp/--pp are given, else none)")},
+    [SETTING_TP] = {KEY("tp", "T"), INT(1, 1 << 20), FIELD(tp), TRAINING,
+                    HELP("Tensor-parallel degree (Megatron)")},
+    [SETTING_PP] = {KEY("pp", "P"), INT(1, 1 << 20), FIELD(pp), TRAINING,
+                    HELP("Pipeline-parallel degree (Megatron)")},
+    [SETTING_DP] = {KEY("dp", "D"), INT(1, 1 << 20), FIELD(dp), TRAINING,
+                    HELP("Data-parallel degree (default gpus / (tp × pp))")},
+    [SETTING_PP_SCHEDULE] = {KEY("pp-schedule", "S"), ENUM("1f1b", "gpipe", "interleaved"),
+                             DEFAULT("1f1b"), FIELD(pp_schedule), TRAINING,
+                             HELP("1f1b (default), gpipe, interleaved")},
+    [SETTING_MICROBATCHES] = {KEY("microbatches", "M"), INT(1, 1 << 16), FIELD(microbatches),
+                              TRAINING, HELP("Micro-batches per step for pipelines (default pp)")},
+    [SETTING_VIRTUAL_STAGES] = {KEY("virtual-stages", "V"), INT(1, 1024), DEFAULT("1"),
+                                FIELD(virtual_stages), TRAINING,
+                                HELP("Model chunks per stage for the interleaved schedule")},
+    [SETTING_SEQUENCE_PARALLEL] = {KEY("sequence-parallel", NULL), BOOL, DEFAULT("false"),
+                                   FIELD(sequence_parallel), TRAINING,
+                                   HELP("Megatron sequence parallelism")},
+    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model"), DEFAULT("layer"),
+                           FIELD(fsdp_wrap_model), TRAINING,
+                           HELP("layer (default: one unit per decoder layer) or model")},
+    [SETTING_GPUS_PER_NODE] = {KEY("gpus-per-node", "N"), INT(1, 1024), DEFAULT("8"),
+                               FIELD(gpus_per_node),
+                               HELP("GPUs per node (HSDP's shard group; default 8)")},
+    [SETTING_GPU] = {KEY("gpu", "NAME"), STRING(set_gpu),
+                     HELP("GPU profile for op durations (default a100-80gb)")},
+    [SETTING_CUBLAS_WORKSPACE] = {KEY("cublas-workspace", "SIZE"), SIZE, FIELD(cublas_workspace),
+                                  HELP("cuBLAS workspace per handle and stream, in the allocator "
+                                       "(default 8519680 bytes; 32MiB on H100/H200)")},
+};
+
+const MemsimRunSetting *memsim_run_setting_info(guint i)
+{
+    return i < N_SETTINGS ? &settings[i].info : NULL;
+}
+
+const char *setting_name(SettingId id)
+{
+    g_assert(id < N_SETTINGS);
+    return settings[id].info.name;
+}
+
+static gboolean given(const MemsimRun *r, SettingId id)
+{
+    return r->given >> id & 1;
+}
+
+static int setting_find(const char *key)
+{
+    for (int i = 0; i < N_SETTINGS; i++)
+        if (strcmp(settings[i].info.name, key) == 0)
+            return i;
+    return -1;
+}
+
+gboolean memsim_run_given(const MemsimRun *run, const char *key)
+{
+    int i = setting_find(key);
+    return i >= 0 && given(run, (SettingId)i);
+}
+
+/* ---- values from text ---- */
+
+static gboolean pick(const char *key, const char *v, const char *const *names, int *out,
+                     GError **error)
+{
+    for (int i = 0; names[i]; i++)
+        if (g_ascii_strcasecmp(v, names[i]) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    g_autofree char *list = g_strjoinv(", ", (char **)names);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: '%s' is not one of %s", key, v,
+                list);
+    return FALSE;
+}
+
+gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                     GError **error)
+{
+    char *end = NULL;
+    gint64 x = g_ascii_strtoll(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not an integer in [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]",
+                    key, v, lo, hi);
+        return FALSE;
+    }
+    *out = x;
+    return TRUE;
+}
+
+gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **error)
+{
+    int i;
+    static const char *const names[] = {"false", "true", "no", "yes", "0", "1", NULL};
+    if (!pick(key, v, names, &i, error))
+        return FALSE;
+    *out = i % 2;
+    return TRUE;
+}
+
+gboolean setting_refuse(GError **error, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s", msg);
+    return FALSE;
+}
+
+/* FALSE with the known profiles listed for a GPU name memsim has no profile of. */
+static gboolean gpu_known(const char *name, GError **error)
+{
+    if (memsim_gpu_find(name))
+        return TRUE;
+    g_autofree char *known = memsim_gpu_names();
+    g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: unknown GPU '%s' (known: %s)",
+                setting_name(SETTING_GPU), name, known);
+    return FALSE;
+}
+
+/* ---- the setters of the settings that are not plain ---- */
+
+static gboolean set_zero_grad(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    int i;
+    if (!pick(s->info.name, v, s->info.values, &i, error))
+        return FALSE;
+    r->zero_grad_to_none = i == 1;
+    r->zero_grad_set = TRUE;
+    return TRUE;
+}
+
+static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    g_strfreev(r->lora_targets);
+    r->lora_targets = g_strsplit(v, ",", -1);
+    for (char **t = r->lora_targets; *t; t++)
+        g_strstrip(*t);
+    return TRUE;
+}
+
+static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    int maj = 0, min = 0;
+    if (sscanf(v, "%d.%d", &maj, &min) != 2 || maj < 1 || (maj == 1 && min < 13) || maj > 2) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not a modelled release (1.13, or 2.0 to 2.9)", s->info.name, v);
+        return FALSE;
+    }
+    g_free(r->torch_version);
+    r->torch_version = g_strdup(v);
+    return TRUE;
+}
+
+static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    g_autofree char *name = g_ascii_strdown(v, -1);
+    if (!gpu_known(name, error))
+        return FALSE;
+    g_free(r->gpu);
+    r->gpu = g_steal_pointer(&name);
+    return TRUE;
+}
+
+/* Stores x into the field of a plain setting. */
+static void store(MemsimRun *r, const Setting *s, int64_t x)
+{
+    char *field = (char *)r + s->offset;
+    if (s->size == sizeof(int64_t)) {
+        memcpy(field, &x, sizeof x);
+    } else {
+        g_assert(s->size == sizeof(int));
+        int i = (int)x;
+        memcpy(field, &i, sizeof i);
+    }
+}
+
+/* Parses `v` and sets it on the run (not marking it given); FALSE with an error naming the key,
+ * the run as it was. */
+static gboolean set_value(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    const MemsimRunSetting *in = &s->info;
+    int64_t x;
+    int i;
+    gboolean b;
+    memsim_size_t bytes;
+    if (s->set)
+        return s->set(r, s, v, error);
+    switch (in->kind) {
+    case MEMSIM_SETTING_KIND_INT:
+        if (!setting_int(in->name, v, in->min, in->max, &x, error))
+            return FALSE;
+        break;
+    case MEMSIM_SETTING_KIND_ENUM:
+        if (!pick(in->name, v, in->values, &i, error))
+            return FALSE;
+        x = i;
+        break;
+    case MEMSIM_SETTING_KIND_BOOL:
+        if (!setting_bool(in->name, v, &b, error))
+            return FALSE;
+        x = b;
+        break;
+    case MEMSIM_SETTING_KIND_SIZE:
+        if (!memsim_parse_size_of(in->name, v, &bytes, error))
+            return FALSE;
+        g_assert(s->size == sizeof bytes);
+        memcpy((char *)r + s->offset, &bytes, sizeof bytes);
+        return TRUE;
+    default:
+        g_assert_not_reached();
+    }
+    store(r, s, x);
+    return TRUE;
+}
+
+/* ---- the run ---- */
+
+MemsimRun memsim_run_defaults(void)
+{
+    MemsimRun r = {0};
+    r.use_cache = -1; /* the config's */
+    for (int i = 0; i < N_SETTINGS; i++)
+        if (settings[i].info.default_value &&
+            !set_value(&r, &settings[i], settings[i].info.default_value, NULL))
+            g_error("run setting %s: its default '%s' is refused", settings[i].info.name,
+                    settings[i].info.default_value);
+    return r;
+}
+
+void memsim_run_clear(MemsimRun *r)
+{
+    g_strfreev(r->lora_targets);
+    g_free(r->torch_version);
+    g_free(r->gpu);
+    r->lora_targets = NULL;
+    r->torch_version = NULL;
+    r->gpu = NULL;
+}
+
+gboolean memsim_run_set(MemsimRun *r, const char *key, const char *v, GError **error)
+{
+    int i = setting_find(key);
+    if (i < 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "unknown run setting '%s'", key);
+        return FALSE;
+    }
+    if (!v) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: no value", key);
+        return FALSE;
+    }
+    if (!set_value(r, &settings[i], v, error))
+        return FALSE;
+    r->given |= (guint64)1 << i;
+    return TRUE;
+}
+
+gboolean memsim_run_load_file(MemsimRun *r, const char *path, GError **error)
+{
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    GError *e = NULL;
+    if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &e)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", path, e->message);
+        g_error_free(e);
+        return FALSE;
+    }
+    gsize n = 0;
+    g_auto(GStrv) keys = g_key_file_get_keys(kf, "run", &n, &e);
+    if (!keys) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", path, e->message);
+        g_error_free(e);
+        return FALSE;
+    }
+    for (gsize i = 0; i < n; i++) {
+        g_autofree char *v = g_key_file_get_string(kf, "run", keys[i], NULL);
+        GError *e2 = NULL;
+        if (!memsim_run_set(r, keys[i], v ? v : "", &e2)) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: [run] %s", path,
+                        e2->message);
+            g_error_free(e2);
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
+MemsimResolvedRun memsim_run_resolve(const MemsimRun *run)
+{
+    MemsimResolvedRun rr = {0};
+    rr.tp = run->tp ? run->tp : 1;
+    rr.pp = run->pp ? run->pp : 1;
+    /* in 64 bits: tp × pp may exceed an int (both up to 2^20) */
+    rr.dp = run->dp ? run->dp : (int)(run->gpus / ((int64_t)rr.tp * rr.pp));
+    rr.microbatches = run->microbatches ? run->microbatches : rr.pp;
+    rr.method = run->method == MEMSIM_METHOD_NONE && (rr.tp > 1 || rr.pp > 1)
+                    ? MEMSIM_METHOD_MEGATRON
+                    : run->method;
+    rr.distributed = run->gpus > 1 || rr.method != MEMSIM_METHOD_NONE;
+    return rr;
+}
+
+/* The settings of the runs `r` is not (training-only ones given to an inference run, and the
+ * other way round), the first in the table's order refused. */
+static gboolean check_scope(const MemsimRun *r, GError **error)
+{
+    MemsimSettingScope other =
+        r->inference ? MEMSIM_SETTING_SCOPE_TRAINING : MEMSIM_SETTING_SCOPE_INFERENCE;
+    for (int i = 0; i < N_SETTINGS; i++) {
+        const Setting *s = &settings[i];
+        if (s->info.scope != other || !given(r, (SettingId)i))
+            continue;
+        if (s->refusal)
+            return setting_refuse(error, "%s", s->refusal);
+        if (r->inference)
+            return setting_refuse(error,
+                                  "%s: an inference run has no %s (it is a training setting)",
+                                  s->info.name, s->info.name);
+        return setting_refuse(error, "%s: only with --inference (training takes --seq)",
+                              s->info.name);
+    }
+    return TRUE;
+}
+
+gboolean memsim_run_check(const MemsimRun *r, GError **error)
+{
+#define GIVEN(id) given(r, SETTING_##id)
+    if (r->gpu && !gpu_known(r->gpu, error))
+        return FALSE;
+    if (!check_scope(r, error))
+        return FALSE;
+    if ((GIVEN(LORA_RANK) || GIVEN(LORA_TARGETS)) && r->finetune == MEMSIM_FT_FULL)
+        return setting_refuse(
+            error, "%s: only with --finetune lora or qlora",
+            setting_name(GIVEN(LORA_RANK) ? SETTING_LORA_RANK : SETTING_LORA_TARGETS));
+    MemsimResolvedRun rr = memsim_run_resolve(r);
+    gboolean megatron = rr.method == MEMSIM_METHOD_MEGATRON;
+    if (GIVEN(SEQUENCE_PARALLEL) && r->sequence_parallel && rr.tp < 2)
+        return setting_refuse(error,
+                              "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+    if (GIVEN(MICROBATCHES) && !megatron)
+        return setting_refuse(error, "microbatches: Megatron's micro-batches per step need "
+                                     "--method megatron or --tp/--pp (elsewhere accumulation is "
+                                     "--grad-accum)");
+    if (GIVEN(PP_SCHEDULE) && !megatron)
+        return setting_refuse(error, "pp-schedule: needs a Megatron run (--pp 2 or more)");
+    if (GIVEN(VIRTUAL_STAGES) && r->virtual_stages > 1 && r->pp_schedule != MEMSIM_PP_INTERLEAVED)
+        return setting_refuse(error, "virtual-stages: only with --pp-schedule interleaved");
+    if (GIVEN(FSDP_WRAP) && r->method != MEMSIM_METHOD_FSDP &&
+        r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
+        return setting_refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
+    if (rr.distributed && !r->inference && !setting_check_distributed_loop(r, megatron, error))
+        return FALSE;
+    if (r->gpus < 2 && (rr.tp > 1 || rr.pp > 1 || rr.dp > 1))
+        return setting_refuse(error, "gpus: --tp, --pp and --dp describe a run on several GPUs: "
+                                     "give --gpus (tp × pp × dp)");
+    if (GIVEN(GPUS_PER_NODE) && r->gpus < 2)
+        return setting_refuse(error,
+                              "gpus-per-node: a run on one GPU has no nodes to span: give --gpus");
+#undef GIVEN
+    return TRUE;
+}
+
+/* The name of value `i` of an ENUM setting. */
+static const char *value_name(SettingId id, int i)
+{
+    g_assert(settings[id].info.kind == MEMSIM_SETTING_KIND_ENUM && i >= 0 &&
+             i < (int)g_strv_length((char **)settings[id].info.values));
+    return settings[id].info.values[i];
+}
+
+char *memsim_run_describe(const MemsimRun *run)
+{
+    GString *s = g_string_new(NULL);
+    if (run->inference) {
+        g_string_append_printf(s,
+                               "inference: batch %" G_GINT64_FORMAT ", prompt %" G_GINT64_FORMAT
+                               ", generate %" G_GINT64_FORMAT ", %s weights, attention %s",
+                               run->batch, run->prompt, run->generate,
+                               run->weights == MEMSIM_WEIGHTS_4BIT ? "4-bit"
+                               : run->weights == MEMSIM_WEIGHTS_INT8
+                                   ? "int8"
+                                   : value_name(SETTING_PRECISION, run->precision),
+                               value_name(SETTING_ATTENTION, run->attention));
+    } else {
+        MemsimOptimizerImpl impl;
+        gboolean to_none;
+        run_optimizer_choice(run, &impl, &to_none);
+        g_string_append_printf(
+            s,
+            "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT "%s, %d step(s), grad-accum %d, "
+            "%s, %s (%s), zero_grad %s, attention %s, checkpointing %s, finetune %s",
+            run->batch, run->seq,
+            /* memsim_run_adapt cut a sequence that was not given */
+            !given(run, SETTING_SEQ) && run->seq != memsim_run_defaults().seq
+                ? " (the model's context)"
+                : "",
+            run->steps, run->grad_accum, value_name(SETTING_PRECISION, run->precision),
+            value_name(SETTING_OPTIMIZER, run->optimizer), value_name(SETTING_OPTIMIZER_IMPL, impl),
+            to_none ? "to None" : "in place", value_name(SETTING_ATTENTION, run->attention),
+            value_name(SETTING_CHECKPOINTING, run->checkpointing),
+            value_name(SETTING_FINETUNE, run->finetune));
+        if (run->finetune != MEMSIM_FT_FULL) {
+            g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
+            g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
+        }
+    }
+    MemsimResolvedRun rr = memsim_run_resolve(run);
+    if (rr.distributed) {
+        g_string_append_printf(s, ", %d GPUs: %s", run->gpus,
+                               value_name(SETTING_METHOD, rr.method));
+        if (rr.method == MEMSIM_METHOD_MEGATRON) {
+            g_string_append_printf(s, " tp %d × pp %d × dp %d", rr.tp, rr.pp, rr.dp);
+            if (rr.pp > 1)
+                g_string_append_printf(s, ", %s, %d micro-batches",
+                                       value_name(SETTING_PP_SCHEDULE, run->pp_schedule),
+                                       rr.microbatches);
+            if (run->sequence_parallel)
+                g_string_append(s, ", sequence parallel");
+        }
+    }
+    g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
+                           run->device_cpu ? " (CPU kernels)" : "");
+    return g_string_free(s, FALSE);
+}
