@@ -67,6 +67,7 @@
 
 #include "traces/estimate/judge.h"
 #include "traces/plan/cost.h"
+#include "traces/plan/sweep.h"
 #include "traces/model.h"
 #include "traces/settings.h"
 
@@ -112,82 +113,10 @@ static int full_sms(const char *gpu)
     return g_str_has_prefix(gpu, "a100") ? 108 : 132;
 }
 
-/* ---- the sweep's state ---- */
-
-typedef struct {
-    gboolean done;
-    gboolean failed;     /* the generator refused it (the message is kept) */
-    gboolean fits;       /* under some allocator setting (or with offload) */
-    gboolean expandable; /* fits only with expandable_segments */
-    gboolean measured;   /* the figures are a full replay (fits, or the miss measured
-                            without a memory limit) */
-    memsim_size_t peak;  /* largest device total (offload: minus the optimizer state) */
-    memsim_size_t host;  /* offload: largest optimizer state */
-    uint32_t n_ranks;
-    MemsimPlanRank *ranks;
-    char *error;
-} Probe;
-
-typedef struct {
-    int idx; /* enumeration order: the last tie-break */
-    MemsimMethod method;
-    gboolean replicas;
-    int tp, pp, dp, v;
-    MemsimPipeSchedule schedule;
-    MemsimCheckpointing ckpt;
-    int replicas_n; /* data-parallel replicas */
-    int nb;
-    int64_t *bs;         /* micro-batches, ascending */
-    int *n_micro;        /* micro-batches per step at each b */
-    CostResult *cost;    /* at each b */
-    double best_tps;     /* the best any b could do */
-    memsim_size_t bound; /* lower bound of the device total (state + context + NCCL) */
-    gboolean pruned_bound, pruned_cost;
-    Probe *probes;
-    int row;          /* the chosen b, or −1 */
-    gboolean miss;    /* b = bs[0] does not fit */
-    int fam;          /* its family (same method and degrees) */
-    int64_t fit_max;  /* largest b known to fit (0: none), by its own probes or
-                         inferred from a family member that needs more memory */
-    int64_t fail_min; /* smallest b known not to fit (G_MAXINT64: none) */
-} Group;
-
-/* Configurations with the same method and degrees: their peaks are ordered by the
- * checkpointing mode (full ≤ selective ≤ none) and the schedule (1F1B ≤ interleaved,
- * 1F1B ≤ GPipe), so what one probe shows about one member says something of the others. */
-typedef struct {
-    int first, n;    /* groups[first .. first + n) */
-    double best_tps; /* the best any member could do */
-    double likely;   /* its fastest member at the smallest b guessed to fit (the order only) */
-    gboolean pruned_bound;
-    gboolean pruned_cost; /* could not reach the top rows */
-    int row;              /* the member whose row is the family's, or −1 */
-} Degrees;
-
-typedef struct {
-    const MemsimModel *model;
-    MemsimPlanOptions opt;
-    const MemsimGpu *gpu;
-    const char *gpu_name;
-    MemsimRun base;
-    memsim_size_t gpu_mem, ctx;
-    double compute_fraction, memory_fraction;
-    gboolean offload; /* the offload phase */
-    int K;            /* rows that matter (G_MAXINT = all) */
-    double *known;    /* per family: the fastest row known to be possible (0: none) */
-    Group *groups;
-    int n_groups;
-    Degrees *fams;
-    int n_fams;
-    GMutex lock;
-    guint done, total;
-    guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
-} Sweep;
-
-static const char *method_names[] = {"one GPU", "ddp",          "zero1", "zero2",   "zero3",
-                                     "fsdp",    "fsdp-grad-op", "hsdp",  "megatron"};
-static const char *ckpt_names[] = {"none", "full", "selective"};
-static const char *sched_names[] = {"1f1b", "gpipe", "interleaved"};
+const char *const plan_method_names[] = {"one GPU", "ddp",          "zero1", "zero2", "zero3",
+                                         "fsdp",    "fsdp-grad-op", "hsdp",  "megatron"};
+const char *const plan_ckpt_names[] = {"none", "full", "selective"};
+const char *const plan_sched_names[] = {"1f1b", "gpipe", "interleaved"};
 
 MemsimPlanOptions memsim_plan_options_defaults(void)
 {
@@ -339,7 +268,7 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
 /* ---- candidates ---- */
 
 /* The run of configuration `g` at micro-batch index j. Strings are borrowed from sw->base. */
-static void candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
+void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
 {
     *r = sw->base;
     r->given = 0; /* a candidate is the planner's, not settings a user gave */
@@ -726,7 +655,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
     if (p->done && (!need || p->fits || p->measured || p->failed))
         return;
     MemsimRun r;
-    candidate_run(sw, g, j, &r);
+    plan_candidate_run(sw, g, j, &r);
     GError *e = NULL;
     MemsimTrace *t = memsim_generate(sw->model, &r, &e);
     count(sw, &sw->n_generated);
@@ -1086,7 +1015,7 @@ static int by_speed(gconstpointer a, gconstpointer b)
 }
 
 /* Runs fn on each item over the thread pool (in order on one thread). */
-static void run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
+void plan_run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
 {
     int threads = sw->opt.threads > 0 ? sw->opt.threads : (int)g_get_num_processors();
     if (threads > (int)items->len)
@@ -1103,7 +1032,7 @@ static void run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
 }
 
 /* A shown miss measured: its smallest b without a memory limit. */
-static void measure_miss(gpointer data, gpointer user)
+void plan_measure_miss(gpointer data, gpointer user)
 {
     probe(user, data, 0, TRUE);
 }
@@ -1121,7 +1050,7 @@ static void run_phase(Sweep *sw)
         g->fail_min = G_MAXINT64;
         fill_costs(sw, g);
         MemsimRun r;
-        candidate_run(sw, g, 0, &r);
+        plan_candidate_run(sw, g, 0, &r);
         g->bound = state_bound(sw, g, !sw->offload) + sw->ctx +
                    memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
     }
@@ -1150,394 +1079,11 @@ static void run_phase(Sweep *sw)
     sw->total = order->len;
     sw->done = 0;
     g_ptr_array_sort(order, by_speed);
-    run_pool(sw, order, worker);
+    plan_run_pool(sw, order, worker);
     g_ptr_array_unref(order);
     for (int i = 0; i < sw->n_groups; i++)
         if (sw->groups[i].pruned_cost)
             sw->n_pruned_cost++;
-}
-
-/* ---- rows ---- */
-
-static char *size_flag(memsim_size_t b)
-{
-    if (b % ((memsim_size_t)1 << 20) == 0)
-        return g_strdup_printf("%" G_GUINT64_FORMAT "MiB", b >> 20);
-    return g_strdup_printf("%" G_GUINT64_FORMAT, b);
-}
-
-static void flag(GString *s, const char *name, const char *value)
-{
-    g_string_append_printf(s, " --%s", name);
-    if (value) {
-        g_autofree char *q = g_shell_quote(value);
-        gboolean plain = TRUE;
-        for (const char *c = value; *c; c++)
-            if (!g_ascii_isalnum(*c) && !strchr("-_.,:/=+", *c))
-                plain = FALSE;
-        g_string_append_printf(s, " %s", plain && *value ? value : q);
-    }
-}
-
-static void flag_int(GString *s, const char *name, int64_t v)
-{
-    char buf[32];
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, v);
-    flag(s, name, buf);
-}
-
-/* The `memsim estimate` command of a run: every setting that is not the default. */
-static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_mem,
-                        gboolean expandable)
-{
-    static const char *prec[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
-    static const char *optim[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
-    static const char *impl[] = {"default", "for-loop", "foreach", "fused"};
-    static const char *attn[] = {"sdpa", "eager", "sdpa-math", "flash", "mem-efficient"};
-    static const char *ft[] = {"full", "lora", "qlora"};
-    MemsimRun d = memsim_run_defaults();
-    GString *s = g_string_new("memsim estimate");
-    flag(s, "model", memsim_model_name(sw->model));
-    if (r->gpus > 1)
-        flag_int(s, setting_name(SETTING_GPUS), r->gpus);
-    if (r->method != MEMSIM_METHOD_NONE)
-        flag(s, setting_name(SETTING_METHOD), method_names[r->method]);
-    if (r->method == MEMSIM_METHOD_MEGATRON) {
-        flag_int(s, setting_name(SETTING_TP), r->tp);
-        flag_int(s, setting_name(SETTING_PP), r->pp);
-        flag_int(s, setting_name(SETTING_DP), r->dp);
-        if (r->pp > 1)
-            flag(s, setting_name(SETTING_PP_SCHEDULE), sched_names[r->pp_schedule]);
-        if (r->virtual_stages > 1)
-            flag_int(s, setting_name(SETTING_VIRTUAL_STAGES), r->virtual_stages);
-        flag_int(s, setting_name(SETTING_MICROBATCHES), r->microbatches);
-    }
-    flag_int(s, setting_name(SETTING_BATCH), r->batch);
-    if (r->grad_accum != 1)
-        flag_int(s, setting_name(SETTING_GRAD_ACCUM), r->grad_accum);
-    flag_int(s, setting_name(SETTING_SEQ), r->seq);
-    flag(s, setting_name(SETTING_CHECKPOINTING), ckpt_names[r->checkpointing]);
-    if (r->steps != d.steps)
-        flag_int(s, setting_name(SETTING_STEPS), r->steps);
-    if (r->precision != d.precision)
-        flag(s, setting_name(SETTING_PRECISION), prec[r->precision]);
-    if (r->optimizer != d.optimizer)
-        flag(s, setting_name(SETTING_OPTIMIZER), optim[r->optimizer]);
-    if (r->optimizer_impl != d.optimizer_impl)
-        flag(s, setting_name(SETTING_OPTIMIZER_IMPL), impl[r->optimizer_impl]);
-    if (r->zero_grad_set)
-        flag(s, setting_name(SETTING_ZERO_GRAD), r->zero_grad_to_none ? "none" : "zero");
-    if (r->attention != d.attention)
-        flag(s, setting_name(SETTING_ATTENTION), attn[r->attention]);
-    if (r->finetune != d.finetune) {
-        flag(s, setting_name(SETTING_FINETUNE), ft[r->finetune]);
-        if (r->lora_rank != d.lora_rank)
-            flag_int(s, setting_name(SETTING_LORA_RANK), r->lora_rank);
-        if (r->lora_targets) {
-            g_autofree char *t = g_strjoinv(",", r->lora_targets);
-            flag(s, setting_name(SETTING_LORA_TARGETS), t);
-        }
-    }
-    if (r->torch_version)
-        flag(s, setting_name(SETTING_TORCH_VERSION), r->torch_version);
-    if (r->use_cache >= 0)
-        flag(s, setting_name(SETTING_USE_CACHE), r->use_cache ? "true" : "false");
-    if (r->keep_outputs)
-        flag(s, setting_name(SETTING_KEEP_OUTPUTS), "true");
-    if (r->device_cpu)
-        flag(s, setting_name(SETTING_DEVICE), "cpu");
-    if (r->fsdp_wrap_model &&
-        (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
-         r->method == MEMSIM_METHOD_HSDP))
-        flag(s, setting_name(SETTING_FSDP_WRAP), "model");
-    if (r->gpus_per_node != d.gpus_per_node)
-        flag_int(s, setting_name(SETTING_GPUS_PER_NODE), r->gpus_per_node);
-    flag(s, setting_name(SETTING_GPU), r->gpu);
-    if (r->cublas_workspace) {
-        g_autofree char *w = size_flag(r->cublas_workspace);
-        flag(s, setting_name(SETTING_CUBLAS_WORKSPACE), w);
-    }
-    g_autofree char *mem = size_flag(gpu_mem);
-    flag(s, "gpu-mem", mem);
-    if (sw->ctx != MEMSIM_ESTIMATE_CONTEXT_DEFAULT) {
-        g_autofree char *c = size_flag(sw->ctx);
-        flag(s, "cuda-context", c);
-    }
-    if (sw->opt.nccl_bytes) {
-        g_autofree char *n = size_flag(sw->opt.nccl_bytes);
-        flag(s, "nccl-mem", n);
-    }
-    if (expandable)
-        flag(s, "alloc-conf", "expandable_segments:True");
-    return g_string_free(s, FALSE);
-}
-
-/* The configuration in the words of the framework that runs it. */
-static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandable,
-                       gboolean offload)
-{
-    const MemsimRun *b = &sw->base;
-    GString *s = g_string_new(NULL);
-    int64_t mb = g->bs[j];
-    int acc = g->n_micro[j];
-    const char *ckpt_hf = g->ckpt == MEMSIM_CKPT_FULL ? "gradient_checkpointing=True"
-                          : g->ckpt == MEMSIM_CKPT_SELECTIVE
-                              ? "selective recomputation of the attention core"
-                              : "no activation checkpointing";
-    const char *prec = b->precision == MEMSIM_PREC_FP32 ? "fp32"
-                       : b->precision == MEMSIM_PREC_FP16_MIXED || b->precision == MEMSIM_PREC_FP16
-                           ? "fp16"
-                           : "bf16";
-    switch (g->method) {
-    case MEMSIM_METHOD_NONE:
-        if (g->replicas)
-            g_string_append_printf(
-                s,
-                "torchrun --nproc_per_node %d (DDP over %d independent "
-                "replicas of the single-GPU run); ",
-                sw->opt.gpus < b->gpus_per_node ? sw->opt.gpus : b->gpus_per_node, sw->opt.gpus);
-        g_string_append_printf(s,
-                               "Trainer: per_device_train_batch_size=%" G_GINT64_FORMAT
-                               ", gradient_accumulation_steps=%d, %s=True, %s",
-                               mb, acc, prec, ckpt_hf);
-        if (b->finetune != MEMSIM_FT_FULL)
-            g_string_append_printf(
-                s, ", peft LoRA r=%d%s", b->lora_rank,
-                b->finetune == MEMSIM_FT_QLORA ? " on a 4-bit (bitsandbytes nf4) base" : "");
-        break;
-    case MEMSIM_METHOD_DDP:
-        g_string_append_printf(s,
-                               "torchrun, DistributedDataParallel (bucket_cap_mb=25) over %d "
-                               "GPUs: per-GPU batch %" G_GINT64_FORMAT
-                               ", gradient_accumulation_steps=%d "
-                               "(no_sync between), autocast %s, %s",
-                               sw->opt.gpus, mb, acc, prec, ckpt_hf);
-        break;
-    case MEMSIM_METHOD_ZERO1:
-    case MEMSIM_METHOD_ZERO2:
-    case MEMSIM_METHOD_ZERO3:
-        g_string_append_printf(s,
-                               "DeepSpeed: zero_optimization.stage=%d, "
-                               "train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
-                               ", gradient_accumulation_steps=%d, %s.enabled=true, %s%s",
-                               g->method == MEMSIM_METHOD_ZERO1   ? 1
-                               : g->method == MEMSIM_METHOD_ZERO2 ? 2
-                                                                  : 3,
-                               mb, acc, prec, ckpt_hf,
-                               offload ? ", offload_optimizer.device=cpu" : "");
-        break;
-    case MEMSIM_METHOD_FSDP:
-    case MEMSIM_METHOD_FSDP_GRAD_OP:
-    case MEMSIM_METHOD_HSDP:
-        g_string_append_printf(
-            s,
-            "torchrun, FSDP: sharding_strategy=%s, auto_wrap_policy="
-            "transformer decoder layer, MixedPrecision(param_dtype=%s), "
-            "per-GPU batch %" G_GINT64_FORMAT ", gradient_accumulation_steps=%d, %s%s",
-            g->method == MEMSIM_METHOD_FSDP           ? "FULL_SHARD"
-            : g->method == MEMSIM_METHOD_FSDP_GRAD_OP ? "SHARD_GRAD_OP"
-                                                      : "HYBRID_SHARD",
-            prec, mb, acc, ckpt_hf,
-            offload ? ", optimizer state on the CPU (DeepSpeed-style offload)" : "");
-        break;
-    case MEMSIM_METHOD_MEGATRON: {
-        int64_t G = (int64_t)g->dp * mb * acc;
-        g_string_append_printf(s,
-                               "Megatron-LM: --tensor-model-parallel-size %d "
-                               "--pipeline-model-parallel-size %d",
-                               g->tp, g->pp);
-        if (g->schedule == MEMSIM_PP_INTERLEAVED)
-            g_string_append_printf(s, " --num-layers-per-virtual-pipeline-stage %" G_GINT64_FORMAT,
-                                   sw->model->L / (g->pp * g->v));
-        g_string_append_printf(s,
-                               " --micro-batch-size %" G_GINT64_FORMAT
-                               " --global-batch-size %" G_GINT64_FORMAT
-                               " --seq-length %" G_GINT64_FORMAT " --%s "
-                               "--use-distributed-optimizer",
-                               mb, G, b->seq, prec);
-        if (g->ckpt == MEMSIM_CKPT_FULL)
-            g_string_append(s, " --recompute-granularity full --recompute-method uniform");
-        else if (g->ckpt == MEMSIM_CKPT_SELECTIVE)
-            g_string_append(s, " --recompute-granularity selective");
-        if (g->schedule == MEMSIM_PP_GPIPE)
-            g_string_append(s, " (all-forward-all-backward schedule, GPipe)");
-        if (offload)
-            g_string_append(s, " --optimizer-cpu-offload");
-        break;
-    }
-    default:
-        break;
-    }
-    if (expandable)
-        g_string_append(s, "; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
-    return g_string_free(s, FALSE);
-}
-
-static char *label_of(const Group *g)
-{
-    if (g->method == MEMSIM_METHOD_NONE)
-        return g_strdup(g->replicas ? "replicas" : "one GPU");
-    if (g->method != MEMSIM_METHOD_MEGATRON)
-        return g_strdup(method_names[g->method]);
-    if (g->pp == 1)
-        return g_strdup_printf("megatron tp%d dp%d", g->tp, g->dp);
-    return g_strdup_printf("megatron tp%d pp%d dp%d %s", g->tp, g->pp, g->dp,
-                           sched_names[g->schedule]);
-}
-
-static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, MemsimPlanRow *row)
-{
-    const Probe *p = &g->probes[j];
-    const CostResult *c = &g->cost[j];
-    memset(row, 0, sizeof *row);
-    row->label = label_of(g);
-    row->method = g->method;
-    row->replicas = g->replicas;
-    row->tp = g->tp;
-    row->pp = g->pp;
-    row->dp = g->replicas_n;
-    row->schedule = g->schedule;
-    row->virtual_stages = g->v;
-    row->batch = g->bs[j];
-    row->grad_accum = g->n_micro[j];
-    row->global_batch = (int64_t)g->replicas_n * g->bs[j] * g->n_micro[j];
-    row->checkpointing = g->ckpt;
-    row->expandable = p->expandable;
-    row->offload = sw->offload;
-    row->host_bytes = sw->offload ? p->host : 0;
-    row->step_s = c->step_s;
-    row->tokens_per_s = c->tokens_per_s;
-    row->compute_s = c->compute_s + c->recompute_s;
-    row->comm_s = c->comm_s;
-    row->bubble_s = c->bubble_s;
-    row->optimizer_s = c->optimizer_s + c->other_s;
-    if (miss && !p->done) {
-        /* not simulated: the model-state bound ruled the layout out */
-        row->peak = g->bound;
-        row->bound_only = TRUE;
-    } else {
-        row->peak = p->peak;
-        row->n_ranks = p->n_ranks;
-        row->ranks = g_new0(MemsimPlanRank, p->n_ranks ? p->n_ranks : 1);
-        for (guint32 i = 0; i < p->n_ranks; i++) {
-            row->ranks[i] = p->ranks[i];
-            row->ranks[i].role = g_strdup(p->ranks[i].role);
-        }
-    }
-    row->headroom = (int64_t)sw->gpu_mem - (int64_t)row->peak;
-    MemsimRun r;
-    candidate_run(sw, g, j, &r);
-    row->command = command_of(sw, &r, sw->gpu_mem, p->expandable);
-    row->recipe = recipe_of(sw, g, j, p->expandable, sw->offload);
-}
-
-static void row_clear(MemsimPlanRow *r)
-{
-    g_free(r->label);
-    for (guint32 i = 0; i < r->n_ranks; i++)
-        g_free(r->ranks[i].role);
-    g_free(r->ranks);
-    g_free(r->command);
-    g_free(r->recipe);
-}
-
-typedef struct {
-    const Group *g;
-    int j;
-    double tps;
-    memsim_size_t peak;
-    int64_t miss;
-} Ranked;
-
-static int by_row(gconstpointer a, gconstpointer b)
-{
-    const Ranked *x = a, *y = b;
-    if (x->tps != y->tps)
-        return x->tps > y->tps ? -1 : 1;
-    if (x->peak != y->peak)
-        return x->peak < y->peak ? -1 : 1;
-    return x->g->idx - y->g->idx;
-}
-
-static int by_row_peak_first(gconstpointer a, gconstpointer b)
-{
-    const Ranked *x = a, *y = b;
-    if (x->peak != y->peak)
-        return x->peak < y->peak ? -1 : 1;
-    return by_row(a, b);
-}
-
-static int by_miss(gconstpointer a, gconstpointer b)
-{
-    const Ranked *x = a, *y = b;
-    if (x->miss != y->miss)
-        return x->miss < y->miss ? -1 : 1;
-    return x->g->idx - y->g->idx;
-}
-
-/* The ranked rows and the closest misses of the last phase. */
-static void collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
-                    guint *n_misses)
-{
-    GArray *rows = g_array_new(FALSE, FALSE, sizeof(Ranked));
-    GArray *misses = g_array_new(FALSE, FALSE, sizeof(Ranked));
-    for (int k = 0; k < sw->n_fams; k++) {
-        if (sw->fams[k].row < 0)
-            continue;
-        const Group *g = &sw->groups[sw->fams[k].row];
-        Ranked r = {g, g->row, g->cost[g->row].tokens_per_s, g->probes[g->row].peak, 0};
-        g_array_append_val(rows, r);
-    }
-    g_array_sort(rows, by_row);
-    guint keep = sw->K == G_MAXINT ? rows->len : MIN(rows->len, (guint)sw->K);
-    double best = rows->len ? g_array_index(rows, Ranked, 0).tps : 0;
-    /* The misses: configurations whose smallest micro-batch does not fit but would beat the
-     * recommendation (all of them when nothing fits). Such configurations are never pruned
-     * by cost, so which they are does not depend on timing; the fastest are kept, and those
-     * whose miss was only inferred from a family member are simulated now. */
-    for (int i = 0; i < sw->n_groups; i++) {
-        const Group *g = &sw->groups[i];
-        if (g->nb == 0 || !g->miss || g->probes[0].failed)
-            continue;
-        if (rows->len && !(g->cost[0].tokens_per_s > best))
-            continue;
-        /* the model-state bound's misses (not simulated) only after the simulated ones */
-        Ranked k = {g, 0, g->cost[0].tokens_per_s, g->pruned_bound, 0};
-        g_array_append_val(misses, k);
-    }
-    g_array_sort(misses, by_row_peak_first);
-    guint nm = MIN(misses->len, (guint)(sw->opt.misses > 0 ? sw->opt.misses : 0));
-    g_array_set_size(misses, nm);
-    GPtrArray *todo = g_ptr_array_new();
-    for (guint i = 0; i < nm; i++) {
-        Group *g = (Group *)g_array_index(misses, Ranked, i).g;
-        if (!g->pruned_bound && !g->probes[0].measured)
-            g_ptr_array_add(todo, g);
-    }
-    run_pool(sw, todo, measure_miss);
-    g_ptr_array_unref(todo);
-    for (guint i = 0; i < nm; i++) {
-        Ranked *k = &g_array_index(misses, Ranked, i);
-        Group *g = (Group *)k->g;
-        memsim_size_t need = g->probes[0].done ? g->probes[0].peak : g->bound;
-        k->peak = need;
-        k->miss = (int64_t)need - (int64_t)sw->gpu_mem;
-    }
-    g_array_sort(misses, by_miss);
-    *rows_out = g_new0(MemsimPlanRow, keep ? keep : 1);
-    for (guint i = 0; i < keep; i++) {
-        Ranked *k = &g_array_index(rows, Ranked, i);
-        make_row(sw, k->g, k->j, FALSE, &(*rows_out)[i]);
-    }
-    *n_rows = keep;
-    *miss_out = g_new0(MemsimPlanRow, nm ? nm : 1);
-    for (guint i = 0; i < nm; i++) {
-        Ranked *k = &g_array_index(misses, Ranked, i);
-        make_row(sw, k->g, 0, TRUE, &(*miss_out)[i]);
-    }
-    *n_misses = nm;
-    g_array_unref(rows);
-    g_array_unref(misses);
 }
 
 static void sweep_clear(Sweep *sw)
@@ -1595,7 +1141,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
         /* the last resort: the optimizer state on the CPU */
         MemsimPlanRow *r0, *m0;
         guint nr0, nm0;
-        collect(&sw, &r0, &nr0, &m0, &nm0); /* keep the misses of the real sweep */
+        plan_collect(&sw, &r0, &nr0, &m0, &nm0); /* keep the misses of the real sweep */
         sw.offload = TRUE;
         run_phase(&sw);
         any = FALSE;
@@ -1604,9 +1150,9 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
         if (any) {
             MemsimPlanRow *m1;
             guint nm1;
-            collect(&sw, rows, n_rows, &m1, &nm1);
+            plan_collect(&sw, rows, n_rows, &m1, &nm1);
             for (guint i = 0; i < nm1; i++)
-                row_clear(&m1[i]);
+                plan_row_clear(&m1[i]);
             g_free(m1);
             *misses = m0;
             *n_misses = nm0;
@@ -1620,11 +1166,11 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
         }
         if (any) {
             for (guint i = 0; i < nr0; i++)
-                row_clear(&r0[i]);
+                plan_row_clear(&r0[i]);
             g_free(r0);
         }
     } else {
-        collect(&sw, rows, n_rows, misses, n_misses);
+        plan_collect(&sw, rows, n_rows, misses, n_misses);
     }
     plan->n_generated += sw.n_generated;
     plan->n_replays += sw.n_replays;
@@ -1771,9 +1317,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
                 misses[0] = (MemsimPlanRow){0};
             }
             for (guint k = 1; k < nr; k++)
-                row_clear(&rows[k]);
+                plan_row_clear(&rows[k]);
             for (guint k = 0; k < nm; k++)
-                row_clear(&misses[k]);
+                plan_row_clear(&misses[k]);
             g_free(rows);
             g_free(misses);
             g_array_append_val(mig, e);
@@ -1842,11 +1388,11 @@ void memsim_plan_free(MemsimPlan *plan)
     if (!plan)
         return;
     for (guint i = 0; i < plan->n_rows; i++)
-        row_clear(&plan->rows[i]);
+        plan_row_clear(&plan->rows[i]);
     for (guint i = 0; i < plan->n_misses; i++)
-        row_clear(&plan->misses[i]);
+        plan_row_clear(&plan->misses[i]);
     for (guint i = 0; i < plan->n_mig; i++)
-        row_clear(&plan->mig[i].best);
+        plan_row_clear(&plan->mig[i].best);
     g_free(plan->rows);
     g_free(plan->misses);
     g_free(plan->mig);

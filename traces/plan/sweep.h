@@ -1,0 +1,96 @@
+/* Internal: the planner's sweep (traces/plan/plan.c), shared with the rows it makes
+ * (traces/plan/rows.c). */
+#ifndef MEMSIM_TRACES_PLAN_SWEEP_H
+#define MEMSIM_TRACES_PLAN_SWEEP_H
+
+#include <memsim/estimate.h>
+#include <memsim/plan.h>
+
+#include "traces/plan/cost.h"
+
+typedef struct {
+    gboolean done;
+    gboolean failed;     /* the generator refused it (the message is kept) */
+    gboolean fits;       /* under some allocator setting (or with offload) */
+    gboolean expandable; /* fits only with expandable_segments */
+    gboolean measured;   /* the figures are a full replay (fits, or the miss measured
+                            without a memory limit) */
+    memsim_size_t peak;  /* largest device total (offload: minus the optimizer state) */
+    memsim_size_t host;  /* offload: largest optimizer state */
+    uint32_t n_ranks;
+    MemsimPlanRank *ranks;
+    char *error;
+} Probe;
+
+typedef struct {
+    int idx; /* enumeration order: the last tie-break */
+    MemsimMethod method;
+    gboolean replicas;
+    int tp, pp, dp, v;
+    MemsimPipeSchedule schedule;
+    MemsimCheckpointing ckpt;
+    int replicas_n; /* data-parallel replicas */
+    int nb;
+    int64_t *bs;         /* micro-batches, ascending */
+    int *n_micro;        /* micro-batches per step at each b */
+    CostResult *cost;    /* at each b */
+    double best_tps;     /* the best any b could do */
+    memsim_size_t bound; /* lower bound of the device total (state + context + NCCL) */
+    gboolean pruned_bound, pruned_cost;
+    Probe *probes;
+    int row;          /* the chosen b, or −1 */
+    gboolean miss;    /* b = bs[0] does not fit */
+    int fam;          /* its family (same method and degrees) */
+    int64_t fit_max;  /* largest b known to fit (0: none), by its own probes or
+                         inferred from a family member that needs more memory */
+    int64_t fail_min; /* smallest b known not to fit (G_MAXINT64: none) */
+} Group;
+
+/* Configurations with the same method and degrees: their peaks are ordered by the
+ * checkpointing mode (full ≤ selective ≤ none) and the schedule (1F1B ≤ interleaved,
+ * 1F1B ≤ GPipe), so what one probe shows about one member says something of the others. */
+typedef struct {
+    int first, n;    /* groups[first .. first + n) */
+    double best_tps; /* the best any member could do */
+    double likely;   /* its fastest member at the smallest b guessed to fit (the order only) */
+    gboolean pruned_bound;
+    gboolean pruned_cost; /* could not reach the top rows */
+    int row;              /* the member whose row is the family's, or −1 */
+} Degrees;
+
+typedef struct {
+    const MemsimModel *model;
+    MemsimPlanOptions opt;
+    const MemsimGpu *gpu;
+    const char *gpu_name;
+    MemsimRun base;
+    memsim_size_t gpu_mem, ctx;
+    double compute_fraction, memory_fraction;
+    gboolean offload; /* the offload phase */
+    int K;            /* rows that matter (G_MAXINT = all) */
+    double *known;    /* per family: the fastest row known to be possible (0: none) */
+    Group *groups;
+    int n_groups;
+    Degrees *fams;
+    int n_fams;
+    GMutex lock;
+    guint done, total;
+    guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
+} Sweep;
+
+extern const char *const plan_method_names[];
+extern const char *const plan_ckpt_names[];
+extern const char *const plan_sched_names[];
+
+/* The run of candidate `j` (its micro-batch) of group `g`. */
+void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r);
+/* Runs fn(item, sw) over the items on the sweep's worker threads. */
+void plan_run_pool(Sweep *sw, GPtrArray *items, GFunc fn);
+/* The rows that fit, best first, and the closest misses (newly allocated). */
+void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
+                    guint *n_misses);
+void plan_row_clear(MemsimPlanRow *r);
+/* Measures a missed candidate without a memory limit (a worker of plan_run_pool). */
+void plan_measure_miss(gpointer group, gpointer sweep);
+
+#endif
