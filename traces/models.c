@@ -3,706 +3,12 @@
  * dropped where the Python code drops them. Dimension letters: B batch, S sequence, H
  * hidden, V vocabulary, I MLP width, nh / nkv heads, hd head dim.
  */
-#include "traces/models.h"
+#include "traces/layers.h"
 
 #include <math.h>
 #include <string.h>
 
 #define U(x) gt_unref(md->g, (x))
-
-/* ---- parameters ---- */
-
-static AgTensor *leaf(Model *md, DType dt, int nd, const int64_t *shape, bool trainable,
-                      uint8_t cat)
-{
-    AgTensor *p = gg_leaf(md->g, dt, nd, shape, trainable, cat);
-    g_ptr_array_add(md->leaves, p);
-    if (trainable)
-        g_ptr_array_add(md->trainable, p);
-    return p;
-}
-
-static AgTensor *param(Model *md, DType dt, int nd, const int64_t *shape, bool trainable)
-{
-    return leaf(md, dt, nd, shape, trainable, MEMSIM_CAT_PARAMETER);
-}
-
-/* A registered buffer: not a parameter (rotary frequencies, causal tables). */
-static AgTensor *buffer(Model *md, DType dt, int nd, const int64_t *shape)
-{
-    return leaf(md, dt, nd, shape, false, MEMSIM_CAT_OTHER);
-}
-
-static bool full_ft(const Model *md)
-{
-    return md->run->finetune == MEMSIM_FT_FULL && !md->run->inference;
-}
-
-static bool is_target(const Model *md, const char *name)
-{
-    if (md->run->finetune == MEMSIM_FT_FULL || md->run->inference)
-        return false;
-    for (char **t = md->run->lora_targets; t && *t; t++)
-        if (strcmp(*t, name) == 0)
-            return true;
-    return false;
-}
-
-static void lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t in, bool bias,
-                     bool conv1d)
-{
-    l->name = name;
-    l->out = out;
-    l->in = in;
-    l->conv1d = conv1d;
-    bool train = full_ft(md);
-    bool q4 = md->run->finetune == MEMSIM_FT_QLORA ||
-              (md->run->inference && md->run->weights == MEMSIM_WEIGHTS_4BIT);
-    bool i8 = md->run->inference && md->run->weights == MEMSIM_WEIGHTS_INT8;
-    if (q4) {
-        /* bitsandbytes NF4: two weights per byte, plus one fp32 absmax per 64 weights */
-        l->quant4 = true;
-        l->w = param(md, DT_U8, SHAPE(out * in / 2), false);
-        l->b = NULL;
-        l->absmax = param(md, DT_F32, SHAPE((out * in + 63) / 64), false); /* lives with w */
-    } else if (i8) {
-        l->w = param(md, DT_U8, SHAPE(out, in), false);
-    } else {
-        l->w = conv1d ? param(md, md->pdt, SHAPE(in, out), train)
-                      : param(md, md->pdt, SHAPE(out, in), train);
-    }
-    if (bias && !q4)
-        l->b = param(md, md->pdt, SHAPE(out), train);
-    if (is_target(md, name)) {
-        /* peft: adapters in fp32 (autocast_adapter_dtype), A [r, in], B [out, r] */
-        int64_t r = md->run->lora_rank;
-        l->lora_a = param(md, DT_F32, SHAPE(r, in), true);
-        l->lora_b = param(md, DT_F32, SHAPE(out, r), true);
-    }
-}
-
-/* ---- layers ---- */
-
-/* A tensor-parallel collective of `bytes` (full size) over the tp ranks' ring. */
-static double tp_us(const Model *md, MemsimCollectiveKind kind, uint64_t bytes)
-{
-    int t = md->tp;
-    double f = kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (t - 1) / t : (double)(t - 1) / t;
-    return t > 1 ? f * (double)bytes * md->comm_us_per_byte : 0.0;
-}
-
-static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x);
-
-/* A tensor-parallel row-parallel layer's output is all-reduced in place (no buffer). */
-/* ---- sequence parallelism (Megatron; DISTRIBUTED.md §5.1) ---- */
-
-/* The global memory buffer: one persistent [B, S, H] tensor that column-parallel inputs are
- * all-gathered into (re-allocated only for a larger size). */
-static AgTensor *sp_buffer(Model *md, const AgTensor *x)
-{
-    int64_t n = md->B * md->S * x->shape[x->nd - 1];
-    if (!md->sp_buf || gt_numel(md->sp_buf) < n) {
-        gt_unref(md->g, md->sp_buf);
-        AgContext *c = gg_ctx(md->g);
-        uint8_t old = c->category;
-        c->category = MEMSIM_CAT_COMM_BUFFER;
-        md->sp_buf = op_new(md->g, "GlobalMemoryBuffer", x->dt, 1, (int64_t[]){n});
-        c->category = old;
-    }
-    return md->sp_buf;
-}
-
-/* Column-parallel linear on a sequence-sharded input: the input is gathered into the global
- * buffer (not saved); autograd keeps the sharded input and the weight. Backward re-gathers
- * into the same buffer, computes the full input gradient and reduce-scatters it into a new
- * sharded tensor, and computes the weight gradient. */
-static void bw_sp_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
-{
-    const AgTensor *xs = n->in_meta[0], *w = n->in_meta[1];
-    int64_t tp = n->iarg[0];
-    if (n->next[0].node) {
-        int64_t sh[GT_MAXDIM];
-        memcpy(sh, xs->shape, sizeof sh);
-        sh[1] *= tp;
-        gg_op(g, "mm");
-        gg_flops(g, 2.0 * (double)gt_numel(gin[0]) * (double)w->shape[1]);
-        AgTensor *full = gt_empty(g, gin[0]->dt, xs->nd, sh);
-        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1,
-                      n->farg[0] * (double)gt_nbytes(full) * (tp - 1) / tp);
-        gout[0] = gt_empty(g, gin[0]->dt, xs->nd, xs->shape);
-        gt_unref(g, full);
-    }
-    if (n->next[1].node) {
-        gg_op(g, "mm");
-        gg_flops(g, 2.0 * (double)gt_numel(gin[0]) * (double)w->shape[1]);
-        gout[1] = gt_empty(g, gin[0]->dt, w->nd, w->shape);
-    }
-    if (n->n_next > 2 && n->next[2].node) {
-        gg_op(g, "sum");
-        gout[2] = gt_empty(g, gin[0]->dt, n->in_meta[2]->nd, n->in_meta[2]->shape);
-    }
-}
-
-static AgTensor *sp_column_linear(Model *md, Lin *l, AgTensor *x)
-{
-    AgGraph *g = md->g;
-    sp_buffer(md, x);
-    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp, 1,
-                  tp_us(md, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * (uint64_t)md->tp));
-    gg_op(g, "linear");
-    gg_flops(g, 2.0 * (double)gt_numel(x) * (double)md->tp * (double)l->out);
-    int64_t sh[GT_MAXDIM];
-    memcpy(sh, x->shape, sizeof sh);
-    sh[1] *= md->tp;
-    sh[x->nd - 1] = l->out;
-    AgTensor *out = gt_empty(g, x->dt, x->nd, sh);
-    AgTensor *xs[3] = {x, l->w, l->b};
-    if (gg_needs_grad(g, l->b ? 3 : 2, xs)) {
-        AgNode *n = gn_new(g, "LinearWithGradAccumulationAndAsyncCommunicationBackward",
-                           bw_sp_linear, 1);
-        for (int i = 0; i < (l->b ? 3 : 2); i++)
-            gn_add_input(g, n, xs[i]);
-        n->iarg[0] = md->tp;
-        n->farg[0] = md->comm_us_per_byte;
-        gn_save(g, n, x);
-        gn_save(g, n, l->w);
-        gn_set_output(n, out, 0);
-    }
-    return out;
-}
-
-/* Row-parallel output reduce-scattered into a new sequence-sharded tensor; its backward
- * all-gathers the gradient into a new full tensor. */
-static void bw_sp_scatter(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
-{
-    /* farg[0]: the ring's µs per byte of the full size */
-    gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(n->in_meta[0]), 1,
-                  n->farg[0] * (double)gt_nbytes(n->in_meta[0]));
-    gout[0] = gt_empty(g, gin[0]->dt, n->in_meta[0]->nd, n->in_meta[0]->shape);
-}
-
-static AgTensor *sp_reduce_scatter(Model *md, AgTensor *full)
-{
-    AgGraph *g = md->g;
-    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1,
-                  tp_us(md, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full)));
-    int64_t sh[GT_MAXDIM];
-    memcpy(sh, full->shape, sizeof sh);
-    sh[1] /= md->tp;
-    AgTensor *out = gt_empty(g, full->dt, full->nd, sh);
-    AgNode *n = gg_needs_grad(g, 1, &full) ? gn_new(g, "_ReduceScatterToSequenceParallelRegionBackward", bw_sp_scatter, 1) : NULL;
-    if (n) {
-        gn_add_input(g, n, full);
-        n->farg[0] = tp_us(md, MEMSIM_COLL_ALL_GATHER, 1000000) / 1e6;
-        gn_set_output(n, out, 0);
-    }
-    return out;
-}
-
-static AgTensor *lin(Model *md, Lin *l, AgTensor *x)
-{
-    if (md->sp && !l->row_parallel && !l->lora_a && !l->quant4)
-        return sp_column_linear(md, l, x);
-    AgTensor *out = lin_local(md, l, x);
-    if (md->tp > 1 && l->row_parallel) {
-        if (md->sp) {
-            AgTensor *r = sp_reduce_scatter(md, out);
-            gt_unref(md->g, out);
-            return r;
-        }
-        gg_collective(md->g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out), 1,
-                      tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out)));
-    }
-    return out;
-}
-
-static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x)
-{
-    AgGraph *g = md->g;
-    AgTensor *out;
-    if (l->quant4) {
-        /* dequantise to the compute dtype, use, drop (bitsandbytes MatMul4Bit) */
-        DType cdt = md->adt == DT_F32 ? DT_BF16 : md->adt;
-        AgTensor *w = op_new(g, "dequantize_4bit", cdt, SHAPE(l->out, l->in));
-        AgTensor *xc = op_to(g, x, cdt);
-        out = op_linear(g, xc, w, NULL);
-        U(xc);
-        U(w);
-    } else if (l->w->dt == DT_U8) {
-        AgTensor *w = op_new(g, "int8_dequantize", md->adt, SHAPE(l->out, l->in));
-        out = op_linear(g, x, w, NULL);
-        U(w);
-    } else if (l->conv1d) {
-        out = op_conv1d(g, x, l->w, l->b);
-    } else {
-        out = op_linear(g, x, l->w, l->b);
-    }
-    if (l->lora_a) {
-        /* result + lora_B(lora_A(dropout(x))) * scaling (dropout 0: identity) */
-        AgTensor *xa = op_to(g, x, l->lora_a->dt);
-        AgTensor *a = op_linear(g, xa, l->lora_a, NULL);
-        U(xa);
-        AgTensor *b = op_linear(g, a, l->lora_b, NULL);
-        U(a);
-        AgTensor *s = op_scalar(g, BIN_MUL, b);
-        U(b);
-        AgTensor *r = op_binary(g, BIN_ADD, out, s);
-        U(s);
-        U(out);
-        out = op_to(g, r, r->dt == md->adt || gg_ctx(g)->autocast ? r->dt : md->adt);
-        U(r);
-    }
-    return out;
-}
-
-/* HF LlamaRMSNorm (§2.6): x.to(f32), pow, mean, +eps, rsqrt, mul, .to(dt), weight * y */
-static AgTensor *rmsnorm(Model *md, AgTensor *x, AgTensor *w)
-{
-    AgGraph *g = md->g;
-    DType in_dt = x->dt;
-    AgTensor *x32 = op_to(g, x, DT_F32);
-    AgTensor *p = op_unary(g, UN_SQUARE, x32);
-    AgTensor *var = op_mean_lastdim(g, p);
-    U(p);
-    AgTensor *ve = op_scalar(g, BIN_ADD, var);
-    U(var);
-    AgTensor *r = op_unary(g, UN_RSQRT, ve);
-    U(ve);
-    AgTensor *y = op_binary(g, BIN_MUL, x32, r);
-    U(r);
-    U(x32);
-    AgTensor *yb = op_to(g, y, in_dt);
-    U(y);
-    AgTensor *out = op_binary(g, BIN_MUL, w, yb);
-    U(yb);
-    return out;
-}
-
-static AgTensor *layernorm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b)
-{
-    return op_layer_norm(md->g, x, w, b);
-}
-
-static AgTensor *gelu_new(Model *md, AgTensor *x)
-{
-    /* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) as Python evaluates it */
-    AgGraph *g = md->g;
-    AgTensor *half = op_scalar(g, BIN_MUL, x);
-    AgTensor *cube = op_unary(g, UN_CUBE, x);
-    AgTensor *c1 = op_scalar(g, BIN_MUL, cube);
-    U(cube);
-    AgTensor *sum = op_binary(g, BIN_ADD, x, c1);
-    U(c1);
-    AgTensor *c2 = op_scalar(g, BIN_MUL, sum);
-    U(sum);
-    AgTensor *t = op_unary(g, UN_TANH, c2);
-    U(c2);
-    AgTensor *onep = op_scalar(g, BIN_ADD, t);
-    U(t);
-    AgTensor *out = op_binary(g, BIN_MUL, half, onep);
-    U(half);
-    U(onep);
-    return out;
-}
-
-static AgTensor *act(Model *md, AgTensor *x)
-{
-    const char *a = md->m->act;
-    if (strcmp(a, "gelu_new") == 0 || strcmp(a, "gelu_fast") == 0 ||
-        strcmp(a, "gelu_accurate") == 0)
-        return gelu_new(md, x);
-    if (strcmp(a, "relu") == 0)
-        return op_unary(md->g, UN_RELU, x);
-    if (strcmp(a, "gelu_pytorch_tanh") == 0)
-        return op_unary(md->g, UN_GELU_TANH, x);
-    if (strcmp(a, "gelu") == 0 || strcmp(a, "bloom_gelu") == 0)
-        return op_unary(md->g, UN_GELU, x);
-    return op_unary(md->g, UN_SILU, x); /* silu / swish */
-}
-
-/* Rotary cos/sin, once per forward under no_grad (§2.5): returns (1, S, rd) tensors. */
-static void rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **sin)
-{
-    AgGraph *g = md->g;
-    AgContext *c = gg_ctx(g);
-    bool ge = c->grad_enabled;
-    int ac = c->autocast;
-    c->grad_enabled = false;
-    c->autocast = 0;
-    int64_t S = md->S;
-    AgTensor *pe = op_new(g, "_to_copy", DT_F32, SHAPE(1, 1, S)); /* position_ids[:,None,:].float() */
-    AgTensor *fr = op_new(g, "bmm", DT_F32, SHAPE(1, rd / 2, S)); /* inv_freq @ positions */
-    AgTensor *frt = op_transpose(g, fr, 1, 2);
-    AgTensor *two[2] = {frt, frt};
-    AgTensor *emb = op_cat(g, two, 2, -1);
-    AgTensor *cs[2];
-    for (int i = 0; i < 2; i++) {
-        AgTensor *t = op_unary(g, i ? UN_SIN : UN_COS, emb);
-        cs[i] = op_scalar(g, BIN_MUL, t); /* * attention_scaling */
-        U(t);
-    }
-    c->autocast = ac;
-    DType dt = md->adt; /* cos.to(x.dtype): the hidden stream's dtype */
-    *cos = op_to(g, cs[0], dt);
-    *sin = op_to(g, cs[1], dt);
-    U(cs[0]);
-    U(cs[1]);
-    U(emb);
-    U(frt);
-    U(fr);
-    U(pe);
-    (void)pos;
-    c->grad_enabled = ge;
-}
-
-static AgTensor *rotate_half(Model *md, AgTensor *x)
-{
-    AgGraph *g = md->g;
-    int64_t d = x->shape[x->nd - 1];
-    AgTensor *x1 = op_slice(g, x, -1, 0, d / 2);
-    AgTensor *x2 = op_slice(g, x, -1, d / 2, d);
-    AgTensor *n = op_unary(g, UN_NEG, x2);
-    AgTensor *parts[2] = {n, x1};
-    AgTensor *out = op_cat(g, parts, 2, -1);
-    U(n);
-    U(x1);
-    U(x2);
-    return out;
-}
-
-/* q * cos + rotate_half(q) * sin, with cos/sin unsqueezed to (1,1,S,rd) */
-static AgTensor *apply_rope(Model *md, AgTensor *q, AgTensor *cos4, AgTensor *sin4)
-{
-    AgGraph *g = md->g;
-    AgTensor *a = op_binary(g, BIN_MUL, q, cos4);
-    AgTensor *rh = rotate_half(md, q);
-    AgTensor *b = op_binary(g, BIN_MUL, rh, sin4);
-    U(rh);
-    AgTensor *out = op_binary(g, BIN_ADD, a, b);
-    U(a);
-    U(b);
-    return out;
-}
-
-/* Partial rotary (NeoX): rotate the first rd dims, then cat with the rest. */
-static AgTensor *apply_rope_partial(Model *md, AgTensor *q, int64_t rd, AgTensor *cos4,
-                                    AgTensor *sin4)
-{
-    int64_t hd = q->shape[q->nd - 1];
-    if (rd >= hd)
-        return apply_rope(md, q, cos4, sin4);
-    AgGraph *g = md->g;
-    AgTensor *qr = op_slice(g, q, -1, 0, rd);
-    AgTensor *qp = op_slice(g, q, -1, rd, hd);
-    AgTensor *e = apply_rope(md, qr, cos4, sin4);
-    AgTensor *parts[2] = {e, qp};
-    AgTensor *out = op_cat(g, parts, 2, -1);
-    U(e);
-    U(qr);
-    U(qp);
-    return out;
-}
-
-/* HF repeat_kv: expand + reshape → a copy when n_rep > 1 (§5). [1.13] the full-range
- * slices of x[:, :, None, :, :] are recorded too. */
-static AgTensor *repeat_kv(Model *md, AgTensor *x, int64_t nrep)
-{
-    AgGraph *g = md->g;
-    if (nrep == 1)
-        return gt_ref(x);
-    int64_t B = x->shape[0], nkv = x->shape[1], S = x->shape[2], hd = x->shape[3];
-    AgTensor *t = gt_ref(x);
-    if (gg_rules(g)->full_slices_recorded) {
-        for (int d = 0; d < 2; d++) {
-            AgTensor *s = op_slice(g, t, d, 0, t->shape[d]);
-            U(t);
-            t = s;
-        }
-    }
-    AgTensor *u = op_unsqueeze(g, t, 2);
-    U(t);
-    t = u;
-    if (gg_rules(g)->full_slices_recorded) {
-        for (int d = 3; d < 5; d++) {
-            AgTensor *s = op_slice(g, t, d, 0, t->shape[d]);
-            U(t);
-            t = s;
-        }
-    }
-    AgTensor *e = op_expand(g, t, SHAPE(B, nkv, nrep, S, hd));
-    U(t);
-    AgTensor *r = op_reshape(g, e, SHAPE(B, nkv * nrep, S, hd));
-    U(e);
-    return r;
-}
-
-/* ---- attention ---- */
-
-typedef struct {
-    AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
-    AgTensor *cos4, *sin4;
-    bool eager;
-} Fwd;
-
-/* The eager path (§2.7): q [B,nh,S,hd], k/v [B,nkv,S,hd] → output [B,S,nh,hd] contiguous. */
-static AgTensor *attn_eager(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v,
-                            bool scale, bool f32_softmax)
-{
-    AgGraph *g = md->g;
-    int64_t nrep = q->shape[1] / k->shape[1];
-    AgTensor *kr = repeat_kv(md, k, nrep), *vr = repeat_kv(md, v, nrep);
-    AgTensor *kt = op_transpose(g, kr, 2, 3);
-    U(kr);
-    AgTensor *w = op_matmul(g, q, kt);
-    U(kt);
-    if (scale) {
-        AgTensor *ws = op_scalar(g, BIN_MUL, w);
-        U(w);
-        w = ws;
-    }
-    if (f->mask) {
-        AgTensor *wm = op_binary(g, BIN_ADD, w, f->mask);
-        U(w);
-        w = wm;
-    }
-    AgTensor *p = op_softmax(g, w, f32_softmax ? DT_F32 : w->dt);
-    U(w);
-    AgTensor *pd = op_to(g, p, q->dt);
-    U(p);
-    AgTensor *pdd = op_dropout(g, pd, md->m->attn_pdrop);
-    U(pd);
-    AgTensor *o = op_matmul(g, pdd, vr);
-    U(pdd);
-    U(vr);
-    AgTensor *ot = op_transpose(g, o, 1, 2);
-    U(o);
-    AgTensor *oc = op_contiguous(g, ot);
-    U(ot);
-    return oc;
-}
-
-typedef enum { SDPA_FLASH, SDPA_EFFICIENT, SDPA_MATH } SdpaKind;
-
-static void bw_sdpa(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
-{
-    SdpaKind k = (SdpaKind)n->iarg[0];
-    const AgTensor *q = n->in_meta[0], *kk = n->in_meta[1];
-    int64_t B = q->shape[0], nh = q->shape[1], S = q->shape[2], hd = q->shape[3];
-    gg_op(g, k == SDPA_FLASH ? "_flash_attention_backward" : "_efficient_attention_backward");
-    /* causal: half of 4·B·nh·S²·hd per pass; backward 2.5 passes (dQ, dK, dV and the
-     * recomputed scores) */
-    gg_flops(g, 2.5 * 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
-    for (int i = 0; i < 3; i++)
-        if (n->next[i].node)
-            gout[i] = gt_empty(g, n->in_meta[i]->dt, n->in_meta[i]->nd, n->in_meta[i]->shape);
-    AgTensor *tmp[4] = {0};
-    int64_t S128 = (S + 127) / 128 * 128;
-    if (k == SDPA_FLASH) {
-        int64_t dr = hd <= 128 ? (hd + 31) / 32 * 32 : (hd + 63) / 64 * 64;
-        tmp[0] = gt_empty(g, DT_F32, SHAPE(B, nh, S128));           /* softmax_d */
-        tmp[1] = gt_empty(g, DT_F32, SHAPE(B, S128, nh, dr));       /* dq_accum */
-        if (kk->shape[1] != nh) {                                   /* GQA expanded grads */
-            tmp[2] = gt_empty(g, q->dt, SHAPE(B, S, nh, hd));
-            tmp[3] = gt_empty(g, q->dt, SHAPE(B, S, nh, hd));
-        }
-    } else {
-        tmp[0] = gt_empty(g, DT_F32, SHAPE(B, nh, S));              /* delta */
-        if (kk->shape[1] != nh) {
-            tmp[2] = gt_empty(g, q->dt, SHAPE(B, S, nh, hd));
-            tmp[3] = gt_empty(g, q->dt, SHAPE(B, S, nh, hd));
-        }
-    }
-    for (int i = 3; i >= 0; i--)
-        gt_unref(g, tmp[i]);
-}
-
-/* F.scaled_dot_product_attention on CUDA, flash or memory-efficient kernel (§7.3, §7.4). */
-static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *v, SdpaKind kind)
-{
-    AgGraph *g = md->g;
-    AgTensor *qc = op_autocast(g, q), *kc = op_autocast(g, k), *vc = op_autocast(g, v);
-    int64_t B = qc->shape[0], nh = qc->shape[1], S = qc->shape[2], hd = qc->shape[3];
-    gg_op(g, kind == SDPA_FLASH ? "_scaled_dot_product_flash_attention"
-                                : "_scaled_dot_product_efficient_attention");
-    gg_flops(g, 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
-    /* output laid out [B,S,nh,hd] and returned as a [B,nh,S,hd] view */
-    AgTensor *ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, hd));
-    AgTensor *o = op_transpose(g, ob, 1, 2);
-    U(ob);
-    int64_t Sl = kind == SDPA_FLASH ? S : (S + 31) / 32 * 32;
-    AgTensor *lse = gt_empty(g, DT_F32, SHAPE(B, nh, Sl));
-    AgTensor *rng = kind == SDPA_FLASH ? gt_empty(g, DT_I64, SHAPE(2)) : NULL;
-    AgTensor *xs[3] = {qc, kc, vc};
-    if (gg_needs_grad(g, 3, xs)) {
-        AgNode *n = gn_new(g, kind == SDPA_FLASH ? "ScaledDotProductFlashAttentionBackward0"
-                                                : "ScaledDotProductEfficientAttentionBackward0",
-                           bw_sdpa, 1);
-        for (int i = 0; i < 3; i++)
-            gn_add_input(g, n, xs[i]);
-        n->iarg[0] = kind;
-        gn_save(g, n, qc);
-        gn_save(g, n, kc);
-        gn_save(g, n, vc);
-        gn_save(g, n, o);
-        gn_save(g, n, lse);
-        if (rng)
-            gn_save(g, n, rng);
-        /* o is a view: the node owns the output through it */
-        o->grad_fn = NULL;
-        gn_set_output(n, o, 0);
-    }
-    U(lse);
-    U(rng);
-    U(qc);
-    U(kc);
-    U(vc);
-    AgTensor *ot = op_transpose(g, o, 1, 2);
-    U(o);
-    AgTensor *oc = op_contiguous(g, ot);
-    U(ot);
-    return oc;
-}
-
-/* The SDPA math path (§7.2): fp16/bf16 inputs cast to fp32, q and kᵀ scaled, softmax,
- * matmul, cast back. */
-static AgTensor *attn_sdpa_math(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v)
-{
-    AgGraph *g = md->g;
-    AgTensor *qc = op_autocast(g, q), *kc = op_autocast(g, k), *vc = op_autocast(g, v);
-    DType odt = qc->dt;
-    AgTensor *q32 = op_to(g, qc, DT_F32), *k32 = op_to(g, kc, DT_F32), *v32 = op_to(g, vc, DT_F32);
-    U(qc);
-    U(kc);
-    U(vc);
-    int64_t nrep = q32->shape[1] / k32->shape[1];
-    AgTensor *kr = repeat_kv(md, k32, nrep), *vr = repeat_kv(md, v32, nrep);
-    U(k32);
-    U(v32);
-    AgTensor *qs = op_scalar(g, BIN_MUL, q32);
-    U(q32);
-    AgTensor *kt = op_transpose(g, kr, 2, 3);
-    U(kr);
-    AgTensor *ks = op_scalar(g, BIN_MUL, kt);
-    U(kt);
-    AgTensor *w = op_matmul(g, qs, ks);
-    U(qs);
-    U(ks);
-    AgTensor *mask = f->mask ? gt_ref(f->mask)
-                             : op_new(g, "tril", DT_F32, SHAPE(q->shape[2], q->shape[2]));
-    AgTensor *wm = op_binary(g, BIN_ADD, w, mask); /* add_ in place; same memory */
-    U(mask);
-    U(w);
-    AgTensor *p = op_softmax(g, wm, DT_F32);
-    U(wm);
-    AgTensor *pd = op_dropout(g, p, md->m->attn_pdrop);
-    U(p);
-    AgTensor *o = op_matmul(g, pd, vr);
-    U(pd);
-    U(vr);
-    AgTensor *ob = op_to(g, o, odt);
-    U(o);
-    AgTensor *ot = op_transpose(g, ob, 1, 2);
-    U(ob);
-    AgTensor *oc = op_contiguous(g, ot);
-    U(ot);
-    return oc;
-}
-
-/* Attention core for q [B,nh,S,hd], k/v [B,nkv,S,hd]: returns [B,S,nh,hd] contiguous. */
-static AgTensor *attention_core(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v,
-                                bool scale)
-{
-    MemsimAttention a = md->run->attention;
-    if (f->eager || a == MEMSIM_ATTN_EAGER || !gg_rules(md->g)->cuda)
-        return attn_eager(md, f, q, k, v, scale, md->m->fam != FAM_GPT2);
-    if (a == MEMSIM_ATTN_SDPA_MATH)
-        return attn_sdpa_math(md, f, q, k, v);
-    DType cdt = gg_ctx(md->g)->autocast ? (DType)gg_ctx(md->g)->autocast : q->dt;
-    bool flash_ok = (cdt == DT_BF16 || cdt == DT_F16) && !f->mask && q->shape[3] <= 256 &&
-                    md->m->attn_pdrop == 0.0;
-    if (a == MEMSIM_ATTN_FLASH || (a == MEMSIM_ATTN_SDPA && flash_ok)) {
-        /* HF passes enable_gqa (no repeat) when there is no mask */
-        return attn_sdpa_fused(md, q, k, v, SDPA_FLASH);
-    }
-    if (q->shape[1] != k->shape[1]) {
-        AgTensor *kr = repeat_kv(md, k, q->shape[1] / k->shape[1]);
-        AgTensor *vr = repeat_kv(md, v, q->shape[1] / v->shape[1]);
-        AgTensor *o = attn_sdpa_fused(md, q, kr, vr, SDPA_EFFICIENT);
-        U(kr);
-        U(vr);
-        return o;
-    }
-    return attn_sdpa_fused(md, q, k, v, SDPA_EFFICIENT);
-}
-
-typedef struct {
-    Model *md;
-    Fwd f;     /* its own references to the mask */
-    bool scale;
-} AttnArg;
-
-static AgTensor *attn_region(AgGraph *g, void *user, AgTensor **in, int n)
-{
-    AttnArg *a = user;
-    return attention_core(a->md, &a->f, in[0], in[1], in[2], a->scale);
-}
-
-static void attn_arg_free(AgGraph *g, void *p)
-{
-    AttnArg *a = p;
-    gt_unref(g, a->f.mask);
-    g_free(a);
-}
-
-/* Selective checkpointing (Korthikanti et al. 2022): only the attention core — scores,
- * softmax, dropout, the product with V — is recomputed in backward; its inputs q, k, v are
- * kept. */
-static AgTensor *attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v, bool scale)
-{
-    if (md->run->checkpointing != MEMSIM_CKPT_SELECTIVE || !gg_ctx(md->g)->grad_enabled)
-        return attention_core(md, f, q, k, v, scale);
-    AttnArg *a = g_new0(AttnArg, 1);
-    a->md = md;
-    a->f = *f;
-    a->f.mask = gt_ref(f->mask);
-    a->f.cos4 = a->f.sin4 = NULL;
-    a->scale = scale;
-    AgTensor *in[3] = {q, k, v};
-    return gg_checkpoint(md->g, attn_region, a, attn_arg_free, in, 3);
-}
-
-/* The KV cache (HF_MODELS.md §2.2): DynamicLayer.update sets keys = cat([keys, k], -2), so
- * the first forward copies K and V (cat(empty, k)) and each later one (generation) makes the
- * longer copy from the past entry and the new K/V, the past entry dying with the update. */
-static void cache_update(Model *md, AgTensor **k, AgTensor **v)
-{
-    if (!(md->run->use_cache < 0 ? md->m->use_cache : md->run->use_cache) ||
-        md->run->checkpointing != MEMSIM_CKPT_NONE)
-        return;
-    AgGraph *g = md->g;
-    uint8_t old = gg_ctx(g)->category;
-    gg_ctx(g)->category = MEMSIM_CAT_KV_CACHE;
-    /* K, then V: self.keys = cat(...) drops the old keys before the values are concatenated */
-    guint at = md->cache->len;
-    bool past = md->past && at + 1 < md->past->len;
-    AgTensor **kv[2] = {k, v}, *cached[2];
-    for (int j = 0; j < 2; j++) {
-        AgTensor *parts[2] = {past ? md->past->pdata[at + j] : NULL, *kv[j]};
-        cached[j] = op_cat(g, past ? parts : parts + 1, past ? 2 : 1, -2);
-        if (past) {
-            md->past->pdata[at + j] = NULL;
-            gt_unref(g, parts[0]);
-        }
-    }
-    gg_ctx(g)->category = old;
-    /* the cache object (in the output's past_key_values) holds them; the layer's own K and V
-     * live until update() returns */
-    for (int j = 0; j < 2; j++) {
-        g_ptr_array_add(md->cache, gt_ref(cached[j]));
-        U(*kv[j]);
-        *kv[j] = cached[j];
-    }
-}
 
 /* ---- decoder layers ---- */
 
@@ -740,38 +46,38 @@ static AgTensor *merge_heads(Model *md, AgTensor *o)
 static AgTensor *llama_attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
 {
     const MemsimModel *m = md->m;
-    AgTensor *qp = lin(md, &ly->q, x), *kp = lin(md, &ly->k, x), *vp = lin(md, &ly->v, x);
+    AgTensor *qp = nn_lin(md, &ly->q, x), *kp = nn_lin(md, &ly->k, x), *vp = nn_lin(md, &ly->v, x);
     AgTensor *q = split_heads(md, qp, m->nh), *k = split_heads(md, kp, m->nkv);
     AgTensor *v = split_heads(md, vp, m->nkv);
     U(qp);
     U(kp);
     U(vp);
-    AgTensor *qe = apply_rope(md, q, f->cos4, f->sin4);
-    AgTensor *ke = apply_rope(md, k, f->cos4, f->sin4);
+    AgTensor *qe = nn_apply_rope(md, q, f->cos4, f->sin4);
+    AgTensor *ke = nn_apply_rope(md, k, f->cos4, f->sin4);
     U(q);
     U(k);
-    cache_update(md, &ke, &v);
-    AgTensor *o = attention(md, f, qe, ke, v, true);
+    nn_cache_update(md, &ke, &v);
+    AgTensor *o = nn_attention(md, f, qe, ke, v, true);
     U(qe);
     U(ke);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *out = lin(md, &ly->o, om);
+    AgTensor *out = nn_lin(md, &ly->o, om);
     U(om);
     return out;
 }
 
 static AgTensor *llama_mlp(Model *md, Layer *ly, AgTensor *x)
 {
-    AgTensor *gt = lin(md, &ly->gate, x);
-    AgTensor *a = act(md, gt);
+    AgTensor *gt = nn_lin(md, &ly->gate, x);
+    AgTensor *a = nn_act(md, gt);
     U(gt);
-    AgTensor *up = lin(md, &ly->up, x);
+    AgTensor *up = nn_lin(md, &ly->up, x);
     AgTensor *h = op_binary(md->g, BIN_MUL, a, up);
     U(a);
     U(up);
-    AgTensor *out = lin(md, &ly->down, h);
+    AgTensor *out = nn_lin(md, &ly->down, h);
     U(h);
     return out;
 }
@@ -785,7 +91,7 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
     int64_t T = md->B * md->S, E = m->n_experts, K = m->top_k, H = m->H;
     AgTensor *x2 = op_view(g, x, SHAPE(T, H));
     Lin rl = {.w = ly->router, .out = E, .in = H};
-    AgTensor *logits = lin(md, &rl, x2);
+    AgTensor *logits = nn_lin(md, &rl, x2);
     AgTensor *l32 = op_to(g, logits, DT_F32);
     AgTensor *probs = op_softmax(g, l32, DT_F32);
     U(l32);
@@ -804,14 +110,14 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
         if (ne == 0)
             continue;
         AgTensor *xe = op_gather_rows(g, x2, ne);
-        AgTensor *gte = lin(md, &ly->experts[3 * e], xe);
-        AgTensor *a = act(md, gte);
+        AgTensor *gte = nn_lin(md, &ly->experts[3 * e], xe);
+        AgTensor *a = nn_act(md, gte);
         U(gte);
-        AgTensor *up = lin(md, &ly->experts[3 * e + 1], xe);
+        AgTensor *up = nn_lin(md, &ly->experts[3 * e + 1], xe);
         AgTensor *h = op_binary(g, BIN_MUL, a, up);
         U(a);
         U(up);
-        AgTensor *y = lin(md, &ly->experts[3 * e + 2], h);
+        AgTensor *y = nn_lin(md, &ly->experts[3 * e + 2], h);
         U(h);
         U(xe);
         AgTensor *w = op_gather_rows(g, wflat, ne);
@@ -851,12 +157,12 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Model *md = la->md;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
-    AgTensor *h = rmsnorm(md, x, ly->ln1_w);
+    AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
     AgTensor *a = llama_attn(md, la->f, ly, h);
     U(h);
     AgTensor *x1 = op_binary(g, BIN_ADD, x, a);
     U(a);
-    AgTensor *h2 = rmsnorm(md, x1, ly->ln2_w);
+    AgTensor *h2 = nn_rmsnorm(md, x1, ly->ln2_w);
     AgTensor *mo = md->m->fam == FAM_MIXTRAL ? moe_mlp(md, ly, h2) : llama_mlp(md, ly, h2);
     U(h2);
     AgTensor *out = op_binary(g, BIN_ADD, x1, mo);
@@ -872,8 +178,8 @@ static AgTensor *gpt2_layer(AgGraph *g, void *user, AgTensor **in, int n)
     const MemsimModel *m = md->m;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
-    AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qkv = lin(md, &ly->qkv, h);
+    AgTensor *h = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *qkv = nn_lin(md, &ly->qkv, h);
     U(h);
     AgTensor *parts[3];
     op_split(g, qkv, 2, m->nh * m->hd, parts, 3);
@@ -882,25 +188,25 @@ static AgTensor *gpt2_layer(AgGraph *g, void *user, AgTensor **in, int n)
     AgTensor *v = split_heads(md, parts[2], m->nh);
     for (int i = 0; i < 3; i++)
         U(parts[i]);
-    cache_update(md, &k, &v);
-    AgTensor *o = attention(md, la->f, q, k, v, true);
+    nn_cache_update(md, &k, &v);
+    AgTensor *o = nn_attention(md, la->f, q, k, v, true);
     U(q);
     U(k);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
     AgTensor *ad = op_dropout(g, ap, m->resid_pdrop);
     U(ap);
     AgTensor *x1 = op_binary(g, BIN_ADD, ad, x);
     U(ad);
-    AgTensor *h2 = layernorm(md, x1, ly->ln2_w, ly->ln2_b);
-    AgTensor *f1 = lin(md, &ly->up, h2);
+    AgTensor *h2 = nn_layernorm(md, x1, ly->ln2_w, ly->ln2_b);
+    AgTensor *f1 = nn_lin(md, &ly->up, h2);
     U(h2);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2 = lin(md, &ly->down, a);
+    AgTensor *f2 = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *fd = op_dropout(g, f2, m->resid_pdrop);
     U(f2);
@@ -917,44 +223,44 @@ static AgTensor *opt_layer(AgGraph *g, void *user, AgTensor **in, int n)
     const MemsimModel *m = md->m;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
-    AgTensor *h = m->pre_ln ? layernorm(md, x, ly->ln1_w, ly->ln1_b) : gt_ref(x);
-    AgTensor *qp = lin(md, &ly->q, h);
+    AgTensor *h = m->pre_ln ? nn_layernorm(md, x, ly->ln1_w, ly->ln1_b) : gt_ref(x);
+    AgTensor *qp = nn_lin(md, &ly->q, h);
     AgTensor *qs = op_scalar(g, BIN_MUL, qp); /* q_proj(h) * scaling */
     U(qp);
-    AgTensor *kp = lin(md, &ly->k, h), *vp = lin(md, &ly->v, h);
+    AgTensor *kp = nn_lin(md, &ly->k, h), *vp = nn_lin(md, &ly->v, h);
     U(h);
     AgTensor *q = split_heads(md, qs, m->nh), *k = split_heads(md, kp, m->nh);
     AgTensor *v = split_heads(md, vp, m->nh);
     U(qs);
     U(kp);
     U(vp);
-    cache_update(md, &k, &v);
-    AgTensor *o = attention(md, la->f, q, k, v, true); /* eager: * 1.0 */
+    nn_cache_update(md, &k, &v);
+    AgTensor *o = nn_attention(md, la->f, q, k, v, true); /* eager: * 1.0 */
     U(q);
     U(k);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
     AgTensor *ad = op_dropout(g, ap, m->resid_pdrop);
     U(ap);
     AgTensor *x1 = op_binary(g, BIN_ADD, x, ad);
     U(ad);
     if (!m->pre_ln) {
-        AgTensor *t = layernorm(md, x1, ly->ln1_w, ly->ln1_b);
+        AgTensor *t = nn_layernorm(md, x1, ly->ln1_w, ly->ln1_b);
         U(x1);
         x1 = t;
     }
     int64_t T = md->B * md->S;
     AgTensor *x2 = op_reshape(g, x1, SHAPE(T, m->H));
     U(x1);
-    AgTensor *h2 = m->pre_ln ? layernorm(md, x2, ly->ln2_w, ly->ln2_b) : gt_ref(x2);
-    AgTensor *f1 = lin(md, &ly->up, h2);
+    AgTensor *h2 = m->pre_ln ? nn_layernorm(md, x2, ly->ln2_w, ly->ln2_b) : gt_ref(x2);
+    AgTensor *f1 = nn_lin(md, &ly->up, h2);
     U(h2);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2 = lin(md, &ly->down, a);
+    AgTensor *f2 = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *fd = op_dropout(g, f2, m->resid_pdrop);
     U(f2);
@@ -962,7 +268,7 @@ static AgTensor *opt_layer(AgGraph *g, void *user, AgTensor **in, int n)
     U(fd);
     U(x2);
     if (!m->pre_ln) {
-        AgTensor *t = layernorm(md, s, ly->ln2_w, ly->ln2_b);
+        AgTensor *t = nn_layernorm(md, s, ly->ln2_w, ly->ln2_b);
         U(s);
         s = t;
     }
@@ -978,8 +284,8 @@ static AgTensor *neox_layer(AgGraph *g, void *user, AgTensor **in, int n)
     const MemsimModel *m = md->m;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
-    AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qkv = lin(md, &ly->qkv, h);
+    AgTensor *h = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *qkv = nn_lin(md, &ly->qkv, h);
     U(h);
     /* view(B,S,nh,3hd).transpose(1,2).chunk(3,-1) */
     AgTensor *v4 = op_view(g, qkv, SHAPE(md->B, md->S, m->nh, 3 * m->hd));
@@ -990,28 +296,28 @@ static AgTensor *neox_layer(AgGraph *g, void *user, AgTensor **in, int n)
     op_split(g, t4, 3, m->hd, p, 3);
     U(t4);
     int64_t rd = (int64_t)(m->hd * m->rotary_pct);
-    AgTensor *q = apply_rope_partial(md, p[0], rd, la->f->cos4, la->f->sin4);
-    AgTensor *k = apply_rope_partial(md, p[1], rd, la->f->cos4, la->f->sin4);
+    AgTensor *q = nn_apply_rope_partial(md, p[0], rd, la->f->cos4, la->f->sin4);
+    AgTensor *k = nn_apply_rope_partial(md, p[1], rd, la->f->cos4, la->f->sin4);
     U(p[0]);
     U(p[1]);
     AgTensor *v = p[2];
-    cache_update(md, &k, &v);
-    AgTensor *o = attention(md, la->f, q, k, v, true);
+    nn_cache_update(md, &k, &v);
+    AgTensor *o = nn_attention(md, la->f, q, k, v, true);
     U(q);
     U(k);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *attn = lin(md, &ly->o, om);
+    AgTensor *attn = nn_lin(md, &ly->o, om);
     U(om);
     AgTensor *out;
     if (m->parallel_residual) {
-        AgTensor *h2 = layernorm(md, x, ly->ln2_w, ly->ln2_b);
-        AgTensor *f1 = lin(md, &ly->up, h2);
+        AgTensor *h2 = nn_layernorm(md, x, ly->ln2_w, ly->ln2_b);
+        AgTensor *f1 = nn_lin(md, &ly->up, h2);
         U(h2);
-        AgTensor *a = act(md, f1);
+        AgTensor *a = nn_act(md, f1);
         U(f1);
-        AgTensor *f2 = lin(md, &ly->down, a);
+        AgTensor *f2 = nn_lin(md, &ly->down, a);
         U(a);
         AgTensor *s = op_binary(g, BIN_ADD, f2, attn);
         U(f2);
@@ -1021,12 +327,12 @@ static AgTensor *neox_layer(AgGraph *g, void *user, AgTensor **in, int n)
     } else {
         AgTensor *x1 = op_binary(g, BIN_ADD, attn, x);
         U(attn);
-        AgTensor *h2 = layernorm(md, x1, ly->ln2_w, ly->ln2_b);
-        AgTensor *f1 = lin(md, &ly->up, h2);
+        AgTensor *h2 = nn_layernorm(md, x1, ly->ln2_w, ly->ln2_b);
+        AgTensor *f1 = nn_lin(md, &ly->up, h2);
         U(h2);
-        AgTensor *a = act(md, f1);
+        AgTensor *a = nn_act(md, f1);
         U(f1);
-        AgTensor *f2 = lin(md, &ly->down, a);
+        AgTensor *f2 = nn_lin(md, &ly->down, a);
         U(a);
         out = op_binary(g, BIN_ADD, f2, x1);
         U(f2);
@@ -1044,8 +350,8 @@ static AgTensor *bloom_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
     int64_t B = md->B, S = md->S, nh = m->nh, hd = m->hd;
-    AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qkv = lin(md, &ly->qkv, h);
+    AgTensor *h = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *qkv = nn_lin(md, &ly->qkv, h);
     U(h);
     AgTensor *v5 = op_view(g, qkv, SHAPE(B, S, nh, 3, hd));
     U(qkv);
@@ -1059,7 +365,7 @@ static AgTensor *bloom_layer(AgGraph *g, void *user, AgTensor **in, int n)
     }
     U(v5);
     AgTensor *k = parts[1], *v = parts[2];
-    cache_update(md, &k, &v);
+    nn_cache_update(md, &k, &v);
     AgTensor *q3 = op_reshape(g, parts[0], SHAPE(B * nh, S, hd));
     AgTensor *k3 = op_reshape(g, k, SHAPE(B * nh, S, hd));
     AgTensor *v3 = op_reshape(g, v, SHAPE(B * nh, S, hd));
@@ -1093,16 +399,16 @@ static AgTensor *bloom_layer(AgGraph *g, void *user, AgTensor **in, int n)
     U(o4);
     AgTensor *om = op_reshape(g, op_, SHAPE(B, S, nh * hd));
     U(op_);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
     AgTensor *x1 = op_binary(g, BIN_ADD, x, ap);
     U(ap);
-    AgTensor *h2 = layernorm(md, x1, ly->ln2_w, ly->ln2_b);
-    AgTensor *f1 = lin(md, &ly->up, h2);
+    AgTensor *h2 = nn_layernorm(md, x1, ly->ln2_w, ly->ln2_b);
+    AgTensor *f1 = nn_lin(md, &ly->up, h2);
     U(h2);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2 = lin(md, &ly->down, a);
+    AgTensor *f2 = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *out = op_binary(g, BIN_ADD, x1, f2);
     U(f2);
@@ -1120,9 +426,9 @@ static AgTensor *falcon_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
     int64_t B = md->B, S = md->S, nh = m->nh, nkv = m->nkv, hd = m->hd;
-    AgTensor *ha = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *hm = m->falcon_new_arch ? layernorm(md, x, ly->ln2_w, ly->ln2_b) : gt_ref(ha);
-    AgTensor *qkv = lin(md, &ly->qkv, ha);
+    AgTensor *ha = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *hm = m->falcon_new_arch ? nn_layernorm(md, x, ly->ln2_w, ly->ln2_b) : gt_ref(ha);
+    AgTensor *qkv = nn_lin(md, &ly->qkv, ha);
     U(ha);
     AgTensor *q, *k, *v;
     if (m->falcon_new_arch) {
@@ -1170,30 +476,30 @@ static AgTensor *falcon_layer(AgGraph *g, void *user, AgTensor **in, int n)
     U(q);
     U(k);
     U(v);
-    AgTensor *qe = apply_rope(md, qt, la->f->cos4, la->f->sin4);
-    AgTensor *ke = apply_rope(md, kt, la->f->cos4, la->f->sin4);
+    AgTensor *qe = nn_apply_rope(md, qt, la->f->cos4, la->f->sin4);
+    AgTensor *ke = nn_apply_rope(md, kt, la->f->cos4, la->f->sin4);
     U(qt);
     U(kt);
-    cache_update(md, &ke, &vt);
+    nn_cache_update(md, &ke, &vt);
     /* a mask is always materialised (§3.6): SDPA cannot use flash; multi-query falls to math */
     Fwd f2 = *la->f;
     AgTensor *o;
     if (nkv == 1 && gg_rules(g)->cuda && md->run->attention != MEMSIM_ATTN_EAGER)
-        o = attn_sdpa_math(md, &f2, qe, ke, vt);
+        o = nn_attn_sdpa_math(md, &f2, qe, ke, vt);
     else
-        o = attention(md, &f2, qe, ke, vt, true);
+        o = nn_attention(md, &f2, qe, ke, vt, true);
     U(qe);
     U(ke);
     U(vt);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
-    AgTensor *f1 = lin(md, &ly->up, hm);
+    AgTensor *f1 = nn_lin(md, &ly->up, hm);
     U(hm);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2o = lin(md, &ly->down, a);
+    AgTensor *f2o = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *s = op_binary(g, BIN_ADD, f2o, ap); /* mlp_output += attention_output */
     U(f2o);
@@ -1247,31 +553,31 @@ static AgTensor *neo_layer(AgGraph *g, void *user, AgTensor **in, int n)
     const MemsimModel *m = md->m;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
-    AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qp = lin(md, &ly->q, h), *kp = lin(md, &ly->k, h), *vp = lin(md, &ly->v, h);
+    AgTensor *h = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *qp = nn_lin(md, &ly->q, h), *kp = nn_lin(md, &ly->k, h), *vp = nn_lin(md, &ly->v, h);
     U(h);
     AgTensor *q = split_heads(md, qp, m->nh), *k = split_heads(md, kp, m->nh);
     AgTensor *v = split_heads(md, vp, m->nh);
     U(qp);
     U(kp);
     U(vp);
-    cache_update(md, &k, &v);
+    nn_cache_update(md, &k, &v);
     AgTensor *o = neo_attn_core(md, la->f, q, k, v, false);
     U(q);
     U(k);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
     AgTensor *x1 = op_binary(g, BIN_ADD, ap, x);
     U(ap);
-    AgTensor *h2 = layernorm(md, x1, ly->ln2_w, ly->ln2_b);
-    AgTensor *f1 = lin(md, &ly->up, h2);
+    AgTensor *h2 = nn_layernorm(md, x1, ly->ln2_w, ly->ln2_b);
+    AgTensor *f1 = nn_lin(md, &ly->up, h2);
     U(h2);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2 = lin(md, &ly->down, a);
+    AgTensor *f2 = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *out = op_binary(g, BIN_ADD, x1, f2);
     U(f2);
@@ -1287,8 +593,8 @@ static AgTensor *codegen_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
     int64_t B = md->B, S = md->S, nh = m->nh, hd = m->hd, rd = m->rotary_dim;
-    AgTensor *h = layernorm(md, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qkv = lin(md, &ly->qkv, h);
+    AgTensor *h = nn_layernorm(md, x, ly->ln1_w, ly->ln1_b);
+    AgTensor *qkv = nn_lin(md, &ly->qkv, h);
     /* reshape(B,S,4,3H/4) and split(H/4) into q, v, k; each reshaped to (B,S,nh,hd): a copy,
      * the dims do not merge */
     AgTensor *r4 = op_view(g, qkv, SHAPE(B, S, 4, 3 * m->nh * m->hd / 4));
@@ -1314,7 +620,7 @@ static AgTensor *codegen_layer(AgGraph *g, void *user, AgTensor **in, int n)
     AgTensor *rot[2];
     for (int i = 1; i >= 0; i--) {
         AgTensor *hidx = heads[i == 0 ? 0 : 2]; /* split order: q, v, k */
-        AgTensor *rr = apply_rope_partial(md, hidx, rd, cos4, sin4);
+        AgTensor *rr = nn_apply_rope_partial(md, hidx, rd, cos4, sin4);
         rot[i] = op_permute(g, rr, (int[]){0, 2, 1, 3});
         U(rr);
     }
@@ -1326,20 +632,20 @@ static AgTensor *codegen_layer(AgGraph *g, void *user, AgTensor **in, int n)
     AgTensor *v = op_permute(g, heads[1], (int[]){0, 2, 1, 3});
     U(heads[1]);
     AgTensor *k = rot[1];
-    cache_update(md, &k, &v);
+    nn_cache_update(md, &k, &v);
     AgTensor *o = neo_attn_core(md, la->f, rot[0], k, v, true);
     U(rot[0]);
     U(k);
     U(v);
     AgTensor *om = merge_heads(md, o);
     U(o);
-    AgTensor *ap = lin(md, &ly->o, om);
+    AgTensor *ap = nn_lin(md, &ly->o, om);
     U(om);
-    AgTensor *f1 = lin(md, &ly->up, h);
+    AgTensor *f1 = nn_lin(md, &ly->up, h);
     U(h);
-    AgTensor *a = act(md, f1);
+    AgTensor *a = nn_act(md, f1);
     U(f1);
-    AgTensor *f2 = lin(md, &ly->down, a);
+    AgTensor *f2 = nn_lin(md, &ly->down, a);
     U(a);
     AgTensor *s = op_binary(g, BIN_ADD, ap, f2);
     U(ap);
@@ -1393,7 +699,7 @@ static const char *module_names(Family f)
 
 static AgTensor *vec(Model *md, int64_t n)
 {
-    return param(md, md->pdt, SHAPE(n), full_ft(md));
+    return nn_param(md, md->pdt, SHAPE(n), nn_full_ft(md));
 }
 
 gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
@@ -1478,18 +784,18 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
     md->cache = g_ptr_array_new();
     int64_t V = m->V, H = m->H, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
     int64_t A = nh * hd; /* attention width on this rank (H, or H/tp) */
-    bool tr = full_ft(md);
+    bool tr = nn_full_ft(md);
     /* the first stage holds the embedding; with tied weights the last stage holds its own
      * copy for the output layer */
     if (md->first || (md->last && m->tie))
-        md->wte = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
+        md->wte = nn_param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
     if (md->first && (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO))
-        md->wpe = param(md, md->pdt, SHAPE(m->max_pos, H), tr);
+        md->wpe = nn_param(md, md->pdt, SHAPE(m->max_pos, H), tr);
     if (md->first && m->fam == FAM_OPT) {
-        md->wpe = param(md, md->pdt, SHAPE(m->max_pos + 2, H), tr);
+        md->wpe = nn_param(md, md->pdt, SHAPE(m->max_pos + 2, H), tr);
         if (m->wep != H) {
-            md->proj_out = param(md, md->pdt, SHAPE(m->wep, H), tr);
-            md->proj_in = param(md, md->pdt, SHAPE(H, m->wep), tr);
+            md->proj_out = nn_param(md, md->pdt, SHAPE(m->wep, H), tr);
+            md->proj_in = nn_param(md, md->pdt, SHAPE(H, m->wep), tr);
         }
     }
     if (md->first && m->fam == FAM_BLOOM) {
@@ -1502,22 +808,22 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
         switch (m->fam) {
         case FAM_LLAMA:
         case FAM_MIXTRAL:
-            lin_make(md, &ly->q, "q_proj", nh * hd, H, m->qkv_bias, false);
-            lin_make(md, &ly->k, "k_proj", nkv * hd, H, m->qkv_bias, false);
-            lin_make(md, &ly->v, "v_proj", nkv * hd, H, m->qkv_bias, false);
-            lin_make(md, &ly->o, "o_proj", H, nh * hd, m->o_bias, false);
+            nn_lin_make(md, &ly->q, "q_proj", nh * hd, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->k, "k_proj", nkv * hd, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->v, "v_proj", nkv * hd, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->o, "o_proj", H, nh * hd, m->o_bias, false);
             if (m->fam == FAM_MIXTRAL) {
-                ly->router = param(md, md->pdt, SHAPE(m->n_experts, H), tr);
+                ly->router = nn_param(md, md->pdt, SHAPE(m->n_experts, H), tr);
                 ly->experts = g_new0(Lin, 3 * m->n_experts);
                 for (int64_t e = 0; e < m->n_experts; e++) {
-                    lin_make(md, &ly->experts[3 * e], "w1", I, H, false, false);
-                    lin_make(md, &ly->experts[3 * e + 1], "w3", I, H, false, false);
-                    lin_make(md, &ly->experts[3 * e + 2], "w2", H, I, false, false);
+                    nn_lin_make(md, &ly->experts[3 * e], "w1", I, H, false, false);
+                    nn_lin_make(md, &ly->experts[3 * e + 1], "w3", I, H, false, false);
+                    nn_lin_make(md, &ly->experts[3 * e + 2], "w2", H, I, false, false);
                 }
             } else {
-                lin_make(md, &ly->gate, "gate_proj", I, H, m->mlp_bias, false);
-                lin_make(md, &ly->up, "up_proj", I, H, m->mlp_bias, false);
-                lin_make(md, &ly->down, "down_proj", H, I, m->mlp_bias, false);
+                nn_lin_make(md, &ly->gate, "gate_proj", I, H, m->mlp_bias, false);
+                nn_lin_make(md, &ly->up, "up_proj", I, H, m->mlp_bias, false);
+                nn_lin_make(md, &ly->down, "down_proj", H, I, m->mlp_bias, false);
             }
             ly->ln1_w = vec(md, H);
             ly->ln2_w = vec(md, H);
@@ -1525,23 +831,23 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
         case FAM_GPT2:
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
-            lin_make(md, &ly->qkv, "c_attn", 3 * A, H, true, true);
-            lin_make(md, &ly->o, "c_proj", H, A, true, true);
+            nn_lin_make(md, &ly->qkv, "c_attn", 3 * A, H, true, true);
+            nn_lin_make(md, &ly->o, "c_proj", H, A, true, true);
             ly->ln2_w = vec(md, H);
             ly->ln2_b = vec(md, H);
-            lin_make(md, &ly->up, "c_fc", I, H, true, true);
-            lin_make(md, &ly->down, "c_proj", H, I, true, true);
+            nn_lin_make(md, &ly->up, "c_fc", I, H, true, true);
+            nn_lin_make(md, &ly->down, "c_proj", H, I, true, true);
             break;
         case FAM_OPT:
         case FAM_GPTNEO:
-            lin_make(md, &ly->k, "k_proj", A, H, m->qkv_bias, false);
-            lin_make(md, &ly->v, "v_proj", A, H, m->qkv_bias, false);
-            lin_make(md, &ly->q, "q_proj", A, H, m->qkv_bias, false);
-            lin_make(md, &ly->o, "out_proj", H, A, m->o_bias, false);
+            nn_lin_make(md, &ly->k, "k_proj", A, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->v, "v_proj", A, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->q, "q_proj", A, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->o, "out_proj", H, A, m->o_bias, false);
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
-            lin_make(md, &ly->up, m->fam == FAM_OPT ? "fc1" : "c_fc", I, H, m->mlp_bias, false);
-            lin_make(md, &ly->down, m->fam == FAM_OPT ? "fc2" : "c_proj", H, I, m->mlp_bias,
+            nn_lin_make(md, &ly->up, m->fam == FAM_OPT ? "fc1" : "c_fc", I, H, m->mlp_bias, false);
+            nn_lin_make(md, &ly->down, m->fam == FAM_OPT ? "fc2" : "c_proj", H, I, m->mlp_bias,
                      false);
             ly->ln2_w = vec(md, H);
             ly->ln2_b = vec(md, H);
@@ -1558,27 +864,27 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
                 ly->ln2_w = vec(md, H);
                 ly->ln2_b = vec(md, H);
             }
-            lin_make(md, &ly->qkv, "query_key_value", qkv_out, H, m->qkv_bias, false);
-            lin_make(md, &ly->o, "dense", H, A, m->o_bias, false);
-            lin_make(md, &ly->up, "dense_h_to_4h", I, H, m->mlp_bias, false);
-            lin_make(md, &ly->down, "dense_4h_to_h", H, I, m->mlp_bias, false);
+            nn_lin_make(md, &ly->qkv, "query_key_value", qkv_out, H, m->qkv_bias, false);
+            nn_lin_make(md, &ly->o, "dense", H, A, m->o_bias, false);
+            nn_lin_make(md, &ly->up, "dense_h_to_4h", I, H, m->mlp_bias, false);
+            nn_lin_make(md, &ly->down, "dense_4h_to_h", H, I, m->mlp_bias, false);
             break;
         }
         case FAM_CODEGEN:
             ly->ln1_w = vec(md, H);
             ly->ln1_b = vec(md, H);
-            lin_make(md, &ly->qkv, "qkv_proj", 3 * A, H, false, false);
-            lin_make(md, &ly->o, "out_proj", H, A, false, false);
-            lin_make(md, &ly->up, "fc_in", I, H, true, false);
-            lin_make(md, &ly->down, "fc_out", H, I, true, false);
-            /* per-layer sinusoid table buffer, fp32 */
-            buffer(md, DT_F32, SHAPE(m->max_pos, m->rotary_dim));
+            nn_lin_make(md, &ly->qkv, "qkv_proj", 3 * A, H, false, false);
+            nn_lin_make(md, &ly->o, "out_proj", H, A, false, false);
+            nn_lin_make(md, &ly->up, "fc_in", I, H, true, false);
+            nn_lin_make(md, &ly->down, "fc_out", H, I, true, false);
+            /* per-layer sinusoid table nn_buffer, fp32 */
+            nn_buffer(md, DT_F32, SHAPE(m->max_pos, m->rotary_dim));
             break;
         default:
             g_assert_not_reached();
         }
-        if (m->fam == FAM_GPTNEO) /* per-layer causal bias buffer, bool (max_pos²) */
-            buffer(md, DT_BOOL, SHAPE(1, 1, m->max_pos, m->max_pos));
+        if (m->fam == FAM_GPTNEO) /* per-layer causal bias nn_buffer, bool (max_pos²) */
+            nn_buffer(md, DT_BOOL, SHAPE(1, 1, m->max_pos, m->max_pos));
     }
     if (!md->last || (m->fam == FAM_OPT && !m->pre_ln)) {
         /* no final norm here */
@@ -1588,9 +894,9 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
             md->norm_b = vec(md, H);
     }
     if (md->last && !m->tie)
-        md->lm_head = param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
+        md->lm_head = nn_param(md, md->pdt, SHAPE(V, m->fam == FAM_OPT ? m->wep : H), tr);
     if (md->last && m->fam == FAM_CODEGEN)
-        md->lm_bias = param(md, md->pdt, SHAPE(V), tr);
+        md->lm_bias = nn_param(md, md->pdt, SHAPE(V), tr);
     if (tp > 1)
         for (int64_t l = l0; l < l1; l++) {
             Layer *ly = &md->layers[l];
@@ -1599,9 +905,9 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
     if (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL || m->fam == FAM_NEOX ||
         m->fam == FAM_FALCON) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
-        md->inv_freq = buffer(md, DT_F32, SHAPE(rd / 2));
+        md->inv_freq = nn_buffer(md, DT_F32, SHAPE(rd / 2));
         if (!gg_rules(g)->v113)
-            buffer(md, DT_F32, SHAPE(rd / 2)); /* original_inv_freq clone */
+            nn_buffer(md, DT_F32, SHAPE(rd / 2)); /* original_inv_freq clone */
     }
     return TRUE;
 }
@@ -1659,7 +965,7 @@ static AgTensor *vocab_parallel_ce(Model *md, AgTensor *logits)
     for (int i = 0; i < 4; i++) /* max, masked target, predicted logits, sum-exp: [N] */
         small[i] = gt_empty(g, DT_F32, SHAPE(N));
     gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3, 1,
-                  tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3));
+                  nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3));
     AgTensor *loss = gt_empty(g, DT_F32, SHAPE(N));
     for (int i = 0; i < 4; i++)
         gt_unref(g, small[i]);
@@ -1694,7 +1000,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         x = op_embedding(g, md->wte, ids);
         if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
             gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1,
-                          tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
+                          nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
     } else {
         x = gt_ref(x_in);
     }
@@ -1715,7 +1021,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     AgTensor *cos = NULL, *sin = NULL;
     if (md->inv_freq) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct) : m->hd;
-        rotary(md, rd, pos, &cos, &sin);
+        nn_rotary(md, rd, pos, &cos, &sin);
         f.cos4 = op_unsqueeze(g, cos, 1);
         f.sin4 = op_unsqueeze(g, sin, 1);
     }
@@ -1753,7 +1059,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         x = s;
         U(ones);
     } else if (m->fam == FAM_BLOOM) {
-        AgTensor *t = layernorm(md, x, md->emb_ln_w, md->emb_ln_b);
+        AgTensor *t = nn_layernorm(md, x, md->emb_ln_w, md->emb_ln_b);
         U(x);
         x = t;
         /* ALiBi: (B·nh, 1, S) in the model dtype, kept for the forward */
@@ -1762,7 +1068,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     }
     if (md->sp && md->first) {
         /* scatter_to_sequence_parallel_region: the residual stream is S/tp tokens */
-        AgTensor *t = sp_reduce_scatter(md, x);
+        AgTensor *t = nn_sp_reduce_scatter(md, x);
         U(x);
         x = t;
     }
@@ -1830,8 +1136,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     }
     if (md->norm_w) {
         AgTensor *t = (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
-                          ? rmsnorm(md, x, md->norm_w)
-                          : layernorm(md, x, md->norm_w, md->norm_b);
+                          ? nn_rmsnorm(md, x, md->norm_w)
+                          : nn_layernorm(md, x, md->norm_w, md->norm_b);
         U(x);
         x = t;
     }
@@ -1858,7 +1164,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     AgTensor *logits;
     if (md->sp) {
         Lin head = {.w = w, .b = md->lm_bias, .out = w->shape[0], .in = w->shape[1]};
-        logits = sp_column_linear(md, &head, hs);
+        logits = nn_sp_column_linear(md, &head, hs);
     } else {
         logits = op_linear(g, hs, w, md->lm_bias);
     }
