@@ -1,10 +1,55 @@
-/* Reports: the JSON every command shares, and the human-readable table. */
+/* Reports: freeing them, judging them on a device (memsim_device_capacity,
+ * memsim_report_set_device), the JSON every command shares, and the human-readable table. */
 #include <memsim/sim.h>
 
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
 
 #include "sim/export/json.h"
+
+void memsim_report_free(MemsimReport *rep)
+{
+    if (!rep)
+        return;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        g_free(rep->ranks[i].role);
+        g_free(rep->ranks[i].first_mismatch);
+        g_free(rep->ranks[i].steps);
+        g_free(rep->ranks[i].breakdowns);
+    }
+    g_free(rep->run);
+    g_free(rep->device);
+    g_free(rep->ranks);
+    g_free(rep->source);
+    g_free(rep->allocator);
+    g_free(rep->alloc_conf);
+    g_free(rep);
+}
+
+void memsim_report_set_device(MemsimReport *rep, memsim_size_t gpu_mem, memsim_size_t context)
+{
+    rep->gpu_mem = gpu_mem;
+    rep->context_bytes = context;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        MemsimRankReport *r = &rep->ranks[i];
+        r->device_total = (memsim_size_t)r->stats.reserved.peak + context;
+        r->fits = !r->oom.happened && (gpu_mem == 0 || r->device_total <= gpu_mem);
+    }
+}
+
+gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
+                                memsim_size_t *capacity, GError **error)
+{
+    if (gpu_mem && outside >= gpu_mem) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "gpu-mem: %" G_GUINT64_FORMAT " bytes leave nothing after the %" G_GUINT64_FORMAT
+                    " bytes of CUDA context and libraries",
+                    gpu_mem, outside);
+        return FALSE;
+    }
+    *capacity = gpu_mem ? gpu_mem - outside : 0;
+    return TRUE;
+}
 
 static void add_int(JsonBuilder *b, const char *key, int64_t v)
 {
