@@ -120,6 +120,7 @@ static gboolean once(Ctx *c, const MemsimPyValue *v, const char *where)
 typedef struct {
     uint64_t addr, size, requested;
     gboolean allocated;
+    gboolean pending; /* active_pending_free: freed by the program, its memory not yet back */
 } Block;
 
 typedef struct {
@@ -249,6 +250,7 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
                 return fail(c, bwhere, "missing or non-string 'state'");
             }
             blk.allocated = strcmp(state, "inactive") != 0;
+            blk.pending = strcmp(state, "active_pending_free") == 0;
             if (blk.addr != at || blk.size == 0 || blk.addr + blk.size > seg.addr + seg.size) {
                 g_array_unref(seg.blocks);
                 return fail(c, bwhere,
@@ -426,6 +428,9 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
     gboolean ok = FALSE;
     GHashTable *seg_at = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
     GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    /* blocks the program freed whose memory is not back yet (freed while used on another
+     * stream): live before their free_requested, or from the start when the trace holds none */
+    GHashTable *pending = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
     GHashTable *ids = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
     GArray *events = g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
     GArray *start = g_array_new(FALSE, FALSE, sizeof(StartSeg));
@@ -450,7 +455,8 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
             if (!b->allocated)
                 continue;
             Live l = {b->size, b->requested};
-            g_hash_table_insert(live, g_memdup2(&b->addr, 8), g_memdup2(&l, sizeof l));
+            g_hash_table_insert(b->pending ? pending : live, g_memdup2(&b->addr, 8),
+                                g_memdup2(&l, sizeof l));
         }
     }
 
@@ -473,6 +479,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                      "any alloc", e->addr);
                 goto out;
             }
+            g_hash_table_remove(pending, &e->addr);
             Live l = {0, e->size};
             g_hash_table_insert(live, g_memdup2(&e->addr, 8), g_memdup2(&l, sizeof l));
             break;
@@ -508,6 +515,17 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                     "is not supported",
                     c->file, device, mapped);
         goto out;
+    }
+
+    /* Blocks pending free since before the trace's window: live at the start. */
+    {
+        GHashTableIter it;
+        gpointer k, v;
+        g_hash_table_iter_init(&it, pending);
+        while (g_hash_table_iter_next(&it, &k, &v)) {
+            g_hash_table_insert(live, g_memdup2(k, 8), g_memdup2(v, sizeof(Live)));
+            g_hash_table_iter_remove(&it);
+        }
     }
 
     /* Starting segments in address order, with their live blocks. */
@@ -679,6 +697,7 @@ out:
     g_array_unref(handles);
     g_hash_table_unref(seg_at);
     g_hash_table_unref(live);
+    g_hash_table_unref(pending);
     g_hash_table_unref(ids);
     g_array_unref(events);
     g_array_unref(start);

@@ -808,7 +808,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
-        double dur = h->ops[ev->id].duration_us;
+        double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
         if (dur > 0.0) {
             r->cpu_us += LAUNCH_US;
             double start = r->cpu_us;

@@ -1164,6 +1164,42 @@ Test(snapshot, corrupted_export_is_caught, .timeout = 300)
     cr_expect(vout && strstr(vout, "first:"), "the mismatch is named: %s", vout);
 }
 
+/* A block freed while another stream still uses it stays "active_pending_free" until the
+ * allocator next processes its events; a snapshot taken before that lists it so, with its
+ * free_requested in the trace and no free_completed. Such a file is read (it was refused as
+ * "live again before any alloc"): the program freed the block, the allocator still holds it. */
+Test(snapshot, pending_free_at_the_end)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *txt = tmp_path(dir, "pending.txt");
+    g_autofree char *pkl = tmp_path(dir, "pending.pickle");
+    cr_assert(g_file_set_contents(txt,
+                                  "memsim-trace 1\nname \"pending\"\ncapacity 0\n"
+                                  "rank 0 device=0 multiplicity=1 streams=2\n@rank 0\n"
+                                  "alloc t=1 size=1048576 stream=0 cat=activation\n"
+                                  "use t=1 stream=1\nfree t=1\n",
+                                  -1, NULL));
+    const char *conv[] = {"convert", txt, pkl, NULL};
+    g_autofree char *cerr = NULL;
+    cr_assert_eq(tu_run_memsim(conv, NULL, &cerr), 0, "%s", cerr);
+    g_autofree char *script = g_strdup_printf(
+        "import pickle, sys\n"
+        "d = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "print([e['action'] for e in d['device_traces'][0]])\n"
+        "print(sorted(b['state'] for s in d['segments'] for b in s['blocks']))\n");
+    g_autofree char *pout = NULL, *perr = NULL;
+    cr_assert_eq(run_python(script, pkl, &pout, &perr), 0, "%s", perr);
+    cr_expect(strstr(pout, "'free_requested']") && !strstr(pout, "free_completed"),
+              "the free is requested, not completed: %s", pout);
+    cr_expect(strstr(pout, "'active_pending_free'"), "the block is pending: %s", pout);
+    const char *argv[] = {"replay", pkl, "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    cr_assert_eq(tu_run_memsim(argv, &out, &err), 0, "%s", err);
+    /* the allocator still holds the block at the end, as the snapshot says */
+    const char *fin = out ? strstr(out, "\"recorded_final\"") : NULL;
+    cr_expect(fin && strstr(fin, "\"allocated\" : 1048576"), "%s", out);
+}
+
 /* ---- the command ---- */
 
 Test(cli, replay_and_estimate_exports)

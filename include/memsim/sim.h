@@ -42,9 +42,12 @@ typedef struct {
     MemsimTimeline *timeline;
     /* (optional) Observers of the replay, event by event (the snapshot export); not owned. */
     const struct MemsimReplayHooks *hooks;
+    /* Ignore the ops' durations: every stream's work is done as soon as it is issued, as a
+     * recording without timing (a snapshot) shows it. */
+    gboolean untimed;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE}
 
 /* A live tensor of a replay: its block's address, the bytes the program asked for, the
  * stream it was allocated on and its category. */

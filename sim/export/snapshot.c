@@ -8,8 +8,10 @@
  * expandable reservation gives one segment per run of mapped blocks, §8.5). Every entry's
  * frames name the op running at that moment: [{"name": op, "filename": "memsim", "line": 0}].
  * Segment addresses are the policy's own (a bump pointer above any segment the trace starts
- * with), and time_us is the event index. Replaying the file with `memsim replay --verify`
- * therefore reproduces every recorded action.
+ * with), and time_us is the event index. The replay ignores the ops' durations (a snapshot
+ * has none: a block used on another stream comes back at the next chance, as in a replay of
+ * the file), so replaying the file with `memsim replay --verify` reproduces every recorded
+ * action.
  *
  * The pickle is protocol 2 made of plain values only (dict, list, str, int, float, bool,
  * None, tuple), so that Python's pickle module loads it with every global refused. Repeated
@@ -805,6 +807,8 @@ static gboolean export(MemsimTrace *trace, const char *path, const char *out,
         o.allocator = "torch";
         o.alloc_conf = x->conf;
         o.hooks = &hooks;
+        /* a snapshot has no timing: what it shows must be what a replay of it does */
+        o.untimed = TRUE;
         rep = trace ? memsim_replay_trace(trace, &o, error)
                     : memsim_replay_reader(rd, path, &o, error);
     }
