@@ -67,6 +67,9 @@ run gen-txt gen --model opt-125m --seq 128 -o gen.txt
 run gen-pickle gen --model opt-125m --seq 128 -o gen.pickle
 run gen-ddp-txt gen --model gpt2 --gpus 2 --method zero3 --seq 128 -o gen-zero3.txt
 run gen-pp-txt gen --model gpt2 --gpus 2 --pp 2 --seq 128 -o gen-pp.txt
+run gen-zero3-pickle gen --model gpt2 --gpus 2 --method zero3 --seq 128 -o gen-zero3.pickle
+run gen-fsdp-pickle gen --model gpt2 --gpus 2 --method fsdp --seq 128 -o gen-fsdp.pickle
+run gen-pp-pickle gen --model gpt2 --gpus 4 --tp 2 --pp 2 --seq 128 -o gen-pp.pickle
 run convert-small convert "$good/small.txt" small.mst
 run convert-back convert small.mst small-back.txt
 run convert-pickle convert "$good/small.txt" small.pickle
