@@ -1,12 +1,7 @@
-/* Run semantics (include/memsim/gen.h): the run description, the training loop, the
- * optimizers and the version rules (AUTOGRAD_MEMORY.md §9, §12), and memsim_generate.
- *
- * The loop is the one HF's Trainer runs for each optimizer step:
- *     for each micro-batch: with autocast: loss = model(ids, labels=labels).loss
- *                           loss.backward()            (outputs dropped before backward)
- *     optimizer.step(); optimizer.zero_grad()
- * With keep-outputs the model output object is held until the next step's forward has
- * returned, as a hand-written `out = model(...)` loop does.
+/* Run semantics (include/memsim/gen.h): the run description, the version rules
+ * (AUTOGRAD_MEMORY.md §12), generation, and memsim_generate, which runs one GPU's training
+ * through the training loop of traces/loop.c and hands runs on several GPUs to
+ * traces/distributed.c.
  */
 #include <memsim/alloc.h>
 #include <memsim/gen.h>
@@ -16,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 
@@ -456,19 +452,6 @@ static const char *attn_names[] = {"sdpa", "eager", "sdpa-math", "flash", "mem-e
 static const char *ckpt_names[] = {"none", "full", "selective"};
 static const char *ft_names[] = {"full", "lora", "qlora"};
 
-static MemsimOptimizerImpl effective_impl(const MemsimRun *run, const AgRules *rules)
-{
-    if (run->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
-        return run->optimizer_impl;
-    /* 1.13: for-loop; 2.x: foreach on CUDA (§9.1) */
-    return rules->v113 || !rules->cuda ? MEMSIM_OPTIM_IMPL_FOR_LOOP : MEMSIM_OPTIM_IMPL_FOREACH;
-}
-
-static gboolean effective_to_none(const MemsimRun *run, const AgRules *rules)
-{
-    return run->zero_grad_set ? run->zero_grad_to_none : !rules->v113;
-}
-
 char *memsim_run_describe(const MemsimRun *run)
 {
     AgRules rules = rules_for(run);
@@ -491,8 +474,8 @@ char *memsim_run_describe(const MemsimRun *run)
                 ? " (the model's context)"
                 : "",
             run->steps, run->grad_accum, prec_names[run->precision],
-            optim_names[run->optimizer], impl_names[effective_impl(run, &rules)],
-            effective_to_none(run, &rules) ? "to None" : "in place", attn_names[run->attention],
+            optim_names[run->optimizer], impl_names[optim_effective_impl(run, &rules)],
+            optim_effective_to_none(run, &rules) ? "to None" : "in place", attn_names[run->attention],
             ckpt_names[run->checkpointing], ft_names[run->finetune]);
         if (run->finetune != MEMSIM_FT_FULL) {
             g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
@@ -521,159 +504,6 @@ char *memsim_run_describe(const MemsimRun *run)
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
                            run->device_cpu ? " (CPU kernels)" : "");
     return g_string_free(s, FALSE);
-}
-
-/* ---- optimizers (§9) ---- */
-
-typedef struct {
-    GPtrArray *state; /* AgTensor* state tensors (kept) */
-    bool initialised;
-} Optim;
-
-static AgTensor *state_like(AgGraph *g, AgTensor *p, DType dt)
-{
-    AgContext *c = gg_ctx(g);
-    uint8_t old = c->category;
-    c->category = MEMSIM_CAT_OPTIMIZER_STATE;
-    AgTensor *t = op_new(g, "zeros_like", dt, p->nd, p->shape);
-    c->category = old;
-    return t;
-}
-
-static void optimizer_step(Model *md, Optim *o, const AgRules *rules, bool last)
-{
-    AgGraph *g = md->g;
-    const MemsimRun *run = md->run;
-    GPtrArray *ps = md->trainable;
-    MemsimOptimizerImpl impl = effective_impl(run, rules);
-    gg_ctx(g)->category = MEMSIM_CAT_TEMPORARY;
-    bool first = !o->initialised;
-    o->initialised = true;
-    switch (run->optimizer) {
-    case MEMSIM_OPTIM_ADAMW:
-        if (first) {
-            /* lazy state, all of it before any update (§9.2) */
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                if (!rules->cuda || impl == MEMSIM_OPTIM_IMPL_FUSED) /* step: CPU / device */
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 0}, DT_F32));
-                g_ptr_array_add(o->state, state_like(g, p, p->dt));
-                g_ptr_array_add(o->state, state_like(g, p, p->dt));
-            }
-        }
-        if (impl == MEMSIM_OPTIM_IMPL_FOR_LOOP) {
-            /* denom = (exp_avg_sq.sqrt() / bc2).add_(eps): sqrt and div alloc; the previous
-             * denom dies when the name is rebound */
-            AgTensor *denom = NULL;
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                AgTensor *sq = op_new(g, "sqrt", p->dt, p->nd, p->shape);
-                AgTensor *d = op_new(g, "div", p->dt, p->nd, p->shape);
-                gt_unref(g, sq);
-                gt_unref(g, denom);
-                denom = d;
-            }
-            gt_unref(g, denom);
-        } else if (impl == MEMSIM_OPTIM_IMPL_FOREACH) {
-            /* one list of sqrt per (device, dtype) group; 1.13 also a denom list */
-            GPtrArray *l1 = g_ptr_array_new(), *l2 = g_ptr_array_new();
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (p->grad)
-                    g_ptr_array_add(l1, op_new(g, "_foreach_sqrt", p->dt, p->nd, p->shape));
-            }
-            if (rules->v113)
-                for (guint i = 0; i < ps->len; i++) {
-                    AgTensor *p = ps->pdata[i];
-                    if (p->grad)
-                        g_ptr_array_add(l2, op_new(g, "_foreach_add", p->dt, p->nd, p->shape));
-                }
-            for (guint i = 0; i < l2->len; i++)
-                gt_unref(g, l2->pdata[i]);
-            for (guint i = 0; i < l1->len; i++)
-                gt_unref(g, l1->pdata[i]);
-            g_ptr_array_unref(l1);
-            g_ptr_array_unref(l2);
-        }
-        /* fused: in place, no temporaries */
-        break;
-    case MEMSIM_OPTIM_ADAMW_8BIT:
-        if (first)
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                int64_t n = 1;
-                for (int d = 0; d < p->nd; d++)
-                    n *= p->shape[d];
-                if (n < 4096) { /* bitsandbytes keeps small tensors in 32-bit state */
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                } else {
-                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
-                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
-                    int64_t blocks = (n + 2047) / 2048;
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
-                                                         DT_F32));
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
-                                                         DT_F32));
-                }
-            }
-        break;
-    case MEMSIM_OPTIM_SGD_MOMENTUM:
-        if (first) /* momentum_buffer = grad.clone() at the first step */
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (p->grad)
-                    g_ptr_array_add(o->state, state_like(g, p, p->dt));
-            }
-        break;
-    case MEMSIM_OPTIM_ADAFACTOR:
-        /* transformers' Adafactor: factored second moments for matrices (row and column
-         * means, fp32), a full one for vectors; update = grad**2 + eps and the approximated
-         * update are full-size fp32 temporaries per parameter */
-        for (guint i = 0; i < ps->len; i++) {
-            AgTensor *p = ps->pdata[i];
-            if (!p->grad)
-                continue;
-            if (first) {
-                if (p->nd >= 2) {
-                    g_ptr_array_add(o->state,
-                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[0]}},
-                                               DT_F32));
-                    g_ptr_array_add(o->state,
-                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[1]}},
-                                               DT_F32));
-                } else {
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                }
-            }
-            AgTensor *u = op_new(g, "pow", DT_F32, p->nd, p->shape);
-            AgTensor *a = op_new(g, "mul", DT_F32, p->nd, p->shape);
-            gt_unref(g, u);
-            gt_unref(g, a);
-        }
-        break;
-    case MEMSIM_OPTIM_SGD:
-        break;
-    }
-    /* the model state after the update (the last step's), before zero_grad */
-    if (last)
-        gg_mark(g, "breakdown:model state at the optimizer step");
-    /* zero_grad */
-    if (effective_to_none(run, rules))
-        for (guint i = 0; i < ps->len; i++) {
-            AgTensor *p = ps->pdata[i];
-            if (p->grad) {
-                AgTensor *gr = p->grad;
-                p->grad = NULL;
-                gt_unref(g, gr);
-            }
-        }
 }
 
 /* ---- inference ---- */
@@ -832,72 +662,13 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
         memsim_trace_free(t);
         return NULL;
     }
-    AgContext *c = gg_ctx(g);
     if (eff.inference) {
         run_inference(&md, g, error);
     } else {
-        int ac = run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
-                 : run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
-                                                            : 0;
-        AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
-        /* the collator's labels (DataCollatorForLanguageModeling: input_ids.clone()), a device
-         * tensor of their own */
-        AgTensor *labels =
-            gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
-        Optim o = {g_ptr_array_new(), false};
-        AgTensor *held = NULL, *held_loss = NULL;
-        GPtrArray *held_cache = g_ptr_array_new();
-        for (int step = 1; step <= run->steps; step++) {
-            char mark[32];
-            g_snprintf(mark, sizeof mark, "step %d", step);
-            gg_mark(g, mark);
-            for (int mb = 0; mb < run->grad_accum; mb++) {
-                c->phase = MEMSIM_PHASE_FORWARD;
-                c->microbatch = run->grad_accum > 1 ? mb : -1;
-                c->category = MEMSIM_CAT_TEMPORARY;
-                c->autocast = ac;
-                AgTensor *logits = NULL;
-                AgTensor *loss = model_forward(&md, ids, labels, &logits);
-                c->autocast = 0;
-                gg_autocast_clear(g); /* the autocast region ends */
-                if (run->keep_outputs) {
-                    /* out = model(...) rebinds: the previous output dies now */
-                    gt_unref(g, held);
-                    gt_unref(g, held_loss);
-                    for (guint i = 0; i < held_cache->len; i++)
-                        gt_unref(g, held_cache->pdata[i]);
-                    g_ptr_array_set_size(held_cache, 0);
-                    held = logits;
-                    held_loss = gt_ref(loss);
-                    for (guint i = 0; i < md.cache->len; i++)
-                        g_ptr_array_add(held_cache, md.cache->pdata[i]);
-                    g_ptr_array_set_size(md.cache, 0);
-                } else {
-                    gt_unref(g, logits);
-                    model_drop_output(&md);
-                }
-                c->phase = MEMSIM_PHASE_BACKWARD;
-                gg_backward(g, loss);
-                gt_unref(g, loss);
-            }
-            c->microbatch = -1;
-            c->phase = MEMSIM_PHASE_OPTIMIZER;
-            gg_op(g, "optimizer.step");
-            optimizer_step(&md, &o, &rules, step == run->steps);
-            c->phase = MEMSIM_PHASE_OTHER;
-        }
-        /* the end of the program: what is alive stays alive in the trace */
-        gg_teardown(g);
-        gt_unref(g, held);
-        gt_unref(g, held_loss);
-        for (guint i = 0; i < held_cache->len; i++)
-            gt_unref(g, held_cache->pdata[i]);
-        g_ptr_array_unref(held_cache);
-        for (guint i = 0; i < o.state->len; i++)
-            gt_unref(g, o.state->pdata[i]);
-        g_ptr_array_unref(o.state);
-        gt_unref(g, labels);
-        gt_unref(g, ids);
+        Optimizer o;
+        optimizer_init(&o, &eff, &rules);
+        loop_train(&md, &o, NULL);
+        optimizer_clear(g, &o);
     }
     gg_teardown(g);
     model_clear(&md);
