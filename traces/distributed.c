@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "traces/cost.h"
+#include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 
@@ -104,7 +105,9 @@ static const GpuProfile *gpu_profile(const char *name)
 typedef struct {
     AgStorage *full;      /* the unsharded (bf16) buffer of the unit's parameters */
     AgTensor *shard;      /* fp32 local shard (FSDP) */
-    AgTensor *grad_shard; /* fp32 gradient shard (FSDP) */
+    AgTensor *opt;        /* FSDP: what the optimizer steps of the shard (a view of it: the
+                           * whole shard, or with LoRA this rank's share of the adapters);
+                           * its .grad is the gradient shard */
     GPtrArray *params;    /* the unit's parameter tensors (not references) */
     int64_t numel, shard_numel;
     int pending;          /* gradients not yet produced in this backward */
@@ -126,7 +129,7 @@ typedef struct {
     bool ddp_rebuilt;
     /* ZeRO */
     AgTensor *flat;        /* ZeRO-1/2: the flat bf16 parameters; ZeRO-3: the partitions */
-    AgTensor *master, *exp_avg, *exp_avg_sq; /* fp32 partitions */
+    AgTensor *master;      /* the fp32 partition, the optimizer's parameter */
     AgTensor *ipg;         /* ipg bucket */
     int64_t ipg_fill;
     AgTensor *grad_part;   /* gradient partition */
@@ -139,6 +142,10 @@ typedef struct {
     int bw_unit;           /* the unit whose backward runs now (-1 before the first) */
     GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
     double comm_us_per_byte;
+    /* the optimizer and the parameters it steps (ZeRO: the fp32 partition; FSDP: the units'
+     * shards; DDP: the model's) */
+    Optimizer opt;
+    GPtrArray *opt_params;
 } Dist;
 
 static AgTensor *alloc_cat(AgGraph *g, uint8_t cat, DType dt, int64_t n)
@@ -269,8 +276,9 @@ static void reduce_unit_grads(Dist *d, Unit *un)
     gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
                   coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2));
     AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->lora ? DT_BF16 : DT_F32, un->shard_numel);
-    if (!un->grad_shard)
-        un->grad_shard = f32;
+    g_assert(un->opt);
+    if (!un->opt->grad)
+        un->opt->grad = f32;
     else
         gt_unref(g, f32); /* accumulated into the saved shard */
     gt_unref(g, sh);
@@ -509,8 +517,8 @@ static void free_units(Dist *d)
 {
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
+        gt_unref(d->g, un->opt);
         gt_unref(d->g, un->shard);
-        gt_unref(d->g, un->grad_shard);
         gg_storage_unref(d->g, un->full);
         g_ptr_array_unref(un->params);
     }
@@ -518,61 +526,92 @@ static void free_units(Dist *d)
     g_hash_table_unref(d->unit_of_param);
 }
 
-/* The optimizer step of a sharded method: fp32 master and Adam on this rank's partition. */
-static void sharded_step(Dist *d, bool first, bool last)
+/* ---- the method's part of the training loop (LoopHooks, traces/loop.h) ---- */
+
+/* DDP's _rebuild_buckets at the second forward: ≤ 25 MiB buckets (the first 1 MiB) in the
+ * order the gradients became ready. */
+static void dp_before_step(void *user, int step)
 {
+    Dist *d = user;
+    if (d->method != MEMSIM_METHOD_DDP || step != 2 || d->ddp_rebuilt)
+        return;
     AgGraph *g = d->g;
-    int64_t part = d->psi_pad / d->N;
-    if (d->method == MEMSIM_METHOD_FSDP || d->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
-        d->method == MEMSIM_METHOD_HSDP) {
-        GPtrArray *tmp = g_ptr_array_new();
-        /* Adam on the shards; with LoRA (use_orig_params) on this rank's share of the
-         * trained parameters only, in their (bf16) dtype, the even share ⌈numel/N⌉ per unit */
-        DType sdt = d->lora ? DT_BF16 : DT_F32;
-        for (int u = 0; u < d->n_units; u++) {
-            Unit *un = &d->units[u];
-            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
-            if (first && n) {
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
-            }
+    gt_unref(g, d->buckets->pdata[0]);
+    g_ptr_array_remove_index(d->buckets, 0);
+    int64_t cur = 0, cap = DDP_FIRST_BUCKET;
+    for (int i = (int)d->md.trainable->len - 1; i >= 0; i--) {
+        cur += gt_nbytes(d->md.trainable->pdata[i]);
+        if (cur >= cap || i == 0) {
+            g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, cur));
+            cur = 0;
+            cap = DDP_BUCKET;
         }
-        /* foreach: one sqrt list over the shards */
+    }
+    d->ddp_rebuilt = true;
+}
+
+static void dp_before_forward(void *user)
+{
+    Dist *d = user;
+    d->ddp_pending = (int64_t)d->md.trainable->len;
+    if (d->units) /* the root unit: gathered for the step, freed after backward */
+        unshard(d, d->n_units - 1);
+}
+
+static void dp_after_backward(void *user)
+{
+    Dist *d = user;
+    AgGraph *g = d->g;
+    if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
+        d->method == MEMSIM_METHOD_ZERO3)
+        zero_flush(d);
+    if (d->units) {
         for (int u = 0; u < d->n_units; u++) {
-            Unit *un = &d->units[u];
-            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
-            if (n)
-                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, sdt, n));
-        }
-        for (guint i = 0; i < tmp->len; i++)
-            gt_unref(g, tmp->pdata[i]);
-        g_ptr_array_unref(tmp);
-        if (last)
-            gg_mark(g, "breakdown:model state at the optimizer step");
-        for (int u = 0; u < d->n_units; u++) { /* zero_grad(set_to_none) */
-            gt_unref(g, d->units[u].grad_shard);
-            d->units[u].grad_shard = NULL;
+            reshard(d, u);
             d->units[u].pending = d->units[u].trainable;
         }
+        d->bw_unit = -1;
+    }
+    gg_wait_stream(g, S_COMPUTE, S_COMM);
+    gg_wait_stream(g, S_COMPUTE, S_POST);
+}
+
+/* What the optimizer steps: DDP the model's parameters (torch.optim on the replica); FSDP the
+ * units' shards, their gradient shards as .grad; DeepSpeed (stage_1_and_2.py, stage3.py
+ * step) the fp32 partition, whose .grad is the flattened bf16 gradient partition cast to
+ * fp32 (the bf16 flat copy dies at once, the fp32 one once the step is done). */
+static GPtrArray *dp_before_optimizer(void *user, int step)
+{
+    Dist *d = user;
+    (void)step;
+    if (d->method == MEMSIM_METHOD_DDP)
+        return d->md.trainable;
+    if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
+        d->method == MEMSIM_METHOD_ZERO3) {
+        int64_t part = d->psi_pad / d->N;
+        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
+        d->master->grad = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
+        gt_unref(d->g, flat16);
+    }
+    return d->opt_params;
+}
+
+static void dp_after_optimizer(void *user, int step)
+{
+    Dist *d = user;
+    AgGraph *g = d->g;
+    (void)step;
+    if (d->units && d->method != MEMSIM_METHOD_ZERO3) {
+        for (int u = 0; u < d->n_units; u++)
+            d->units[u].pending = d->units[u].trainable;
         return;
     }
-    /* DeepSpeed: flatten the bf16 gradient partition, cast it to fp32, step, drop both */
-    AgTensor *flat16 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
-    AgTensor *g32 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
-    gt_unref(g, flat16);
-    if (first) {
-        d->exp_avg = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
-        d->exp_avg_sq = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
-    }
-    if (last)
-        gg_mark(g, "breakdown:model state at the optimizer step");
-    gt_unref(g, g32);
+    if (d->method == MEMSIM_METHOD_DDP)
+        return;
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
                       coll_us(d, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2));
-    }
-    if (d->method != MEMSIM_METHOD_ZERO3) {
         /* stage 1/2: grads_in_partition and the ipg buffers go; stage 3 keeps both */
         gt_unref(g, d->grad_part);
         d->grad_part = NULL;
@@ -580,7 +619,8 @@ static void sharded_step(Dist *d, bool first, bool last)
         d->ipg = NULL;
     }
     d->ipg_fill = 0;
-    /* stage 1 keeps full gradients through backward; they go with zero_grad */
+    /* the engine's zero_grad (set_to_none) on the bf16 parameters: stage 1 kept the full
+     * gradients through backward */
     for (guint i = 0; i < d->md.trainable->len; i++) {
         AgTensor *p = d->md.trainable->pdata[i];
         if (p->grad) {
@@ -588,6 +628,52 @@ static void sharded_step(Dist *d, bool first, bool last)
             p->grad = NULL;
             gt_unref(g, gr);
         }
+    }
+}
+
+/* The optimizer of a data-parallel rank: torch.optim as the run asks (DDP on the replica,
+ * FSDP on the shards), or DeepSpeed's. */
+static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
+{
+    optimizer_init(&d->opt, run, rules);
+    /* the distributed programs write their optimizer's state and temporaries as plain
+     * `empty` allocations, as they always have (one GPU names torch's ops) */
+    d->opt.plain_ops = true;
+    d->opt_params = g_ptr_array_new();
+    switch (d->method) {
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2:
+    case MEMSIM_METHOD_ZERO3:
+        /* AdamW is the config's optimizer, DeepSpeed's FusedAdam: multi-tensor, in place, the
+         * step count kept on the host; any other is the client's torch optimizer (HF's
+         * Trainer passes its own, with zero_allow_untested_optimizer), wrapped around the
+         * flat partition. The engine zeroes the gradients itself after each step
+         * (engine.py _take_model_step → zero_grad(set_to_none=True); the fp32 gradient
+         * exists only inside step). */
+        if (d->opt.kind == MEMSIM_OPTIM_ADAMW) {
+            d->opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
+            d->opt.step_tensor = false;
+        }
+        d->opt.to_none = true;
+        g_ptr_array_add(d->opt_params, d->master);
+        break;
+    case MEMSIM_METHOD_FSDP:
+    case MEMSIM_METHOD_FSDP_GRAD_OP:
+    case MEMSIM_METHOD_HSDP:
+        /* the optimizer holds each unit's sharded FlatParameter; with LoRA (use_orig_params)
+         * the trained parameters' views, this rank's even share ⌈numel/N⌉ per unit */
+        for (int u = 0; u < d->n_units; u++) {
+            Unit *un = &d->units[u];
+            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
+            if (!n)
+                continue;
+            un->opt = gt_view_of(d->g, un->shard, 1, (int64_t[]){n}, NULL);
+            un->opt->dt = d->lora ? DT_BF16 : DT_F32; /* LoRA: the bf16 FlatParameter */
+            g_ptr_array_add(d->opt_params, un->opt);
+        }
+        break;
+    default:
+        break;
     }
 }
 
@@ -689,101 +775,16 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     AgHooks hooks = {post_accumulate, pre_backward_layer, d};
     gg_set_hooks(g, &hooks);
 
-    AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
-    /* the collator's labels: input_ids.clone(), moved to the device beside them */
-    AgTensor *labels =
-        gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
-    int ac = meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
-             : meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
-                                                                                    : 0;
-    for (int step = 1; step <= run->steps; step++) {
-        char mark[32];
-        g_snprintf(mark, sizeof mark, "step %d", step);
-        gg_mark(g, mark);
-        if (meth == MEMSIM_METHOD_DDP && step == 2 && !d->ddp_rebuilt) {
-            /* _rebuild_buckets at the second forward: ≤ 25 MiB buckets (first 1 MiB) */
-            gt_unref(g, d->buckets->pdata[0]);
-            g_ptr_array_remove_index(d->buckets, 0);
-            int64_t cur = 0, cap = DDP_FIRST_BUCKET;
-            for (int i = (int)d->md.trainable->len - 1; i >= 0; i--) {
-                cur += gt_nbytes(d->md.trainable->pdata[i]);
-                if (cur >= cap || i == 0) {
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, cur));
-                    cur = 0;
-                    cap = DDP_BUCKET;
-                }
-            }
-            d->ddp_rebuilt = true;
-        }
-        for (int mb = 0; mb < run->grad_accum; mb++) {
-            c->phase = MEMSIM_PHASE_FORWARD;
-            c->category = MEMSIM_CAT_TEMPORARY;
-            c->autocast = ac;
-            d->ddp_pending = (int64_t)d->md.trainable->len;
-            if (d->units) /* the root unit: gathered for the step, freed after backward */
-                unshard(d, d->n_units - 1);
-            AgTensor *logits = NULL;
-            AgTensor *loss = model_forward(&d->md, ids, labels, &logits);
-            c->autocast = 0;
-            gg_autocast_clear(g);
-            gt_unref(g, logits);
-            model_drop_output(&d->md);
-            c->phase = MEMSIM_PHASE_BACKWARD;
-            gg_backward(g, loss);
-            gt_unref(g, loss);
-            if (meth == MEMSIM_METHOD_ZERO1 || meth == MEMSIM_METHOD_ZERO2 ||
-                meth == MEMSIM_METHOD_ZERO3)
-                zero_flush(d);
-            if (d->units) {
-                for (int u = 0; u < d->n_units; u++) {
-                    reshard(d, u);
-                    d->units[u].pending = d->units[u].trainable;
-                }
-                d->bw_unit = -1;
-            }
-            gg_wait_stream(g, S_COMPUTE, S_COMM);
-            gg_wait_stream(g, S_COMPUTE, S_POST);
-        }
-        c->phase = MEMSIM_PHASE_OPTIMIZER;
-        gg_op(g, "optimizer.step");
-        if (meth == MEMSIM_METHOD_DDP) {
-            /* full AdamW (foreach) on every rank */
-            GPtrArray *ps = d->md.trainable;
-            if (step == 1)
-                for (guint i = 0; i < ps->len; i++) {
-                    AgTensor *p = ps->pdata[i];
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
-                }
-            GPtrArray *tmp = g_ptr_array_new();
-            for (guint i = 0; i < ps->len; i++)
-                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, ((AgTensor *)ps->pdata[i])->dt,
-                                               gt_numel(ps->pdata[i])));
-            for (guint i = 0; i < tmp->len; i++)
-                gt_unref(g, tmp->pdata[i]);
-            g_ptr_array_unref(tmp);
-            if (step == run->steps)
-                gg_mark(g, "breakdown:model state at the optimizer step");
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                AgTensor *gr = p->grad;
-                p->grad = NULL;
-                gt_unref(g, gr);
-            }
-        } else {
-            sharded_step(d, step == 1, step == run->steps);
-        }
-        c->phase = MEMSIM_PHASE_OTHER;
-    }
-    gg_teardown(g);
-    gt_unref(g, labels);
-    gt_unref(g, ids);
+    dp_optimizer(d, run, rules);
+    LoopHooks loop = {dp_before_step,      dp_before_forward,  dp_after_backward,
+                      dp_before_optimizer, dp_after_optimizer, d};
+    loop_train(&d->md, &d->opt, &loop);
+    optimizer_clear(g, &d->opt);
+    g_ptr_array_unref(d->opt_params);
     for (guint i = 0; i < d->buckets->len; i++)
         gt_unref(g, d->buckets->pdata[i]);
     g_ptr_array_unref(d->buckets);
     gt_unref(g, d->master);
-    gt_unref(g, d->exp_avg);
-    gt_unref(g, d->exp_avg_sq);
     gt_unref(g, d->ipg);
     gt_unref(g, d->grad_part);
     gt_unref(g, d->flat);
