@@ -873,6 +873,47 @@ static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
     return s;
 }
 
+/* The distributed optimizer's part of a stage's optimizer step (§5.5): the fp32 main-grad
+ * buffer reduce-scattered over dp, an fp32 main copy of this rank's shard (made at the first
+ * step) stepped with its slice of the buffer as .grad, the bf16 parameters all-gathered. */
+typedef struct {
+    AgGraph *g;
+    AgTensor *main_grad; /* the persistent fp32 grad buffer */
+    AgTensor *main;      /* this rank's fp32 main parameters */
+    GPtrArray *params;   /* { main } */
+    int64_t psi;         /* the stage's trainable elements */
+    int dp;
+    double dp_cost;
+} StageOptimizer;
+
+static GPtrArray *stage_before_optimizer(void *user, int step)
+{
+    StageOptimizer *so = user;
+    AgGraph *g = so->g;
+    (void)step;
+    if (so->dp > 1)
+        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)so->psi * 4, 3,
+                      ring_us(so->dp_cost, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)so->psi * 4,
+                              so->dp));
+    int64_t part = (so->psi + so->dp - 1) / so->dp;
+    if (!so->main) {
+        so->main = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
+        g_ptr_array_add(so->params, so->main);
+    }
+    so->main->grad = gt_view_of(g, so->main_grad, 1, (int64_t[]){part}, NULL);
+    return so->params;
+}
+
+static void stage_after_optimizer(void *user, int step)
+{
+    StageOptimizer *so = user;
+    (void)step;
+    if (so->dp > 1)
+        gg_collective(so->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2, 3,
+                      ring_us(so->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2,
+                              so->dp));
+}
+
 static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                  const AgRules *rules, const GpuProfile *gpu, int tp, int pp,
                                  int dp, int r, GError **error)
@@ -906,13 +947,25 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     AgContext *c = gg_ctx(g);
     /* the DDP grad buffer: fp32 main grads (grad_reduce_in_fp32), persistent */
     AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_F32, psi);
-    GPtrArray *state = g_ptr_array_new();
     AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
     int64_t H = m->H;
     int64_t sq = run->sequence_parallel ? run->seq / tp : run->seq; /* p2p tensors' tokens */
     DType adt = chunks[0].adt;
     /* Megatron's layout: tp innermost, then dp, then pp (the planner's, traces/cost.c) */
-    double dp_cost = comm_cost(gpu, tp * dp <= run->gpus_per_node);
+    StageOptimizer so = {g, main_grad, NULL, g_ptr_array_new(), psi, dp,
+                         comm_cost(gpu, tp * dp <= run->gpus_per_node)};
+    LoopHooks hooks = {.before_optimizer = stage_before_optimizer,
+                       .after_optimizer = stage_after_optimizer,
+                       .user = &so};
+    /* the distributed optimizer wraps apex/TE FusedAdam (multi-tensor, in place, the step
+     * count on the host); its zero_grad sets the main parameters' gradients to None, the grad
+     * buffer is zeroed in place (zero_grad_buffer) */
+    Optimizer opt;
+    optimizer_init(&opt, run, rules);
+    opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
+    opt.step_tensor = false;
+    opt.to_none = true;
+    opt.plain_ops = true;
     uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
     double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,
                             p2p_bytes, 2);
@@ -922,9 +975,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     guint32 next = rank - (guint32)r + (guint32)((r + 1) % pp);
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
-        char mark[32];
-        g_snprintf(mark, sizeof mark, "step %d", step);
-        gg_mark(g, mark);
+        loop_mark_step(g, step);
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v);
         for (guint i = 0; i < sched->len; i++) {
             Slot sl = g_array_index(sched, Slot, i);
@@ -981,32 +1032,15 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
             }
         }
         g_array_unref(sched);
-        c->microbatch = -1;
-        c->phase = MEMSIM_PHASE_OPTIMIZER;
-        gg_op(g, "optimizer.step");
-        if (dp > 1)
-            gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, 3,
-                          ring_us(dp_cost, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, dp));
-        int64_t part = (psi + dp - 1) / dp;
-        if (step == 1) { /* fp32 main parameters and Adam state of this rank's shard */
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-        }
-        if (step == run->steps)
-            gg_mark(g, "breakdown:model state at the optimizer step");
-        if (dp > 1)
-            gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, 3,
-                          ring_us(dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, dp));
-        c->phase = MEMSIM_PHASE_OTHER;
+        loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
     }
     gg_teardown(g);
     g_free(fl);
     gt_unref(g, ids);
+    gt_unref(g, so.main);
+    g_ptr_array_unref(so.params);
+    optimizer_clear(g, &opt);
     gt_unref(g, main_grad);
-    for (guint i = 0; i < state->len; i++)
-        gt_unref(g, state->pdata[i]);
-    g_ptr_array_unref(state);
     for (int k = 0; k < v; k++)
         model_clear(&chunks[k]);
     g_free(chunks);
