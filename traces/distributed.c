@@ -5,9 +5,9 @@
  *                first iteration, ≤ 25 MiB buckets in ready order afterwards; first 1 MiB),
  *                all-reduced on a communication stream; full optimizer state.
  *   zero1/zero2  §2.3 (DeepSpeed, bf16): one flat bf16 parameter buffer padded to a multiple
- *                of 2N elements, fp32 master and Adam state for this rank's 1/N partition;
- *                stage 2 reduces gradients through the ipg bucket into a 1/N gradient
- *                partition, stage 1 keeps the full bf16 gradients through backward.
+ *                of 2N elements, fp32 master and optimizer state for this rank's 1/N
+ *                partition; stage 2 reduces gradients through the ipg bucket into a 1/N
+ *                gradient partition, stage 1 keeps the full bf16 gradients through backward.
  *   zero3        §2.4: bf16 partitions of ⌈numel/N⌉ per parameter, gathered per layer on an
  *                all-gather stream before its forward and its backward (the next layer
  *                prefetched) and released after; persistent ipg bucket and flat gradient
@@ -22,8 +22,20 @@
  * Megatron (tp × pp × dp) runs one role per pipeline stage (§5): heads, widths and vocabulary
  * split over tp, layers over pp; bf16 parameters, an fp32 main-grad buffer, fp32 main
  * parameters and Adam state split over dp by the distributed optimizer (over all of them
- * when dp = 1); micro-batches scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
+ * when dp = 1); micro-batches (--microbatches, or as many as --grad-accum: Megatron's
+ * accumulation) scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
  * stage input received into a fresh buffer and the output freed once sent.
+ *
+ * The loop: every data-parallel rank runs the training loop of traces/loop.c (steps,
+ * accumulation micro-batches, autocast, keep-outputs, zero_grad), the method's buffers and
+ * collectives added through its hooks; a pipeline stage runs its schedule and takes the
+ * loop's step mark and optimizer step. The optimizer steps what the method holds: torch.optim
+ * on DDP's replica and on FSDP's shards (every optimizer, implementation and zero_grad the
+ * run asks for, the state per shard: SGD none, momentum one buffer, AdamW two, Adafactor on a
+ * 1-D shard a full second moment); DeepSpeed's optimizer around the flat fp32 partition
+ * (AdamW its FusedAdam, any other the client's torch optimizer; gradients set to None by the
+ * engine); Megatron's distributed optimizer (Adam only, apex/TE FusedAdam) on the main shard.
+ * What a framework decides itself is refused by setting_check_distributed_loop (run.c).
  *
  * LoRA/QLoRA: only the adapters train. DDP keeps peft's fp32 adapters; DeepSpeed casts them
  * to bf16 with the module; ZeRO-1/2 flatten and partition only the adapters (the frozen base

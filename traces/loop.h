@@ -1,6 +1,6 @@
 /* Internal: the one training loop and the optimizer (traces/loop.c), shared by the run on one
- * GPU (traces/run.c), the data-parallel methods (traces/distributed.c) and Megatron's pipeline
- * stages (traces/megatron.c).
+ * GPU (traces/run.c), the data-parallel methods and Megatron's pipeline stages
+ * (traces/distributed.c).
  *
  *     Optimizer o;
  *     optimizer_init(&o, run, rules);          // torch.optim as the run asks; a method may

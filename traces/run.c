@@ -303,28 +303,49 @@ gboolean setting_refuse(GError **error, const char *fmt, ...)
     return FALSE;
 }
 
-/* The distributed programs (traces/distributed.c) run their own loop: AdamW's state as each
- * method shards it, gradients set to None, outputs dropped before backward, and Megatron's
- * micro-batches in place of accumulation. Settings given that say otherwise are refused. */
+/* The distributed programs run the training loop of traces/loop.c, each method stepping the
+ * optimizer on what it holds (DDP: torch.optim on the replica; ZeRO: DeepSpeed around the
+ * flat fp32 partition; FSDP: torch.optim on the shards; Megatron: the distributed optimizer
+ * on the main-parameter shard). A setting that a method's framework decides itself, or does
+ * not take, is refused naming it. Without a method (plan's sweep over every method, whose
+ * model-state bounds are AdamW's), whatever some method refuses is refused. */
 gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error)
 {
-#define GIVEN(k) memsim_run_given(r, k)
-    if (GIVEN("optimizer") && r->optimizer != MEMSIM_OPTIM_ADAMW)
-        return setting_refuse(error, "optimizer: the distributed methods are modelled with "
-                                     "AdamW, whose state they shard (one GPU takes the others)");
-    if (GIVEN("optimizer-impl"))
-        return setting_refuse(error, "optimizer-impl: the distributed methods step their own "
-                                     "flat or sharded AdamW (one GPU takes the choice)");
-    if (GIVEN("zero-grad") && !r->zero_grad_to_none)
-        return setting_refuse(error, "zero-grad: the distributed methods free their gradients "
-                                     "(set to None), as DeepSpeed, FSDP and Megatron do");
-    if (GIVEN("keep-outputs") && r->keep_outputs)
-        return setting_refuse(error, "keep-outputs: the distributed loops drop the output "
-                                     "before backward (one GPU models holding it)");
-    if (megatron && GIVEN("grad-accum") && r->grad_accum > 1)
+    bool zero = !megatron && (r->method == MEMSIM_METHOD_ZERO1 ||
+                              r->method == MEMSIM_METHOD_ZERO2 ||
+                              r->method == MEMSIM_METHOD_ZERO3);
+    bool sweep = !megatron && r->method == MEMSIM_METHOD_NONE;
+    const char *who = megatron ? "Megatron-LM" : zero ? "DeepSpeed" : "a sweep over the methods";
+    if (megatron && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: Megatron-LM's distributed optimizer takes only "
+                                     "Adam (distrib_optimizer.py asserts it)");
+    if (sweep && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: without --method, a run on several GPUs is "
+                                     "planned over every method with AdamW's model state "
+                                     "(Megatron-LM takes only Adam): give --method");
+    if ((zero || megatron || sweep) && r->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
+        return setting_refuse(error, "optimizer-impl: %s steps its own fused Adam "
+                                     "(DeepSpeed's FusedAdam, apex/TE FusedAdam in Megatron-LM); "
+                                     "DDP and FSDP take the choice",
+                              who);
+    if ((zero || megatron || sweep) && r->zero_grad_set && !r->zero_grad_to_none)
+        return setting_refuse(error, "zero-grad: %s sets the gradients to None itself after "
+                                     "each step (DeepSpeed's engine: zero_grad(set_to_none=True); "
+                                     "Megatron-LM: the main grads, its grad buffer zeroed in "
+                                     "place); DDP and FSDP take the choice",
+                              who);
+    if ((megatron || sweep) && r->keep_outputs)
+        return setting_refuse(error, "keep-outputs: %s runs Megatron-LM's pipeline schedule, "
+                                     "which frees each micro-batch's output itself (the data-"
+                                     "parallel methods take it)",
+                              megatron ? "a Megatron run" : "a sweep over the methods");
+    if (megatron && r->microbatches &&
+        (r->grad_accum > 1 || memsim_run_given(r, "grad-accum")) &&
+        r->grad_accum != r->microbatches)
         return setting_refuse(error, "grad-accum: a Megatron run accumulates over its "
-                                     "micro-batches: give --microbatches");
-#undef GIVEN
+                                     "micro-batches: --grad-accum %d and --microbatches %d "
+                                     "disagree (give one of them)",
+                              r->grad_accum, r->microbatches);
     return TRUE;
 }
 
@@ -569,6 +590,14 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
 {
     if (!memsim_run_given(run, "seq") && learned_positions(m) && run->seq > m->max_pos)
         run->seq = m->max_pos;
+    /* Megatron accumulates over its micro-batches (forward_backward_func runs them, the
+     * gradients summed in the grad buffer): --grad-accum N without --microbatches is N
+     * micro-batches (setting_check_distributed_loop refuses the two disagreeing) */
+    bool megatron = run->method == MEMSIM_METHOD_MEGATRON ||
+                    (run->method == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1));
+    if (megatron && !run->inference && !run->microbatches &&
+        (run->grad_accum > 1 || memsim_run_given(run, "grad-accum")))
+        run->microbatches = run->grad_accum;
 }
 
 /* The work a run asks for, bounded before any is done: the largest tensor it makes (the fp32
@@ -593,8 +622,8 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
                     run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
         return FALSE;
     }
-    double micro = (double)run->steps * run->grad_accum * (run->microbatches ? run->microbatches
-                                                                              : 1);
+    /* Megatron's micro-batches are its accumulation (memsim_generate) */
+    double micro = (double)run->steps * (run->microbatches ? run->microbatches : run->grad_accum);
     double per_layer = 600.0 + 150.0 * (double)m->n_experts;
     double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
                                    : micro * (double)m->L * per_layer;
