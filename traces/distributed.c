@@ -608,17 +608,15 @@ static GPtrArray *dp_before_optimizer(void *user, int step)
     return d->opt_params;
 }
 
+/* DeepSpeed after its step: the parameters all-gathered (stage 1/2), its buffers released,
+ * the engine's zero_grad on the bf16 parameters. */
 static void dp_after_optimizer(void *user, int step)
 {
     Dist *d = user;
     AgGraph *g = d->g;
     (void)step;
-    if (d->units && d->method != MEMSIM_METHOD_ZERO3) {
-        for (int u = 0; u < d->n_units; u++)
-            d->units[u].pending = d->units[u].trainable;
-        return;
-    }
-    if (d->method == MEMSIM_METHOD_DDP)
+    if (d->method != MEMSIM_METHOD_ZERO1 && d->method != MEMSIM_METHOD_ZERO2 &&
+        d->method != MEMSIM_METHOD_ZERO3)
         return;
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
@@ -680,7 +678,8 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
             if (!n)
                 continue;
             un->opt = gt_view_of(d->g, un->shard, 1, (int64_t[]){n}, NULL);
-            un->opt->dt = d->lora ? DT_BF16 : DT_F32; /* LoRA: the bf16 FlatParameter */
+            if (d->lora) /* the adapters of the bf16 FlatParameter (the file's header) */
+                un->opt->dt = DT_BF16;
             g_ptr_array_add(d->opt_params, un->opt);
         }
         break;
