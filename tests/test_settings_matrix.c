@@ -44,15 +44,18 @@ static const Method methods[] = {
     {"fsdp", {"gpus", "2", "method", "fsdp", NULL}, {NULL}},
     {"fsdp-grad-op", {"gpus", "2", "method", "fsdp-grad-op", NULL}, {NULL}},
     {"hsdp", {"gpus", "4", "gpus-per-node", "2", "method", "hsdp", NULL}, {NULL}},
-    {"megatron tp", {"gpus", "2", "tp", "2", NULL},
+    {"megatron tp",
+     {"gpus", "2", "tp", "2", NULL},
      {"optimizer", "optimizer-impl", "zero-grad", "keep-outputs", NULL}},
-    {"megatron pp", {"gpus", "2", "pp", "2", NULL},
+    {"megatron pp",
+     {"gpus", "2", "pp", "2", NULL},
      {"optimizer", "optimizer-impl", "zero-grad", "keep-outputs", NULL}},
 };
 
 /* The settings, each against the default run (AdamW, the version's implementation, one
  * micro-batch, outputs dropped, zero_grad to None, no checkpointing). grad-accum 3: a
  * pipeline's default is pp = 2 micro-batches. */
+// clang-format off
 static const char *const cells[][2] = {
     {"optimizer", "sgd"},
     {"optimizer", "sgd-momentum"},
@@ -66,10 +69,11 @@ static const char *const cells[][2] = {
     {"checkpointing", "full"},
     {"checkpointing", "selective"},
 };
+// clang-format on
 
-/* The trace of `model` with the method's settings plus (key, value), or NULL with *error. */
-static MemsimTrace *generate(const Method *me, const char *key, const char *value,
-                             GError **error)
+/* GPT-2's trace (seq 64, two steps) with the method's settings plus (key, value) when key is
+ * not NULL, or NULL with *error. */
+static MemsimTrace *generate(const Method *me, const char *key, const char *value, GError **error)
 {
     MemsimModel *m = memsim_model_load("gpt2", error);
     cr_assert(m, "gpt2: %s", (*error)->message);
@@ -147,16 +151,16 @@ Test(settings_matrix, every_setting_changes_the_trace_or_is_refused, .timeout = 
                                   error->code == MEMSIM_ERROR_BAD_INPUT,
                               "%s: %s %s", me->name, key, value);
                     gchar *prefix = g_strdup_printf("%s: ", key);
-                    cr_expect(g_str_has_prefix(error->message, prefix),
-                              "%s: %s %s refused as '%s'", me->name, key, value, error->message);
+                    cr_expect(g_str_has_prefix(error->message, prefix), "%s: %s %s refused as '%s'",
+                              me->name, key, value, error->message);
                     g_free(prefix);
                 }
             } else {
                 cr_expect(t, "%s: %s %s refused: %s", me->name, key, value,
                           error ? error->message : "?");
                 if (t)
-                    cr_expect(!same_trace(base, t), "%s: %s %s accepted and ignored", me->name,
-                              key, value);
+                    cr_expect(!same_trace(base, t), "%s: %s %s accepted and ignored", me->name, key,
+                              value);
             }
             memsim_trace_free(t);
             g_clear_error(&error);
@@ -257,8 +261,9 @@ Test(settings_matrix, fsdp_shard_optimizer_state, .timeout = 120)
         {"sgd", 0},
         {"sgd-momentum", 4 * S},
         {"adafactor", 4 * S},
-        {"adamw-8bit", 2 * S + 2 * 4 * (12 * (((GPT2_LAYER + N - 1) / N + 2047) / 2048) +
-                                        ((GPT2_ROOT + N - 1) / N + 2047) / 2048)},
+        {"adamw-8bit", 2 * S + 2 * 4 *
+                                   (12 * (((GPT2_LAYER + N - 1) / N + 2047) / 2048) +
+                                    ((GPT2_ROOT + N - 1) / N + 2047) / 2048)},
     };
     const char *names[] = {"fsdp", "fsdp-grad-op"};
     for (gsize i = 0; i < G_N_ELEMENTS(names); i++)

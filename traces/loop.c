@@ -60,8 +60,8 @@ static void add_state(AgGraph *g, Optimizer *o, const AgTensor *p, DType dt)
     AgContext *c = gg_ctx(g);
     uint8_t old = c->category;
     c->category = MEMSIM_CAT_OPTIMIZER_STATE;
-    g_ptr_array_add(o->state, op_new(g, o->plain_ops ? "empty" : "zeros_like", dt, p->nd,
-                                     p->shape));
+    g_ptr_array_add(o->state,
+                    op_new(g, o->plain_ops ? "empty" : "zeros_like", dt, p->nd, p->shape));
     c->category = old;
 }
 
