@@ -5,9 +5,9 @@
  *                first iteration, ≤ 25 MiB buckets in ready order afterwards; first 1 MiB),
  *                all-reduced on a communication stream; full optimizer state.
  *   zero1/zero2  §2.3 (DeepSpeed, bf16): one flat bf16 parameter buffer padded to a multiple
- *                of 2N elements, fp32 master and Adam state for this rank's 1/N partition;
- *                stage 2 reduces gradients through the ipg bucket into a 1/N gradient
- *                partition, stage 1 keeps the full bf16 gradients through backward.
+ *                of 2N elements, fp32 master and optimizer state for this rank's 1/N
+ *                partition; stage 2 reduces gradients through the ipg bucket into a 1/N
+ *                gradient partition, stage 1 keeps the full bf16 gradients through backward.
  *   zero3        §2.4: bf16 partitions of ⌈numel/N⌉ per parameter, gathered per layer on an
  *                all-gather stream before its forward and its backward (the next layer
  *                prefetched) and released after; persistent ipg bucket and flat gradient
@@ -22,8 +22,20 @@
  * Megatron (tp × pp × dp) runs one role per pipeline stage (§5): heads, widths and vocabulary
  * split over tp, layers over pp; bf16 parameters, an fp32 main-grad buffer, fp32 main
  * parameters and Adam state split over dp by the distributed optimizer (over all of them
- * when dp = 1); micro-batches scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
+ * when dp = 1); micro-batches (--microbatches, or as many as --grad-accum: Megatron's
+ * accumulation) scheduled GPipe, 1F1B or interleaved 1F1B (§5.3), with the
  * stage input received into a fresh buffer and the output freed once sent.
+ *
+ * The loop: every data-parallel rank runs the training loop of traces/loop.c (steps,
+ * accumulation micro-batches, autocast, keep-outputs, zero_grad), the method's buffers and
+ * collectives added through its hooks; a pipeline stage runs its schedule and takes the
+ * loop's step mark and optimizer step. The optimizer steps what the method holds: torch.optim
+ * on DDP's replica and on FSDP's shards (every optimizer, implementation and zero_grad the
+ * run asks for, the state per shard: SGD none, momentum one buffer, AdamW two, Adafactor on a
+ * 1-D shard a full second moment); DeepSpeed's optimizer around the flat fp32 partition
+ * (AdamW its FusedAdam, any other the client's torch optimizer; gradients set to None by the
+ * engine); Megatron's distributed optimizer (Adam only, apex/TE FusedAdam) on the main shard.
+ * What a framework decides itself is refused by setting_check_distributed_loop (run.c).
  *
  * LoRA/QLoRA: only the adapters train. DDP keeps peft's fp32 adapters; DeepSpeed casts them
  * to bf16 with the module; ZeRO-1/2 flatten and partition only the adapters (the frozen base
@@ -62,6 +74,7 @@
 
 #include <string.h>
 
+#include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 
@@ -103,7 +116,9 @@ static const GpuProfile *gpu_profile(const char *name)
 typedef struct {
     AgStorage *full;      /* the unsharded (bf16) buffer of the unit's parameters */
     AgTensor *shard;      /* fp32 local shard (FSDP) */
-    AgTensor *grad_shard; /* fp32 gradient shard (FSDP) */
+    AgTensor *opt;        /* FSDP: what the optimizer steps of the shard (a view of it: the
+                           * whole shard, or with LoRA this rank's share of the adapters);
+                           * its .grad is the gradient shard */
     GPtrArray *params;    /* the unit's parameter tensors (not references) */
     int64_t numel, shard_numel;
     int pending;          /* gradients not yet produced in this backward */
@@ -125,7 +140,7 @@ typedef struct {
     bool ddp_rebuilt;
     /* ZeRO */
     AgTensor *flat;        /* ZeRO-1/2: the flat bf16 parameters; ZeRO-3: the partitions */
-    AgTensor *master, *exp_avg, *exp_avg_sq; /* fp32 partitions */
+    AgTensor *master;      /* the fp32 partition, the optimizer's parameter */
     AgTensor *ipg;         /* ipg bucket */
     int64_t ipg_fill;
     AgTensor *grad_part;   /* gradient partition */
@@ -138,6 +153,10 @@ typedef struct {
     int bw_unit;           /* the unit whose backward runs now (-1 before the first) */
     GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
     double comm_us_per_byte;
+    /* the optimizer and the parameters it steps (ZeRO: the fp32 partition; FSDP: the units'
+     * shards; DDP: the model's) */
+    Optimizer opt;
+    GPtrArray *opt_params;
 } Dist;
 
 static AgTensor *alloc_cat(AgGraph *g, uint8_t cat, DType dt, int64_t n)
@@ -268,8 +287,9 @@ static void reduce_unit_grads(Dist *d, Unit *un)
     gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
                   coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2));
     AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->lora ? DT_BF16 : DT_F32, un->shard_numel);
-    if (!un->grad_shard)
-        un->grad_shard = f32;
+    g_assert(un->opt);
+    if (!un->opt->grad)
+        un->opt->grad = f32;
     else
         gt_unref(g, f32); /* accumulated into the saved shard */
     gt_unref(g, sh);
@@ -508,8 +528,8 @@ static void free_units(Dist *d)
 {
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
+        gt_unref(d->g, un->opt);
         gt_unref(d->g, un->shard);
-        gt_unref(d->g, un->grad_shard);
         gg_storage_unref(d->g, un->full);
         g_ptr_array_unref(un->params);
     }
@@ -517,61 +537,90 @@ static void free_units(Dist *d)
     g_hash_table_unref(d->unit_of_param);
 }
 
-/* The optimizer step of a sharded method: fp32 master and Adam on this rank's partition. */
-static void sharded_step(Dist *d, bool first, bool last)
+/* ---- the method's part of the training loop (LoopHooks, traces/loop.h) ---- */
+
+/* DDP's _rebuild_buckets at the second forward: ≤ 25 MiB buckets (the first 1 MiB) in the
+ * order the gradients became ready. */
+static void dp_before_step(void *user, int step)
 {
+    Dist *d = user;
+    if (d->method != MEMSIM_METHOD_DDP || step != 2 || d->ddp_rebuilt)
+        return;
     AgGraph *g = d->g;
-    int64_t part = d->psi_pad / d->N;
-    if (d->method == MEMSIM_METHOD_FSDP || d->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
-        d->method == MEMSIM_METHOD_HSDP) {
-        GPtrArray *tmp = g_ptr_array_new();
-        /* Adam on the shards; with LoRA (use_orig_params) on this rank's share of the
-         * trained parameters only, in their (bf16) dtype, the even share ⌈numel/N⌉ per unit */
-        DType sdt = d->lora ? DT_BF16 : DT_F32;
-        for (int u = 0; u < d->n_units; u++) {
-            Unit *un = &d->units[u];
-            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
-            if (first && n) {
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
-                g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, sdt, n));
-            }
+    gt_unref(g, d->buckets->pdata[0]);
+    g_ptr_array_remove_index(d->buckets, 0);
+    int64_t cur = 0, cap = DDP_FIRST_BUCKET;
+    for (int i = (int)d->md.trainable->len - 1; i >= 0; i--) {
+        cur += gt_nbytes(d->md.trainable->pdata[i]);
+        if (cur >= cap || i == 0) {
+            g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, cur));
+            cur = 0;
+            cap = DDP_BUCKET;
         }
-        /* foreach: one sqrt list over the shards */
+    }
+    d->ddp_rebuilt = true;
+}
+
+static void dp_before_forward(void *user)
+{
+    Dist *d = user;
+    d->ddp_pending = (int64_t)d->md.trainable->len;
+    if (d->units) /* the root unit: gathered for the step, freed after backward */
+        unshard(d, d->n_units - 1);
+}
+
+static void dp_after_backward(void *user)
+{
+    Dist *d = user;
+    AgGraph *g = d->g;
+    if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
+        d->method == MEMSIM_METHOD_ZERO3)
+        zero_flush(d);
+    if (d->units) {
         for (int u = 0; u < d->n_units; u++) {
-            Unit *un = &d->units[u];
-            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
-            if (n)
-                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, sdt, n));
-        }
-        for (guint i = 0; i < tmp->len; i++)
-            gt_unref(g, tmp->pdata[i]);
-        g_ptr_array_unref(tmp);
-        if (last)
-            gg_mark(g, "breakdown:model state at the optimizer step");
-        for (int u = 0; u < d->n_units; u++) { /* zero_grad(set_to_none) */
-            gt_unref(g, d->units[u].grad_shard);
-            d->units[u].grad_shard = NULL;
+            reshard(d, u);
             d->units[u].pending = d->units[u].trainable;
         }
+        d->bw_unit = -1;
+    }
+    gg_wait_stream(g, S_COMPUTE, S_COMM);
+    gg_wait_stream(g, S_COMPUTE, S_POST);
+}
+
+/* What the optimizer steps: DDP the model's parameters (torch.optim on the replica); FSDP the
+ * units' shards, their gradient shards as .grad; DeepSpeed (stage_1_and_2.py, stage3.py
+ * step) the fp32 partition, whose .grad is the flattened bf16 gradient partition cast to
+ * fp32 (the bf16 flat copy dies at once, the fp32 one once the step is done). */
+static GPtrArray *dp_before_optimizer(void *user, int step)
+{
+    Dist *d = user;
+    (void)step;
+    if (d->method == MEMSIM_METHOD_DDP)
+        return d->md.trainable;
+    if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
+        d->method == MEMSIM_METHOD_ZERO3) {
+        int64_t part = d->psi_pad / d->N;
+        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
+        d->master->grad = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
+        gt_unref(d->g, flat16);
+    }
+    return d->opt_params;
+}
+
+/* DeepSpeed after its step: the parameters all-gathered (stage 1/2), its buffers released,
+ * the engine's zero_grad on the bf16 parameters. */
+static void dp_after_optimizer(void *user, int step)
+{
+    Dist *d = user;
+    AgGraph *g = d->g;
+    (void)step;
+    if (d->method != MEMSIM_METHOD_ZERO1 && d->method != MEMSIM_METHOD_ZERO2 &&
+        d->method != MEMSIM_METHOD_ZERO3)
         return;
-    }
-    /* DeepSpeed: flatten the bf16 gradient partition, cast it to fp32, step, drop both */
-    AgTensor *flat16 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
-    AgTensor *g32 = alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
-    gt_unref(g, flat16);
-    if (first) {
-        d->exp_avg = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
-        d->exp_avg_sq = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
-    }
-    if (last)
-        gg_mark(g, "breakdown:model state at the optimizer step");
-    gt_unref(g, g32);
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
                       coll_us(d, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2));
-    }
-    if (d->method != MEMSIM_METHOD_ZERO3) {
         /* stage 1/2: grads_in_partition and the ipg buffers go; stage 3 keeps both */
         gt_unref(g, d->grad_part);
         d->grad_part = NULL;
@@ -579,7 +628,8 @@ static void sharded_step(Dist *d, bool first, bool last)
         d->ipg = NULL;
     }
     d->ipg_fill = 0;
-    /* stage 1 keeps full gradients through backward; they go with zero_grad */
+    /* the engine's zero_grad (set_to_none) on the bf16 parameters: stage 1 kept the full
+     * gradients through backward */
     for (guint i = 0; i < d->md.trainable->len; i++) {
         AgTensor *p = d->md.trainable->pdata[i];
         if (p->grad) {
@@ -587,6 +637,53 @@ static void sharded_step(Dist *d, bool first, bool last)
             p->grad = NULL;
             gt_unref(g, gr);
         }
+    }
+}
+
+/* The optimizer of a data-parallel rank: torch.optim as the run asks (DDP on the replica,
+ * FSDP on the shards), or DeepSpeed's. */
+static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
+{
+    optimizer_init(&d->opt, run, rules);
+    /* the distributed programs write their optimizer's state and temporaries as plain
+     * `empty` allocations, as they always have (one GPU names torch's ops) */
+    d->opt.plain_ops = true;
+    d->opt_params = g_ptr_array_new();
+    switch (d->method) {
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2:
+    case MEMSIM_METHOD_ZERO3:
+        /* AdamW is the config's optimizer, DeepSpeed's FusedAdam: multi-tensor, in place, the
+         * step count kept on the host; any other is the client's torch optimizer (HF's
+         * Trainer passes its own, with zero_allow_untested_optimizer), wrapped around the
+         * flat partition. The engine zeroes the gradients itself after each step
+         * (engine.py _take_model_step → zero_grad(set_to_none=True); the fp32 gradient
+         * exists only inside step). */
+        if (d->opt.kind == MEMSIM_OPTIM_ADAMW) {
+            d->opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
+            d->opt.step_tensor = false;
+        }
+        d->opt.to_none = true;
+        g_ptr_array_add(d->opt_params, d->master);
+        break;
+    case MEMSIM_METHOD_FSDP:
+    case MEMSIM_METHOD_FSDP_GRAD_OP:
+    case MEMSIM_METHOD_HSDP:
+        /* the optimizer holds each unit's sharded FlatParameter; with LoRA (use_orig_params)
+         * the trained parameters' views, this rank's even share ⌈numel/N⌉ per unit */
+        for (int u = 0; u < d->n_units; u++) {
+            Unit *un = &d->units[u];
+            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
+            if (!n)
+                continue;
+            un->opt = gt_view_of(d->g, un->shard, 1, (int64_t[]){n}, NULL);
+            if (d->lora) /* the adapters of the bf16 FlatParameter (the file's header) */
+                un->opt->dt = DT_BF16;
+            g_ptr_array_add(d->opt_params, un->opt);
+        }
+        break;
+    default:
+        break;
     }
 }
 
@@ -688,101 +785,16 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     AgHooks hooks = {post_accumulate, pre_backward_layer, d};
     gg_set_hooks(g, &hooks);
 
-    AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
-    /* the collator's labels: input_ids.clone(), moved to the device beside them */
-    AgTensor *labels =
-        gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
-    int ac = meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
-             : meth == MEMSIM_METHOD_DDP && run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
-                                                                                    : 0;
-    for (int step = 1; step <= run->steps; step++) {
-        char mark[32];
-        g_snprintf(mark, sizeof mark, "step %d", step);
-        gg_mark(g, mark);
-        if (meth == MEMSIM_METHOD_DDP && step == 2 && !d->ddp_rebuilt) {
-            /* _rebuild_buckets at the second forward: ≤ 25 MiB buckets (first 1 MiB) */
-            gt_unref(g, d->buckets->pdata[0]);
-            g_ptr_array_remove_index(d->buckets, 0);
-            int64_t cur = 0, cap = DDP_FIRST_BUCKET;
-            for (int i = (int)d->md.trainable->len - 1; i >= 0; i--) {
-                cur += gt_nbytes(d->md.trainable->pdata[i]);
-                if (cur >= cap || i == 0) {
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_U8, cur));
-                    cur = 0;
-                    cap = DDP_BUCKET;
-                }
-            }
-            d->ddp_rebuilt = true;
-        }
-        for (int mb = 0; mb < run->grad_accum; mb++) {
-            c->phase = MEMSIM_PHASE_FORWARD;
-            c->category = MEMSIM_CAT_TEMPORARY;
-            c->autocast = ac;
-            d->ddp_pending = (int64_t)d->md.trainable->len;
-            if (d->units) /* the root unit: gathered for the step, freed after backward */
-                unshard(d, d->n_units - 1);
-            AgTensor *logits = NULL;
-            AgTensor *loss = model_forward(&d->md, ids, labels, &logits);
-            c->autocast = 0;
-            gg_autocast_clear(g);
-            gt_unref(g, logits);
-            model_drop_output(&d->md);
-            c->phase = MEMSIM_PHASE_BACKWARD;
-            gg_backward(g, loss);
-            gt_unref(g, loss);
-            if (meth == MEMSIM_METHOD_ZERO1 || meth == MEMSIM_METHOD_ZERO2 ||
-                meth == MEMSIM_METHOD_ZERO3)
-                zero_flush(d);
-            if (d->units) {
-                for (int u = 0; u < d->n_units; u++) {
-                    reshard(d, u);
-                    d->units[u].pending = d->units[u].trainable;
-                }
-                d->bw_unit = -1;
-            }
-            gg_wait_stream(g, S_COMPUTE, S_COMM);
-            gg_wait_stream(g, S_COMPUTE, S_POST);
-        }
-        c->phase = MEMSIM_PHASE_OPTIMIZER;
-        gg_op(g, "optimizer.step");
-        if (meth == MEMSIM_METHOD_DDP) {
-            /* full AdamW (foreach) on every rank */
-            GPtrArray *ps = d->md.trainable;
-            if (step == 1)
-                for (guint i = 0; i < ps->len; i++) {
-                    AgTensor *p = ps->pdata[i];
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
-                    g_ptr_array_add(d->buckets, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, p->dt, gt_numel(p)));
-                }
-            GPtrArray *tmp = g_ptr_array_new();
-            for (guint i = 0; i < ps->len; i++)
-                g_ptr_array_add(tmp, alloc_cat(g, MEMSIM_CAT_TEMPORARY, ((AgTensor *)ps->pdata[i])->dt,
-                                               gt_numel(ps->pdata[i])));
-            for (guint i = 0; i < tmp->len; i++)
-                gt_unref(g, tmp->pdata[i]);
-            g_ptr_array_unref(tmp);
-            if (step == run->steps)
-                gg_mark(g, "breakdown:model state at the optimizer step");
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                AgTensor *gr = p->grad;
-                p->grad = NULL;
-                gt_unref(g, gr);
-            }
-        } else {
-            sharded_step(d, step == 1, step == run->steps);
-        }
-        c->phase = MEMSIM_PHASE_OTHER;
-    }
-    gg_teardown(g);
-    gt_unref(g, labels);
-    gt_unref(g, ids);
+    dp_optimizer(d, run, rules);
+    LoopHooks loop = {dp_before_step,      dp_before_forward,  dp_after_backward,
+                      dp_before_optimizer, dp_after_optimizer, d};
+    loop_train(&d->md, &d->opt, &loop);
+    optimizer_clear(g, &d->opt);
+    g_ptr_array_unref(d->opt_params);
     for (guint i = 0; i < d->buckets->len; i++)
         gt_unref(g, d->buckets->pdata[i]);
     g_ptr_array_unref(d->buckets);
     gt_unref(g, d->master);
-    gt_unref(g, d->exp_avg);
-    gt_unref(g, d->exp_avg_sq);
     gt_unref(g, d->ipg);
     gt_unref(g, d->grad_part);
     gt_unref(g, d->flat);
@@ -871,12 +883,53 @@ static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
     return s;
 }
 
+/* The distributed optimizer's part of a stage's optimizer step (§5.5): the fp32 main-grad
+ * buffer reduce-scattered over dp, an fp32 main copy of this rank's shard (made at the first
+ * step) stepped with its slice of the buffer as .grad, the bf16 parameters all-gathered. */
+typedef struct {
+    AgGraph *g;
+    AgTensor *main_grad; /* the persistent fp32 grad buffer */
+    AgTensor *main;      /* this rank's fp32 main parameters */
+    GPtrArray *params;   /* { main } */
+    int64_t psi;         /* the stage's trainable elements */
+    int dp;
+    double dp_cost;
+} StageOptimizer;
+
+static GPtrArray *stage_before_optimizer(void *user, int step)
+{
+    StageOptimizer *so = user;
+    AgGraph *g = so->g;
+    (void)step;
+    if (so->dp > 1)
+        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)so->psi * 4, 3,
+                      ring_us(so->dp_cost, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)so->psi * 4,
+                              so->dp));
+    int64_t part = (so->psi + so->dp - 1) / so->dp;
+    if (!so->main) {
+        so->main = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part);
+        g_ptr_array_add(so->params, so->main);
+    }
+    so->main->grad = gt_view_of(g, so->main_grad, 1, (int64_t[]){part}, NULL);
+    return so->params;
+}
+
+static void stage_after_optimizer(void *user, int step)
+{
+    StageOptimizer *so = user;
+    (void)step;
+    if (so->dp > 1)
+        gg_collective(so->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2, 3,
+                      ring_us(so->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2,
+                              so->dp));
+}
+
 static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                  const AgRules *rules, const GpuProfile *gpu, int tp, int pp,
                                  int dp, int r, GError **error)
 {
     int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
-    int mbs = run->microbatches ? run->microbatches : pp;
+    int mbs = memsim_run_resolve(run).microbatches;
     guint32 rank = memsim_trace_add_rank(t, (guint32)(r * tp), (guint32)(tp * dp));
     memsim_trace_header(t)->ranks[rank].role = g_strdup_printf(
         "pipeline stage %d of %d (tp %d, dp %d)", r, pp, tp, dp);
@@ -904,13 +957,25 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     AgContext *c = gg_ctx(g);
     /* the DDP grad buffer: fp32 main grads (grad_reduce_in_fp32), persistent */
     AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_F32, psi);
-    GPtrArray *state = g_ptr_array_new();
     AgTensor *ids = gg_leaf(g, DT_I64, 2, (int64_t[]){run->batch, run->seq}, false, MEMSIM_CAT_INPUT);
     int64_t H = m->H;
     int64_t sq = run->sequence_parallel ? run->seq / tp : run->seq; /* p2p tensors' tokens */
     DType adt = chunks[0].adt;
     /* Megatron's layout: tp innermost, then dp, then pp (the planner's, traces/plan/cost.c) */
-    double dp_cost = comm_cost(gpu, tp * dp <= run->gpus_per_node);
+    StageOptimizer so = {g, main_grad, NULL, g_ptr_array_new(), psi, dp,
+                         comm_cost(gpu, tp * dp <= run->gpus_per_node)};
+    LoopHooks hooks = {.before_optimizer = stage_before_optimizer,
+                       .after_optimizer = stage_after_optimizer,
+                       .user = &so};
+    /* the distributed optimizer wraps apex/TE FusedAdam (multi-tensor, in place, the step
+     * count on the host); its zero_grad sets the main parameters' gradients to None, the grad
+     * buffer is zeroed in place (zero_grad_buffer) */
+    Optimizer opt;
+    optimizer_init(&opt, run, rules);
+    opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
+    opt.step_tensor = false;
+    opt.to_none = true;
+    opt.plain_ops = true;
     uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
     double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,
                             p2p_bytes, 2);
@@ -920,9 +985,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     guint32 next = rank - (guint32)r + (guint32)((r + 1) % pp);
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
-        char mark[32];
-        g_snprintf(mark, sizeof mark, "step %d", step);
-        gg_mark(g, mark);
+        loop_mark_step(g, step);
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v);
         for (guint i = 0; i < sched->len; i++) {
             Slot sl = g_array_index(sched, Slot, i);
@@ -979,32 +1042,15 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
             }
         }
         g_array_unref(sched);
-        c->microbatch = -1;
-        c->phase = MEMSIM_PHASE_OPTIMIZER;
-        gg_op(g, "optimizer.step");
-        if (dp > 1)
-            gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, 3,
-                          ring_us(dp_cost, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)psi * 4, dp));
-        int64_t part = (psi + dp - 1) / dp;
-        if (step == 1) { /* fp32 main parameters and Adam state of this rank's shard */
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-            g_ptr_array_add(state, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, part));
-        }
-        if (step == run->steps)
-            gg_mark(g, "breakdown:model state at the optimizer step");
-        if (dp > 1)
-            gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, 3,
-                          ring_us(dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)psi * 2, dp));
-        c->phase = MEMSIM_PHASE_OTHER;
+        loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
     }
     gg_teardown(g);
     g_free(fl);
     gt_unref(g, ids);
+    gt_unref(g, so.main);
+    g_ptr_array_unref(so.params);
+    optimizer_clear(g, &opt);
     gt_unref(g, main_grad);
-    for (guint i = 0; i < state->len; i++)
-        gt_unref(g, state->pdata[i]);
-    g_ptr_array_unref(state);
     for (int k = 0; k < v; k++)
         model_clear(&chunks[k]);
     g_free(chunks);
@@ -1020,9 +1066,8 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
         g_autofree char *k = memsim_gpu_names();
         return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);
     }
-    MemsimMethod meth = run->method;
-    if (meth == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1))
-        meth = MEMSIM_METHOD_MEGATRON;
+    MemsimResolvedRun rr = memsim_run_resolve(run);
+    MemsimMethod meth = rr.method;
     if (run->inference)
         return setting_refuse(error, "method: distributed runs are modelled for training (inference "
                                "runs on one GPU)");
@@ -1042,8 +1087,7 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
         r2.method = meth;
         return dp_program(m, &r2, t, rules, gpu, error);
     }
-    int tp = run->tp ? run->tp : 1, pp = run->pp ? run->pp : 1;
-    int dp = run->dp ? run->dp : run->gpus / (tp * pp);
+    int tp = rr.tp, pp = rr.pp, dp = rr.dp;
     if ((int64_t)tp * pp * dp != run->gpus)
         return setting_refuse(error, "gpus: %d GPUs are not tp %d × pp %d × dp %d", run->gpus, tp, pp,
                         dp);
@@ -1064,7 +1108,7 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
         return setting_refuse(error, "pp: %" G_GINT64_FORMAT " layers do not split into %d stages × %d "
                                "virtual stages",
                         m->L, pp, v);
-    int mbs = run->microbatches ? run->microbatches : pp;
+    int mbs = rr.microbatches;
     if (run->pp_schedule == MEMSIM_PP_INTERLEAVED && (v < 2 || mbs % pp))
         return setting_refuse(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
                                "micro-batches divisible by pp (%d)",

@@ -1,50 +1,65 @@
-/* Run semantics (include/memsim/gen.h): the training loop, the optimizers and the version
- * rules (AUTOGRAD_MEMORY.md §9, §12), and memsim_generate. The run's settings are read,
- * checked and described in traces/settings.c.
- *
- * The loop is the one HF's Trainer runs for each optimizer step:
- *     for each micro-batch: with autocast: loss = model(ids, labels=labels).loss
- *                           loss.backward()            (outputs dropped before backward)
- *     optimizer.step(); optimizer.zero_grad()
- * With keep-outputs the model output object is held until the next step's forward has
- * returned, as a hand-written `out = model(...)` loop does.
+/* Run semantics (include/memsim/gen.h): the version rules (AUTOGRAD_MEMORY.md §12),
+ * inference, and memsim_generate, which runs one GPU's training through the training loop
+ * of traces/loop.c and hands runs on several GPUs to traces/distributed.c. The run's
+ * settings are read, checked and described in traces/settings.c.
  */
 #include <memsim/alloc.h>
 #include <memsim/gen.h>
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
 
-/* The distributed programs (traces/distributed.c) run their own loop: AdamW's state as each
- * method shards it, gradients set to None, outputs dropped before backward, and Megatron's
- * micro-batches in place of accumulation. Settings given that say otherwise are refused. */
+/* The distributed programs run the training loop of traces/loop.c, each method stepping the
+ * optimizer on what it holds (DDP: torch.optim on the replica; ZeRO: DeepSpeed around the
+ * flat fp32 partition; FSDP: torch.optim on the shards; Megatron: the distributed optimizer
+ * on the main-parameter shard). A setting that a method's framework decides itself, or does
+ * not take, is refused naming it. Without a method (plan's sweep over every method, whose
+ * model-state bounds are AdamW's), whatever some method refuses is refused. */
 gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error)
 {
-#define GIVEN(k) memsim_run_given(r, k)
-    if (GIVEN("optimizer") && r->optimizer != MEMSIM_OPTIM_ADAMW)
-        return setting_refuse(error, "optimizer: the distributed methods are modelled with "
-                                     "AdamW, whose state they shard (one GPU takes the others)");
-    if (GIVEN("optimizer-impl"))
-        return setting_refuse(error, "optimizer-impl: the distributed methods step their own "
-                                     "flat or sharded AdamW (one GPU takes the choice)");
-    if (GIVEN("zero-grad") && !r->zero_grad_to_none)
-        return setting_refuse(error, "zero-grad: the distributed methods free their gradients "
-                                     "(set to None), as DeepSpeed, FSDP and Megatron do");
-    if (GIVEN("keep-outputs") && r->keep_outputs)
-        return setting_refuse(error, "keep-outputs: the distributed loops drop the output "
-                                     "before backward (one GPU models holding it)");
-    if (megatron && GIVEN("grad-accum") && r->grad_accum > 1)
+    bool zero = !megatron && (r->method == MEMSIM_METHOD_ZERO1 ||
+                              r->method == MEMSIM_METHOD_ZERO2 ||
+                              r->method == MEMSIM_METHOD_ZERO3);
+    bool sweep = !megatron && r->method == MEMSIM_METHOD_NONE;
+    const char *who = megatron ? "Megatron-LM" : zero ? "DeepSpeed" : "a sweep over the methods";
+    if (megatron && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: Megatron-LM's distributed optimizer takes only "
+                                     "Adam (distrib_optimizer.py asserts it)");
+    if (sweep && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: without --method, a run on several GPUs is "
+                                     "planned over every method with AdamW's model state "
+                                     "(Megatron-LM takes only Adam): give --method");
+    if ((zero || megatron || sweep) && r->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
+        return setting_refuse(error, "optimizer-impl: %s steps its own fused Adam "
+                                     "(DeepSpeed's FusedAdam, apex/TE FusedAdam in Megatron-LM); "
+                                     "DDP and FSDP take the choice",
+                              who);
+    if ((zero || megatron || sweep) && r->zero_grad_set && !r->zero_grad_to_none)
+        return setting_refuse(error, "zero-grad: %s sets the gradients to None itself after "
+                                     "each step (DeepSpeed's engine: zero_grad(set_to_none=True); "
+                                     "Megatron-LM: the main grads, its grad buffer zeroed in "
+                                     "place); DDP and FSDP take the choice",
+                              who);
+    if ((megatron || sweep) && r->keep_outputs)
+        return setting_refuse(error, "keep-outputs: %s runs Megatron-LM's pipeline schedule, "
+                                     "which frees each micro-batch's output itself (the data-"
+                                     "parallel methods take it)",
+                              megatron ? "a Megatron run" : "a sweep over the methods");
+    if (megatron && r->microbatches &&
+        (r->grad_accum > 1 || memsim_run_given(r, "grad-accum")) &&
+        r->grad_accum != r->microbatches)
         return setting_refuse(error, "grad-accum: a Megatron run accumulates over its "
-                                     "micro-batches: give --microbatches");
-#undef GIVEN
+                                     "micro-batches: --grad-accum %d and --microbatches %d "
+                                     "disagree (give one of them)",
+                              r->grad_accum, r->microbatches);
     return TRUE;
 }
-
-/* ---- versions ---- */
 
 static AgRules rules_for(const MemsimRun *run)
 {
@@ -70,178 +85,13 @@ static AgRules rules_for(const MemsimRun *run)
     return r;
 }
 
-static MemsimOptimizerImpl effective_impl(const MemsimRun *run, const AgRules *rules)
-{
-    if (run->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
-        return run->optimizer_impl;
-    /* 1.13: for-loop; 2.x: foreach on CUDA (§9.1) */
-    return rules->v113 || !rules->cuda ? MEMSIM_OPTIM_IMPL_FOR_LOOP : MEMSIM_OPTIM_IMPL_FOREACH;
-}
-
-static gboolean effective_to_none(const MemsimRun *run, const AgRules *rules)
-{
-    return run->zero_grad_set ? run->zero_grad_to_none : !rules->v113;
-}
-
-/* For memsim_run_describe: what effective_impl and effective_to_none make of the run. */
+/* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
+ * version's defaults): for the run's description (traces/settings.c). */
 void run_optimizer_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none)
 {
     AgRules rules = rules_for(run);
-    *impl = effective_impl(run, &rules);
-    *to_none = effective_to_none(run, &rules);
-}
-
-/* ---- optimizers (§9) ---- */
-
-typedef struct {
-    GPtrArray *state; /* AgTensor* state tensors (kept) */
-    bool initialised;
-} Optim;
-
-static AgTensor *state_like(AgGraph *g, AgTensor *p, DType dt)
-{
-    AgContext *c = gg_ctx(g);
-    uint8_t old = c->category;
-    c->category = MEMSIM_CAT_OPTIMIZER_STATE;
-    AgTensor *t = op_new(g, "zeros_like", dt, p->nd, p->shape);
-    c->category = old;
-    return t;
-}
-
-static void optimizer_step(Model *md, Optim *o, const AgRules *rules, bool last)
-{
-    AgGraph *g = md->g;
-    const MemsimRun *run = md->run;
-    GPtrArray *ps = md->trainable;
-    MemsimOptimizerImpl impl = effective_impl(run, rules);
-    gg_ctx(g)->category = MEMSIM_CAT_TEMPORARY;
-    bool first = !o->initialised;
-    o->initialised = true;
-    switch (run->optimizer) {
-    case MEMSIM_OPTIM_ADAMW:
-        if (first) {
-            /* lazy state, all of it before any update (§9.2) */
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                if (!rules->cuda || impl == MEMSIM_OPTIM_IMPL_FUSED) /* step: CPU / device */
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 0}, DT_F32));
-                g_ptr_array_add(o->state, state_like(g, p, p->dt));
-                g_ptr_array_add(o->state, state_like(g, p, p->dt));
-            }
-        }
-        if (impl == MEMSIM_OPTIM_IMPL_FOR_LOOP) {
-            /* denom = (exp_avg_sq.sqrt() / bc2).add_(eps): sqrt and div alloc; the previous
-             * denom dies when the name is rebound */
-            AgTensor *denom = NULL;
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                AgTensor *sq = op_new(g, "sqrt", p->dt, p->nd, p->shape);
-                AgTensor *d = op_new(g, "div", p->dt, p->nd, p->shape);
-                gt_unref(g, sq);
-                gt_unref(g, denom);
-                denom = d;
-            }
-            gt_unref(g, denom);
-        } else if (impl == MEMSIM_OPTIM_IMPL_FOREACH) {
-            /* one list of sqrt per (device, dtype) group; 1.13 also a denom list */
-            GPtrArray *l1 = g_ptr_array_new(), *l2 = g_ptr_array_new();
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (p->grad)
-                    g_ptr_array_add(l1, op_new(g, "_foreach_sqrt", p->dt, p->nd, p->shape));
-            }
-            if (rules->v113)
-                for (guint i = 0; i < ps->len; i++) {
-                    AgTensor *p = ps->pdata[i];
-                    if (p->grad)
-                        g_ptr_array_add(l2, op_new(g, "_foreach_add", p->dt, p->nd, p->shape));
-                }
-            for (guint i = 0; i < l2->len; i++)
-                gt_unref(g, l2->pdata[i]);
-            for (guint i = 0; i < l1->len; i++)
-                gt_unref(g, l1->pdata[i]);
-            g_ptr_array_unref(l1);
-            g_ptr_array_unref(l2);
-        }
-        /* fused: in place, no temporaries */
-        break;
-    case MEMSIM_OPTIM_ADAMW_8BIT:
-        if (first)
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (!p->grad)
-                    continue;
-                int64_t n = 1;
-                for (int d = 0; d < p->nd; d++)
-                    n *= p->shape[d];
-                if (n < 4096) { /* bitsandbytes keeps small tensors in 32-bit state */
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                } else {
-                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
-                    g_ptr_array_add(o->state, state_like(g, p, DT_U8));
-                    int64_t blocks = (n + 2047) / 2048;
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
-                                                         DT_F32));
-                    g_ptr_array_add(o->state, state_like(g, &(AgTensor){.nd = 1, .shape = {blocks}},
-                                                         DT_F32));
-                }
-            }
-        break;
-    case MEMSIM_OPTIM_SGD_MOMENTUM:
-        if (first) /* momentum_buffer = grad.clone() at the first step */
-            for (guint i = 0; i < ps->len; i++) {
-                AgTensor *p = ps->pdata[i];
-                if (p->grad)
-                    g_ptr_array_add(o->state, state_like(g, p, p->dt));
-            }
-        break;
-    case MEMSIM_OPTIM_ADAFACTOR:
-        /* transformers' Adafactor: factored second moments for matrices (row and column
-         * means, fp32), a full one for vectors; update = grad**2 + eps and the approximated
-         * update are full-size fp32 temporaries per parameter */
-        for (guint i = 0; i < ps->len; i++) {
-            AgTensor *p = ps->pdata[i];
-            if (!p->grad)
-                continue;
-            if (first) {
-                if (p->nd >= 2) {
-                    g_ptr_array_add(o->state,
-                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[0]}},
-                                               DT_F32));
-                    g_ptr_array_add(o->state,
-                                    state_like(g, &(AgTensor){.nd = 1, .shape = {p->shape[1]}},
-                                               DT_F32));
-                } else {
-                    g_ptr_array_add(o->state, state_like(g, p, DT_F32));
-                }
-            }
-            AgTensor *u = op_new(g, "pow", DT_F32, p->nd, p->shape);
-            AgTensor *a = op_new(g, "mul", DT_F32, p->nd, p->shape);
-            gt_unref(g, u);
-            gt_unref(g, a);
-        }
-        break;
-    case MEMSIM_OPTIM_SGD:
-        break;
-    }
-    /* the model state after the update (the last step's), before zero_grad */
-    if (last)
-        gg_mark(g, "breakdown:model state at the optimizer step");
-    /* zero_grad */
-    if (effective_to_none(run, rules))
-        for (guint i = 0; i < ps->len; i++) {
-            AgTensor *p = ps->pdata[i];
-            if (p->grad) {
-                AgTensor *gr = p->grad;
-                p->grad = NULL;
-                gt_unref(g, gr);
-            }
-        }
+    *impl = optim_effective_impl(run, &rules);
+    *to_none = optim_effective_to_none(run, &rules);
 }
 
 /* ---- inference ---- */
@@ -307,6 +157,14 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
 {
     if (!memsim_run_given(run, "seq") && learned_positions(m) && run->seq > m->max_pos)
         run->seq = m->max_pos;
+    /* Megatron accumulates over its micro-batches (forward_backward_func runs them, the
+     * gradients summed in the grad buffer): --grad-accum N without --microbatches is N
+     * micro-batches (setting_check_distributed_loop refuses the two disagreeing) */
+    bool megatron = run->method == MEMSIM_METHOD_MEGATRON ||
+                    (run->method == MEMSIM_METHOD_NONE && (run->tp > 1 || run->pp > 1));
+    if (megatron && !run->inference && !run->microbatches &&
+        (run->grad_accum > 1 || memsim_run_given(run, "grad-accum")))
+        run->microbatches = run->grad_accum;
 }
 
 /* The work a run asks for, bounded before any is done: the largest tensor it makes (the fp32
@@ -331,8 +189,8 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
                     run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
         return FALSE;
     }
-    double micro = (double)run->steps * run->grad_accum * (run->microbatches ? run->microbatches
-                                                                              : 1);
+    /* Megatron's micro-batches are its accumulation (memsim_generate) */
+    double micro = (double)run->steps * (run->microbatches ? run->microbatches : run->grad_accum);
     double per_layer = 600.0 + 150.0 * (double)m->n_experts;
     double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
                                    : micro * (double)m->L * per_layer;
@@ -383,7 +241,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
         split = g_strsplit(model_lora_default_targets(m->fam), ",", -1);
         eff.lora_targets = split;
     }
-    if (run->gpus > 1 || run->method != MEMSIM_METHOD_NONE || run->tp > 1 || run->pp > 1) {
+    if (memsim_run_resolve(run).distributed) {
         if (!memsim_generate_distributed(m, &eff, t, &rules, error)) {
             memsim_trace_free(t);
             return NULL;
@@ -400,72 +258,13 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
         memsim_trace_free(t);
         return NULL;
     }
-    AgContext *c = gg_ctx(g);
     if (eff.inference) {
         run_inference(&md, g, error);
     } else {
-        int ac = run->precision == MEMSIM_PREC_BF16_MIXED   ? DT_BF16
-                 : run->precision == MEMSIM_PREC_FP16_MIXED ? DT_F16
-                                                            : 0;
-        AgTensor *ids = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
-        /* the collator's labels (DataCollatorForLanguageModeling: input_ids.clone()), a device
-         * tensor of their own */
-        AgTensor *labels =
-            gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
-        Optim o = {g_ptr_array_new(), false};
-        AgTensor *held = NULL, *held_loss = NULL;
-        GPtrArray *held_cache = g_ptr_array_new();
-        for (int step = 1; step <= run->steps; step++) {
-            char mark[32];
-            g_snprintf(mark, sizeof mark, "step %d", step);
-            gg_mark(g, mark);
-            for (int mb = 0; mb < run->grad_accum; mb++) {
-                c->phase = MEMSIM_PHASE_FORWARD;
-                c->microbatch = run->grad_accum > 1 ? mb : -1;
-                c->category = MEMSIM_CAT_TEMPORARY;
-                c->autocast = ac;
-                AgTensor *logits = NULL;
-                AgTensor *loss = model_forward(&md, ids, labels, &logits);
-                c->autocast = 0;
-                gg_autocast_clear(g); /* the autocast region ends */
-                if (run->keep_outputs) {
-                    /* out = model(...) rebinds: the previous output dies now */
-                    gt_unref(g, held);
-                    gt_unref(g, held_loss);
-                    for (guint i = 0; i < held_cache->len; i++)
-                        gt_unref(g, held_cache->pdata[i]);
-                    g_ptr_array_set_size(held_cache, 0);
-                    held = logits;
-                    held_loss = gt_ref(loss);
-                    for (guint i = 0; i < md.cache->len; i++)
-                        g_ptr_array_add(held_cache, md.cache->pdata[i]);
-                    g_ptr_array_set_size(md.cache, 0);
-                } else {
-                    gt_unref(g, logits);
-                    model_drop_output(&md);
-                }
-                c->phase = MEMSIM_PHASE_BACKWARD;
-                gg_backward(g, loss);
-                gt_unref(g, loss);
-            }
-            c->microbatch = -1;
-            c->phase = MEMSIM_PHASE_OPTIMIZER;
-            gg_op(g, "optimizer.step");
-            optimizer_step(&md, &o, &rules, step == run->steps);
-            c->phase = MEMSIM_PHASE_OTHER;
-        }
-        /* the end of the program: what is alive stays alive in the trace */
-        gg_teardown(g);
-        gt_unref(g, held);
-        gt_unref(g, held_loss);
-        for (guint i = 0; i < held_cache->len; i++)
-            gt_unref(g, held_cache->pdata[i]);
-        g_ptr_array_unref(held_cache);
-        for (guint i = 0; i < o.state->len; i++)
-            gt_unref(g, o.state->pdata[i]);
-        g_ptr_array_unref(o.state);
-        gt_unref(g, labels);
-        gt_unref(g, ids);
+        Optimizer o;
+        optimizer_init(&o, &eff, &rules);
+        loop_train(&md, &o, NULL);
+        optimizer_clear(g, &o);
     }
     gg_teardown(g);
     model_clear(&md);

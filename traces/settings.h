@@ -61,7 +61,8 @@ gboolean setting_bool(const char *key, const char *v, gboolean *out, GError **er
 gboolean setting_refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 
 /* FALSE with an error naming the setting when a run on several GPUs (`megatron`: a Megatron
- * run) was given a setting its loop does not model (traces/run.c). */
+ * run) was given a loop setting its method's framework decides itself or does not take; with
+ * no method (plan's sweep), one that some method refuses (traces/run.c). */
 gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error);
 
 /* The optimizer implementation a run steps with and whether zero_grad sets the gradients to

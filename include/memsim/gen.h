@@ -198,8 +198,10 @@ MEMSIM_API int64_t memsim_model_n_params(const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
 MEMSIM_API char **memsim_model_presets(void);
 
-/* Applies the run defaults that depend on the model: a sequence length that was not given
- * is cut to the context of a model with learned positions when shorter (GPT-2: 1024). */
+/* Applies the run defaults that depend on the model and the method: a sequence length that
+ * was not given is cut to the context of a model with learned positions when shorter (GPT-2:
+ * 1024); a Megatron run given --grad-accum but not --microbatches gets that many
+ * micro-batches (its accumulation). */
 MEMSIM_API void memsim_run_adapt(MemsimRun *run, const MemsimModel *model);
 
 /* Generates the trace of `run` (one rank per distinct GPU program; a single GPU unless the
