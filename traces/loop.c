@@ -20,6 +20,8 @@
  */
 #include "traces/loop.h"
 
+#include <stdio.h>
+
 MemsimOptimizerImpl optim_effective_impl(const MemsimRun *run, const AgRules *rules)
 {
     if (run->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
@@ -313,4 +315,39 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
     g_ptr_array_unref(held.cache);
     gt_unref(g, labels);
     gt_unref(g, ids);
+}
+
+/* ---- the version rules ---- */
+
+AgRules run_rules(const MemsimRun *run)
+{
+    int maj = 2, min = 8;
+    if (run->torch_version)
+        sscanf(run->torch_version, "%d.%d", &maj, &min);
+    bool v113 = maj == 1;
+    AgRules r = {0};
+    r.v113 = v113;
+    r.mean_saves_input = v113;
+    r.embedding_saves_weight = v113;
+    r.accumulate_inplace = !v113;
+    r.matmul_always_folds = v113;
+    r.full_slices_recorded = v113;
+    r.checkpoint_early_stop = !v113;
+    r.cuda = !run->device_cpu;
+    /* CUBLAS_WORKSPACE_CONFIG's default: 4096 KiB × 2 + 16 KiB × 8 before Hopper, 32 MiB on
+     * Hopper (sm90) — DISTRIBUTED.md §7.2 */
+    bool hopper = run->gpu && (g_str_has_prefix(run->gpu, "h100") || g_str_has_prefix(run->gpu, "h200"));
+    r.cublas_workspace = run->cublas_workspace ? run->cublas_workspace
+                         : hopper              ? 33554432ull
+                                               : 8519680ull;
+    return r;
+}
+
+/* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
+ * version's defaults): for the run's description (traces/settings.c). */
+void optim_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none)
+{
+    AgRules rules = run_rules(run);
+    *impl = optim_effective_impl(run, &rules);
+    *to_none = optim_effective_to_none(run, &rules);
 }

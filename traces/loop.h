@@ -34,6 +34,12 @@ typedef struct {
 /* The implementation and the zero_grad a run gets from torch.optim: the one given, else the
  * version's default (1.13: for-loop and zero_grad in place; 2.x: foreach on CUDA and
  * set_to_none). */
+/* The rules of the PyTorch version (and device, GPU) a run's program follows
+ * (AUTOGRAD_MEMORY.md §12). */
+AgRules run_rules(const MemsimRun *run);
+/* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
+ * version's defaults): for the run's description (traces/settings.c). */
+void optim_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none);
 MemsimOptimizerImpl optim_effective_impl(const MemsimRun *run, const AgRules *rules);
 gboolean optim_effective_to_none(const MemsimRun *run, const AgRules *rules);
 

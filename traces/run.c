@@ -15,85 +15,6 @@
 #include "traces/models.h"
 #include "traces/settings.h"
 
-/* The distributed programs run the training loop of traces/loop.c, each method stepping the
- * optimizer on what it holds (DDP: torch.optim on the replica; ZeRO: DeepSpeed around the
- * flat fp32 partition; FSDP: torch.optim on the shards; Megatron: the distributed optimizer
- * on the main-parameter shard). A setting that a method's framework decides itself, or does
- * not take, is refused naming it. Without a method (plan's sweep over every method, whose
- * model-state bounds are AdamW's), whatever some method refuses is refused. */
-gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error)
-{
-    bool zero = !megatron && (r->method == MEMSIM_METHOD_ZERO1 ||
-                              r->method == MEMSIM_METHOD_ZERO2 ||
-                              r->method == MEMSIM_METHOD_ZERO3);
-    bool sweep = !megatron && r->method == MEMSIM_METHOD_NONE;
-    const char *who = megatron ? "Megatron-LM" : zero ? "DeepSpeed" : "a sweep over the methods";
-    if (megatron && r->optimizer != MEMSIM_OPTIM_ADAMW)
-        return setting_refuse(error, "optimizer: Megatron-LM's distributed optimizer takes only "
-                                     "Adam (distrib_optimizer.py asserts it)");
-    if (sweep && r->optimizer != MEMSIM_OPTIM_ADAMW)
-        return setting_refuse(error, "optimizer: without --method, a run on several GPUs is "
-                                     "planned over every method with AdamW's model state "
-                                     "(Megatron-LM takes only Adam): give --method");
-    if ((zero || megatron || sweep) && r->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
-        return setting_refuse(error, "optimizer-impl: %s steps its own fused Adam "
-                                     "(DeepSpeed's FusedAdam, apex/TE FusedAdam in Megatron-LM); "
-                                     "DDP and FSDP take the choice",
-                              who);
-    if ((zero || megatron || sweep) && r->zero_grad_set && !r->zero_grad_to_none)
-        return setting_refuse(error, "zero-grad: %s sets the gradients to None itself after "
-                                     "each step (DeepSpeed's engine: zero_grad(set_to_none=True); "
-                                     "Megatron-LM: the main grads, its grad buffer zeroed in "
-                                     "place); DDP and FSDP take the choice",
-                              who);
-    if ((megatron || sweep) && r->keep_outputs)
-        return setting_refuse(error, "keep-outputs: %s runs Megatron-LM's pipeline schedule, "
-                                     "which frees each micro-batch's output itself (the data-"
-                                     "parallel methods take it)",
-                              megatron ? "a Megatron run" : "a sweep over the methods");
-    if (megatron && r->microbatches &&
-        (r->grad_accum > 1 || memsim_run_given(r, "grad-accum")) &&
-        r->grad_accum != r->microbatches)
-        return setting_refuse(error, "grad-accum: a Megatron run accumulates over its "
-                                     "micro-batches: --grad-accum %d and --microbatches %d "
-                                     "disagree (give one of them)",
-                              r->grad_accum, r->microbatches);
-    return TRUE;
-}
-
-static AgRules rules_for(const MemsimRun *run)
-{
-    int maj = 2, min = 8;
-    if (run->torch_version)
-        sscanf(run->torch_version, "%d.%d", &maj, &min);
-    bool v113 = maj == 1;
-    AgRules r = {0};
-    r.v113 = v113;
-    r.mean_saves_input = v113;
-    r.embedding_saves_weight = v113;
-    r.accumulate_inplace = !v113;
-    r.matmul_always_folds = v113;
-    r.full_slices_recorded = v113;
-    r.checkpoint_early_stop = !v113;
-    r.cuda = !run->device_cpu;
-    /* CUBLAS_WORKSPACE_CONFIG's default: 4096 KiB × 2 + 16 KiB × 8 before Hopper, 32 MiB on
-     * Hopper (sm90) — DISTRIBUTED.md §7.2 */
-    bool hopper = run->gpu && (g_str_has_prefix(run->gpu, "h100") || g_str_has_prefix(run->gpu, "h200"));
-    r.cublas_workspace = run->cublas_workspace ? run->cublas_workspace
-                         : hopper              ? 33554432ull
-                                               : 8519680ull;
-    return r;
-}
-
-/* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
- * version's defaults): for the run's description (traces/settings.c). */
-void run_optimizer_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none)
-{
-    AgRules rules = rules_for(run);
-    *impl = optim_effective_impl(run, &rules);
-    *to_none = optim_effective_to_none(run, &rules);
-}
-
 /* ---- inference ---- */
 
 static gboolean run_inference(Model *md, AgGraph *g, GError **error)
@@ -231,7 +152,7 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     }
     if (!within_bounds(m, run, error))
         return NULL;
-    AgRules rules = rules_for(run);
+    AgRules rules = run_rules(run);
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
     MemsimTrace *t = memsim_trace_new(name);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "traces/loop.h"
 #include "traces/settings.h"
 
 typedef struct Setting Setting;
@@ -460,6 +461,52 @@ static gboolean check_scope(const MemsimRun *r, GError **error)
     return TRUE;
 }
 
+/* The distributed programs run the training loop of traces/loop.c, each method stepping the
+ * optimizer on what it holds (DDP: torch.optim on the replica; ZeRO: DeepSpeed around the
+ * flat fp32 partition; FSDP: torch.optim on the shards; Megatron: the distributed optimizer
+ * on the main-parameter shard). A setting that a method's framework decides itself, or does
+ * not take, is refused naming it. Without a method (plan's sweep over every method, whose
+ * model-state bounds are AdamW's), whatever some method refuses is refused. */
+gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error)
+{
+    bool zero = !megatron && (r->method == MEMSIM_METHOD_ZERO1 ||
+                              r->method == MEMSIM_METHOD_ZERO2 ||
+                              r->method == MEMSIM_METHOD_ZERO3);
+    bool sweep = !megatron && r->method == MEMSIM_METHOD_NONE;
+    const char *who = megatron ? "Megatron-LM" : zero ? "DeepSpeed" : "a sweep over the methods";
+    if (megatron && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: Megatron-LM's distributed optimizer takes only "
+                                     "Adam (distrib_optimizer.py asserts it)");
+    if (sweep && r->optimizer != MEMSIM_OPTIM_ADAMW)
+        return setting_refuse(error, "optimizer: without --method, a run on several GPUs is "
+                                     "planned over every method with AdamW's model state "
+                                     "(Megatron-LM takes only Adam): give --method");
+    if ((zero || megatron || sweep) && r->optimizer_impl != MEMSIM_OPTIM_IMPL_DEFAULT)
+        return setting_refuse(error, "optimizer-impl: %s steps its own fused Adam "
+                                     "(DeepSpeed's FusedAdam, apex/TE FusedAdam in Megatron-LM); "
+                                     "DDP and FSDP take the choice",
+                              who);
+    if ((zero || megatron || sweep) && r->zero_grad_set && !r->zero_grad_to_none)
+        return setting_refuse(error, "zero-grad: %s sets the gradients to None itself after "
+                                     "each step (DeepSpeed's engine: zero_grad(set_to_none=True); "
+                                     "Megatron-LM: the main grads, its grad buffer zeroed in "
+                                     "place); DDP and FSDP take the choice",
+                              who);
+    if ((megatron || sweep) && r->keep_outputs)
+        return setting_refuse(error, "keep-outputs: %s runs Megatron-LM's pipeline schedule, "
+                                     "which frees each micro-batch's output itself (the data-"
+                                     "parallel methods take it)",
+                              megatron ? "a Megatron run" : "a sweep over the methods");
+    if (megatron && r->microbatches &&
+        (r->grad_accum > 1 || memsim_run_given(r, "grad-accum")) &&
+        r->grad_accum != r->microbatches)
+        return setting_refuse(error, "grad-accum: a Megatron run accumulates over its "
+                                     "micro-batches: --grad-accum %d and --microbatches %d "
+                                     "disagree (give one of them)",
+                              r->grad_accum, r->microbatches);
+    return TRUE;
+}
+
 gboolean memsim_run_check(const MemsimRun *r, GError **error)
 {
 #define GIVEN(id) given(r, SETTING_##id)
@@ -523,7 +570,7 @@ char *memsim_run_describe(const MemsimRun *run)
     } else {
         MemsimOptimizerImpl impl;
         gboolean to_none;
-        run_optimizer_choice(run, &impl, &to_none);
+        optim_choice(run, &impl, &to_none);
         g_string_append_printf(
             s,
             "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT "%s, %d step(s), grad-accum %d, "

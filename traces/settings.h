@@ -62,12 +62,8 @@ gboolean setting_refuse(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3
 
 /* FALSE with an error naming the setting when a run on several GPUs (`megatron`: a Megatron
  * run) was given a loop setting its method's framework decides itself or does not take; with
- * no method (plan's sweep), one that some method refuses (traces/run.c). */
+ * no method (plan's sweep), one that some method refuses. */
 gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, GError **error);
 
-/* The optimizer implementation a run steps with and whether zero_grad sets the gradients to
- * None, the defaults of its torch version and device applied (traces/run.c, whose loop
- * follows them; memsim_run_describe says them). */
-void run_optimizer_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none);
 
 #endif

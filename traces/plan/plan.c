@@ -113,10 +113,6 @@ static int full_sms(const char *gpu)
     return g_str_has_prefix(gpu, "a100") ? 108 : 132;
 }
 
-const char *const plan_method_names[] = {"one GPU", "ddp",          "zero1", "zero2", "zero3",
-                                         "fsdp",    "fsdp-grad-op", "hsdp",  "megatron"};
-const char *const plan_ckpt_names[] = {"none", "full", "selective"};
-const char *const plan_sched_names[] = {"1f1b", "gpipe", "interleaved"};
 
 MemsimPlanOptions memsim_plan_options_defaults(void)
 {
@@ -268,39 +264,6 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
 /* ---- candidates ---- */
 
 /* The run of configuration `g` at micro-batch index j. Strings are borrowed from sw->base. */
-void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
-{
-    *r = sw->base;
-    r->given = 0; /* a candidate is the planner's, not settings a user gave */
-    r->gpu = (char *)sw->gpu_name;
-    r->checkpointing = g->ckpt;
-    r->batch = g->bs[j];
-    r->sequence_parallel = FALSE;
-    r->tp = r->pp = r->dp = 0;
-    r->microbatches = 0;
-    r->virtual_stages = 1;
-    r->pp_schedule = MEMSIM_PP_1F1B;
-    r->grad_accum = 1;
-    if (g->method == MEMSIM_METHOD_NONE) {
-        r->gpus = 1;
-        r->method = MEMSIM_METHOD_NONE;
-        r->grad_accum = g->n_micro[j];
-    } else if (g->method == MEMSIM_METHOD_MEGATRON) {
-        r->gpus = sw->opt.gpus;
-        r->method = MEMSIM_METHOD_MEGATRON;
-        r->tp = g->tp;
-        r->pp = g->pp;
-        r->dp = g->dp;
-        r->pp_schedule = g->schedule;
-        r->virtual_stages = g->v;
-        r->microbatches = g->n_micro[j];
-    } else {
-        r->gpus = sw->opt.gpus;
-        r->method = g->method;
-        r->grad_accum = g->n_micro[j];
-    }
-}
-
 static double psi_of(const Sweep *sw)
 {
     return (double)memsim_model_n_params(sw->model);
@@ -1015,7 +978,7 @@ static int by_speed(gconstpointer a, gconstpointer b)
 }
 
 /* Runs fn on each item over the thread pool (in order on one thread). */
-void plan_run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
+static void run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
 {
     int threads = sw->opt.threads > 0 ? sw->opt.threads : (int)g_get_num_processors();
     if (threads > (int)items->len)
@@ -1032,9 +995,19 @@ void plan_run_pool(Sweep *sw, GPtrArray *items, GFunc fn)
 }
 
 /* A shown miss measured: its smallest b without a memory limit. */
-void plan_measure_miss(gpointer data, gpointer user)
+static void measure_miss(gpointer data, gpointer user)
 {
     probe(user, data, 0, TRUE);
+}
+
+/* The rows (traces/plan/rows.c), the misses shown among them simulated first. */
+static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRow **misses,
+                    guint *n_misses)
+{
+    GPtrArray *todo = plan_misses_to_measure(sw);
+    run_pool(sw, todo, measure_miss);
+    g_ptr_array_unref(todo);
+    plan_collect(sw, rows, n_rows, misses, n_misses);
 }
 
 /* Runs one phase (with or without offload) over every configuration. */
@@ -1079,7 +1052,7 @@ static void run_phase(Sweep *sw)
     sw->total = order->len;
     sw->done = 0;
     g_ptr_array_sort(order, by_speed);
-    plan_run_pool(sw, order, worker);
+    run_pool(sw, order, worker);
     g_ptr_array_unref(order);
     for (int i = 0; i < sw->n_groups; i++)
         if (sw->groups[i].pruned_cost)
@@ -1141,7 +1114,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
         /* the last resort: the optimizer state on the CPU */
         MemsimPlanRow *r0, *m0;
         guint nr0, nm0;
-        plan_collect(&sw, &r0, &nr0, &m0, &nm0); /* keep the misses of the real sweep */
+        collect(&sw, &r0, &nr0, &m0, &nm0); /* keep the misses of the real sweep */
         sw.offload = TRUE;
         run_phase(&sw);
         any = FALSE;
@@ -1150,7 +1123,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
         if (any) {
             MemsimPlanRow *m1;
             guint nm1;
-            plan_collect(&sw, rows, n_rows, &m1, &nm1);
+            collect(&sw, rows, n_rows, &m1, &nm1);
             for (guint i = 0; i < nm1; i++)
                 plan_row_clear(&m1[i]);
             g_free(m1);
@@ -1170,7 +1143,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
             g_free(r0);
         }
     } else {
-        plan_collect(&sw, rows, n_rows, misses, n_misses);
+        collect(&sw, rows, n_rows, misses, n_misses);
     }
     plan->n_generated += sw.n_generated;
     plan->n_replays += sw.n_replays;

@@ -10,6 +10,44 @@
 #include "traces/plan/sweep.h"
 #include "traces/settings.h"
 
+const char *const plan_method_names[] = {"one GPU", "ddp",          "zero1", "zero2", "zero3",
+                                         "fsdp",    "fsdp-grad-op", "hsdp",  "megatron"};
+const char *const plan_ckpt_names[] = {"none", "full", "selective"};
+const char *const plan_sched_names[] = {"1f1b", "gpipe", "interleaved"};
+
+void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
+{
+    *r = sw->base;
+    r->given = 0; /* a candidate is the planner's, not settings a user gave */
+    r->gpu = (char *)sw->gpu_name;
+    r->checkpointing = g->ckpt;
+    r->batch = g->bs[j];
+    r->sequence_parallel = FALSE;
+    r->tp = r->pp = r->dp = 0;
+    r->microbatches = 0;
+    r->virtual_stages = 1;
+    r->pp_schedule = MEMSIM_PP_1F1B;
+    r->grad_accum = 1;
+    if (g->method == MEMSIM_METHOD_NONE) {
+        r->gpus = 1;
+        r->method = MEMSIM_METHOD_NONE;
+        r->grad_accum = g->n_micro[j];
+    } else if (g->method == MEMSIM_METHOD_MEGATRON) {
+        r->gpus = sw->opt.gpus;
+        r->method = MEMSIM_METHOD_MEGATRON;
+        r->tp = g->tp;
+        r->pp = g->pp;
+        r->dp = g->dp;
+        r->pp_schedule = g->schedule;
+        r->virtual_stages = g->v;
+        r->microbatches = g->n_micro[j];
+    } else {
+        r->gpus = sw->opt.gpus;
+        r->method = g->method;
+        r->grad_accum = g->n_micro[j];
+    }
+}
+
 static char *size_flag(memsim_size_t b)
 {
     if (b % ((memsim_size_t)1 << 20) == 0)
@@ -327,11 +365,10 @@ static int by_miss(gconstpointer a, gconstpointer b)
 }
 
 /* The ranked rows and the closest misses of the last phase. */
-void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
-                    guint *n_misses)
+/* The rows that fit, best first (all of them: the caller keeps its K). */
+static GArray *fitting_rows(const Sweep *sw)
 {
     GArray *rows = g_array_new(FALSE, FALSE, sizeof(Ranked));
-    GArray *misses = g_array_new(FALSE, FALSE, sizeof(Ranked));
     for (int k = 0; k < sw->n_fams; k++) {
         if (sw->fams[k].row < 0)
             continue;
@@ -340,12 +377,16 @@ void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlan
         g_array_append_val(rows, r);
     }
     g_array_sort(rows, by_row);
-    guint keep = sw->K == G_MAXINT ? rows->len : MIN(rows->len, (guint)sw->K);
+    return rows;
+}
+
+/* The misses shown: configurations whose smallest micro-batch does not fit but would beat
+ * the recommendation (all of them when nothing fits). Such configurations are never pruned
+ * by cost, so which they are does not depend on timing; the fastest are kept. */
+static GArray *shown_misses(const Sweep *sw, const GArray *rows)
+{
     double best = rows->len ? g_array_index(rows, Ranked, 0).tps : 0;
-    /* The misses: configurations whose smallest micro-batch does not fit but would beat the
-     * recommendation (all of them when nothing fits). Such configurations are never pruned
-     * by cost, so which they are does not depend on timing; the fastest are kept, and those
-     * whose miss was only inferred from a family member are simulated now. */
+    GArray *misses = g_array_new(FALSE, FALSE, sizeof(Ranked));
     for (int i = 0; i < sw->n_groups; i++) {
         const Group *g = &sw->groups[i];
         if (g->nb == 0 || !g->miss || g->probes[0].failed)
@@ -357,16 +398,32 @@ void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlan
         g_array_append_val(misses, k);
     }
     g_array_sort(misses, by_row_peak_first);
-    guint nm = MIN(misses->len, (guint)(sw->opt.misses > 0 ? sw->opt.misses : 0));
-    g_array_set_size(misses, nm);
+    g_array_set_size(misses, MIN(misses->len, (guint)(sw->opt.misses > 0 ? sw->opt.misses : 0)));
+    return misses;
+}
+
+GPtrArray *plan_misses_to_measure(const Sweep *sw)
+{
+    GArray *rows = fitting_rows(sw);
+    GArray *misses = shown_misses(sw, rows);
     GPtrArray *todo = g_ptr_array_new();
-    for (guint i = 0; i < nm; i++) {
+    for (guint i = 0; i < misses->len; i++) {
         Group *g = (Group *)g_array_index(misses, Ranked, i).g;
         if (!g->pruned_bound && !g->probes[0].measured)
             g_ptr_array_add(todo, g);
     }
-    plan_run_pool(sw, todo, plan_measure_miss);
-    g_ptr_array_unref(todo);
+    g_array_unref(rows);
+    g_array_unref(misses);
+    return todo;
+}
+
+void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
+                  guint *n_misses)
+{
+    GArray *rows = fitting_rows(sw);
+    guint keep = sw->K == G_MAXINT ? rows->len : MIN(rows->len, (guint)sw->K);
+    GArray *misses = shown_misses(sw, rows);
+    guint nm = misses->len;
     for (guint i = 0; i < nm; i++) {
         Ranked *k = &g_array_index(misses, Ranked, i);
         Group *g = (Group *)k->g;

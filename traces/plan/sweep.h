@@ -84,13 +84,12 @@ extern const char *const plan_sched_names[];
 
 /* The run of candidate `j` (its micro-batch) of group `g`. */
 void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r);
-/* Runs fn(item, sw) over the items on the sweep's worker threads. */
-void plan_run_pool(Sweep *sw, GPtrArray *items, GFunc fn);
 /* The rows that fit, best first, and the closest misses (newly allocated). */
 void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
                     guint *n_misses);
 void plan_row_clear(MemsimPlanRow *r);
-/* Measures a missed candidate without a memory limit (a worker of plan_run_pool). */
-void plan_measure_miss(gpointer group, gpointer sweep);
+/* The misses plan_collect will show that are not measured yet (Group *): the sweep simulates
+ * them before collecting. Free the array (not the groups). */
+GPtrArray *plan_misses_to_measure(const Sweep *sw);
 
 #endif
