@@ -2,6 +2,7 @@
 #include <memsim/trace.h>
 #include <memsim/error.h>
 
+#include <stdio.h>
 #include <string.h>
 
 G_DEFINE_QUARK(memsim-error-quark, memsim_error)
@@ -234,6 +235,39 @@ const char *memsim_phase_name(MemsimPhase p)
 const char *memsim_collective_name(MemsimCollectiveKind k)
 {
     return NAME_OF(collective_names, k);
+}
+
+/* ---- marks ---- */
+
+#define BREAKDOWN_PREFIX "breakdown:"
+
+MemsimMarkKind memsim_mark_parse(const char *text, uint32_t *step, const char **name)
+{
+    if (g_str_has_prefix(text, BREAKDOWN_PREFIX)) {
+        if (name)
+            *name = text + strlen(BREAKDOWN_PREFIX);
+        return MEMSIM_MARK_BREAKDOWN;
+    }
+    unsigned n;
+    int used = 0;
+    /* "step N" (or "step N begin") opens a step; other "step N ..." marks do not */
+    if (sscanf(text, "step %u%n", &n, &used) == 1 &&
+        (text[used] == '\0' || strcmp(text + used, " begin") == 0)) {
+        if (step)
+            *step = n;
+        return MEMSIM_MARK_STEP;
+    }
+    return MEMSIM_MARK_LABEL;
+}
+
+char *memsim_mark_step(uint32_t step)
+{
+    return g_strdup_printf("step %u", step);
+}
+
+char *memsim_mark_breakdown(const char *name)
+{
+    return g_strconcat(BREAKDOWN_PREFIX, name, NULL);
 }
 
 static int lookup(const char *const *table, int n, const char *name)

@@ -861,19 +861,17 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (ev->id >= h->n_strings)
             return bad(error, h, rank, index, "mark %" PRIu64 " is not in the string table",
                        ev->id);
-        unsigned step;
-        int used = 0;
-        const char *text = h->strings[ev->id];
-        if (g_str_has_prefix(text, "breakdown:")) {
+        uint32_t step;
+        const char *name;
+        MemsimMarkKind kind = memsim_mark_parse(h->strings[ev->id], &step, &name);
+        if (kind == MEMSIM_MARK_BREAKDOWN) {
             MemsimBreakdown bd;
             memset(&bd, 0, sizeof bd);
-            g_strlcpy(bd.name, text + strlen("breakdown:"), sizeof bd.name);
+            g_strlcpy(bd.name, name, sizeof bd.name);
             memcpy(bd.allocated, r->live_cat, sizeof r->live_cat);
             memcpy(bd.requested, r->live_req, sizeof r->live_req);
             g_array_append_val(r->breakdowns, bd);
-        } else if (sscanf(text, "step %u%n", &step, &used) == 1 &&
-                   (text[used] == '\0' || strcmp(text + used, " begin") == 0)) {
-            /* "step N" (or "step N begin") opens a step; other "step N ..." marks do not */
+        } else if (kind == MEMSIM_MARK_STEP) {
             MemsimStepPeaks sp = {.step = step, .start_us = r->cpu_us};
             for (guint k = 0; k < r->last_end->len; k++)
                 if (g_array_index(r->last_end, double, k) > sp.start_us)

@@ -475,6 +475,12 @@ void gg_mark(AgGraph *g, const char *text)
     emit(g, &ev);
 }
 
+void gg_mark_breakdown(AgGraph *g, const char *name)
+{
+    g_autofree char *text = memsim_mark_breakdown(name);
+    gg_mark(g, text);
+}
+
 uint64_t gg_next_storage_id(AgGraph *g)
 {
     return g->next_storage++;

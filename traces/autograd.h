@@ -170,6 +170,9 @@ MemsimTrace *gg_trace(AgGraph *g);
 /* Ops and marks: OP events name the running op (its phase and layer from the context). */
 void gg_op(AgGraph *g, const char *name);
 void gg_mark(AgGraph *g, const char *text);
+/* A mark asking the replay for the live bytes by category, kept as `name`
+ * (MEMSIM_BREAKDOWN_*, memsim_mark_breakdown). */
+void gg_mark_breakdown(AgGraph *g, const char *name);
 
 /* New tensors. Shapes are given as arrays of nd sizes. The tensor has one reference. */
 AgTensor *gt_empty(AgGraph *g, DType dt, int nd, const int64_t *shape);

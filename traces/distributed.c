@@ -1006,7 +1006,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                 gt_unref(g, logits);
                 model_drop_output(md);
                 if (step == 1 && i == 0)
-                    gg_mark(g, "breakdown:after the first forward");
+                    gg_mark_breakdown(g, MEMSIM_BREAKDOWN_FIRST_FORWARD);
                 if (loss) {
                     f->out = loss;
                 } else {

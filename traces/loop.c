@@ -221,8 +221,7 @@ static void zero_grad(AgGraph *g, const Optimizer *o, GPtrArray *ps)
 
 void loop_mark_step(AgGraph *g, int step)
 {
-    char mark[32];
-    g_snprintf(mark, sizeof mark, "step %d", step);
+    g_autofree char *mark = memsim_mark_step((uint32_t)step);
     gg_mark(g, mark);
 }
 
@@ -238,7 +237,7 @@ void loop_optimizer_step(AgGraph *g, Optimizer *o, const LoopHooks *hooks, GPtrA
     update(g, o, params);
     /* the model state after the update (the last step's), before zero_grad */
     if (last)
-        gg_mark(g, "breakdown:model state at the optimizer step");
+        gg_mark_breakdown(g, MEMSIM_BREAKDOWN_MODEL_STATE);
     zero_grad(g, o, params);
     if (hooks && hooks->after_optimizer)
         hooks->after_optimizer(hooks->user, step);

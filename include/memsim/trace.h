@@ -190,6 +190,26 @@ MEMSIM_API const char *memsim_event_kind_name(MemsimEventKind kind);
 MEMSIM_API const char *memsim_category_name(MemsimCategory cat);
 MEMSIM_API const char *memsim_phase_name(MemsimPhase phase);
 MEMSIM_API const char *memsim_collective_name(MemsimCollectiveKind kind);
+
+/* What a MARK's text means to the replay and the reports. */
+typedef enum {
+    MEMSIM_MARK_LABEL,     /* a label only ("prefill", "decode", a recording's "snapshot") */
+    MEMSIM_MARK_STEP,      /* "step N" (or "step N begin"): step N begins */
+    MEMSIM_MARK_BREAKDOWN, /* "breakdown:NAME": the live bytes by category, kept as NAME */
+} MemsimMarkKind;
+
+/* The breakdowns the generator marks: the model state after the last optimizer step (the
+ * planner reads it), and what a pipeline stage holds after its first forward. */
+#define MEMSIM_BREAKDOWN_MODEL_STATE "model state at the optimizer step"
+#define MEMSIM_BREAKDOWN_FIRST_FORWARD "after the first forward"
+
+/* The kind of a mark's text; *step gets a step's number, *name a breakdown's name (pointing
+ * into `text`). Either may be NULL. */
+MEMSIM_API MemsimMarkKind memsim_mark_parse(const char *text, uint32_t *step, const char **name);
+/* The text of the mark that opens step N, or that asks for the breakdown NAME; newly
+ * allocated (g_free). */
+MEMSIM_API char *memsim_mark_step(uint32_t step);
+MEMSIM_API char *memsim_mark_breakdown(const char *name);
 /* Name → value; return -1 when unknown. */
 MEMSIM_API int memsim_event_kind_from_name(const char *name);
 MEMSIM_API int memsim_category_from_name(const char *name);

@@ -217,7 +217,7 @@ static gboolean report_fits(const MemsimReport *rep)
 static memsim_size_t optimizer_state_of(const MemsimRankReport *r)
 {
     for (guint i = 0; i < r->n_breakdowns; i++)
-        if (strstr(r->breakdowns[i].name, "model state"))
+        if (strcmp(r->breakdowns[i].name, MEMSIM_BREAKDOWN_MODEL_STATE) == 0)
             return (memsim_size_t)r->breakdowns[i].allocated[MEMSIM_CAT_OPTIMIZER_STATE];
     return 0;
 }
