@@ -177,6 +177,16 @@ const char *setting_name(SettingId id)
     return settings[id].info.name;
 }
 
+const char *setting_value_name(SettingId id, int value)
+{
+    g_assert(id < N_SETTINGS && settings[id].info.values);
+    const char *const *v = settings[id].info.values;
+    for (int i = 0; v[i]; i++)
+        if (i == value)
+            return v[i];
+    g_assert_not_reached();
+}
+
 static gboolean given(const MemsimRun *r, SettingId id)
 {
     return r->given >> id & 1;

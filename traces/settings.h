@@ -50,6 +50,8 @@ typedef enum {
 
 /* The key of a setting: "grad-accum" (the command's flag without "--"). */
 const char *setting_name(SettingId id);
+/* The name of value `value` (the C enum's) of an enumerated setting, as it is given. */
+const char *setting_value_name(SettingId id, int value);
 
 /* An integer in [lo, hi]; else FALSE with "KEY: 'V' is not an integer in [lo, hi]". */
 gboolean setting_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,

@@ -1156,12 +1156,12 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
 
 static char *describe_run(const MemsimModel *m, const MemsimRun *r)
 {
-    static const char *prec[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
-    static const char *optim[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
     static const char *ft[] = {"full fine-tuning", "LoRA", "QLoRA"};
     GString *s = g_string_new(NULL);
-    g_string_append_printf(s, "seq %" G_GINT64_FORMAT ", %s, %s, %s", r->seq, prec[r->precision],
-                           optim[r->optimizer], ft[r->finetune]);
+    g_string_append_printf(s, "seq %" G_GINT64_FORMAT ", %s, %s, %s", r->seq,
+                           setting_value_name(SETTING_PRECISION, (int)r->precision),
+                           setting_value_name(SETTING_OPTIMIZER, (int)r->optimizer),
+                           ft[r->finetune]);
     if (r->finetune != MEMSIM_FT_FULL)
         g_string_append_printf(s, " (rank %d)", r->lora_rank);
     g_string_append_printf(s, ", %d step(s) simulated, torch %s", r->steps,

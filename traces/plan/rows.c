@@ -79,24 +79,20 @@ static void flag_int(GString *s, const char *name, int64_t v)
 static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_mem,
                         gboolean expandable)
 {
-    static const char *prec[] = {"fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"};
-    static const char *optim[] = {"adamw", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"};
-    static const char *impl[] = {"default", "for-loop", "foreach", "fused"};
-    static const char *attn[] = {"sdpa", "eager", "sdpa-math", "flash", "mem-efficient"};
-    static const char *ft[] = {"full", "lora", "qlora"};
+#define VALUE(id, v) setting_value_name(id, (int)(v))
     MemsimRun d = memsim_run_defaults();
     GString *s = g_string_new("memsim estimate");
     flag(s, "model", memsim_model_name(sw->model));
     if (r->gpus > 1)
         flag_int(s, setting_name(SETTING_GPUS), r->gpus);
     if (r->method != MEMSIM_METHOD_NONE)
-        flag(s, setting_name(SETTING_METHOD), plan_method_names[r->method]);
+        flag(s, setting_name(SETTING_METHOD), VALUE(SETTING_METHOD, r->method));
     if (r->method == MEMSIM_METHOD_MEGATRON) {
         flag_int(s, setting_name(SETTING_TP), r->tp);
         flag_int(s, setting_name(SETTING_PP), r->pp);
         flag_int(s, setting_name(SETTING_DP), r->dp);
         if (r->pp > 1)
-            flag(s, setting_name(SETTING_PP_SCHEDULE), plan_sched_names[r->pp_schedule]);
+            flag(s, setting_name(SETTING_PP_SCHEDULE), VALUE(SETTING_PP_SCHEDULE, r->pp_schedule));
         if (r->virtual_stages > 1)
             flag_int(s, setting_name(SETTING_VIRTUAL_STAGES), r->virtual_stages);
         flag_int(s, setting_name(SETTING_MICROBATCHES), r->microbatches);
@@ -105,21 +101,21 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
     if (r->grad_accum != 1)
         flag_int(s, setting_name(SETTING_GRAD_ACCUM), r->grad_accum);
     flag_int(s, setting_name(SETTING_SEQ), r->seq);
-    flag(s, setting_name(SETTING_CHECKPOINTING), plan_ckpt_names[r->checkpointing]);
+    flag(s, setting_name(SETTING_CHECKPOINTING), VALUE(SETTING_CHECKPOINTING, r->checkpointing));
     if (r->steps != d.steps)
         flag_int(s, setting_name(SETTING_STEPS), r->steps);
     if (r->precision != d.precision)
-        flag(s, setting_name(SETTING_PRECISION), prec[r->precision]);
+        flag(s, setting_name(SETTING_PRECISION), VALUE(SETTING_PRECISION, r->precision));
     if (r->optimizer != d.optimizer)
-        flag(s, setting_name(SETTING_OPTIMIZER), optim[r->optimizer]);
+        flag(s, setting_name(SETTING_OPTIMIZER), VALUE(SETTING_OPTIMIZER, r->optimizer));
     if (r->optimizer_impl != d.optimizer_impl)
-        flag(s, setting_name(SETTING_OPTIMIZER_IMPL), impl[r->optimizer_impl]);
+        flag(s, setting_name(SETTING_OPTIMIZER_IMPL), VALUE(SETTING_OPTIMIZER_IMPL, r->optimizer_impl));
     if (r->zero_grad_set)
         flag(s, setting_name(SETTING_ZERO_GRAD), r->zero_grad_to_none ? "none" : "zero");
     if (r->attention != d.attention)
-        flag(s, setting_name(SETTING_ATTENTION), attn[r->attention]);
+        flag(s, setting_name(SETTING_ATTENTION), VALUE(SETTING_ATTENTION, r->attention));
     if (r->finetune != d.finetune) {
-        flag(s, setting_name(SETTING_FINETUNE), ft[r->finetune]);
+        flag(s, setting_name(SETTING_FINETUNE), VALUE(SETTING_FINETUNE, r->finetune));
         if (r->lora_rank != d.lora_rank)
             flag_int(s, setting_name(SETTING_LORA_RANK), r->lora_rank);
         if (r->lora_targets) {
@@ -159,6 +155,7 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
     if (expandable)
         flag(s, "alloc-conf", "expandable_segments:True");
     return g_string_free(s, FALSE);
+#undef VALUE
 }
 
 /* The configuration in the words of the framework that runs it. */
