@@ -1,4 +1,4 @@
-/* Internal: what the trace formats share (formats/stream.c, mst.c, text.c, reader.c).
+/* Internal: what the trace formats share (formats/stream.c, mst_*.c, text_*.c, reader.c).
  *
  * A reader or writer is a small base struct followed by its format's state; the base holds
  * the display name used in messages, the header and a table of the format's operations.
@@ -110,8 +110,9 @@ MemsimTraceWriter *memsim_trace_writer_new_stream(FILE *file, gboolean close_fil
                                                   MemsimFormat format,
                                                   const MemsimTraceHeader *header, GError **error);
 
-/* Format implementations (mst.c, text.c). A reader takes the source over (also on failure),
- * reads the header and returns NULL with error set on bad input. */
+/* Format implementations (mst_read.c, mst_write.c, text_read.c, text_write.c). A reader
+ * takes the source over (also on failure), reads the header and returns NULL with error set
+ * on bad input. */
 MemsimTraceReader *memsim_mst_reader_new(MemsimSource *src, const char *name, GError **error);
 MemsimTraceReader *memsim_text_reader_new(MemsimSource *src, const char *name, GError **error);
 MemsimTraceWriter *memsim_mst_writer_new(FILE *file, gboolean close_file, const char *name,

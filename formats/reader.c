@@ -2,7 +2,7 @@
  * any file, the in-memory trace as a reader, loading a whole trace, and writers chosen by
  * format or extension.
  *
- * The formats themselves live in mst.c and text.c, on the shared base of stream.c; PyTorch
+ * The formats themselves live in mst_*.c and text_*.c, on the shared base of stream.c; PyTorch
  * snapshots are imported whole by snapshot.c and then read through the in-memory reader
  * defined here. Saving a trace as a snapshot replays it, so that lives with the replay
  * (sim/export/save.c).

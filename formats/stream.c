@@ -1,6 +1,6 @@
 /* What every trace format shares (formats/formats-internal.h): byte sources, the checks
  * every reader and writer applies to headers and events (memsim_header_check,
- * memsim_events_check), and the generic reader and writer that the formats (mst.c, text.c)
+ * memsim_events_check), and the generic reader and writer that the formats (mst_*.c, text_*.c)
  * and the in-memory reader (reader.c) fill in through their ops. Because every format passes
  * through the same checks, a trace one format accepts is one the others can hold: that is
  * what makes text → .mst → text exact.

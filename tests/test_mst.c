@@ -1,4 +1,4 @@
-/* The .mst trace file (formats/mst.c): round trips with every field and extreme values,
+/* The .mst trace file (formats/mst_*.c): round trips with every field and extreme values,
  * conformance of the hand-coded chunks with protobuf-c and the spec, header growth, many
  * ranks, empty traces, streaming with bounded memory, and the bad-input corpus.
  *

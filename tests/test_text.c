@@ -1,4 +1,4 @@
-/* The text form of traces (formats/text.c): canonical round trips through .mst, every
+/* The text form of traces (formats/text_*.c): canonical round trips through .mst, every
  * event field, header growth, and the errors for bad lines. */
 #include "testutil.h"
 #include "tracegen.h"

@@ -1,5 +1,5 @@
-/* libFuzzer target: the .mst reader (formats/mst.c) on arbitrary bytes, and the round trips
- * of what it accepts (fuzz_trace.h).
+/* libFuzzer target: the .mst reader (formats/mst_read.c) on arbitrary bytes, and the round
+ * trips of what it accepts (fuzz_trace.h).
  *
  *     tests/fuzz/run-fuzzer.sh mst 600
  */

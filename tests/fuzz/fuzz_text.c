@@ -1,5 +1,5 @@
-/* libFuzzer target: the text trace reader (formats/text.c) on arbitrary bytes, and the round
- * trips of what it accepts (fuzz_trace.h).
+/* libFuzzer target: the text trace reader (formats/text_read.c) on arbitrary bytes, and the
+ * round trips of what it accepts (fuzz_trace.h).
  *
  *     tests/fuzz/run-fuzzer.sh text 600
  */
