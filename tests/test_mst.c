@@ -6,7 +6,7 @@
  * regenerate them with
  *     MEMSIM_REGENERATE=1 meson test -C build test_mst
  * (the test then writes them into the source tree's tests/data/bad).
- * Set MEMSIM_BENCH=1 to print the decode speed of a 10M-event trace.
+ * (The decode speed is memsim-bench replay's to measure, not a test's.)
  */
 #include "testutil.h"
 #include "tracegen.h"
