@@ -585,7 +585,66 @@ static inline memsim_addr_t kit_segment_addr(MemsimDevice *dev, KitSegs *s, mems
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Statistics */
+/* Statistics: the bookkeeping of MemsimAllocStats that the policies share. A block handed out
+ * counts its bytes as allocated and active and its request as requested; a segment taken
+ * from the device counts its bytes as reserved. */
+
+static inline void kit_stats_alloc(MemsimAllocStats *st, memsim_size_t size,
+                                   memsim_size_t requested)
+{
+    memsim_stat_add(&st->allocated, (int64_t)size);
+    memsim_stat_add(&st->active, (int64_t)size);
+    memsim_stat_add(&st->requested, (int64_t)requested);
+    memsim_stat_add(&st->allocations, 1);
+}
+
+static inline void kit_stats_free(MemsimAllocStats *st, memsim_size_t size, memsim_size_t requested)
+{
+    memsim_stat_sub(&st->allocated, (int64_t)size);
+    memsim_stat_sub(&st->active, (int64_t)size);
+    memsim_stat_sub(&st->requested, (int64_t)requested);
+    memsim_stat_sub(&st->allocations, 1);
+}
+
+static inline void kit_stats_segment_add(MemsimAllocStats *st, memsim_size_t size)
+{
+    memsim_stat_add(&st->reserved, (int64_t)size);
+    memsim_stat_add(&st->segments, 1);
+}
+
+static inline void kit_stats_segment_sub(MemsimAllocStats *st, memsim_size_t size)
+{
+    memsim_stat_sub(&st->reserved, (int64_t)size);
+    memsim_stat_sub(&st->segments, 1);
+}
+
+/* Whether the device can provide n more bytes to a policy holding st->reserved bytes. */
+static inline gboolean kit_device_has(const MemsimDevice *dev, const MemsimAllocStats *st,
+                                      memsim_size_t n)
+{
+    memsim_size_t cap = dev->capacity, held = (memsim_size_t)st->reserved.current;
+    return !cap || (held <= cap && n <= cap - held);
+}
+
+/* The answer to a request of `size` bytes (as rounded) that the device cannot serve: counted,
+ * and reported with the device's free bytes (0 when unlimited). */
+static inline MemsimAllocResult kit_oom(MemsimDevice *dev, MemsimAllocStats *st, memsim_size_t size,
+                                        uint32_t stream)
+{
+    memsim_size_t cap = dev->capacity, held = (memsim_size_t)st->reserved.current;
+    st->n_ooms++;
+    memsim_device_emit(dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0, size, stream);
+    return MEMSIM_ALLOC_OOM;
+}
+
+/* Counts a free block of `size` bytes into a shape. */
+static inline void kit_shape_add_free(MemsimAllocShape *sh, memsim_size_t size)
+{
+    sh->free_bytes += size;
+    sh->n_free_blocks++;
+    if (size > sh->largest_free)
+        sh->largest_free = size;
+}
 
 static inline void kit_reset_peaks(MemsimAllocStats *st)
 {
@@ -621,6 +680,27 @@ static inline gboolean kit_check_stats(const char *policy, const MemsimAllocStat
             return FALSE;
         }
     return TRUE;
+}
+
+/* What a check() recounted by walking the blocks, for the statistics that every policy but
+ * torch keeps alike (active = allocated: no block waits for stream events). */
+typedef struct {
+    int64_t allocated, requested, reserved, segments, allocations, inactive_split;
+} KitRecount;
+
+static inline gboolean kit_check_recount(const char *policy, const MemsimAllocStats *st,
+                                         const KitRecount *r, GError **error)
+{
+    KitCheck cmp[] = {
+        {"allocated", r->allocated, st->allocated.current},
+        {"active", r->allocated, st->active.current},
+        {"requested", r->requested, st->requested.current},
+        {"reserved", r->reserved, st->reserved.current},
+        {"segments", r->segments, st->segments.current},
+        {"allocations", r->allocations, st->allocations.current},
+        {"inactive_split", r->inactive_split, st->inactive_split.current},
+    };
+    return kit_check_stats(policy, st, cmp, G_N_ELEMENTS(cmp), error);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -1407,10 +1407,7 @@ static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, gboolean in_p
     b->requested = orig;
     kit_map_put(&t->live, b->ptr, b);
     emit(t, MEMSIM_AEV_ALLOC, b->ptr, orig, b->stream);
-    memsim_stat_add(&t->st.allocations, 1);
-    memsim_stat_add(&t->st.allocated, (int64_t)b->size);
-    memsim_stat_add(&t->st.active, (int64_t)b->size);
-    memsim_stat_add(&t->st.requested, (int64_t)orig);
+    kit_stats_alloc(&t->st, b->size, orig);
     return b;
 }
 
@@ -1518,11 +1515,8 @@ static const MemsimAllocStats *torch_stats_live(void *state)
 
 static void reset_peaks(Torch *t)
 {
-    MemsimAllocStats *s = &t->st;
-    MemsimStat *all[] = {&s->allocated,      &s->reserved, &s->active,      &s->requested,
-                         &s->inactive_split, &s->segments, &s->allocations, &t->n_inactive_split};
-    for (gsize i = 0; i < G_N_ELEMENTS(all); i++)
-        all[i]->peak = all[i]->current;
+    kit_reset_peaks(&t->st);
+    t->n_inactive_split.peak = t->n_inactive_split.current;
 }
 
 static void torch_reset_peaks(void *state)
@@ -1539,12 +1533,8 @@ static MemsimAllocShape torch_shape(void *state)
         if (!s->exp)
             sh.n_segments++;
         for (TBlock *b = s->first; b; b = b->next) {
-            if (b->state == ST_FREE) {
-                sh.free_bytes += b->size;
-                sh.n_free_blocks++;
-                if (b->size > sh.largest_free)
-                    sh.largest_free = b->size;
-            }
+            if (b->state == ST_FREE)
+                kit_shape_add_free(&sh, b->size);
             /* An expandable reservation counts one segment per mapped run, as snapshots
              * show it (§8.5). */
             if (s->exp) {
@@ -1769,10 +1759,7 @@ static gboolean torch_check(void *state, GError **error)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, segments %" G_GINT64_FORMAT,
              t->live.n, n_alloc);
     const MemsimAllocStats *st = &t->st;
-    struct {
-        const char *name;
-        int64_t recount, stat;
-    } cmp[] = {
+    KitCheck cmp[] = {
         {"allocated", allocated, st->allocated.current},
         {"active", active, st->active.current},
         {"requested", requested, st->requested.current},
@@ -1783,15 +1770,8 @@ static gboolean torch_check(void *state, GError **error)
         {"segments", segments, st->segments.current},
         {"allocations", n_alloc, st->allocations.current},
     };
-    for (gsize i = 0; i < G_N_ELEMENTS(cmp); i++)
-        if (cmp[i].recount != cmp[i].stat)
-            FAIL("stat %s is %" G_GINT64_FORMAT " but a recount gives %" G_GINT64_FORMAT,
-                 cmp[i].name, cmp[i].stat, cmp[i].recount);
-    const MemsimStat *pk[] = {&st->allocated,      &st->reserved, &st->active,     &st->requested,
-                              &st->inactive_split, &st->segments, &st->allocations};
-    for (gsize i = 0; i < G_N_ELEMENTS(pk); i++)
-        if (pk[i]->peak < pk[i]->current)
-            FAIL("a peak is below its current value");
+    if (!kit_check_stats("torch", st, cmp, G_N_ELEMENTS(cmp), error))
+        return FALSE;
     if (!(allocated <= active && active <= reserved))
         FAIL("allocated <= active <= reserved violated");
     return TRUE;
@@ -2000,10 +1980,7 @@ static gboolean torch_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     f->state = ST_ALLOCATED;
     f->requested = requested;
     kit_map_put(&t->live, f->ptr, f);
-    memsim_stat_add(&t->st.allocations, 1);
-    memsim_stat_add(&t->st.allocated, (int64_t)block_size);
-    memsim_stat_add(&t->st.active, (int64_t)block_size);
-    memsim_stat_add(&t->st.requested, (int64_t)requested);
+    kit_stats_alloc(&t->st, block_size, requested);
     reset_peaks(t);
     return TRUE;
 }
