@@ -8,9 +8,9 @@
  * The free set is the policy's (ArenaOps); the malloc and free paths call it through the
  * table. shape(), foreach_block() and check() walk every block.
  *
- * The functions that the malloc and free paths use are static here (use_block, merge_free,
- * split) and inlined always into arena_free and arena_fit_malloc (a call costs more than their
- * bodies); the exported arena_* wrappers are for the policy files.
+ * The functions on the malloc and free paths are inlined always (a call costs more than their
+ * bodies): merge_free into arena_free here, arena_split and arena_use (arena.h) into each
+ * policy's malloc.
  */
 #include "sim/alloc/arena.h"
 
@@ -108,23 +108,6 @@ void arena_release_free(Arena *a, uint32_t stream)
     }
 }
 
-static KIT_HOT void split(Arena *a, ArenaBlock *b, memsim_size_t n)
-{
-    ArenaBlock *rest = arena_block_new(a, b->seg, b->ptr + n, b->size - n);
-    b->size = n;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next)
-        b->next->prev = rest;
-    b->next = rest;
-    a->ops->free_insert(a, rest);
-}
-
-void arena_split(Arena *a, ArenaBlock *b, memsim_size_t n)
-{
-    split(a, b, n);
-}
-
 static KIT_HOT void merge_free(Arena *a, ArenaBlock *b)
 {
     ArenaBlock *n = b->next;
@@ -144,21 +127,6 @@ static KIT_HOT void merge_free(Arena *a, ArenaBlock *b)
 void arena_merge_free(Arena *a, ArenaBlock *b)
 {
     merge_free(a, b);
-}
-
-static KIT_HOT void use_block(Arena *a, ArenaBlock *b, memsim_size_t requested, uint32_t stream)
-{
-    b->state = ARENA_USED;
-    b->requested = requested;
-    b->stream = stream;
-    b->seg->n_used++;
-    kit_map_put(&a->live, b->ptr, b);
-    kit_stats_alloc(&a->st, b->size, requested);
-}
-
-void arena_use(Arena *a, ArenaBlock *b, memsim_size_t requested, uint32_t stream)
-{
-    use_block(a, b, requested, stream);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -349,14 +317,14 @@ void arena_seed_block(Arena *a, ArenaBlock *b, memsim_addr_t addr, memsim_size_t
     a->ops->free_remove(a, b);
     if (b->ptr < addr) {
         ArenaBlock *front = b;
-        split(a, front, addr - front->ptr);
+        arena_split(a, front, addr - front->ptr);
         b = front->next;
         a->ops->free_remove(a, b);
         a->ops->free_insert(a, front);
     }
     if (b->size > n)
-        split(a, b, n);
-    use_block(a, b, requested, stream);
+        arena_split(a, b, n);
+    arena_use(a, b, requested, stream);
     kit_reset_peaks(&a->st);
 }
 
@@ -409,9 +377,9 @@ MemsimAllocResult arena_fit_malloc(void *state, memsim_size_t size, uint32_t str
     } else {
         a->ops->free_remove(a, b);
         if (b->size > n)
-            split(a, b, n);
+            arena_split(a, b, n);
     }
-    use_block(a, b, size, stream);
+    arena_use(a, b, size, stream);
     *addr = b->ptr;
     memsim_device_emit(a->dev, MEMSIM_AEV_ALLOC, b->ptr, size, stream);
     return MEMSIM_ALLOC_OK;

@@ -133,6 +133,31 @@ static inline void arena_absorb_next(Arena *a, ArenaBlock *b)
     kit_slab_put(&a->blocks, n);
 }
 
+/* b (free, out of the set) keeps n bytes; the rest becomes a free block after it, filed. */
+static KIT_HOT void arena_split(Arena *a, ArenaBlock *b, memsim_size_t n)
+{
+    ArenaBlock *rest = arena_block_new(a, b->seg, b->ptr + n, b->size - n);
+    b->size = n;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next)
+        b->next->prev = rest;
+    b->next = rest;
+    a->ops->free_insert(a, rest);
+}
+
+/* b (out of the set) is handed out for a request of `requested` bytes: in the address map
+ * and the statistics. The ALLOC event is the caller's. */
+static KIT_HOT void arena_use(Arena *a, ArenaBlock *b, memsim_size_t requested, uint32_t stream)
+{
+    b->state = ARENA_USED;
+    b->requested = requested;
+    b->stream = stream;
+    b->seg->n_used++;
+    kit_map_put(&a->live, b->ptr, b);
+    kit_stats_alloc(&a->st, b->size, requested);
+}
+
 /* Life cycle. arena_destroy is MemsimAllocOps.destroy for a state that holds nothing else to
  * free (accepts NULL). */
 void arena_init(Arena *a, const ArenaOps *ops, MemsimDevice *dev);
@@ -150,13 +175,8 @@ void arena_seg_drop(Arena *a, ArenaSeg *s, uint32_t stream);
 void arena_seg_release(Arena *a, ArenaSeg *s, uint32_t stream);
 /* Every segment with no block in use goes back to the device, highest address first. */
 void arena_release_free(Arena *a, uint32_t stream);
-/* b (free, out of the set) keeps n bytes; the rest becomes a free block after it, filed. */
-void arena_split(Arena *a, ArenaBlock *b, memsim_size_t n);
 /* b (free, out of the set) merges with its free neighbours and the union is filed. */
 void arena_merge_free(Arena *a, ArenaBlock *b);
-/* b (out of the set) is handed out for a request of `requested` bytes: in the address map
- * and the statistics. The ALLOC event is the caller's. */
-void arena_use(Arena *a, ArenaBlock *b, memsim_size_t requested, uint32_t stream);
 
 /* MemsimAllocOps entries. arena_free: the block goes back (FREE_COMPLETED) and joins the free
  * set (ArenaOps.release). */
