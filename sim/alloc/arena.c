@@ -289,14 +289,8 @@ gboolean arena_check(void *state, GError **error)
 ArenaSeg *arena_seed_segment(Arena *a, memsim_addr_t addr, memsim_size_t size, uint32_t flags,
                              GError **error)
 {
-    memsim_size_t unit = a->ops->unit;
-    if (size == 0 || size % unit || addr % unit || kit_segs_overlap(&a->segs, addr, size)) {
-        fail(a, error,
-             "cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in %" G_GUINT64_FORMAT "-byte units, or overlapping another)",
-             addr, size, unit);
+    if (!kit_segs_can_seed(&a->segs, a->ops->name, addr, size, a->ops->unit, error))
         return NULL;
-    }
     return seg_add(a, addr, size, size, flags);
 }
 

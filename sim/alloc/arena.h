@@ -111,6 +111,21 @@ static inline void arena_split_counted(Arena *a, const ArenaBlock *b, int sign)
         memsim_stat_sub(&a->st.inactive_split, (int64_t)b->size);
 }
 
+/* The (size, address) order of free blocks and a block's size, for KitBins and trees: best
+ * fit takes the first block of at least a size. */
+static inline gboolean arena_by_size(const KitNode *a, const KitNode *b)
+{
+    const ArenaBlock *x = (const ArenaBlock *)a, *y = (const ArenaBlock *)b;
+    if (x->size != y->size)
+        return x->size < y->size;
+    return x->ptr < y->ptr;
+}
+
+static inline memsim_size_t arena_size_of(const KitNode *n)
+{
+    return ((const ArenaBlock *)n)->size;
+}
+
 /* A new block (free, unlinked) of segment s; the caller links it. */
 static inline ArenaBlock *arena_block_new(Arena *a, ArenaSeg *s, memsim_addr_t ptr,
                                           memsim_size_t size)

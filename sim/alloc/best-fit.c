@@ -37,24 +37,11 @@ typedef struct {
 /* ---------------------------------------------------------------------------------------- */
 /* The free set: size-class treaps ordered (size, address) */
 
-static gboolean blk_less(const KitNode *a, const KitNode *b)
-{
-    const ArenaBlock *x = (const ArenaBlock *)a, *y = (const ArenaBlock *)b;
-    if (x->size != y->size)
-        return x->size < y->size;
-    return x->ptr < y->ptr;
-}
-
-static memsim_size_t blk_size(const KitNode *n)
-{
-    return ((const ArenaBlock *)n)->size;
-}
-
 static void free_insert(Arena *a, ArenaBlock *b)
 {
     BestFit *f = (BestFit *)a;
     b->node.prio = kit_prio(&a->rng);
-    kit_bins_insert(&f->free, &b->node, b->size, blk_less);
+    kit_bins_insert(&f->free, &b->node, b->size, arena_by_size);
     arena_split_counted(a, b, +1);
 }
 
@@ -68,7 +55,7 @@ static void free_remove(Arena *a, ArenaBlock *b)
 /* Best fit: the smallest free block of at least n bytes, lowest address among equals. */
 static ArenaBlock *find_fit(Arena *a, memsim_size_t n)
 {
-    return (ArenaBlock *)kit_bins_lower_bound(&((BestFit *)a)->free, n, blk_size);
+    return (ArenaBlock *)kit_bins_lower_bound(&((BestFit *)a)->free, n, arena_size_of);
 }
 
 static gboolean free_holds(Arena *a, ArenaBlock *b)
@@ -80,7 +67,7 @@ static gboolean free_verify(Arena *a, int64_t n_free, GError **error)
 {
     /* Every free block of a segment was found in the set, so equal counts mean that the set
      * holds nothing else. */
-    int64_t in_set = kit_bins_verify(&((BestFit *)a)->free, blk_less, blk_size);
+    int64_t in_set = kit_bins_verify(&((BestFit *)a)->free, arena_by_size, arena_size_of);
     if (in_set < 0) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "best-fit: the free set's size classes are not well-formed trees sorted by "

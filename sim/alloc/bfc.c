@@ -114,14 +114,6 @@ static inline int bin_for_size(memsim_size_t n)
     return b < N_BINS - 1 ? b : N_BINS - 1;
 }
 
-static gboolean chunk_less(const KitNode *a, const KitNode *b)
-{
-    const Chunk *x = (const Chunk *)a, *y = (const Chunk *)b;
-    if (x->size != y->size)
-        return x->size < y->size;
-    return x->ptr < y->ptr;
-}
-
 /* InsertFreeChunkIntoBin. A chunk's size does not change while it is in its bin, so the bin
  * is found again from the size (TF keeps it in the chunk as bin_num). */
 static void bin_insert(Arena *arena, Chunk *c)
@@ -129,7 +121,7 @@ static void bin_insert(Arena *arena, Chunk *c)
     Bfc *a = (Bfc *)arena;
     int b = bin_for_size(c->size);
     c->node.prio = kit_prio(&arena->rng);
-    kit_tree_insert(&a->bins[b], &c->node, chunk_less, NULL);
+    kit_tree_insert(&a->bins[b], &c->node, arena_by_size, NULL);
     a->bin_bits |= 1u << b;
     arena_split_counted(arena, c, +1);
 }
@@ -178,7 +170,7 @@ static gboolean bins_verify(Arena *arena, int64_t n_free, GError **error)
     Bfc *a = (Bfc *)arena;
     int64_t binned = 0;
     for (int b = 0; b < N_BINS; b++) {
-        int64_t n = kit_tree_verify(a->bins[b], chunk_less);
+        int64_t n = kit_tree_verify(a->bins[b], arena_by_size);
         if (n < 0)
             FAIL("bin %d is not a well-formed tree sorted by (size, address)", b);
         if (((a->bin_bits >> b) & 1) != (a->bins[b] != NULL))

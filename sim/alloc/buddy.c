@@ -512,11 +512,8 @@ static gboolean buddy_seed_segment(void *state, memsim_addr_t addr, memsim_size_
                                    uint32_t stream, uint32_t flags, GError **error)
 {
     Buddy *a = state;
-    if (size == 0 || size % a->min_block || addr % a->min_block ||
-        kit_segs_overlap(&a->arenas, addr, size))
-        FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in %" G_GUINT64_FORMAT "-byte units, or overlapping another)",
-             addr, size, a->min_block);
+    if (!kit_segs_can_seed(&a->arenas, "buddy", addr, size, a->min_block, error))
+        return FALSE;
     add_arena(a, addr, size);
     kit_reset_peaks(&a->st);
     return TRUE;

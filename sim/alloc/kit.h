@@ -2,8 +2,8 @@
  * best-fit.c, first-fit.c, buddy.c, stitch.c; torch.c uses the slab, the address map, the
  * size classes, the statistics and the number parsers; exact.c the statistics). Each policy
  * keeps its algorithm in its own file; what lives here is mechanism that would otherwise be
- * copied into each (the arena that best-fit and first-fit share, built on these parts, is
- * in sim/alloc/arena.h):
+ * copied into each (the arena that bfc, best-fit, first-fit and stitch are built on, made of
+ * these parts, is sim/alloc/arena.c):
  *
  *   KitSlab     fixed-size objects carved from 4096-object chunks: no malloc per event.
  *   KitAddrMap  open-addressing hash map address → object (linear probing, backward-shift
@@ -14,7 +14,8 @@
  *   KitBins     free objects ordered (size, address) in size-class treaps: best fit without
  *               deep trees.
  *   KitSegs     the policy's segments sorted by base address (binary search): which segment
- *               holds an address, whether a new one would overlap, ordered walks for check().
+ *               holds an address, whether a new or recorded one would overlap, ordered walks
+ *               for check().
  *   kit_segment_addr()  memsim_device_segment_addr() guarded against overlap.
  *   kit_stats_*()  the statistics' bookkeeping (a block handed out or back, a segment taken
  *               or released), the device's room, the OOM answer, shape and check helpers.
@@ -615,6 +616,23 @@ static inline void kit_segs_clear(KitSegs *s)
     g_free(s->v);
     s->v = NULL;
     s->n = s->cap = 0;
+}
+
+/* Whether a recorded segment can be taken as it is: not empty, in whole units (a power of
+ * two) at an aligned address, overlapping none of segs. FALSE with an error naming it. */
+static inline gboolean kit_segs_can_seed(const KitSegs *segs, const char *policy,
+                                         memsim_addr_t addr, memsim_size_t size, memsim_size_t unit,
+                                         GError **error)
+{
+    if (size == 0 || size % unit || addr % unit || kit_segs_overlap(segs, addr, size)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                    " bytes (empty, not in %" G_GUINT64_FORMAT
+                    "-byte units, or overlapping another)",
+                    policy, addr, size, unit);
+        return FALSE;
+    }
+    return TRUE;
 }
 
 /* An address for a new segment of `size` bytes. The device's hook decides, as for every

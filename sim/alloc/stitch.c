@@ -97,19 +97,6 @@ static inline SSeg *sseg(const ArenaBlock *b)
     return (SSeg *)b->seg;
 }
 
-static gboolean blk_less(const KitNode *a, const KitNode *b)
-{
-    const ArenaBlock *x = (const ArenaBlock *)a, *y = (const ArenaBlock *)b;
-    if (x->size != y->size)
-        return x->size < y->size;
-    return x->ptr < y->ptr;
-}
-
-static memsim_size_t blk_size(const KitNode *n)
-{
-    return ((const ArenaBlock *)n)->size;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* The free sets: one per segment kind, size-class treaps ordered (size, address) */
 
@@ -118,7 +105,7 @@ static void free_insert(Arena *a, ArenaBlock *b)
     Stitch *s = (Stitch *)a;
     uint8_t k = sseg(b)->kind;
     b->node.prio = kit_prio(&a->rng);
-    kit_bins_insert(&s->free_sets[k], &b->node, b->size, blk_less);
+    kit_bins_insert(&s->free_sets[k], &b->node, b->size, arena_by_size);
     if (k == K_RANGE)
         s->free_range_bytes += b->size;
     arena_split_counted(a, b, +1);
@@ -145,7 +132,7 @@ static gboolean free_verify(Arena *a, int64_t n_free, GError **error)
      * sets hold nothing else. */
     int64_t in_sets = 0;
     for (int k = 0; k < 3; k++) {
-        int64_t n = kit_bins_verify(&((Stitch *)a)->free_sets[k], blk_less, blk_size);
+        int64_t n = kit_bins_verify(&((Stitch *)a)->free_sets[k], arena_by_size, arena_size_of);
         if (n < 0) {
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                         "stitch: free set %d: size classes are not well-formed trees sorted by "
@@ -167,7 +154,7 @@ static gboolean free_verify(Arena *a, int64_t n_free, GError **error)
 
 static ArenaBlock *lower_bound(const KitBins *set, memsim_size_t n)
 {
-    return (ArenaBlock *)kit_bins_lower_bound(set, n, blk_size);
+    return (ArenaBlock *)kit_bins_lower_bound(set, n, arena_size_of);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -306,7 +293,7 @@ static ArenaBlock *large_malloc(Stitch *s, memsim_size_t n, uint32_t stream)
 {
     ArenaBlock *b = lower_bound(&s->free_sets[K_RANGE], n);
     ArenaBlock *r = lower_bound(&s->free_sets[K_RECORDED], n);
-    if (r && (!b || blk_less(&r->node, &b->node)))
+    if (r && (!b || arena_by_size(&r->node, &b->node)))
         b = r;
     if (b) {
         free_remove(&s->a, b);
