@@ -156,6 +156,11 @@ MemsimAllocStats arena_stats(void *state)
     return ((Arena *)state)->st;
 }
 
+const MemsimAllocStats *arena_stats_live(void *state)
+{
+    return &((Arena *)state)->st;
+}
+
 void arena_reset_peaks(void *state)
 {
     kit_reset_peaks(&((Arena *)state)->st);

@@ -197,6 +197,9 @@ void arena_merge_free(Arena *a, ArenaBlock *b);
  * set (ArenaOps.release). */
 void arena_free(void *state, memsim_addr_t addr);
 MemsimAllocStats arena_stats(void *state);
+/* The statistics in the state: the same pointer for the instance's life (stats_live_fixed),
+ * so a replay reads them after each event without a copy. */
+const MemsimAllocStats *arena_stats_live(void *state);
 void arena_reset_peaks(void *state);
 MemsimAllocShape arena_shape(void *state);
 void arena_foreach_block(void *state, MemsimBlockFunc fn, void *user);
