@@ -60,8 +60,8 @@ void arena_destroy(void *state)
 /* ---------------------------------------------------------------------------------------- */
 /* Blocks and segments */
 
-static ArenaSeg *seg_add(Arena *a, memsim_addr_t base, memsim_size_t size, memsim_size_t fresh,
-                         uint32_t flags)
+ArenaSeg *arena_seg_add(Arena *a, memsim_addr_t base, memsim_size_t size, memsim_size_t fresh,
+                        uint32_t flags)
 {
     ArenaSeg *s = kit_slab_get(&a->seg_slab);
     s->k.base = base;
@@ -69,15 +69,8 @@ static ArenaSeg *seg_add(Arena *a, memsim_addr_t base, memsim_size_t size, memsi
     s->flags = flags;
     kit_segs_insert(&a->segs, &s->k);
     s->first = arena_block_new(a, s, base, size);
-    memsim_stat_add(&a->st.reserved, (int64_t)fresh);
-    memsim_stat_add(&a->st.segments, 1);
+    kit_stats_segment_add(&a->st, fresh);
     return s;
-}
-
-ArenaSeg *arena_seg_add(Arena *a, memsim_addr_t base, memsim_size_t size, memsim_size_t fresh,
-                        uint32_t flags)
-{
-    return seg_add(a, base, size, fresh, flags);
 }
 
 void arena_seg_drop(Arena *a, ArenaSeg *s, uint32_t stream)
@@ -122,11 +115,6 @@ static KIT_HOT void merge_free(Arena *a, ArenaBlock *b)
         b = p;
     }
     a->ops->free_insert(a, b);
-}
-
-void arena_merge_free(Arena *a, ArenaBlock *b)
-{
-    merge_free(a, b);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -296,7 +284,7 @@ ArenaSeg *arena_seed_segment(Arena *a, memsim_addr_t addr, memsim_size_t size, u
 {
     if (!kit_segs_can_seed(&a->segs, a->ops->name, addr, size, a->ops->unit, error))
         return NULL;
-    return seg_add(a, addr, size, size, flags);
+    return arena_seg_add(a, addr, size, size, flags);
 }
 
 ArenaBlock *arena_seed_find(Arena *a, memsim_addr_t addr, memsim_size_t n)
@@ -353,7 +341,7 @@ static gboolean grow(Arena *a, memsim_size_t n, uint32_t stream)
             return FALSE;
     }
     memsim_addr_t base = kit_segment_addr(a->dev, &a->segs, want, stream);
-    ArenaSeg *s = seg_add(a, base, want, want, 0);
+    ArenaSeg *s = arena_seg_add(a, base, want, want, 0);
     a->ops->free_insert(a, s->first);
     a->st.n_device_alloc++;
     memsim_device_emit(a->dev, MEMSIM_AEV_SEG_ALLOC, base, want, stream);

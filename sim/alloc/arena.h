@@ -74,7 +74,7 @@ typedef struct {
     gboolean (*free_holds)(Arena *a, ArenaBlock *b);
     gboolean (*free_verify)(Arena *a, int64_t n_free, GError **error);
     /* (optional) A block just freed (free, out of the set) joins the set. Default: merged with
-     * its free neighbours, the union filed (arena_merge_free). */
+     * its free neighbours (the next, then the previous), the union filed. */
     void (*release)(Arena *a, ArenaBlock *b);
     /* (arena_fit_malloc only) The policy's choice among the free blocks of at least n bytes,
      * or NULL; and (optional) the block of n bytes at the low end of that choice, out of the
@@ -190,8 +190,6 @@ void arena_seg_drop(Arena *a, ArenaSeg *s, uint32_t stream);
 void arena_seg_release(Arena *a, ArenaSeg *s, uint32_t stream);
 /* Every segment with no block in use goes back to the device, highest address first. */
 void arena_release_free(Arena *a, uint32_t stream);
-/* b (free, out of the set) merges with its free neighbours and the union is filed. */
-void arena_merge_free(Arena *a, ArenaBlock *b);
 
 /* MemsimAllocOps entries. arena_free: the block goes back (FREE_COMPLETED) and joins the free
  * set (ArenaOps.release). */
@@ -225,8 +223,8 @@ void arena_seed_block(Arena *a, ArenaBlock *b, memsim_addr_t addr, memsim_size_t
  * free segments stay cached until empty_cache, or until the device is short for a new segment
  * (then the new segment also shrinks to the request if that is what still fits). Recorded
  * segments become segments of the arena; a recorded live block keeps its address and its
- * request rounded to 512 bytes. arena_fit_create: a zeroed state of state_size bytes (an Arena
- * first) with its settings, or NULL with an error. */
+ * request rounded to 512 bytes. arena_fit_create: a new zeroed state of state_size bytes (an
+ * Arena first) with its settings, freed by arena_destroy; or NULL with an error. */
 extern const char arena_fit_settings_help[];
 void *arena_fit_create(gsize state_size, const ArenaOps *ops, const char *settings,
                        MemsimDevice *dev, GError **error);
