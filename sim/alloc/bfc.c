@@ -49,17 +49,20 @@
  * garbage collection; n_alloc_retries = garbage-collection attempts; inactive_split = free
  * chunks that share their region with other chunks.
  *
- * Data structures and cost (n = free chunks, m = chunks in use): chunks and regions come from
- * slabs; each bin is an intrusive treap ordered (size, address) and a 21-bit word marks the
- * non-empty bins, so a search is one lower_bound in the request's bin or the first node of the
- * next non-empty bin: O(log n). Chunks in use are found by address in an open-addressing map,
- * O(1); neighbours are a doubly linked list per region, so coalescing is O(1) plus the bin
- * updates. Garbage collection, check() and shape() walk everything.
+ * Data structures and cost (n = free chunks, m = chunks in use): each bin is an intrusive
+ * treap ordered (size, address) and a 21-bit word marks the non-empty bins, so a search is one
+ * lower_bound in the request's bin or the first node of the next non-empty bin: O(log n).
+ * Chunks and regions are the blocks and segments of the arena that best-fit, first-fit and
+ * stitch share (sim/alloc/arena.c), which also holds the free path (DeallocateRawInternal),
+ * the statistics and seeding: chunks in use are found by address in O(1), neighbours are a
+ * doubly linked list per region, so coalescing is O(1) plus the bin updates. Garbage
+ * collection, check() and shape() walk everything.
  */
 #include <memsim/alloc.h>
 
 #include <string.h>
 
+#include "sim/alloc/arena.h"
 #include "sim/alloc/kit.h"
 #include "sim/alloc/policies.h"
 
@@ -69,26 +72,9 @@
 #define INITIAL_REGION (2 * KIT_MIB)
 #define UNLIMITED ((memsim_size_t)1 << 62)
 
-typedef struct Region Region;
-typedef struct Chunk Chunk;
-
-struct Chunk {
-    KitNode node; /* bin links while free; first so that a node is its chunk */
-    memsim_addr_t ptr;
-    memsim_size_t size;
-    memsim_size_t requested;
-    Chunk *prev, *next; /* address neighbours in the region */
-    Region *region;
-    int8_t bin; /* -1 (kInvalidBinNum) unless free and in a bin */
-    uint8_t in_use;
-    uint32_t stream; /* in use: the request's, reported with its free */
-};
-
-struct Region {
-    KitSeg seg; /* base, size */
-    Chunk *first;
-    uint64_t n_in_use;
-};
+/* TF's words for the arena's blocks and segments. */
+typedef ArenaBlock Chunk;
+typedef ArenaSeg Region;
 
 typedef struct {
     gboolean allow_growth;
@@ -98,19 +84,20 @@ typedef struct {
 } BfcConfig;
 
 typedef struct {
-    MemsimDevice *dev;
+    Arena a;
     BfcConfig cfg;
     memsim_size_t memory_limit;
     memsim_size_t curr_region; /* curr_region_allocation_bytes_ */
     int64_t max_frag;          /* max_internal_fragmentation_bytes_ */
     KitNode *bins[N_BINS];
     uint32_t bin_bits;
-    KitAddrMap live;
-    KitSlab chunks, region_slab;
-    KitSegs regions;
-    uint32_t rng;
-    MemsimAllocStats st;
 } Bfc;
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "bfc: " __VA_ARGS__);             \
+        return FALSE;                                                                              \
+    } while (0)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Sizes and bins */
@@ -127,41 +114,27 @@ static inline int bin_for_size(memsim_size_t n)
     return b < N_BINS - 1 ? b : N_BINS - 1;
 }
 
-static gboolean chunk_less(const KitNode *a, const KitNode *b)
+/* InsertFreeChunkIntoBin. A chunk's size does not change while it is in its bin, so the bin
+ * is found again from the size (TF keeps it in the chunk as bin_num). */
+static void bin_insert(Arena *arena, Chunk *c)
 {
-    const Chunk *x = (const Chunk *)a, *y = (const Chunk *)b;
-    if (x->size != y->size)
-        return x->size < y->size;
-    return x->ptr < y->ptr;
-}
-
-static inline gboolean is_split(const Chunk *c)
-{
-    return c->prev || c->next;
-}
-
-/* InsertFreeChunkIntoBin */
-static void bin_insert(Bfc *a, Chunk *c)
-{
+    Bfc *a = (Bfc *)arena;
     int b = bin_for_size(c->size);
-    c->bin = (int8_t)b;
-    c->node.prio = kit_prio(&a->rng);
-    kit_tree_insert(&a->bins[b], &c->node, chunk_less, NULL);
+    c->node.prio = kit_prio(&arena->rng);
+    kit_tree_insert(&a->bins[b], &c->node, arena_by_size, NULL);
     a->bin_bits |= 1u << b;
-    if (is_split(c))
-        memsim_stat_add(&a->st.inactive_split, (int64_t)c->size);
+    arena_split_counted(arena, c, +1);
 }
 
 /* RemoveFreeChunkFromBin */
-static void bin_remove(Bfc *a, Chunk *c)
+static void bin_remove(Arena *arena, Chunk *c)
 {
-    int b = c->bin;
+    Bfc *a = (Bfc *)arena;
+    int b = bin_for_size(c->size);
     kit_tree_remove(&a->bins[b], &c->node, NULL);
     if (!a->bins[b])
         a->bin_bits &= ~(1u << b);
-    c->bin = -1;
-    if (is_split(c))
-        memsim_stat_sub(&a->st.inactive_split, (int64_t)c->size);
+    arena_split_counted(arena, c, -1);
 }
 
 /* The smallest free chunk of at least `rounded` bytes, lowest address first (FindChunkPtr's
@@ -187,82 +160,40 @@ static Chunk *find_chunk(Bfc *a, memsim_size_t rounded)
     return (Chunk *)kit_tree_first(a->bins[__builtin_ctz(higher)]);
 }
 
+static gboolean bin_holds(Arena *arena, Chunk *c)
+{
+    return kit_tree_contains(((Bfc *)arena)->bins[bin_for_size(c->size)], &c->node);
+}
+
+static gboolean bins_verify(Arena *arena, int64_t n_free, GError **error)
+{
+    Bfc *a = (Bfc *)arena;
+    int64_t binned = 0;
+    for (int b = 0; b < N_BINS; b++) {
+        int64_t n = kit_tree_verify(a->bins[b], arena_by_size);
+        if (n < 0)
+            FAIL("bin %d is not a well-formed tree sorted by (size, address)", b);
+        if (((a->bin_bits >> b) & 1) != (a->bins[b] != NULL))
+            FAIL("bin bitmap disagrees with bin %d", b);
+        for (KitNode *x = kit_tree_first(a->bins[b]); x; x = kit_tree_next(x))
+            if (bin_for_size(((Chunk *)x)->size) != b || ((Chunk *)x)->state != ARENA_FREE)
+                FAIL("bin %d holds chunk 0x%" G_GINT64_MODIFIER "x of another bin or in use", b,
+                     ((Chunk *)x)->ptr);
+        binned += n;
+    }
+    if (binned != n_free)
+        FAIL("bins hold %" G_GINT64_FORMAT " chunks, regions have %" G_GINT64_FORMAT " free",
+             binned, n_free);
+    return TRUE;
+}
+
 /* ---------------------------------------------------------------------------------------- */
-/* Chunks and regions */
-
-static Chunk *new_chunk(Bfc *a, Region *r, memsim_addr_t ptr, memsim_size_t size)
-{
-    Chunk *c = kit_slab_get(&a->chunks);
-    c->ptr = ptr;
-    c->size = size;
-    c->region = r;
-    c->bin = -1;
-    return c;
-}
-
-static Region *add_region(Bfc *a, memsim_addr_t base, memsim_size_t size)
-{
-    Region *r = kit_slab_get(&a->region_slab);
-    r->seg.base = base;
-    r->seg.size = size;
-    kit_segs_insert(&a->regions, &r->seg);
-    r->first = new_chunk(a, r, base, size);
-    bin_insert(a, r->first);
-    memsim_stat_add(&a->st.reserved, (int64_t)size);
-    memsim_stat_add(&a->st.segments, 1);
-    return r;
-}
-
-/* SplitChunk: c (free, out of its bin) keeps `n` bytes; the rest becomes a free chunk. */
-static void split_chunk(Bfc *a, Chunk *c, memsim_size_t n)
-{
-    Chunk *rest = new_chunk(a, c->region, c->ptr + n, c->size - n);
-    c->size = n;
-    rest->prev = c;
-    rest->next = c->next;
-    if (c->next)
-        c->next->prev = rest;
-    c->next = rest;
-    bin_insert(a, rest);
-}
-
-/* Merge: c2 (c1's next) is folded into c1; both free and out of their bins. */
-static void merge_chunks(Bfc *a, Chunk *c1, Chunk *c2)
-{
-    c1->next = c2->next;
-    if (c2->next)
-        c2->next->prev = c1;
-    c1->size += c2->size;
-    kit_slab_put(&a->chunks, c2);
-}
-
-/* TryToCoalesce; the result is out of its bin. */
-static Chunk *coalesce(Bfc *a, Chunk *c)
-{
-    if (c->next && !c->next->in_use) {
-        bin_remove(a, c->next);
-        merge_chunks(a, c, c->next);
-    }
-    if (c->prev && !c->prev->in_use) {
-        Chunk *p = c->prev;
-        bin_remove(a, p);
-        merge_chunks(a, p, c);
-        c = p;
-    }
-    return c;
-}
-
-static inline gboolean device_has(const Bfc *a, memsim_size_t n)
-{
-    memsim_size_t cap = a->dev->capacity;
-    return !cap || ((memsim_size_t)a->st.reserved.current <= cap &&
-                    n <= cap - (memsim_size_t)a->st.reserved.current);
-}
+/* Regions */
 
 /* Extend */
 static gboolean extend(Bfc *a, memsim_size_t rounded, uint32_t stream)
 {
-    memsim_size_t pool = (memsim_size_t)a->st.reserved.current;
+    memsim_size_t pool = (memsim_size_t)a->a.st.reserved.current;
     memsim_size_t available = pool < a->memory_limit ? a->memory_limit - pool : 0;
     available = available / MIN_ALLOC * MIN_ALLOC;
     if (rounded > available)
@@ -275,30 +206,19 @@ static gboolean extend(Bfc *a, memsim_size_t rounded, uint32_t stream)
     memsim_size_t bytes = MIN(a->curr_region, available);
     /* The sub-allocator (cudaMalloc) refuses what the device cannot hold: TF backs off by
      * kBackpedalFactor, a float, so the product is computed in float as it is there. */
-    while (!device_has(a, bytes)) {
+    while (!kit_device_has(a->a.dev, &a->a.st, bytes)) {
         bytes = rounded_bytes((memsim_size_t)((float)bytes * 0.9f));
         if (bytes < rounded)
             return FALSE;
     }
     if (!increased && a->curr_region < UNLIMITED)
         a->curr_region *= 2;
-    memsim_addr_t base = kit_segment_addr(a->dev, &a->regions, bytes, stream);
-    add_region(a, base, bytes);
-    a->st.n_device_alloc++;
-    memsim_device_emit(a->dev, MEMSIM_AEV_SEG_ALLOC, base, bytes, stream);
+    memsim_addr_t base = kit_segment_addr(a->a.dev, &a->a.segs, bytes, stream);
+    Region *r = arena_seg_add(&a->a, base, bytes, bytes, 0);
+    bin_insert(&a->a, r->first);
+    a->a.st.n_device_alloc++;
+    memsim_device_emit(a->a.dev, MEMSIM_AEV_SEG_ALLOC, base, bytes, stream);
     return TRUE;
-}
-
-static void drop_region(Bfc *a, Region *r)
-{
-    Chunk *c = r->first;
-    g_assert(c->next == NULL && !c->in_use); /* a wholly free region is one chunk */
-    bin_remove(a, c);
-    kit_slab_put(&a->chunks, c);
-    kit_segs_remove(&a->regions, &r->seg);
-    memsim_stat_sub(&a->st.reserved, (int64_t)r->seg.size);
-    memsim_stat_sub(&a->st.segments, 1);
-    kit_slab_put(&a->region_slab, r);
 }
 
 /* DeallocateFreeRegions */
@@ -306,43 +226,20 @@ static gboolean deallocate_free_regions(Bfc *a, memsim_size_t rounded, uint32_t 
 {
     if (!a->cfg.gc)
         return FALSE;
-    a->st.n_alloc_retries++;
+    a->a.st.n_alloc_retries++;
     memsim_size_t free_bytes = 0;
-    for (guint i = 0; i < a->regions.n; i++) {
-        Region *r = (Region *)a->regions.v[i];
-        if (r->n_in_use == 0)
-            free_bytes += r->seg.size;
+    for (guint i = 0; i < a->a.segs.n; i++) {
+        Region *r = (Region *)a->a.segs.v[i];
+        if (r->n_used == 0)
+            free_bytes += r->k.size;
     }
     if (free_bytes == 0)
         return FALSE;
-    memsim_size_t pool = (memsim_size_t)a->st.reserved.current;
+    memsim_size_t pool = (memsim_size_t)a->a.st.reserved.current;
     if (rounded > a->memory_limit - pool + free_bytes)
         return FALSE;
-    for (guint i = a->regions.n; i-- > 0;) {
-        Region *r = (Region *)a->regions.v[i];
-        if (r->n_in_use)
-            continue;
-        memsim_addr_t base = r->seg.base;
-        memsim_size_t size = r->seg.size;
-        drop_region(a, r);
-        a->st.n_device_free++;
-        memsim_device_emit(a->dev, MEMSIM_AEV_SEG_FREE, base, size, stream);
-    }
+    arena_release_free(&a->a, stream);
     return TRUE;
-}
-
-/* The chunk (out of its bin) becomes in use for a request of `requested` bytes. */
-static void use_chunk(Bfc *a, Chunk *c, memsim_size_t requested, uint32_t stream)
-{
-    c->in_use = 1;
-    c->requested = requested;
-    c->stream = stream;
-    c->region->n_in_use++;
-    kit_map_put(&a->live, c->ptr, c);
-    memsim_stat_add(&a->st.allocated, (int64_t)c->size);
-    memsim_stat_add(&a->st.active, (int64_t)c->size);
-    memsim_stat_add(&a->st.requested, (int64_t)requested);
-    memsim_stat_add(&a->st.allocations, 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -368,186 +265,37 @@ static MemsimAllocResult bfc_malloc(void *state, memsim_size_t size, uint32_t st
         c = find_chunk(a, rounded);
     if (!c && deallocate_free_regions(a, rounded, stream) && extend(a, rounded, stream))
         c = find_chunk(a, rounded);
-    if (!c) {
-        memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
-        a->st.n_ooms++;
-        memsim_device_emit(a->dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0, rounded, stream);
-        return MEMSIM_ALLOC_OOM;
-    }
-    bin_remove(a, c);
+    if (!c)
+        return kit_oom(a->a.dev, &a->a.st, rounded, stream);
+    bin_remove(&a->a, c);
     /* Split only into two reasonably large pieces, and never waste more than
      * max_internal_fragmentation_bytes on padding (FindChunkPtr). */
     if (c->size >= rounded * 2 || (int64_t)(c->size - rounded) >= a->max_frag)
-        split_chunk(a, c, rounded);
-    use_chunk(a, c, size, stream);
+        arena_split(&a->a, c, rounded); /* SplitChunk */
+    arena_use(&a->a, c, size, stream);
     *addr = c->ptr;
-    memsim_device_emit(a->dev, MEMSIM_AEV_ALLOC, c->ptr, size, stream);
+    memsim_device_emit(a->a.dev, MEMSIM_AEV_ALLOC, c->ptr, size, stream);
     return MEMSIM_ALLOC_OK;
 }
 
-/* DeallocateRawInternal */
+/* DeallocateRawInternal: the chunk is freed and coalesced with its free neighbours, next
+ * then previous (TryToCoalesce), by the arena. */
 static void bfc_free(void *state, memsim_addr_t addr)
 {
-    Bfc *a = state;
     if (addr == 0)
         return;
-    Chunk *c = kit_map_take(&a->live, addr);
-    if (!c) {
-        g_critical("bfc: free of 0x%" G_GINT64_MODIFIER "x, which is not allocated", addr);
-        return;
-    }
-    c->in_use = 0;
-    c->region->n_in_use--;
-    memsim_stat_sub(&a->st.allocated, (int64_t)c->size);
-    memsim_stat_sub(&a->st.active, (int64_t)c->size);
-    memsim_stat_sub(&a->st.requested, (int64_t)c->requested);
-    memsim_stat_sub(&a->st.allocations, 1);
-    memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, c->requested, c->stream);
-    bin_insert(a, coalesce(a, c));
+    arena_free(state, addr);
 }
-
-static MemsimAllocStats bfc_stats(void *state)
-{
-    return ((Bfc *)state)->st;
-}
-
-static void bfc_reset_peaks(void *state)
-{
-    kit_reset_peaks(&((Bfc *)state)->st);
-}
-
-static MemsimAllocShape bfc_shape(void *state)
-{
-    Bfc *a = state;
-    MemsimAllocShape sh = {0};
-    sh.n_segments = a->regions.n;
-    for (guint i = 0; i < a->regions.n; i++)
-        for (Chunk *c = ((Region *)a->regions.v[i])->first; c; c = c->next) {
-            if (c->in_use)
-                continue;
-            sh.free_bytes += c->size;
-            sh.n_free_blocks++;
-            if (c->size > sh.largest_free)
-                sh.largest_free = c->size;
-        }
-    return sh;
-}
-
-static void bfc_foreach_block(void *state, MemsimBlockFunc fn, void *user)
-{
-    Bfc *a = state;
-    for (guint i = 0; i < a->regions.n; i++) {
-        Region *r = (Region *)a->regions.v[i];
-        for (Chunk *c = r->first; c; c = c->next) {
-            MemsimBlockInfo info = {.segment = r->seg.base,
-                                    .segment_size = r->seg.size,
-                                    .stream = 0,
-                                    .segment_flags = 0,
-                                    .addr = c->ptr,
-                                    .size = c->size,
-                                    .requested = c->in_use ? c->requested : 0,
-                                    .state =
-                                        c->in_use ? MEMSIM_BLOCK_ALLOCATED : MEMSIM_BLOCK_FREE};
-            fn(user, &info);
-        }
-    }
-}
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "bfc: " __VA_ARGS__);             \
-        return FALSE;                                                                              \
-    } while (0)
 
 static gboolean bfc_check(void *state, GError **error)
 {
     Bfc *a = state;
-    int64_t allocated = 0, requested = 0, reserved = 0, split = 0, n_use = 0, n_free = 0;
-    for (guint i = 0; i < a->regions.n; i++) {
-        Region *r = (Region *)a->regions.v[i];
-        if (i && a->regions.v[i - 1]->base + a->regions.v[i - 1]->size > r->seg.base)
-            FAIL("regions 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER "x overlap",
-                 a->regions.v[i - 1]->base, r->seg.base);
-        reserved += (int64_t)r->seg.size;
-        memsim_addr_t expect = r->seg.base;
-        uint64_t in_use = 0;
-        Chunk *prev = NULL;
-        for (Chunk *c = r->first; c; prev = c, c = c->next) {
-            if (c->prev != prev || c->region != r)
-                FAIL("chunk 0x%" G_GINT64_MODIFIER "x: broken links", c->ptr);
-            if (c->ptr != expect || c->size == 0 || c->size % MIN_ALLOC)
-                FAIL("region 0x%" G_GINT64_MODIFIER "x: chunk 0x%" G_GINT64_MODIFIER
-                     "x of %" G_GUINT64_FORMAT " bytes where 0x%" G_GINT64_MODIFIER
-                     "x was expected "
-                     "(chunks must tile their region in 256-byte units)",
-                     r->seg.base, c->ptr, c->size, expect);
-            expect += c->size;
-            if (c->in_use) {
-                in_use++;
-                n_use++;
-                allocated += (int64_t)c->size;
-                requested += (int64_t)c->requested;
-                if (c->bin != -1 || kit_map_get(&a->live, c->ptr) != c)
-                    FAIL("chunk 0x%" G_GINT64_MODIFIER "x in use but not (only) in the address "
-                         "map",
-                         c->ptr);
-                if (rounded_bytes(c->requested) > c->size)
-                    FAIL("chunk 0x%" G_GINT64_MODIFIER "x smaller than its request", c->ptr);
-            } else {
-                n_free++;
-                if (prev && !prev->in_use)
-                    FAIL("free chunks 0x%" G_GINT64_MODIFIER "x and 0x%" G_GINT64_MODIFIER
-                         "x were not coalesced",
-                         prev->ptr, c->ptr);
-                if (c->bin != bin_for_size(c->size) ||
-                    !kit_tree_contains(a->bins[c->bin], &c->node))
-                    FAIL("free chunk 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT
-                         " bytes) is not in bin %d",
-                         c->ptr, c->size, bin_for_size(c->size));
-                if (is_split(c))
-                    split += (int64_t)c->size;
-            }
-        }
-        if (expect != r->seg.base + r->seg.size)
-            FAIL("region 0x%" G_GINT64_MODIFIER "x: chunks cover %" G_GUINT64_FORMAT
-                 " of %" G_GUINT64_FORMAT " bytes",
-                 r->seg.base, expect - r->seg.base, r->seg.size);
-        if (in_use != r->n_in_use)
-            FAIL("region 0x%" G_GINT64_MODIFIER "x counts %" G_GUINT64_FORMAT " chunks in use, "
-                 "holds %" G_GUINT64_FORMAT,
-                 r->seg.base, r->n_in_use, in_use);
-    }
-    int64_t binned = 0;
-    for (int b = 0; b < N_BINS; b++) {
-        int64_t n = kit_tree_verify(a->bins[b], chunk_less);
-        if (n < 0)
-            FAIL("bin %d is not a well-formed tree sorted by (size, address)", b);
-        if (((a->bin_bits >> b) & 1) != (a->bins[b] != NULL))
-            FAIL("bin bitmap disagrees with bin %d", b);
-        for (KitNode *x = kit_tree_first(a->bins[b]); x; x = kit_tree_next(x))
-            if (((Chunk *)x)->bin != b || ((Chunk *)x)->in_use)
-                FAIL("bin %d holds chunk 0x%" G_GINT64_MODIFIER "x of another bin or in use", b,
-                     ((Chunk *)x)->ptr);
-        binned += n;
-    }
-    if (binned != n_free)
-        FAIL("bins hold %" G_GINT64_FORMAT " chunks, regions have %" G_GINT64_FORMAT " free",
-             binned, n_free);
-    if ((int64_t)a->live.n != n_use)
-        FAIL("address map holds %" G_GUINT64_FORMAT " chunks, regions %" G_GINT64_FORMAT, a->live.n,
-             n_use);
-    if (reserved > (int64_t)a->memory_limit)
-        FAIL("regions hold %" G_GINT64_FORMAT " bytes, above the memory limit", reserved);
-    KitCheck cmp[] = {
-        {"allocated", allocated, a->st.allocated.current},
-        {"active", allocated, a->st.active.current},
-        {"requested", requested, a->st.requested.current},
-        {"reserved", reserved, a->st.reserved.current},
-        {"segments", (int64_t)a->regions.n, a->st.segments.current},
-        {"allocations", n_use, a->st.allocations.current},
-        {"inactive_split", split, a->st.inactive_split.current},
-    };
-    return kit_check_stats("bfc", &a->st, cmp, G_N_ELEMENTS(cmp), error);
+    if (!arena_check(&a->a, error))
+        return FALSE;
+    if (a->a.st.reserved.current > (int64_t)a->memory_limit)
+        FAIL("regions hold %" G_GINT64_FORMAT " bytes, above the memory limit",
+             a->a.st.reserved.current);
+    return TRUE;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -559,13 +307,11 @@ static gboolean bfc_seed_segment(void *state, memsim_addr_t addr, memsim_size_t 
                                  uint32_t stream, uint32_t flags, GError **error)
 {
     Bfc *a = state;
-    if (size == 0 || size % MIN_ALLOC || addr % MIN_ALLOC ||
-        kit_segs_overlap(&a->regions, addr, size))
-        FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in 256-byte units, or overlapping another)",
-             addr, size);
-    add_region(a, addr, size);
-    kit_reset_peaks(&a->st);
+    Region *r = arena_seed_segment(&a->a, addr, size, 0, error);
+    if (!r)
+        return FALSE;
+    bin_insert(&a->a, r->first);
+    kit_reset_peaks(&a->a.st);
     return TRUE;
 }
 
@@ -574,26 +320,12 @@ static gboolean bfc_seed_block(void *state, memsim_addr_t addr, memsim_size_t bl
 {
     Bfc *a = state;
     memsim_size_t n = rounded_bytes(requested ? requested : block_size);
-    Region *r = (Region *)kit_segs_find(&a->regions, addr);
-    Chunk *f = r ? r->first : NULL;
-    while (f && !(f->ptr <= addr && addr - f->ptr < f->size))
-        f = f->next;
-    if (!n || !f || f->in_use || addr % MIN_ALLOC || addr + n > f->ptr + f->size)
+    Chunk *c = arena_seed_find(&a->a, addr, n);
+    if (!c)
         FAIL("seeded block 0x%" G_GINT64_MODIFIER "x (%" G_GUINT64_FORMAT " bytes) does not "
              "lie inside one free chunk of a seeded segment",
              addr, n);
-    bin_remove(a, f);
-    if (f->ptr < addr) {
-        Chunk *front = f;
-        split_chunk(a, front, addr - front->ptr);
-        f = front->next;
-        bin_remove(a, f);
-        bin_insert(a, front);
-    }
-    if (f->size > n)
-        split_chunk(a, f, n);
-    use_chunk(a, f, requested, stream);
-    kit_reset_peaks(&a->st);
+    arena_seed_block(&a->a, c, addr, n, requested, stream);
     return TRUE;
 }
 
@@ -637,6 +369,18 @@ static gboolean bfc_setting(void *cfgp, const char *key, const char *value, GErr
     return TRUE;
 }
 
+static const ArenaOps bfc_arena = {
+    .name = "bfc",
+    .unit = MIN_ALLOC,
+    .block_size = sizeof(Chunk),
+    .seg_size = sizeof(Region),
+    .seed = 0x2545F491u,
+    .free_insert = bin_insert,
+    .free_remove = bin_remove,
+    .free_holds = bin_holds,
+    .free_verify = bins_verify,
+};
+
 static void *bfc_create(const char *settings, MemsimDevice *dev, GError **error)
 {
     BfcConfig cfg = {TRUE, FALSE, 0.0, 1.0};
@@ -650,7 +394,7 @@ static void *bfc_create(const char *settings, MemsimDevice *dev, GError **error)
         return NULL;
     }
     Bfc *a = g_new0(Bfc, 1);
-    a->dev = dev;
+    arena_init(&a->a, &bfc_arena, dev);
     a->cfg = cfg;
     a->memory_limit =
         dev->capacity ? (memsim_size_t)((double)dev->capacity * cfg.memory_fraction) : UNLIMITED;
@@ -658,23 +402,7 @@ static void *bfc_create(const char *settings, MemsimDevice *dev, GError **error)
                                       : rounded_bytes(a->memory_limit);
     a->max_frag = cfg.frag_fraction > 0.0 ? (int64_t)(cfg.frag_fraction * (double)a->memory_limit)
                                           : DEFAULT_MAX_FRAG;
-    kit_map_init(&a->live, 4);
-    kit_slab_init(&a->chunks, sizeof(Chunk));
-    kit_slab_init(&a->region_slab, sizeof(Region));
-    a->rng = 0x2545F491u;
     return a;
-}
-
-static void bfc_destroy(void *state)
-{
-    Bfc *a = state;
-    if (!a)
-        return;
-    kit_map_clear(&a->live);
-    kit_slab_clear(&a->chunks);
-    kit_slab_clear(&a->region_slab);
-    kit_segs_clear(&a->regions);
-    g_free(a);
 }
 
 static const MemsimAllocOps bfc_ops = {
@@ -683,17 +411,19 @@ static const MemsimAllocOps bfc_ops = {
                    "regions), as JAX uses it",
     .settings_help = bfc_settings_help,
     .create = bfc_create,
-    .destroy = bfc_destroy,
+    .destroy = arena_destroy,
     .malloc = bfc_malloc,
     .free = bfc_free,
-    .stats = bfc_stats,
-    .shape = bfc_shape,
-    .reset_peaks = bfc_reset_peaks,
+    .stats = arena_stats,
+    .stats_live = arena_stats_live,
+    .stats_live_fixed = TRUE,
+    .shape = arena_shape,
+    .reset_peaks = arena_reset_peaks,
     .check = bfc_check,
     .seed_segment = bfc_seed_segment,
     .seed_block = bfc_seed_block,
     .round_size = bfc_round,
-    .foreach_block = bfc_foreach_block,
+    .foreach_block = arena_foreach_block,
 };
 
 const MemsimAllocOps *memsim_alloc_bfc_ops(void)

@@ -200,15 +200,8 @@ static BArena *add_arena(Buddy *a, memsim_addr_t base, memsim_size_t size)
             list_push(a, last);
             off += bsize(a, o);
         }
-    memsim_stat_add(&a->st.reserved, (int64_t)size);
-    memsim_stat_add(&a->st.segments, 1);
+    kit_stats_segment_add(&a->st, size);
     return ar;
-}
-
-static inline gboolean device_has(const Buddy *a, memsim_size_t n)
-{
-    memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
-    return !cap || (held <= cap && n <= cap - held);
 }
 
 static void release_free_arenas(Buddy *a)
@@ -225,8 +218,7 @@ static void release_free_arenas(Buddy *a)
             drop_blk(a, b);
         }
         kit_segs_remove(&a->arenas, &ar->k);
-        memsim_stat_sub(&a->st.reserved, (int64_t)ar->k.size);
-        memsim_stat_sub(&a->st.segments, 1);
+        kit_stats_segment_sub(&a->st, ar->k.size);
         a->st.n_device_free++;
         memsim_device_emit(a->dev, MEMSIM_AEV_SEG_FREE, ar->k.base, ar->k.size, 0);
         kit_slab_put(&a->arena_slab, ar);
@@ -237,11 +229,11 @@ static gboolean grow(Buddy *a, int order, uint32_t stream)
 {
     memsim_size_t need = bsize(a, order);
     memsim_size_t want = MAX(a->segment_size, need);
-    if (!device_has(a, want)) {
+    if (!kit_device_has(a->dev, &a->st, want)) {
         release_free_arenas(a);
-        if (!device_has(a, want))
+        if (!kit_device_has(a->dev, &a->st, want))
             want = need;
-        if (!device_has(a, want))
+        if (!kit_device_has(a->dev, &a->st, want))
             return FALSE;
     }
     memsim_addr_t base = kit_segment_addr(a->dev, &a->arenas, want, stream);
@@ -260,12 +252,13 @@ static void split_down(Buddy *a, BBlk *b, int order)
     }
 }
 
-static void mark_used(Buddy *a, BBlk *b)
+static void mark_used(Buddy *a, BBlk *b, memsim_size_t requested, uint32_t stream)
 {
     b->state = B_USED;
+    b->requested = requested;
+    b->stream = stream;
     b->arena->n_used++;
-    memsim_stat_add(&a->st.allocated, (int64_t)blk_bytes(a, b));
-    memsim_stat_add(&a->st.active, (int64_t)blk_bytes(a, b));
+    kit_stats_alloc(&a->st, blk_bytes(a, b), requested);
 }
 
 /* b (a buddy block, not free) becomes free and merges with its buddies as far as its root
@@ -309,23 +302,14 @@ static MemsimAllocResult buddy_malloc(void *state, memsim_size_t size, uint32_t 
     }
     uint64_t usable = a->list_bits & ~((1ull << k) - 1);
     if (!usable) {
-        if (!grow(a, k, stream)) {
-            memsim_size_t cap = a->dev->capacity, held = (memsim_size_t)a->st.reserved.current;
-            a->st.n_ooms++;
-            memsim_device_emit(a->dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0, bsize(a, k),
-                               stream);
-            return MEMSIM_ALLOC_OOM;
-        }
+        if (!grow(a, k, stream))
+            return kit_oom(a->dev, &a->st, bsize(a, k), stream);
         usable = a->list_bits & ~((1ull << k) - 1);
     }
     BBlk *b = a->lists[__builtin_ctzll(usable)];
     list_remove(a, b);
     split_down(a, b, k);
-    mark_used(a, b);
-    b->requested = size;
-    b->stream = stream;
-    memsim_stat_add(&a->st.requested, (int64_t)size);
-    memsim_stat_add(&a->st.allocations, 1);
+    mark_used(a, b, size, stream);
     *addr = b->ptr;
     memsim_device_emit(a->dev, MEMSIM_AEV_ALLOC, b->ptr, size, stream);
     return MEMSIM_ALLOC_OK;
@@ -339,10 +323,7 @@ static void buddy_free(void *state, memsim_addr_t addr)
         g_critical("buddy: free of 0x%" G_GINT64_MODIFIER "x, which is not allocated", addr);
         return;
     }
-    memsim_stat_sub(&a->st.requested, (int64_t)b->requested);
-    memsim_stat_sub(&a->st.allocations, 1);
-    memsim_stat_sub(&a->st.allocated, (int64_t)blk_bytes(a, b));
-    memsim_stat_sub(&a->st.active, (int64_t)blk_bytes(a, b));
+    kit_stats_free(&a->st, blk_bytes(a, b), b->requested);
     b->arena->n_used--;
     memsim_device_emit(a->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     if (!b->pinned) {
@@ -392,12 +373,8 @@ static MemsimAllocShape buddy_shape(void *state)
     MemsimAllocShape sh = {0};
     sh.n_segments = a->arenas.n;
     for (int o = 0; o < MAX_ORDERS; o++)
-        for (BBlk *b = a->lists[o]; b; b = b->lnext) {
-            sh.free_bytes += bsize(a, o);
-            sh.n_free_blocks++;
-            if (bsize(a, o) > sh.largest_free)
-                sh.largest_free = bsize(a, o);
-        }
+        for (BBlk *b = a->lists[o]; b; b = b->lnext)
+            kit_shape_add_free(&sh, bsize(a, o));
     return sh;
 }
 
@@ -524,17 +501,8 @@ static gboolean buddy_check(void *state, GError **error)
     if (a->blocks.n != n_blocks)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, arenas %" G_GUINT64_FORMAT,
              a->blocks.n, n_blocks);
-
-    KitCheck cmp[] = {
-        {"allocated", allocated, a->st.allocated.current},
-        {"active", allocated, a->st.active.current},
-        {"requested", requested, a->st.requested.current},
-        {"reserved", reserved, a->st.reserved.current},
-        {"segments", (int64_t)a->arenas.n, a->st.segments.current},
-        {"allocations", n_alloc, a->st.allocations.current},
-        {"inactive_split", split, a->st.inactive_split.current},
-    };
-    return kit_check_stats("buddy", &a->st, cmp, G_N_ELEMENTS(cmp), error);
+    KitRecount r = {allocated, requested, reserved, (int64_t)a->arenas.n, n_alloc, split};
+    return kit_check_recount("buddy", &a->st, &r, error);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -544,11 +512,8 @@ static gboolean buddy_seed_segment(void *state, memsim_addr_t addr, memsim_size_
                                    uint32_t stream, uint32_t flags, GError **error)
 {
     Buddy *a = state;
-    if (size == 0 || size % a->min_block || addr % a->min_block ||
-        kit_segs_overlap(&a->arenas, addr, size))
-        FAIL("cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-             " bytes (empty, not in %" G_GUINT64_FORMAT "-byte units, or overlapping another)",
-             addr, size, a->min_block);
+    if (!kit_segs_can_seed(&a->arenas, "buddy", addr, size, a->min_block, error))
+        return FALSE;
     add_arena(a, addr, size);
     kit_reset_peaks(&a->st);
     return TRUE;
@@ -609,11 +574,7 @@ static gboolean buddy_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
         }
     }
     head->pinned = n;
-    mark_used(a, head);
-    head->requested = requested;
-    head->stream = stream;
-    memsim_stat_add(&a->st.requested, (int64_t)requested);
-    memsim_stat_add(&a->st.allocations, 1);
+    mark_used(a, head, requested, stream);
     kit_reset_peaks(&a->st);
     return TRUE;
 bad:

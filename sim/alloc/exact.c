@@ -10,6 +10,7 @@
 
 #include <string.h>
 
+#include "sim/alloc/kit.h"
 #include "sim/alloc/policies.h"
 
 typedef struct {
@@ -55,25 +56,19 @@ static void exact_destroy(void *state)
     g_free(e);
 }
 
-static void account(Exact *e, int64_t size, int64_t requested)
+/* Every block is a segment of its own, taken from the device and given back. */
+static void account_alloc(Exact *e, memsim_size_t size, memsim_size_t requested)
 {
-    if (size > 0) {
-        memsim_stat_add(&e->st.reserved, size);
-        memsim_stat_add(&e->st.allocated, size);
-        memsim_stat_add(&e->st.active, size);
-        memsim_stat_add(&e->st.requested, requested);
-        memsim_stat_add(&e->st.allocations, 1);
-        memsim_stat_add(&e->st.segments, 1);
-        e->st.n_device_alloc++;
-    } else {
-        memsim_stat_sub(&e->st.reserved, -size);
-        memsim_stat_sub(&e->st.allocated, -size);
-        memsim_stat_sub(&e->st.active, -size);
-        memsim_stat_sub(&e->st.requested, requested);
-        memsim_stat_sub(&e->st.allocations, 1);
-        memsim_stat_sub(&e->st.segments, 1);
-        e->st.n_device_free++;
-    }
+    kit_stats_segment_add(&e->st, size);
+    kit_stats_alloc(&e->st, size, requested);
+    e->st.n_device_alloc++;
+}
+
+static void account_free(Exact *e, memsim_size_t size, memsim_size_t requested)
+{
+    kit_stats_segment_sub(&e->st, size);
+    kit_stats_free(&e->st, size, requested);
+    e->st.n_device_free++;
 }
 
 static MemsimAllocResult exact_malloc(void *state, memsim_size_t size, uint32_t stream,
@@ -109,7 +104,7 @@ static MemsimAllocResult exact_malloc(void *state, memsim_size_t size, uint32_t 
     g_hash_table_insert(e->live, key, b);
     *addr = e->next;
     e->next += r;
-    account(e, (int64_t)r, (int64_t)size);
+    account_alloc(e, r, size);
     memsim_device_emit(e->dev, MEMSIM_AEV_ALLOC, *addr, size, stream);
     return MEMSIM_ALLOC_OK;
 }
@@ -120,7 +115,7 @@ static void exact_free(void *state, memsim_addr_t addr)
     gint64 key = (gint64)addr;
     ExactBlock *b = g_hash_table_lookup(e->live, &key);
     g_assert(b != NULL);
-    account(e, -(int64_t)b->size, (int64_t)b->requested);
+    account_free(e, b->size, b->requested);
     memsim_device_emit(e->dev, MEMSIM_AEV_FREE_COMPLETED, addr, b->requested, b->stream);
     g_hash_table_remove(e->live, &key);
 }
@@ -137,11 +132,7 @@ static const MemsimAllocStats *exact_stats_live(void *state)
 
 static void exact_reset_peaks(void *state)
 {
-    MemsimAllocStats *s = &((Exact *)state)->st;
-    MemsimStat *all[] = {&s->allocated, &s->reserved, &s->active, &s->requested,
-                         &s->inactive_split, &s->segments, &s->allocations};
-    for (gsize i = 0; i < G_N_ELEMENTS(all); i++)
-        all[i]->peak = all[i]->current;
+    kit_reset_peaks(&((Exact *)state)->st);
 }
 
 static MemsimAllocShape exact_shape(void *state)
@@ -199,7 +190,7 @@ static gboolean exact_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     }
     g_hash_table_insert(e->live, key, b);
     e->seeded = TRUE;
-    account(e, (int64_t)b->size, (int64_t)requested);
+    account_alloc(e, b->size, requested);
     e->st.n_device_alloc--; /* seeded, not a driver call */
     return TRUE;
 }

@@ -1,22 +1,28 @@
-/* Internal, header-only: the building blocks the comparison policies of sim/alloc/ share
- * (bfc.c, best-fit.c, first-fit.c, buddy.c, stitch.c; torch.c uses KitAddrMap). Each policy
+/* Internal, header-only: the building blocks the policies of sim/alloc/ share (bfc.c,
+ * best-fit.c, first-fit.c, buddy.c, stitch.c; torch.c uses the slab, the address map, the
+ * size classes, the statistics and the number parsers; exact.c the statistics). Each policy
  * keeps its algorithm in its own file; what lives here is mechanism that would otherwise be
- * copied five times (the arena that best-fit and first-fit share, built on these parts, is
- * in sim/alloc/arena.h):
+ * copied into each (the arena that bfc, best-fit, first-fit and stitch are built on, made of
+ * these parts, is sim/alloc/arena.c):
  *
  *   KitSlab     fixed-size objects carved from 4096-object chunks: no malloc per event.
  *   KitAddrMap  open-addressing hash map address → object (linear probing, backward-shift
  *               deletion, load <= 1/2): O(1) expected; the free() path of every policy.
  *   KitNode     intrusive treap (randomised balanced search tree with parent pointers) with an
  *               optional augmentation callback; the caller supplies the order.
- *   KitBins     free objects ordered (size, address) in size-class treaps with a bitmap of
- *               the non-empty classes: best fit without deep trees.
+ *   size classes  monotone in the size, with a two-level bitmap of the non-empty ones.
+ *   KitBins     free objects ordered (size, address) in size-class treaps: best fit without
+ *               deep trees.
  *   KitSegs     the policy's segments sorted by base address (binary search): which segment
- *               holds an address, whether a new one would overlap, ordered walks for check().
+ *               holds an address, whether a new or recorded one would overlap, ordered walks
+ *               for check().
  *   kit_segment_addr()  memsim_device_segment_addr() guarded against overlap.
+ *   kit_stats_*()  the statistics' bookkeeping (a block handed out or back, a segment taken
+ *               or released), the device's room, the OOM answer, shape and check helpers.
  *   kit_parse_settings()  "key=value,key=value" (':' also accepted) with named errors.
  *
- * Everything is static inline so that each policy file stays self-contained at link time.
+ * Everything is static inline: the hot parts must inline into each policy's malloc and free,
+ * and each policy file stays self-contained at link time.
  */
 #ifndef MEMSIM_SIM_ALLOC_KIT_H
 #define MEMSIM_SIM_ALLOC_KIT_H
@@ -51,17 +57,27 @@ typedef struct {
     GPtrArray *chunks;
 } KitSlab;
 
-static inline void kit_slab_init(KitSlab *s, gsize obj_size)
+/* Objects of obj_size bytes rounded up to a multiple of `align` (a power of two up to 64),
+ * in chunks aligned to 64 bytes: with align 64, an object starts a cache line. */
+static inline void kit_slab_init_aligned(KitSlab *s, gsize obj_size, gsize align)
 {
     s->obj_size = obj_size < sizeof(void *) ? sizeof(void *) : obj_size;
-    s->obj_size = (s->obj_size + 15) / 16 * 16;
+    s->obj_size = (s->obj_size + align - 1) / align * align;
     s->free = NULL;
-    s->chunks = g_ptr_array_new_with_free_func(g_free);
+    s->chunks = g_ptr_array_new_with_free_func(free);
 }
 
-static inline void kit_slab_grow(KitSlab *s)
+static inline void kit_slab_init(KitSlab *s, gsize obj_size)
 {
-    char *chunk = g_malloc(s->obj_size * KIT_SLAB_CHUNK);
+    kit_slab_init_aligned(s, obj_size, 16);
+}
+
+/* Out of line: the malloc paths that reach it stay small. */
+static G_GNUC_NO_INLINE void kit_slab_grow(KitSlab *s)
+{
+    char *chunk = aligned_alloc(64, (s->obj_size * KIT_SLAB_CHUNK + 63) / 64 * 64);
+    if (!chunk)
+        g_error("out of host memory");
     g_ptr_array_add(s->chunks, chunk);
     for (gsize i = KIT_SLAB_CHUNK; i-- > 0;) {
         void *o = chunk + i * s->obj_size;
@@ -70,13 +86,20 @@ static inline void kit_slab_grow(KitSlab *s)
     }
 }
 
-/* A zeroed object. */
-static inline void *kit_slab_get(KitSlab *s)
+/* An object as it was left (the caller sets every field). */
+static inline void *kit_slab_get_raw(KitSlab *s)
 {
     if (G_UNLIKELY(!s->free))
         kit_slab_grow(s);
     void *o = s->free;
     s->free = *(void **)o;
+    return o;
+}
+
+/* A zeroed object. */
+static inline void *kit_slab_get(KitSlab *s)
+{
+    void *o = kit_slab_get_raw(s);
     memset(o, 0, s->obj_size);
     return o;
 }
@@ -365,58 +388,99 @@ static inline int64_t kit_tree_verify(KitNode *root, KitLess less)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Size-class bins: a set of free objects ordered (size, address) split into classes that are
- * monotone in the size (exact below 32 KiB in 512-byte steps, then 32 per power of two), a
- * treap per class and a two-level bitmap of non-empty classes (jemalloc's eset idea). A
- * lower_bound is a search in one small tree or the first node of the next non-empty class,
- * which keeps the trees shallow when there are many free blocks. Sizes are multiples of 512.
- * The caller gives the order (`less`, by size then address) and the size of a node. */
+/* Size classes: monotone in the size, exact below 32 KiB in 512-byte steps, then 32 per power
+ * of two; a two-level bitmap (a word per 64 classes, a summary bit per word) marks the
+ * non-empty ones. KitBins below and torch's per-stream free sets are built on them. */
 
 #define KIT_N_CLASSES 1664
 #define KIT_N_WORDS (KIT_N_CLASSES / 64)
+
+/* q = size / 512; with sh = max(0, floor(log2 q) - 5), class = 32 sh + (q >> sh): the
+ * identity below 64, then [32 (sh + 1), 32 (sh + 2)) for q in [2^(sh+5), 2^(sh+6)). No
+ * branch: the class is computed on every malloc and free of torch. */
+static inline unsigned kit_size_class(memsim_size_t size)
+{
+    uint64_t q = size >> 9;
+    unsigned sh = 58 - (unsigned)__builtin_clzll(q | 32); /* floor(log2(q | 32)) - 5 */
+    return (sh << 5) + (unsigned)(q >> sh);
+}
+
+/* q < 2^55 → sh <= 49 → class < 32 x 51. */
+G_STATIC_ASSERT(32 * 51 <= KIT_N_CLASSES && KIT_N_WORDS <= 63);
+
+/* Which classes are non-empty. */
+typedef struct {
+    uint64_t summary; /* bit w: bits[w] != 0 */
+    uint64_t bits[KIT_N_WORDS];
+} KitClassMap;
+
+static inline void kit_class_mark(KitClassMap *m, unsigned c)
+{
+    m->bits[c >> 6] |= 1ull << (c & 63);
+    m->summary |= 1ull << (c >> 6);
+}
+
+/* Clears class c's bit when `empty`; without a branch, since whether a class empties is
+ * data, not a pattern. */
+static inline void kit_class_unmark(KitClassMap *m, unsigned c, gboolean empty)
+{
+    m->bits[c >> 6] &= ~((uint64_t)(empty != 0) << (c & 63));
+    m->summary &= ~((uint64_t)(m->bits[c >> 6] == 0) << (c >> 6));
+}
+
+/* First non-empty class >= c, or -1. */
+static inline int kit_class_from(const KitClassMap *m, unsigned c)
+{
+    if (c >= KIT_N_CLASSES)
+        return -1;
+    unsigned w = c >> 6;
+    uint64_t b = m->bits[w] & (~0ull << (c & 63));
+    if (b)
+        return (int)(w * 64 + (unsigned)__builtin_ctzll(b));
+    uint64_t sm = m->summary & (~0ull << (w + 1));
+    if (!sm)
+        return -1;
+    w = (unsigned)__builtin_ctzll(sm);
+    return (int)(w * 64 + (unsigned)__builtin_ctzll(m->bits[w]));
+}
+
+/* Last non-empty class < c, or -1. */
+static inline int kit_class_before(const KitClassMap *m, unsigned c)
+{
+    if (c == 0)
+        return -1;
+    c--;
+    unsigned w = c >> 6, bit = c & 63;
+    uint64_t b = m->bits[w] & (bit == 63 ? ~0ull : (2ull << bit) - 1);
+    if (b)
+        return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(b));
+    uint64_t sm = m->summary & ((1ull << w) - 1);
+    if (!sm)
+        return -1;
+    w = 63 - (unsigned)__builtin_clzll(sm);
+    return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(m->bits[w]));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Size-class bins: a set of free objects ordered (size, address) split into the size
+ * classes, a treap per class (jemalloc's eset idea). A lower_bound is a search in one small
+ * tree or the first node of the next non-empty class, which keeps the trees shallow when
+ * there are many free blocks. Sizes are multiples of 512. The caller gives the order
+ * (`less`, by size then address) and the size of a node. */
 
 typedef memsim_size_t (*KitSizeOf)(const KitNode *n);
 
 typedef struct {
     uint64_t n;
-    uint64_t summary; /* bit w: bits[w] != 0 */
-    uint64_t bits[KIT_N_WORDS];
+    KitClassMap map;
     KitNode *bins[KIT_N_CLASSES];
 } KitBins;
-
-static inline unsigned kit_size_class(memsim_size_t size)
-{
-    uint64_t q = size >> 9;
-    if (q < 64)
-        return (unsigned)q;
-    unsigned e = 63 - (unsigned)__builtin_clzll(q); /* 6 .. 54 */
-    return 64 + (e - 6) * 32 + (unsigned)((q >> (e - 5)) & 31);
-}
-
-G_STATIC_ASSERT(64 + (54 - 6) * 32 + 31 < KIT_N_CLASSES && KIT_N_WORDS <= 63);
-
-/* First non-empty class >= c, or -1. */
-static inline int kit_class_from(const KitBins *b, unsigned c)
-{
-    if (c >= KIT_N_CLASSES)
-        return -1;
-    unsigned w = c >> 6;
-    uint64_t m = b->bits[w] & (~0ull << (c & 63));
-    if (m)
-        return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
-    uint64_t sm = b->summary & (~0ull << (w + 1));
-    if (!sm)
-        return -1;
-    w = (unsigned)__builtin_ctzll(sm);
-    return (int)(w * 64 + (unsigned)__builtin_ctzll(b->bits[w]));
-}
 
 static inline void kit_bins_insert(KitBins *b, KitNode *x, memsim_size_t size, KitLess less)
 {
     unsigned c = kit_size_class(size);
     kit_tree_insert(&b->bins[c], x, less, NULL);
-    b->bits[c >> 6] |= 1ull << (c & 63);
-    b->summary |= 1ull << (c >> 6);
+    kit_class_mark(&b->map, c);
     b->n++;
 }
 
@@ -424,11 +488,7 @@ static inline void kit_bins_remove(KitBins *b, KitNode *x, memsim_size_t size)
 {
     unsigned c = kit_size_class(size);
     kit_tree_remove(&b->bins[c], x, NULL);
-    if (!b->bins[c]) {
-        b->bits[c >> 6] &= ~(1ull << (c & 63));
-        if (!b->bits[c >> 6])
-            b->summary &= ~(1ull << (c >> 6));
-    }
+    kit_class_unmark(&b->map, c, b->bins[c] == NULL);
     b->n--;
 }
 
@@ -447,17 +507,15 @@ static inline KitNode *kit_bins_lower_bound(const KitBins *b, memsim_size_t n, K
     }
     if (best)
         return best;
-    int c2 = kit_class_from(b, c + 1);
+    int c2 = kit_class_from(&b->map, c + 1);
     return c2 < 0 ? NULL : kit_tree_first(b->bins[c2]);
 }
 
 /* The largest node (the highest address among equals), or NULL. */
 static inline KitNode *kit_bins_last(const KitBins *b)
 {
-    for (int w = 63 - __builtin_clzll(b->summary | 1); w >= 0; w--)
-        if (b->bits[w])
-            return kit_tree_last(b->bins[w * 64 + 63 - __builtin_clzll(b->bits[w])]);
-    return NULL;
+    int c = kit_class_before(&b->map, KIT_N_CLASSES);
+    return c < 0 ? NULL : kit_tree_last(b->bins[c]);
 }
 
 /* Whether x is filed in b under the class of `size`. */
@@ -472,7 +530,7 @@ static inline int64_t kit_bins_verify(const KitBins *b, KitLess less, KitSizeOf 
 {
     int64_t n = 0;
     for (unsigned c = 0; c < KIT_N_CLASSES; c++) {
-        if (((b->bits[c >> 6] >> (c & 63)) & 1) != (b->bins[c] != NULL))
+        if (((b->map.bits[c >> 6] >> (c & 63)) & 1) != (b->bins[c] != NULL))
             return -1;
         int64_t k = kit_tree_verify(b->bins[c], less);
         if (k < 0)
@@ -483,7 +541,7 @@ static inline int64_t kit_bins_verify(const KitBins *b, KitLess less, KitSizeOf 
         n += k;
     }
     for (unsigned w = 0; w < KIT_N_WORDS; w++)
-        if (((b->summary >> w) & 1) != (b->bits[w] != 0))
+        if (((b->map.summary >> w) & 1) != (b->map.bits[w] != 0))
             return -1;
     return (uint64_t)n == b->n ? n : -1;
 }
@@ -560,6 +618,23 @@ static inline void kit_segs_clear(KitSegs *s)
     s->n = s->cap = 0;
 }
 
+/* Whether a recorded segment can be taken as it is: not empty, in whole units (a power of
+ * two) at an aligned address, overlapping none of segs. FALSE with an error naming it. */
+static inline gboolean kit_segs_can_seed(const KitSegs *segs, const char *policy,
+                                         memsim_addr_t addr, memsim_size_t size, memsim_size_t unit,
+                                         GError **error)
+{
+    if (size == 0 || size % unit || addr % unit || kit_segs_overlap(segs, addr, size)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: cannot start from segment 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                    " bytes (empty, not in %" G_GUINT64_FORMAT
+                    "-byte units, or overlapping another)",
+                    policy, addr, size, unit);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 /* An address for a new segment of `size` bytes. The device's hook decides, as for every
  * policy; but a replay hands back recorded addresses when the recording has an allocator
  * action pending (that is how the torch policy is verified), and a recorded expandable
@@ -585,7 +660,66 @@ static inline memsim_addr_t kit_segment_addr(MemsimDevice *dev, KitSegs *s, mems
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Statistics */
+/* Statistics: the bookkeeping of MemsimAllocStats that the policies share. A block handed out
+ * counts its bytes as allocated and active and its request as requested; a segment taken
+ * from the device counts its bytes as reserved. */
+
+static inline void kit_stats_alloc(MemsimAllocStats *st, memsim_size_t size,
+                                   memsim_size_t requested)
+{
+    memsim_stat_add(&st->allocations, 1);
+    memsim_stat_add(&st->allocated, (int64_t)size);
+    memsim_stat_add(&st->active, (int64_t)size);
+    memsim_stat_add(&st->requested, (int64_t)requested);
+}
+
+static inline void kit_stats_free(MemsimAllocStats *st, memsim_size_t size, memsim_size_t requested)
+{
+    memsim_stat_sub(&st->allocated, (int64_t)size);
+    memsim_stat_sub(&st->active, (int64_t)size);
+    memsim_stat_sub(&st->requested, (int64_t)requested);
+    memsim_stat_sub(&st->allocations, 1);
+}
+
+static inline void kit_stats_segment_add(MemsimAllocStats *st, memsim_size_t size)
+{
+    memsim_stat_add(&st->reserved, (int64_t)size);
+    memsim_stat_add(&st->segments, 1);
+}
+
+static inline void kit_stats_segment_sub(MemsimAllocStats *st, memsim_size_t size)
+{
+    memsim_stat_sub(&st->reserved, (int64_t)size);
+    memsim_stat_sub(&st->segments, 1);
+}
+
+/* Whether the device can provide n more bytes to a policy holding st->reserved bytes. */
+static inline gboolean kit_device_has(const MemsimDevice *dev, const MemsimAllocStats *st,
+                                      memsim_size_t n)
+{
+    memsim_size_t cap = dev->capacity, held = (memsim_size_t)st->reserved.current;
+    return !cap || (held <= cap && n <= cap - held);
+}
+
+/* The answer to a request of `size` bytes (as rounded) that the device cannot serve: counted,
+ * and reported with the device's free bytes (0 when unlimited). */
+static inline MemsimAllocResult kit_oom(MemsimDevice *dev, MemsimAllocStats *st, memsim_size_t size,
+                                        uint32_t stream)
+{
+    memsim_size_t cap = dev->capacity, held = (memsim_size_t)st->reserved.current;
+    st->n_ooms++;
+    memsim_device_emit(dev, MEMSIM_AEV_OOM, cap > held ? cap - held : 0, size, stream);
+    return MEMSIM_ALLOC_OOM;
+}
+
+/* Counts a free block of `size` bytes into a shape. */
+static inline void kit_shape_add_free(MemsimAllocShape *sh, memsim_size_t size)
+{
+    sh->free_bytes += size;
+    sh->n_free_blocks++;
+    if (size > sh->largest_free)
+        sh->largest_free = size;
+}
 
 static inline void kit_reset_peaks(MemsimAllocStats *st)
 {
@@ -621,6 +755,27 @@ static inline gboolean kit_check_stats(const char *policy, const MemsimAllocStat
             return FALSE;
         }
     return TRUE;
+}
+
+/* What a check() recounted by walking the blocks, for the statistics that every policy but
+ * torch keeps alike (active = allocated: no block waits for stream events). */
+typedef struct {
+    int64_t allocated, requested, reserved, segments, allocations, inactive_split;
+} KitRecount;
+
+static inline gboolean kit_check_recount(const char *policy, const MemsimAllocStats *st,
+                                         const KitRecount *r, GError **error)
+{
+    KitCheck cmp[] = {
+        {"allocated", r->allocated, st->allocated.current},
+        {"active", r->allocated, st->active.current},
+        {"requested", r->requested, st->requested.current},
+        {"reserved", r->reserved, st->reserved.current},
+        {"segments", r->segments, st->segments.current},
+        {"allocations", r->allocations, st->allocations.current},
+        {"inactive_split", r->inactive_split, st->inactive_split.current},
+    };
+    return kit_check_stats(policy, st, cmp, G_N_ELEMENTS(cmp), error);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -69,8 +69,6 @@
  */
 #include <memsim/alloc.h>
 
-#include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "sim/alloc/kit.h"
@@ -152,15 +150,11 @@ struct UseNode {
  * are monotone in the size, a treap per class, and a two-level bitmap of non-empty classes
  * (jemalloc's eset idea). Classes: exact for sizes below 32 KiB (in 512-byte units), then 32
  * per power of two. */
-#define N_CLASSES 1664
-#define N_WORDS (N_CLASSES / 64)
-
 struct StreamBins {
     uint32_t stream;
-    uint64_t n;       /* blocks */
-    uint64_t summary; /* bit w: bits[w] != 0 */
-    uint64_t bits[N_WORDS];
-    TBlock *bins[N_CLASSES];
+    uint64_t n; /* blocks */
+    KitClassMap map;
+    TBlock *bins[KIT_N_CLASSES];
 };
 
 typedef struct {
@@ -173,12 +167,6 @@ typedef struct {
     uint64_t n_free;
     gboolean small;
 } TPool;
-
-typedef struct {
-    gsize obj_size;
-    void *free;
-    GPtrArray *chunks;
-} Slab;
 
 typedef struct {
     uint64_t token;
@@ -207,7 +195,7 @@ typedef struct {
     TorchConfig cfg;
     TPool pools[2]; /* [0] large, [1] small: indexed by TBlock.small */
     KitAddrMap live; /* allocated blocks by address */
-    Slab block_slab, seg_slab, use_slab;
+    KitSlab block_slab, seg_slab, use_slab;
     TSegment *segs; /* every segment and VA reservation */
     EvQueue *queues;
     uint32_t n_queues, cap_queues;
@@ -218,56 +206,6 @@ typedef struct {
     uint32_t rng;
     GPtrArray *scratch;
 } Torch;
-
-/* ---------------------------------------------------------------------------------------- */
-/* Slabs */
-
-#define SLAB_CHUNK 4096
-
-static void slab_init(Slab *s, gsize obj_size)
-{
-    /* Whole cache lines per object for the big ones (blocks). */
-    s->obj_size = obj_size < sizeof(void *) ? sizeof(void *) : obj_size;
-    if (s->obj_size > 64)
-        s->obj_size = (s->obj_size + 63) / 64 * 64;
-    s->free = NULL;
-    s->chunks = g_ptr_array_new_with_free_func(free);
-}
-
-static void slab_grow(Slab *s)
-{
-    char *chunk = aligned_alloc(64, (s->obj_size * SLAB_CHUNK + 63) / 64 * 64);
-    if (!chunk)
-        g_error("torch: out of host memory");
-    g_ptr_array_add(s->chunks, chunk);
-    for (gsize i = SLAB_CHUNK; i-- > 0;) {
-        void *o = chunk + i * s->obj_size;
-        *(void **)o = s->free;
-        s->free = o;
-    }
-}
-
-static inline void *slab_get(Slab *s)
-{
-    if (G_UNLIKELY(!s->free))
-        slab_grow(s);
-    void *o = s->free;
-    s->free = *(void **)o;
-    return o;
-}
-
-static inline void slab_put(Slab *s, void *o)
-{
-    *(void **)o = s->free;
-    s->free = o;
-}
-
-static void slab_clear(Slab *s)
-{
-    g_ptr_array_unref(s->chunks);
-    s->chunks = NULL;
-    s->free = NULL;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Treap with parent pointers. Pool trees order (stream, size, ptr); unmapped trees order
@@ -423,52 +361,8 @@ static TBlock *utree_lower_bound(TBlock *cur, uint32_t stream)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Pool free sets: the (stream, size, ptr) order as per-stream size-class bins */
-
-/* q = size / 512; with sh = max(0, floor(log2 q) - 5), class = 32 sh + (q >> sh): the
- * identity below 64, then [32 (sh + 1), 32 (sh + 2)) for q in [2^(sh+5), 2^(sh+6)). */
-static inline unsigned size_class(memsim_size_t size)
-{
-    uint64_t q = size >> 9;
-    unsigned sh = 58 - (unsigned)__builtin_clzll(q | 32); /* floor(log2(q | 32)) - 5 */
-    return (sh << 5) + (unsigned)(q >> sh);
-}
-
-/* q < 2^55 → sh <= 49 → class < 32 x 51. */
-G_STATIC_ASSERT(32 * 51 <= N_CLASSES && N_WORDS <= 63);
-
-/* First non-empty class >= c, or -1. */
-static inline int class_from(const StreamBins *sb, unsigned c)
-{
-    if (c >= N_CLASSES)
-        return -1;
-    unsigned w = c >> 6;
-    uint64_t m = sb->bits[w] & (~0ull << (c & 63));
-    if (m)
-        return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
-    uint64_t sm = sb->summary & (~0ull << (w + 1));
-    if (!sm)
-        return -1;
-    w = (unsigned)__builtin_ctzll(sm);
-    return (int)(w * 64 + (unsigned)__builtin_ctzll(sb->bits[w]));
-}
-
-/* Last non-empty class < c, or -1. */
-static inline int class_before(const StreamBins *sb, unsigned c)
-{
-    if (c == 0)
-        return -1;
-    c--;
-    unsigned w = c >> 6, bit = c & 63;
-    uint64_t m = sb->bits[w] & (bit == 63 ? ~0ull : (2ull << bit) - 1);
-    if (m)
-        return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(m));
-    uint64_t sm = sb->summary & ((1ull << w) - 1);
-    if (!sm)
-        return -1;
-    w = 63 - (unsigned)__builtin_clzll(sm);
-    return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(sb->bits[w]));
-}
+/* Pool free sets: the (stream, size, ptr) order as per-stream size-class bins (the classes and
+ * their bitmap: kit.h) */
 
 static inline StreamBins *bins_find(TPool *pool, uint32_t stream)
 {
@@ -519,12 +413,11 @@ static inline StreamBins *bins_get(TPool *pool, uint32_t stream)
 static ALWAYS_INLINE void fs_insert(TPool *pool, TBlock *b)
 {
     StreamBins *sb = bins_get(pool, b->stream);
-    unsigned c = size_class(b->size);
+    unsigned c = kit_size_class(b->size);
     b->sb = sb;
     b->cls = (uint16_t)c;
     bin_insert(&sb->bins[c], b);
-    sb->bits[c >> 6] |= 1ull << (c & 63);
-    sb->summary |= 1ull << (c >> 6);
+    kit_class_mark(&sb->map, c);
     sb->n++;
     pool->n_free++;
 }
@@ -534,9 +427,7 @@ static ALWAYS_INLINE void fs_remove(TPool *pool, TBlock *b)
     StreamBins *sb = b->sb; /* bins_find(pool, b->stream), noted by fs_insert */
     unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
-    /* Without branches: whether a class or a word empties is data, not a pattern. */
-    sb->bits[c >> 6] &= ~((uint64_t)(sb->bins[c] == NULL) << (c & 63));
-    sb->summary &= ~((uint64_t)(sb->bits[c >> 6] == 0) << (c >> 6));
+    kit_class_unmark(&sb->map, c, sb->bins[c] == NULL);
     sb->n--;
     pool->n_free--;
 }
@@ -548,15 +439,13 @@ static ALWAYS_INLINE void fs_rekey(TPool *pool, TBlock *b, memsim_addr_t ptr, me
     StreamBins *sb = b->sb;
     unsigned c = b->cls;
     tree_remove(&sb->bins[c], b);
-    sb->bits[c >> 6] &= ~((uint64_t)(sb->bins[c] == NULL) << (c & 63));
-    sb->summary &= ~((uint64_t)(sb->bits[c >> 6] == 0) << (c >> 6));
+    kit_class_unmark(&sb->map, c, sb->bins[c] == NULL);
     b->ptr = ptr;
     b->size = size;
-    c = size_class(size);
+    c = kit_size_class(size);
     b->cls = (uint16_t)c;
     bin_insert(&sb->bins[c], b);
-    sb->bits[c >> 6] |= 1ull << (c & 63);
-    sb->summary |= 1ull << (c >> 6);
+    kit_class_mark(&sb->map, c);
 }
 
 /* The first block of `stream` with size >= size, or NULL. */
@@ -565,13 +454,13 @@ static ALWAYS_INLINE TBlock *fs_lower_bound(TPool *pool, uint32_t stream, memsim
     StreamBins *sb = bins_find(pool, stream);
     if (!sb || !sb->n)
         return NULL;
-    unsigned c = size_class(size);
+    unsigned c = kit_size_class(size);
     if (sb->bins[c]) {
         TBlock *b = bin_lower_bound(sb->bins[c], size);
         if (b)
             return b;
     }
-    int c2 = class_from(sb, c + 1);
+    int c2 = kit_class_from(&sb->map, c + 1);
     return c2 < 0 ? NULL : tree_first(sb->bins[c2]);
 }
 
@@ -581,7 +470,7 @@ static TBlock *fs_next_in_stream(TPool *pool, TBlock *b)
     if (n)
         return n;
     StreamBins *sb = bins_find(pool, b->stream);
-    int c = class_from(sb, size_class(b->size) + 1);
+    int c = kit_class_from(&sb->map, kit_size_class(b->size) + 1);
     return c < 0 ? NULL : tree_first(sb->bins[c]);
 }
 
@@ -591,21 +480,21 @@ static TBlock *fs_prev_in_stream(TPool *pool, TBlock *b)
     if (n)
         return n;
     StreamBins *sb = bins_find(pool, b->stream);
-    int c = class_before(sb, size_class(b->size));
+    int c = kit_class_before(&sb->map, kit_size_class(b->size));
     return c < 0 ? NULL : tree_last(sb->bins[c]);
 }
 
 static TBlock *fs_last_in_stream(TPool *pool, uint32_t stream)
 {
     StreamBins *sb = bins_find(pool, stream);
-    int c = sb ? class_before(sb, N_CLASSES) : -1;
+    int c = sb ? kit_class_before(&sb->map, KIT_N_CLASSES) : -1;
     return c < 0 ? NULL : tree_last(sb->bins[c]);
 }
 
 static TBlock *fs_first_from_set(TPool *pool, uint32_t i)
 {
     for (; i < pool->n_sets; i++) {
-        int c = class_from(pool->sets[i], 0);
+        int c = kit_class_from(&pool->sets[i]->map, 0);
         if (c >= 0)
             return tree_first(pool->sets[i]->bins[c]);
     }
@@ -693,7 +582,7 @@ static inline void stat_change(MemsimStat *s, int64_t delta)
 static ALWAYS_INLINE TBlock *block_make(Torch *t, TSegment *seg, memsim_addr_t ptr,
                                         memsim_size_t size, BlockState state)
 {
-    TBlock *b = slab_get(&t->block_slab);
+    TBlock *b = kit_slab_get_raw(&t->block_slab);
     b->ptr = ptr;
     b->size = size;
     b->requested = 0;
@@ -719,13 +608,13 @@ static TBlock *new_block(Torch *t, TSegment *seg, memsim_addr_t ptr, memsim_size
 
 static void drop_block(Torch *t, TBlock *b)
 {
-    slab_put(&t->block_slab, b);
+    kit_slab_put(&t->block_slab, b);
 }
 
 static TSegment *new_segment(Torch *t, memsim_addr_t base, memsim_size_t size, uint32_t stream,
                              gboolean small, memsim_size_t page)
 {
-    TSegment *s = slab_get(&t->seg_slab);
+    TSegment *s = kit_slab_get_raw(&t->seg_slab);
     s->base = base;
     s->size = size;
     s->page = page;
@@ -749,7 +638,7 @@ static void drop_segment(Torch *t, TSegment *s)
         t->segs = s->next_seg;
     if (s->next_seg)
         s->next_seg->prev_seg = s->prev_seg;
-    slab_put(&t->seg_slab, s);
+    kit_slab_put(&t->seg_slab, s);
 }
 
 /* Puts `n` just before `at` in at's segment. */
@@ -935,7 +824,7 @@ static void insert_events(Torch *t, TBlock *b)
         b->event_count++;
         queue_push(queue_for(t, u->stream), token, b);
         t->n_events++;
-        slab_put(&t->use_slab, u);
+        kit_slab_put(&t->use_slab, u);
         u = next;
     }
 }
@@ -1407,10 +1296,7 @@ static TBlock *alloc_found_block(Torch *t, TPool *pool, TBlock *b, gboolean in_p
     b->requested = orig;
     kit_map_put(&t->live, b->ptr, b);
     emit(t, MEMSIM_AEV_ALLOC, b->ptr, orig, b->stream);
-    memsim_stat_add(&t->st.allocations, 1);
-    memsim_stat_add(&t->st.allocated, (int64_t)b->size);
-    memsim_stat_add(&t->st.active, (int64_t)b->size);
-    memsim_stat_add(&t->st.requested, (int64_t)orig);
+    kit_stats_alloc(&t->st, b->size, orig);
     return b;
 }
 
@@ -1492,7 +1378,7 @@ static void torch_record_stream(void *state, memsim_addr_t addr, uint32_t stream
         link = &(*link)->next;
     if (*link && (*link)->stream == stream)
         return;
-    UseNode *u = slab_get(&t->use_slab);
+    UseNode *u = kit_slab_get_raw(&t->use_slab);
     u->stream = stream;
     u->next = *link;
     *link = u;
@@ -1518,11 +1404,8 @@ static const MemsimAllocStats *torch_stats_live(void *state)
 
 static void reset_peaks(Torch *t)
 {
-    MemsimAllocStats *s = &t->st;
-    MemsimStat *all[] = {&s->allocated,      &s->reserved, &s->active,      &s->requested,
-                         &s->inactive_split, &s->segments, &s->allocations, &t->n_inactive_split};
-    for (gsize i = 0; i < G_N_ELEMENTS(all); i++)
-        all[i]->peak = all[i]->current;
+    kit_reset_peaks(&t->st);
+    t->n_inactive_split.peak = t->n_inactive_split.current;
 }
 
 static void torch_reset_peaks(void *state)
@@ -1539,12 +1422,8 @@ static MemsimAllocShape torch_shape(void *state)
         if (!s->exp)
             sh.n_segments++;
         for (TBlock *b = s->first; b; b = b->next) {
-            if (b->state == ST_FREE) {
-                sh.free_bytes += b->size;
-                sh.n_free_blocks++;
-                if (b->size > sh.largest_free)
-                    sh.largest_free = b->size;
-            }
+            if (b->state == ST_FREE)
+                kit_shape_add_free(&sh, b->size);
             /* An expandable reservation counts one segment per mapped run, as snapshots
              * show it (§8.5). */
             if (s->exp) {
@@ -1604,22 +1483,22 @@ static gboolean check_pool(TPool *pool, uint64_t *n_free, uint64_t *n_unmapped, 
         if (i && pool->sets[i - 1]->stream >= sb->stream)
             FAIL("%s pool: stream sets not sorted", pname);
         uint64_t n = 0;
-        for (unsigned c = 0; c < N_CLASSES; c++) {
-            gboolean bit = (sb->bits[c >> 6] >> (c & 63)) & 1;
+        for (unsigned c = 0; c < KIT_N_CLASSES; c++) {
+            gboolean bit = (sb->map.bits[c >> 6] >> (c & 63)) & 1;
             if (bit != (sb->bins[c] != NULL))
                 FAIL("%s pool stream %u: bitmap disagrees with class %u", pname, sb->stream, c);
             if (sb->bins[c] && sb->bins[c]->parent)
                 FAIL("%s pool stream %u: class %u root has a parent", pname, sb->stream, c);
             for (TBlock *b = tree_first(sb->bins[c]); b; b = tree_next(b)) {
                 n++;
-                if (b->stream != sb->stream || size_class(b->size) != c)
+                if (b->stream != sb->stream || kit_size_class(b->size) != c)
                     FAIL("%s pool: block 0x%" G_GINT64_MODIFIER "x filed under stream %u class "
                          "%u",
                          pname, b->ptr, sb->stream, c);
             }
         }
-        for (unsigned w = 0; w < N_WORDS; w++)
-            if (((sb->summary >> w) & 1) != (sb->bits[w] != 0))
+        for (unsigned w = 0; w < KIT_N_WORDS; w++)
+            if (((sb->map.summary >> w) & 1) != (sb->map.bits[w] != 0))
                 FAIL("%s pool stream %u: summary bitmap wrong", pname, sb->stream);
         if (n != sb->n)
             FAIL("%s pool stream %u counts %" G_GUINT64_FORMAT " blocks, holds %" G_GUINT64_FORMAT,
@@ -1647,7 +1526,7 @@ static gboolean in_tree(const TBlock *b, const TBlock *root)
 static gboolean in_free_set(TPool *pool, const TBlock *b)
 {
     StreamBins *sb = bins_find(pool, b->stream);
-    return sb && in_tree(b, sb->bins[size_class(b->size)]);
+    return sb && in_tree(b, sb->bins[kit_size_class(b->size)]);
 }
 
 static gboolean torch_check(void *state, GError **error)
@@ -1769,10 +1648,7 @@ static gboolean torch_check(void *state, GError **error)
         FAIL("address map holds %" G_GUINT64_FORMAT " blocks, segments %" G_GINT64_FORMAT,
              t->live.n, n_alloc);
     const MemsimAllocStats *st = &t->st;
-    struct {
-        const char *name;
-        int64_t recount, stat;
-    } cmp[] = {
+    KitCheck cmp[] = {
         {"allocated", allocated, st->allocated.current},
         {"active", active, st->active.current},
         {"requested", requested, st->requested.current},
@@ -1783,15 +1659,8 @@ static gboolean torch_check(void *state, GError **error)
         {"segments", segments, st->segments.current},
         {"allocations", n_alloc, st->allocations.current},
     };
-    for (gsize i = 0; i < G_N_ELEMENTS(cmp); i++)
-        if (cmp[i].recount != cmp[i].stat)
-            FAIL("stat %s is %" G_GINT64_FORMAT " but a recount gives %" G_GINT64_FORMAT,
-                 cmp[i].name, cmp[i].stat, cmp[i].recount);
-    const MemsimStat *pk[] = {&st->allocated,      &st->reserved, &st->active,     &st->requested,
-                              &st->inactive_split, &st->segments, &st->allocations};
-    for (gsize i = 0; i < G_N_ELEMENTS(pk); i++)
-        if (pk[i]->peak < pk[i]->current)
-            FAIL("a peak is below its current value");
+    if (!kit_check_stats("torch", st, cmp, G_N_ELEMENTS(cmp), error))
+        return FALSE;
     if (!(allocated <= active && active <= reserved))
         FAIL("allocated <= active <= reserved violated");
     return TRUE;
@@ -2000,10 +1869,7 @@ static gboolean torch_seed_block(void *state, memsim_addr_t addr, memsim_size_t 
     f->state = ST_ALLOCATED;
     f->requested = requested;
     kit_map_put(&t->live, f->ptr, f);
-    memsim_stat_add(&t->st.allocations, 1);
-    memsim_stat_add(&t->st.allocated, (int64_t)block_size);
-    memsim_stat_add(&t->st.active, (int64_t)block_size);
-    memsim_stat_add(&t->st.requested, (int64_t)requested);
+    kit_stats_alloc(&t->st, block_size, requested);
     reset_peaks(t);
     return TRUE;
 }
@@ -2042,37 +1908,6 @@ static GPtrArray *tokenize(const char *s)
     return toks;
 }
 
-static gboolean parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !g_ascii_isdigit(*s))
-        return FALSE;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        if (!g_ascii_isdigit(*s) || v > (UINT64_MAX - 9) / 10)
-            return FALSE;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    *out = v;
-    return TRUE;
-}
-
-static gboolean parse_double(const char *s, double *out)
-{
-    if (!s || !*s)
-        return FALSE;
-    char *end = NULL;
-    double v = g_ascii_strtod(s, &end);
-    if (*end || !isfinite(v))
-        return FALSE;
-    *out = v;
-    return TRUE;
-}
-
-static gboolean is_pow2(uint64_t v)
-{
-    return v && !(v & (v - 1));
-}
-
 typedef struct {
     GPtrArray *toks;
     guint i;
@@ -2108,7 +1943,7 @@ static gboolean parse_divisions(Parser *p, TorchConfig *c)
         c->div[k] = 0;
     if (!tok_is(p, p->i, "[")) {
         uint64_t v;
-        if (!parse_u64(tok(p, p->i), &v) || !is_pow2(v))
+        if (!kit_parse_u64(tok(p, p->i), &v) || !kit_is_pow2(v))
             BAD(p, "%s (got '%s')", div_help, tok(p, p->i) ? tok(p, p->i) : "");
         for (int k = 0; k < K_DIV_INTERVALS; k++)
             c->div[k] = v;
@@ -2120,8 +1955,8 @@ static gboolean parse_divisions(Parser *p, TorchConfig *c)
     while (!tok_is(p, p->i, "]")) {
         const char *bound = tok(p, p->i);
         uint64_t v;
-        if (!bound || !tok_is(p, p->i + 1, ":") || !parse_u64(tok(p, p->i + 2), &v) ||
-            (v && !is_pow2(v)))
+        if (!bound || !tok_is(p, p->i + 1, ":") || !kit_parse_u64(tok(p, p->i + 2), &v) ||
+            (v && !kit_is_pow2(v)))
             BAD(p, "%s (bad entry at '%s')", div_help, bound ? bound : "end of settings");
         if (strcmp(bound, ">") == 0) {
             /* Newest PyTorch: '>' fills the intervals after the last boundary. */
@@ -2129,7 +1964,7 @@ static gboolean parse_divisions(Parser *p, TorchConfig *c)
                 c->div[k] = v;
         } else {
             uint64_t b;
-            if (!parse_u64(bound, &b) || !is_pow2(b))
+            if (!kit_parse_u64(bound, &b) || !kit_is_pow2(b))
                 BAD(p, "%s (boundary '%s' is not a power of two)", div_help, bound);
             size_t index = (size_t)(63 - __builtin_clzll(b));
             if (index > K_DIV_INTERVALS - 1)
@@ -2183,7 +2018,7 @@ static gboolean parse_settings(const char *settings, TorchConfig *c, GError **er
         double d;
         gboolean flag;
         if (strcmp(key, "max_split_size_mb") == 0) {
-            if (!parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
+            if (!kit_parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
                 BAD(p,
                     "max_split_size_mb must be an integer number of MiB >= %" G_GUINT64_FORMAT
                     " (got '%s')",
@@ -2191,14 +2026,14 @@ static gboolean parse_settings(const char *settings, TorchConfig *c, GError **er
             split_mb = u;
             c->max_split_size = u > UINT64_MAX / MIB ? UNLIMITED - 1 : u * MIB;
         } else if (strcmp(key, "max_non_split_rounding_mb") == 0) {
-            if (!parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
+            if (!kit_parse_u64(val, &u) || u < K_LARGE_BUFFER / MIB)
                 BAD(p,
                     "max_non_split_rounding_mb must be an integer number of MiB >= "
                     "%" G_GUINT64_FORMAT " (got '%s')",
                     K_LARGE_BUFFER / MIB, val);
             c->max_non_split_rounding = u > UINT64_MAX / MIB ? UINT64_MAX / 2 : u * MIB;
         } else if (strcmp(key, "large_segment_size_mb") == 0) {
-            if (!parse_u64(val, &u) || u <= K_MIN_LARGE_ALLOC / MIB || u > 1u << 20)
+            if (!kit_parse_u64(val, &u) || u <= K_MIN_LARGE_ALLOC / MIB || u > 1u << 20)
                 BAD(p,
                     "large_segment_size_mb must be an integer number of MiB > %" G_GUINT64_FORMAT
                     " (got '%s')",
@@ -2208,14 +2043,14 @@ static gboolean parse_settings(const char *settings, TorchConfig *c, GError **er
             if (!parse_divisions(p, c))
                 return FALSE;
         } else if (strcmp(key, "garbage_collection_threshold") == 0) {
-            if (!parse_double(val, &d) || !(d > 0.0 && d < 1.0))
+            if (!kit_parse_double(val, &d) || !(d > 0.0 && d < 1.0))
                 BAD(p, "garbage_collection_threshold must be a number in (0, 1) (got '%s')", val);
             c->gc_threshold = d;
         } else if (strcmp(key, "expandable_segments") == 0) {
             if (!parse_bool(p, key, &c->expandable))
                 return FALSE;
         } else if (strcmp(key, "per_process_memory_fraction") == 0) {
-            if (!parse_double(val, &d) || !(d >= 0.0 && d <= 1.0))
+            if (!kit_parse_double(val, &d) || !(d >= 0.0 && d <= 1.0))
                 BAD(p, "per_process_memory_fraction must be a number in [0, 1] (got '%s')", val);
             c->fraction = d;
         } else if (strcmp(key, "backend") == 0) {
@@ -2235,7 +2070,7 @@ static gboolean parse_settings(const char *settings, TorchConfig *c, GError **er
                 return FALSE; /* accepted; no effect on a single-threaded simulation */
         } else if (strcmp(key, "pinned_num_register_threads") == 0 ||
                    strcmp(key, "pinned_reserve_segment_size_mb") == 0) {
-            if (!parse_u64(val, &u))
+            if (!kit_parse_u64(val, &u))
                 BAD(p, "%s must be an integer (got '%s')", key, val);
         } else {
             BAD(p, "unknown key '%s' (keys: %s)", key, known_keys);
@@ -2298,9 +2133,10 @@ static void *torch_create(const char *settings, MemsimDevice *dev, GError **erro
     t->pools[1].small = TRUE;
     t->pools[0].small = FALSE;
     kit_map_init(&t->live, 4);
-    slab_init(&t->block_slab, sizeof(TBlock));
-    slab_init(&t->seg_slab, sizeof(TSegment));
-    slab_init(&t->use_slab, sizeof(UseNode));
+    /* Whole cache lines for a block (the fields a search reads share the first). */
+    kit_slab_init_aligned(&t->block_slab, sizeof(TBlock), 64);
+    kit_slab_init_aligned(&t->seg_slab, sizeof(TSegment), sizeof(void *));
+    kit_slab_init_aligned(&t->use_slab, sizeof(UseNode), sizeof(void *));
     t->rng = 0x9E3779B9u;
     t->scratch = g_ptr_array_new();
     return t;
@@ -2321,9 +2157,9 @@ static void torch_destroy(void *state)
             g_free(pools[i]->sets[k]);
         g_free(pools[i]->sets);
     }
-    slab_clear(&t->block_slab);
-    slab_clear(&t->seg_slab);
-    slab_clear(&t->use_slab);
+    kit_slab_clear(&t->block_slab);
+    kit_slab_clear(&t->seg_slab);
+    kit_slab_clear(&t->use_slab);
     g_ptr_array_unref(t->scratch);
     g_free(t);
 }
