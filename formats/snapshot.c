@@ -24,8 +24,8 @@
  * would have been too small to split off (large pool: ≤ 1 MiB; TORCH_ALLOCATOR.md §3.4).
  */
 #include "formats/snapshot.h"
+#include "formats/torch_settings.h"
 
-#include <memsim/alloc.h>
 #include <memsim/error.h>
 
 #include <stdlib.h>
@@ -380,7 +380,7 @@ typedef struct {
 } StartSeg;
 
 static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *segs,
-                             GArray *entries, MemsimAlloc *rounder, uint64_t max_split)
+                             GArray *entries, const TorchSettings *rounder, uint64_t max_split)
 {
     guint32 rank = memsim_trace_add_rank(t, device, 1);
     MemsimRankInfo *ri = &memsim_trace_header(t)->ranks[rank];
@@ -575,7 +575,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                                     : end;
                 uint64_t size = l->size;
                 if (size == 0) {
-                    uint64_t r = memsim_alloc_round_size(rounder, l->requested ? l->requested : 1);
+                    uint64_t r = torch_settings_round(rounder, l->requested ? l->requested : 1);
                     size = r;
                     if (!s->small && !s->expandable && next - a >= r &&
                         (next - a - r <= ONE_MIB || r >= max_split))
@@ -729,7 +729,7 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     GArray *seg_list = g_array_new(FALSE, FALSE, sizeof(Segment));
     g_array_set_clear_func(seg_list, segment_clear);
     GPtrArray *per_dev = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
-    MemsimAlloc *rounder = NULL;
+    TorchSettings rounder;
     GArray **dev_segs = NULL; /* n_dev entries once set */
     guint n_dev = 0;
     gboolean ok = FALSE;
@@ -761,10 +761,8 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
 
     /* The rounding rule of the recorded settings, to size blocks of the starting state. */
     {
-        g_autofree char *spec = g_strdup_printf("torch:%s", h->alloc_conf ? h->alloc_conf : "");
         GError *e2 = NULL;
-        rounder = memsim_alloc_new_from_spec(spec, NULL, &e2);
-        if (!rounder) {
+        if (!torch_settings_parse(h->alloc_conf, &rounder, &e2)) {
             fail(&c, "allocator_settings", "%s", e2->message);
             g_error_free(e2);
             goto out;
@@ -806,7 +804,7 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
         GArray *en = d < per_dev->len ? g_ptr_array_index(per_dev, d) : empty;
         if (any_trace ? en->len == 0 : !dev_segs[d])
             continue;
-        if (!build_device(&c, t, d, dev_segs[d] ? dev_segs[d] : no_segs, en, rounder,
+        if (!build_device(&c, t, d, dev_segs[d] ? dev_segs[d] : no_segs, en, &rounder,
                           max_split)) {
             g_array_unref(empty);
             g_array_unref(no_segs);
@@ -821,7 +819,6 @@ out:
         if (dev_segs[d])
             g_array_unref(dev_segs[d]);
     g_free(dev_segs);
-    memsim_alloc_free_instance(rounder);
     g_array_unref(seg_list);
     g_ptr_array_unref(per_dev);
     if (!ok) {

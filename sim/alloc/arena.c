@@ -422,7 +422,7 @@ static gboolean fit_setting(void *cfgp, const char *key, const char *value, GErr
                     "%s: unknown setting '%s' (accepted: segment_mb)", cfg->name, key);
         return FALSE;
     }
-    if (!kit_parse_u64(value, &v) || v < 2 || v > ((uint64_t)1 << 30)) {
+    if (!num_parse_u64(value, &v) || v < 2 || v > ((uint64_t)1 << 30)) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "%s: segment_mb must be an integer number of MiB between 2 and 2^30 (got "
                     "'%s')",

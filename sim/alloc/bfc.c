@@ -356,11 +356,11 @@ static gboolean bfc_setting(void *cfgp, const char *key, const char *value, GErr
         if (!kit_parse_bool(value, dst))
             FAIL("%s must be true or false (got '%s')", key, value);
     } else if (strcmp(key, "fragmentation_fraction") == 0) {
-        if (!kit_parse_double(value, &d) || !(d >= 0.0 && d < 1.0))
+        if (!num_parse_double(value, &d) || !(d >= 0.0 && d < 1.0))
             FAIL("fragmentation_fraction must be a number in [0, 1) (got '%s')", value);
         cfg->frag_fraction = d;
     } else if (strcmp(key, "memory_fraction") == 0) {
-        if (!kit_parse_double(value, &d) || !(d > 0.0 && d <= 1.0))
+        if (!num_parse_double(value, &d) || !(d > 0.0 && d <= 1.0))
             FAIL("memory_fraction must be a number in (0, 1] (got '%s')", value);
         cfg->memory_fraction = d;
     } else {

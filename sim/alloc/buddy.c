@@ -601,11 +601,11 @@ static gboolean buddy_setting(void *cfgp, const char *key, const char *value, GE
     BuddyConfig *cfg = cfgp;
     uint64_t v;
     if (strcmp(key, "segment_mb") == 0) {
-        if (!kit_parse_u64(value, &v) || !kit_is_pow2(v) || v > ((uint64_t)1 << 30))
+        if (!num_parse_u64(value, &v) || !num_is_pow2(v) || v > ((uint64_t)1 << 30))
             FAIL("segment_mb must be a power of two number of MiB up to 2^30 (got '%s')", value);
         cfg->segment = v * KIT_MIB;
     } else if (strcmp(key, "min_block") == 0) {
-        if (!kit_parse_u64(value, &v) || !kit_is_pow2(v) || v < 256 || v > KIT_MIB)
+        if (!num_parse_u64(value, &v) || !num_is_pow2(v) || v < 256 || v > KIT_MIB)
             FAIL("min_block must be a power of two from 256 to 1048576 bytes (got '%s')", value);
         cfg->min_block = v;
     } else {

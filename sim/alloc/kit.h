@@ -29,6 +29,8 @@
 
 #include <memsim/alloc.h>
 
+#include "formats/numbers.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,10 +43,6 @@ static inline memsim_size_t kit_round_up(memsim_size_t v, memsim_size_t to)
     return (v + to - 1) / to * to;
 }
 
-static inline gboolean kit_is_pow2(uint64_t v)
-{
-    return v && !(v & (v - 1));
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Slab */
@@ -819,32 +817,6 @@ static inline gboolean kit_parse_bool(const char *v, gboolean *out)
         return TRUE;
     }
     return FALSE;
-}
-
-static inline gboolean kit_parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !g_ascii_isdigit(*s))
-        return FALSE;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        if (!g_ascii_isdigit(*s) || v > (UINT64_MAX - 9) / 10)
-            return FALSE;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    *out = v;
-    return TRUE;
-}
-
-static inline gboolean kit_parse_double(const char *s, double *out)
-{
-    if (!s || !*s)
-        return FALSE;
-    char *end = NULL;
-    double v = g_ascii_strtod(s, &end);
-    if (*end || !(v == v) || v > 1e300 || v < -1e300)
-        return FALSE;
-    *out = v;
-    return TRUE;
 }
 
 #endif

@@ -441,11 +441,11 @@ static gboolean stitch_setting(void *cfgp, const char *key, const char *value, G
     StitchConfig *cfg = cfgp;
     uint64_t v;
     if (strcmp(key, "granularity_mb") == 0) {
-        if (!kit_parse_u64(value, &v) || !kit_is_pow2(v) || v < 2 || v > 1024)
+        if (!num_parse_u64(value, &v) || !num_is_pow2(v) || v < 2 || v > 1024)
             FAIL("granularity_mb must be a power of two from 2 to 1024 (got '%s')", value);
         cfg->granularity = v * KIT_MIB;
     } else if (strcmp(key, "fragment_limit_mb") == 0) {
-        if (!kit_parse_u64(value, &v) || v > ((uint64_t)1 << 30))
+        if (!num_parse_u64(value, &v) || v > ((uint64_t)1 << 30))
             FAIL("fragment_limit_mb must be an integer number of MiB (got '%s')", value);
         cfg->fragment_limit = v * KIT_MIB;
     } else if (strcmp(key, "defrag_level") == 0) {
