@@ -653,17 +653,7 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
     case MEMSIM_METHOD_ZERO1:
     case MEMSIM_METHOD_ZERO2:
     case MEMSIM_METHOD_ZERO3:
-        /* AdamW is the config's optimizer, DeepSpeed's FusedAdam: multi-tensor, in place, the
-         * step count kept on the host; any other is the client's torch optimizer (HF's
-         * Trainer passes its own, with zero_allow_untested_optimizer), wrapped around the
-         * flat partition. The engine zeroes the gradients itself after each step
-         * (engine.py _take_model_step → zero_grad(set_to_none=True); the fp32 gradient
-         * exists only inside step). */
-        if (d->opt.kind == MEMSIM_OPTIM_ADAMW) {
-            d->opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
-            d->opt.step_tensor = false;
-        }
-        d->opt.to_none = true;
+        optimizer_for_method(&d->opt, d->method);
         g_ptr_array_add(d->opt_params, d->master);
         break;
     case MEMSIM_METHOD_FSDP:
@@ -967,14 +957,9 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     LoopHooks hooks = {.before_optimizer = stage_before_optimizer,
                        .after_optimizer = stage_after_optimizer,
                        .user = &so};
-    /* the distributed optimizer wraps apex/TE FusedAdam (multi-tensor, in place, the step
-     * count on the host); its zero_grad sets the main parameters' gradients to None, the grad
-     * buffer is zeroed in place (zero_grad_buffer) */
     Optimizer opt;
     optimizer_init(&opt, run, rules);
-    opt.impl = MEMSIM_OPTIM_IMPL_FUSED;
-    opt.step_tensor = false;
-    opt.to_none = true;
+    optimizer_for_method(&opt, MEMSIM_METHOD_MEGATRON);
     opt.plain_ops = true;
     uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
     double p2p_us = ring_us(comm_cost(gpu, tp * dp * pp <= run->gpus_per_node), MEMSIM_COLL_SEND,

@@ -46,6 +46,36 @@ void optimizer_init(Optimizer *o, const MemsimRun *run, const AgRules *rules)
     o->state = g_ptr_array_new();
 }
 
+void optimizer_for_method(Optimizer *o, MemsimMethod method)
+{
+    switch (method) {
+    case MEMSIM_METHOD_ZERO1:
+    case MEMSIM_METHOD_ZERO2:
+    case MEMSIM_METHOD_ZERO3:
+        /* AdamW is the config's optimizer, DeepSpeed's FusedAdam: multi-tensor, in place, the
+         * step count kept on the host; any other is the client's torch optimizer (HF's
+         * Trainer passes its own, with zero_allow_untested_optimizer), wrapped around the
+         * flat partition. The engine zeroes the gradients itself after each step
+         * (engine.py _take_model_step → zero_grad(set_to_none=True)). */
+        if (o->kind == MEMSIM_OPTIM_ADAMW) {
+            o->impl = MEMSIM_OPTIM_IMPL_FUSED;
+            o->step_tensor = false;
+        }
+        o->to_none = true;
+        break;
+    case MEMSIM_METHOD_MEGATRON:
+        /* the distributed optimizer wraps apex/TE FusedAdam (multi-tensor, in place, the step
+         * count on the host); its zero_grad sets the main parameters' gradients to None, the
+         * grad buffer is zeroed in place (zero_grad_buffer) */
+        o->impl = MEMSIM_OPTIM_IMPL_FUSED;
+        o->step_tensor = false;
+        o->to_none = true;
+        break;
+    default: /* one GPU, DDP and FSDP step torch.optim as the settings and version say */
+        break;
+    }
+}
+
 void optimizer_clear(AgGraph *g, Optimizer *o)
 {
     for (guint i = 0; i < o->state->len; i++)
@@ -347,6 +377,10 @@ AgRules run_rules(const MemsimRun *run)
 void optim_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none)
 {
     AgRules rules = run_rules(run);
-    *impl = optim_effective_impl(run, &rules);
-    *to_none = optim_effective_to_none(run, &rules);
+    Optimizer o;
+    optimizer_init(&o, run, &rules);
+    optimizer_for_method(&o, memsim_run_resolve(run).method);
+    *impl = o.impl;
+    *to_none = o.to_none;
+    g_ptr_array_unref(o.state);
 }

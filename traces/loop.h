@@ -47,6 +47,10 @@ gboolean optim_effective_to_none(const MemsimRun *run, const AgRules *rules);
 void optimizer_init(Optimizer *o, const MemsimRun *run, const AgRules *rules);
 /* Drops the state (at the end of the program). */
 void optimizer_clear(AgGraph *g, Optimizer *o);
+/* What the method's framework makes of the optimizer (DeepSpeed's FusedAdam for ZeRO with
+ * AdamW, Megatron's distributed optimizer; both set the gradients to None): the one rule
+ * for the programs and the run's description. */
+void optimizer_for_method(Optimizer *o, MemsimMethod method);
 
 /* What a method adds around the loop; every entry is optional (NULL: nothing). */
 typedef struct {
