@@ -374,12 +374,13 @@ AgRules run_rules(const MemsimRun *run)
 
 /* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
  * version's defaults): for the run's description (traces/settings.c). */
-void optim_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none)
+void optim_choice(const MemsimRun *run, MemsimMethod method, MemsimOptimizerImpl *impl,
+                  gboolean *to_none)
 {
     AgRules rules = run_rules(run);
     Optimizer o;
     optimizer_init(&o, run, &rules);
-    optimizer_for_method(&o, memsim_run_resolve(run).method);
+    optimizer_for_method(&o, method);
     *impl = o.impl;
     *to_none = o.to_none;
     g_ptr_array_unref(o.state);

@@ -38,8 +38,10 @@ typedef struct {
  * (AUTOGRAD_MEMORY.md §12). */
 AgRules run_rules(const MemsimRun *run);
 /* The optimizer implementation and the zero_grad mode the run comes to (its settings, the
- * version's defaults): for the run's description (traces/settings.c). */
-void optim_choice(const MemsimRun *run, MemsimOptimizerImpl *impl, gboolean *to_none);
+ * version's defaults, the method resolved from the run): for the run's description
+ * (traces/settings.c). */
+void optim_choice(const MemsimRun *run, MemsimMethod method, MemsimOptimizerImpl *impl,
+                  gboolean *to_none);
 MemsimOptimizerImpl optim_effective_impl(const MemsimRun *run, const AgRules *rules);
 gboolean optim_effective_to_none(const MemsimRun *run, const AgRules *rules);
 

@@ -580,7 +580,7 @@ char *memsim_run_describe(const MemsimRun *run)
     } else {
         MemsimOptimizerImpl impl;
         gboolean to_none;
-        optim_choice(run, &impl, &to_none);
+        optim_choice(run, memsim_run_resolve(run).method, &impl, &to_none);
         g_string_append_printf(
             s,
             "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT "%s, %d step(s), grad-accum %d, "
