@@ -33,6 +33,7 @@
 
 #include <memsim/sim.h>
 
+#include "formats/torch_settings.h"
 #include "sim/export/outfile.h"
 
 /* ---- pickle opcodes (protocol 2) ---- */
@@ -261,21 +262,18 @@ typedef struct {
     char *tmp_path;
     PWriter pw;
     uint32_t in_batch;
-    uint64_t n_entries;
-    /* its final layout (the first rank of each device), taken at the end of the replay */
-    guint first_seg, n_segs;
 } RankX;
 
 struct SnapExport {
     MemsimTraceHeader header; /* copy; op names refreshed as the trace grows */
     char *conf;
-    char *spec;
     guint n_ranks;
     RankX *ranks;
     uint32_t memo_counter;
     GPtrArray *op_names; /* char*, valid UTF-8 */
     GArray *blocks;      /* Blk: the final layout of every rank */
     GArray *segs;        /* Seg */
+    GHashTable *devices; /* the devices whose final layout is taken (their first rank) */
 };
 
 #define SEG_BASE ((memsim_addr_t)0x7f0000000000ull)
@@ -305,7 +303,6 @@ static void entry_end(RankX *r)
     pw_str(w, "frames");
     pw_frames(w, (const char *const *)r->x->op_names->pdata, r->x->op_names->len, r->cur_op);
     pw_byte(w, OP_SETITEMS);
-    r->n_entries++;
     if (++r->in_batch == BATCH) {
         pw_byte(w, OP_APPENDS);
         r->in_batch = 0;
@@ -422,13 +419,10 @@ static void rank_segments(RankX *r, MemsimAlloc *alloc, GArray *blocks, GArray *
 static void on_end(void *user, guint32 rank, MemsimAlloc *alloc)
 {
     SnapExport *x = user;
-    for (guint32 k = 0; k < rank; k++)
-        if (x->header.ranks[k].device == x->header.ranks[rank].device)
-            return; /* one program per device: the first rank of it */
-    RankX *r = &x->ranks[rank];
-    r->first_seg = x->segs->len;
-    rank_segments(r, alloc, x->blocks, x->segs);
-    r->n_segs = x->segs->len - r->first_seg;
+    uint32_t device = x->header.ranks[rank].device;
+    if (!g_hash_table_add(x->devices, GUINT_TO_POINTER(device)))
+        return; /* one program per device: the first rank of it */
+    rank_segments(&x->ranks[rank], alloc, x->blocks, x->segs);
 }
 
 static void sx_free(SnapExport *x)
@@ -452,9 +446,9 @@ static void sx_free(SnapExport *x)
     g_ptr_array_unref(x->op_names);
     g_array_unref(x->blocks);
     g_array_unref(x->segs);
+    g_hash_table_unref(x->devices);
     memsim_trace_header_clear(&x->header);
     g_free(x->conf);
-    g_free(x->spec);
     g_free(x);
 }
 
@@ -465,9 +459,9 @@ static SnapExport *sx_new(const MemsimTraceHeader *h, const char *alloc_conf, GE
     x->op_names = g_ptr_array_new_with_free_func(g_free);
     x->blocks = g_array_new(FALSE, FALSE, sizeof(Blk));
     x->segs = g_array_new(FALSE, FALSE, sizeof(Seg));
+    x->devices = g_hash_table_new(g_direct_hash, g_direct_equal);
     const char *conf = alloc_conf ? alloc_conf : h->alloc_conf;
     x->conf = g_strdup(conf ? conf : "");
-    x->spec = g_strdup_printf("torch:%s", x->conf);
     x->n_ranks = h->n_ranks;
     x->ranks = g_new0(RankX, MAX(h->n_ranks, 1u));
     for (guint i = 0; i < x->n_ranks; i++) {
@@ -556,55 +550,26 @@ static void rank_segments(RankX *r, MemsimAlloc *alloc, GArray *blocks, GArray *
         g_array_append_val(segs, cur);
 }
 
-/* The allocator settings as the snapshot shows them. The division table is read back from
- * the policy's rounding (one probe per table entry) rather than parsed again here. */
+/* The allocator settings as the snapshot shows them, from the parsed settings
+ * (formats/torch_settings.h). The division table is read back from the rounding (one probe
+ * per table entry), so that an entry that cannot change a size shows as off, as PyTorch's
+ * rounding sees it. */
 static void write_settings(PWriter *w, SnapExport *x)
 {
-    gboolean expandable = FALSE;
-    int64_t max_split = -1;
-    double gc = 0;
-    /* split at commas outside [...] */
-    GPtrArray *toks = g_ptr_array_new_with_free_func(g_free);
-    int depth = 0;
-    const char *start = x->conf;
-    for (const char *p = x->conf;; p++) {
-        if (*p == '[')
-            depth++;
-        else if (*p == ']')
-            depth--;
-        if (*p == '\0' || (*p == ',' && depth <= 0)) {
-            g_ptr_array_add(toks, g_strstrip(g_strndup(start, (gsize)(p - start))));
-            if (!*p)
-                break;
-            start = p + 1;
-        }
-    }
-    for (guint i = 0; i < toks->len; i++) {
-        char *t = toks->pdata[i];
-        char *sep = strpbrk(t, ":=");
-        if (!sep)
-            continue;
-        *sep = '\0';
-        char *key = g_strstrip(t), *val = g_strstrip(sep + 1);
-        if (strcmp(key, "expandable_segments") == 0)
-            expandable = g_ascii_strcasecmp(val, "true") == 0 || strcmp(val, "1") == 0;
-        else if (strcmp(key, "max_split_size_mb") == 0)
-            max_split = (int64_t)g_ascii_strtoull(val, NULL, 10) << 20;
-        else if (strcmp(key, "garbage_collection_threshold") == 0)
-            gc = g_ascii_strtod(val, NULL);
-    }
-    g_ptr_array_unref(toks);
-
+    TorchSettings c;
+    /* the replay took these settings already; a failure cannot happen here */
+    if (!torch_settings_parse(x->conf, &c, NULL))
+        torch_settings_parse(NULL, &c, NULL);
     pw_byte(w, OP_EMPTY_DICT);
     pw_byte(w, OP_MARK);
     pw_str(w, "PYTORCH_CUDA_ALLOC_CONF");
     pw_str(w, x->conf);
     pw_str(w, "max_split_size");
-    pw_int(w, max_split);
+    pw_int(w, c.max_split_size == TORCH_UNLIMITED ? -1 : (int64_t)c.max_split_size);
     pw_str(w, "garbage_collection_threshold");
-    pw_float(w, gc);
+    pw_float(w, c.gc_threshold);
     pw_str(w, "expandable_segments");
-    pw_bool(w, expandable);
+    pw_bool(w, c.expandable);
     pw_str(w, "pinned_num_register_threads");
     pw_int(w, 1);
     pw_str(w, "release_lock_on_cudamalloc");
@@ -614,12 +579,11 @@ static void write_settings(PWriter *w, SnapExport *x)
     pw_str(w, "roundup_power2_divisions");
     pw_byte(w, OP_EMPTY_DICT);
     pw_byte(w, OP_MARK);
-    MemsimAlloc *probe = memsim_alloc_new_from_spec(x->spec, NULL, NULL);
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < TORCH_DIV_INTERVALS; i++) {
         /* Entry i covers [2^(20+i), 2^(21+i)): 2^(20+i)+1 rounds up to the next multiple
          * of 2^(20+i)/d, or of 512 when the entry is off. */
         memsim_size_t f = (memsim_size_t)1 << (20 + i);
-        memsim_size_t got = probe ? memsim_alloc_round_size(probe, f + 1) : f + 512;
+        memsim_size_t got = torch_settings_round(&c, f + 1);
         memsim_size_t step = got > f ? got - f : 512;
         int64_t d = step <= 512 ? 0 : (int64_t)(f / step);
         char key[16];
@@ -627,7 +591,6 @@ static void write_settings(PWriter *w, SnapExport *x)
         pw_str(w, key);
         pw_int(w, d);
     }
-    memsim_alloc_free_instance(probe);
     pw_byte(w, OP_SETITEMS);
     pw_byte(w, OP_SETITEMS);
 }
