@@ -1164,6 +1164,42 @@ Test(snapshot, corrupted_export_is_caught, .timeout = 300)
     cr_expect(vout && strstr(vout, "first:"), "the mismatch is named: %s", vout);
 }
 
+/* The snapshot of a multi-stream run (ZeRO-3's and FSDP's communication streams, blocks
+ * used on another stream) is made untimed: a snapshot has no timing, so replaying the file
+ * with --verify reproduces every recorded action. A timed replay of the same trace has a
+ * clock; the untimed one does not. */
+Test(snapshot, multi_stream_exports_verify)
+{
+    static const char *const methods[] = {"zero3", "fsdp"};
+    for (gsize i = 0; i < G_N_ELEMENTS(methods); i++) {
+        g_autofree char *dir = tu_tmpdir();
+        g_autofree char *pkl = tmp_path(dir, "x.pickle");
+        const char *gen[] = {"gen",    "--model", "gpt2", "--gpus", "2",  "--method",
+                             methods[i], "--seq",  "128",  "-o",     pkl, NULL};
+        g_autofree char *err = NULL;
+        cr_assert_eq(tu_run_memsim(gen, NULL, &err), 0, "%s: %s", methods[i], err);
+        const char *argv[] = {"replay", pkl, "--verify", NULL};
+        g_autofree char *out = NULL, *verr = NULL;
+        cr_expect_eq(tu_run_memsim(argv, &out, &verr), 0, "%s: %s%s", methods[i], out, verr);
+        cr_expect(out && strstr(out, " 0 mismatches"), "%s: %s", methods[i], out);
+
+        const char *const settings[] = {"gpus", "2", "method", methods[i], "seq", "128", NULL};
+        MemsimTrace *t = tu_generate("gpt2", settings);
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        GError *e = NULL;
+        MemsimReport *timed = memsim_replay_trace(t, &o, &e);
+        cr_assert(timed, "%s", e ? e->message : "");
+        o.untimed = TRUE;
+        MemsimReport *untimed = memsim_replay_trace(t, &o, &e);
+        cr_assert(untimed, "%s", e ? e->message : "");
+        cr_expect_gt(timed->ranks[0].time_us, 0.0, "%s: the trace has op durations", methods[i]);
+        cr_expect_eq(untimed->ranks[0].time_us, 0.0, "%s: untimed, no clock", methods[i]);
+        memsim_report_free(timed);
+        memsim_report_free(untimed);
+        memsim_trace_free(t);
+    }
+}
+
 /* A block freed while another stream still uses it stays "active_pending_free" until the
  * allocator next processes its events; a snapshot taken before that lists it so, with its
  * free_requested in the trace and no free_completed. Such a file is read (it was refused as
