@@ -418,6 +418,22 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         /* each layer's fp32 sinusoid table [max_pos, rotary_dim] */
         buffers = P(L, m->max_pos, m->rotary_dim, 4);
         break;
+    case FAM_MEGATRON: {
+        /* GPTModel (megatron/core/models/gpt): norms with a bias unless RMSNorm; the fused
+         * QKV [(nh + 2 nkv) hd, H]; fc1 twice as wide with SwiGLU; biases unless
+         * --disable-bias-linear; the vocabulary padded (mg_padded_vocab at tp 1) */
+        const MgOptions *o = m->mg;
+        int64_t nv = o->rms_norm ? 1 : 2; /* vectors per norm */
+        int64_t b = m->mlp_bias ? 1 : 0;
+        int64_t qkv = P(S(nh, P(2, nkv)), hd);
+        int64_t fc1 = o->swiglu ? P(2, I) : I;
+        per_layer = S(P(2, nv, H), P(qkv, H), P(b, qkv), P(H, nh, hd), P(b, H), P(fc1, H),
+                      P(b, fc1), P(H, I), P(b, H), o->qk_norm ? P(2, nv, hd) : 0);
+        int64_t Vp = mg_padded_vocab(o, 1);
+        other = S(P(Vp, H), o->pos == MG_POS_LEARNED ? P(m->max_pos, H) : 0, P(nv, H),
+                  m->tie ? 0 : P(Vp, H));
+        break;
+    }
     default:
         g_assert_not_reached();
     }
@@ -444,7 +460,8 @@ static const struct {
 };
 
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
-                                              "falcon", "gpt_neo", "codegen", "mixtral"};
+                                              "falcon", "gpt_neo", "codegen", "mixtral",
+                                              "megatron"};
 
 static gboolean family_of(const char *type, Family *fam)
 {

@@ -5,6 +5,7 @@
 #define MEMSIM_TRACES_MODEL_H
 
 #include <memsim/gen.h>
+#include "traces/megatron.h"
 #include <stdbool.h>
 
 typedef enum {
@@ -17,6 +18,7 @@ typedef enum {
     FAM_GPTNEO,
     FAM_CODEGEN,
     FAM_MIXTRAL,
+    FAM_MEGATRON, /* Megatron-LM's GPTModel, built from its launch flags (traces/megatron.c) */
     FAM_COUNT
 } Family;
 
@@ -40,6 +42,7 @@ struct MemsimModel {
     int64_t sliding_window; /* 0 = none */
     bool falcon_new_arch;
     int64_t rotary_dim;     /* CodeGen / GPT-J rotary_dim (0 = none) */
+    const MgOptions *mg;    /* FAM_MEGATRON: the launch's options (owned by its MemsimMegatron) */
 };
 
 #endif

@@ -105,6 +105,8 @@ typedef struct {
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
+    /* a Megatron-LM launch (include/memsim/megatron.h: memsim_megatron_apply), or NULL */
+    const struct MemsimMegatron *megatron;
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking (each setting's

@@ -1,0 +1,42 @@
+/* memsim — a Megatron-LM launch described by Megatron's own flags.
+ *
+ *     MemsimMegatron *mg = memsim_megatron_load("train.sh", &err);   // NULL, exit 2 on bad input
+ *     MemsimRun run = memsim_run_defaults();
+ *     memsim_megatron_apply(mg, &run);                  // tp, pp, dp, batch, seq, precision …
+ *     MemsimReport *r = memsim_estimate(memsim_megatron_model(mg), &run, &opt, &err);
+ *
+ * The file is a command line (`torchrun … pretrain_gpt.py --num-layers 12 …`), a shell
+ * script's argument list (`MODEL_ARGS=( … )`, `GPT_ARGS="…"`, line continuations), or a
+ * Megatron functional test's model_config.yaml (its MODEL_ARGS and ENV_VARS maps). Every flag
+ * that changes memory is mapped; a flag that is not modelled is listed in a warning; flags
+ * that contradict each other are refused (MEMSIM_ERROR_BAD_INPUT naming them). Flags left
+ * out take Megatron's defaults (megatron/training/arguments.py). */
+#ifndef MEMSIM_MEGATRON_H
+#define MEMSIM_MEGATRON_H
+
+#include <memsim/gen.h>
+
+G_BEGIN_DECLS
+
+typedef struct MemsimMegatron MemsimMegatron;
+
+/* Reads `path` (see above). NULL with MEMSIM_ERROR_BAD_INPUT (or a GFileError) on error. */
+MEMSIM_API MemsimMegatron *memsim_megatron_load(const char *path, GError **error);
+/* The same from text; `where` names it in messages. */
+MEMSIM_API MemsimMegatron *memsim_megatron_parse(const char *text, const char *where, GError **error);
+/* NULL is accepted. */
+MEMSIM_API void memsim_megatron_free(MemsimMegatron *mg);
+/* The model the flags build (family "megatron"); owned by `mg`. */
+MEMSIM_API const MemsimModel *memsim_megatron_model(const MemsimMegatron *mg);
+/* Sets the run's settings from the launch (batch = micro-batch, seq, gpus, tp, pp, dp,
+ * micro-batches, schedule, precision, …) and points run->megatron at `mg`, which must outlive
+ * the run's use. */
+MEMSIM_API void memsim_megatron_apply(const MemsimMegatron *mg, MemsimRun *run);
+/* One line per flag that was not modelled (NULL-terminated; owned by `mg`). */
+MEMSIM_API const char *const *memsim_megatron_warnings(const MemsimMegatron *mg);
+/* PYTORCH_CUDA_ALLOC_CONF of the launch's environment, or NULL; owned by `mg`. */
+MEMSIM_API const char *memsim_megatron_alloc_conf(const MemsimMegatron *mg);
+
+G_END_DECLS
+
+#endif

@@ -1,0 +1,89 @@
+/* Internal: a Megatron-LM launch as memsim reads it (traces/megatron.c) — the flags that
+ * change memory, with Megatron's own defaults applied (megatron/training/arguments.py), and
+ * what the generator needs beyond a MemsimRun (traces/distributed.c, traces/models.c). */
+#ifndef MEMSIM_TRACES_MEGATRON_H
+#define MEMSIM_TRACES_MEGATRON_H
+
+#include <memsim/megatron.h>
+#include <stdbool.h>
+
+typedef enum { MG_IMPL_TE, MG_IMPL_LOCAL } MgImpl;
+
+/* --attention-backend (TE picks at run time for auto); local = --transformer-impl local */
+typedef enum { MG_ATTN_AUTO, MG_ATTN_FLASH, MG_ATTN_FUSED, MG_ATTN_UNFUSED, MG_ATTN_LOCAL } MgAttn;
+
+typedef enum { MG_POS_LEARNED, MG_POS_ROPE, MG_POS_NONE } MgPos;
+
+typedef enum { MG_RECOMPUTE_NONE, MG_RECOMPUTE_FULL, MG_RECOMPUTE_SELECTIVE } MgRecompute;
+typedef enum { MG_RECOMPUTE_UNIFORM, MG_RECOMPUTE_BLOCK } MgRecomputeMethod;
+
+typedef struct {
+    /* parallelism (tp, pp, dp, sequence parallel, micro-batches, virtual stages are in the
+     * MemsimRun) */
+    int cp;                          /* --context-parallel-size */
+    int first_stage_layers;          /* --decoder-first-pipeline-num-layers (0 = even) */
+    int last_stage_layers;           /* --decoder-last-pipeline-num-layers (0 = even) */
+    bool embedding_in_split;         /* --account-for-embedding-in-pipeline-split */
+    bool loss_in_split;              /* --account-for-loss-in-pipeline-split */
+    int microbatch_group;            /* --microbatch-group-size-per-virtual-pipeline-stage
+                                      * (0 = pp) */
+    bool overlap_p2p_warmup_flush;   /* --overlap-p2p-communication-warmup-flush */
+    int64_t global_batch;            /* --global-batch-size */
+    /* precision */
+    bool fp16;                       /* --fp16 (else --bf16, or fp32 with neither) */
+    bool bf16;
+    bool grads_fp32;                 /* main grads accumulated and reduced in fp32 */
+    bool loss_scaling_dynamic;       /* fp16 without --loss-scale */
+    /* optimizer and data parallelism */
+    bool distributed_optimizer;      /* --use-distributed-optimizer */
+    int optimizer_instances;         /* --num-distributed-optimizer-instances */
+    bool overlap_grad_reduce;
+    bool overlap_param_gather;
+    bool overlap_param_gather_with_step; /* --overlap-param-gather-with-optimizer-step */
+    int64_t bucket_size;             /* --ddp-bucket-size, elements (0 = unset) */
+    bool grad_accum_fusion;          /* gradient-accumulation fusion (on unless
+                                      * --no-gradient-accumulation-fusion) */
+    double clip_grad;                /* --clip-grad (default 1.0) */
+    bool log_params_norm;            /* --log-params-norm */
+    bool log_num_zeros;              /* --log-num-zeros-in-grad */
+    /* layers */
+    MgImpl impl;                     /* --transformer-impl */
+    MgAttn attention;                /* --attention-backend, resolved */
+    bool ce_fusion;                  /* --cross-entropy-loss-fusion */
+    bool defer_embedding_wgrad;      /* --defer-embedding-wgrad-compute */
+    int wgrad_deferral_limit;        /* --wgrad-deferral-limit */
+    bool attention_mask;             /* the data loader builds the attention mask */
+    bool rope_fusion;                /* fused RoPE kernels (on unless --no-rope-fusion) */
+    bool bias_dropout_fusion;        /* on unless --no-bias-dropout-fusion */
+    bool bias_gelu_fusion;           /* on unless --no-bias-gelu-fusion */
+    bool masked_softmax_fusion;      /* on unless --no-masked-softmax-fusion */
+    bool softmax_fp32;               /* --attention-softmax-in-fp32 */
+    bool qk_layer_scaling;           /* --apply-query-key-layer-scaling */
+    MgRecompute recompute;           /* --recompute-granularity */
+    MgRecomputeMethod recompute_method;
+    int recompute_layers;            /* --recompute-num-layers */
+    /* model shape beyond the MemsimModel's fields */
+    MgPos pos;                       /* --position-embedding-type */
+    bool rms_norm;                   /* --normalization RMSNorm */
+    bool swiglu;                     /* --swiglu */
+    bool qk_norm;                    /* --qk-layernorm */
+    int64_t vocab;                   /* the tokenizer's size, before padding */
+    int64_t vocab_divisor;           /* --make-vocab-size-divisible-by (128) */
+    char *alloc_conf;                /* PYTORCH_CUDA_ALLOC_CONF of the environment, or NULL */
+    int64_t cublas_workspace;        /* CUBLAS_WORKSPACE_CONFIG's bytes (0 = unset) */
+} MgOptions;
+
+struct MemsimMegatron {
+    char *source;                    /* the file read */
+    MemsimModel *model;              /* family "megatron" (traces/model.h FAM_MEGATRON) */
+    MemsimRun run;                   /* the run's settings as memsim's own */
+    MgOptions o;
+    GPtrArray *warnings;             /* char *: flags not modelled, each once */
+    char *describe;                  /* what the run: line adds */
+};
+
+/* The padded vocabulary at tensor-parallel degree tp (arguments.py: divisible by
+ * make_vocab_size_divisible_by × tp). */
+int64_t mg_padded_vocab(const MgOptions *o, int tp);
+
+#endif
