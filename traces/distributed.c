@@ -812,7 +812,7 @@ typedef struct {
     int chunk;
 } Slot;
 
-static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
+static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v, int g)
 {
     GArray *s = g_array_new(FALSE, FALSE, sizeof(Slot));
     if (kind == MEMSIM_PP_GPIPE) {
@@ -844,14 +844,27 @@ static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
         }
         return s;
     }
-    /* interleaved: virtual micro-batch k → chunk (k / p) % v, micro-batch (k / (p v)) p + k % p */
+    /* interleaved (schedules.py forward_backward_pipelining_with_interleaving): virtual
+     * micro-batch k runs entry k of get_schedule_table — groups of g micro-batches, each
+     * group through every chunk in turn — forwards on chunk c, backwards on v - 1 - c; the
+     * warm-up is 2 (p - r - 1) + (v - 1) g */
     int total = m * v;
-    int warm = 2 * (p - r - 1) + (v - 1) * p;
+    GArray *tab = g_array_new(FALSE, FALSE, sizeof(Slot));
+    for (int lo = 0; lo < m; lo += g) {
+        int hi = lo + g >= m ? m : lo + g;
+        for (int c = 0; c < v; c++)
+            for (int mb = lo; mb < hi; mb++) {
+                Slot sl = {true, mb, c};
+                g_array_append_val(tab, sl);
+            }
+    }
+    int warm = 2 * (p - r - 1) + (v - 1) * g;
     if (warm > total)
         warm = total;
     int f = 0, b = 0;
-#define FWD_SLOT(k) ((Slot){true, ((k) / (p * v)) * p + (k) % p, ((k) / p) % v})
-#define BWD_SLOT(k) ((Slot){false, ((k) / (p * v)) * p + (k) % p, v - 1 - ((k) / p) % v})
+#define FWD_SLOT(k) (g_array_index(tab, Slot, (k)))
+#define BWD_SLOT(k)                                                                            \
+    ((Slot){false, g_array_index(tab, Slot, (k)).mb, v - 1 - g_array_index(tab, Slot, (k)).chunk})
     for (; f < warm; f++) {
         Slot sl = FWD_SLOT(f);
         g_array_append_val(s, sl);
@@ -870,6 +883,7 @@ static GArray *schedule(MemsimPipeSchedule kind, int p, int r, int m, int v)
     }
 #undef FWD_SLOT
 #undef BWD_SLOT
+    g_array_unref(tab);
     return s;
 }
 
@@ -912,6 +926,244 @@ static void stage_after_optimizer(void *user, int step)
         gg_collective(so->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2, 3,
                       ring_us(so->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)so->psi * 2,
                               so->dp));
+}
+
+/* ---- Megatron-LM's GPTModel from a launch (traces/megatron.h) ---- */
+
+/* The layers of virtual stage `vs` (chunk k of rank r is vs = k·pp + r) and whether it holds
+ * the embedding or the loss: an even split; --decoder-first/last-pipeline-num-layers take
+ * theirs off the ends; --account-for-embedding/loss-in-pipeline-split count the embedding and
+ * the loss as a layer each (megatron/core/transformer/transformer_block.py
+ * get_num_layers_to_build, megatron/core/transformer/transformer_layer.py
+ * get_transformer_layer_offset). */
+static void mg_layout(const MemsimModel *m, int pp, int v, int vs, int64_t *l0, int64_t *l1,
+                      bool *first, bool *last)
+{
+    const MgOptions *o = m->mg;
+    int n = pp * v;
+    *first = vs == 0;
+    *last = vs == n - 1;
+    if (o->first_stage_layers || o->last_stage_layers) {
+        /* v = 1: the first and last stages as given, the middle ones share the rest */
+        int64_t f = o->first_stage_layers, la = o->last_stage_layers;
+        int64_t mid = pp > 2 ? (m->L - f - la) / (pp - 2) : 0;
+        if (vs == 0) {
+            *l0 = 0;
+            *l1 = f ? f : mid;
+        } else if (vs == pp - 1) {
+            *l0 = m->L - (la ? la : mid);
+            *l1 = m->L;
+        } else {
+            *l0 = (f ? f : mid) + (int64_t)(vs - 1) * mid;
+            *l1 = *l0 + mid;
+        }
+        return;
+    }
+    int64_t e = o->embedding_in_split ? 1 : 0, lo = o->loss_in_split ? 1 : 0;
+    int64_t per = (m->L + e + lo) / n;
+    int64_t u0 = (int64_t)vs * per - e, u1 = u0 + per;
+    *l0 = u0 < 0 ? 0 : u0 > m->L ? m->L : u0;
+    *l1 = u1 < 0 ? 0 : u1 > m->L ? m->L : u1;
+}
+
+static void mg_post_accumulate(AgGraph *g, void *user, AgTensor *p)
+{
+    /* the DDP hook (megatron/core/distributed/distributed_data_parallel.py
+     * _make_backward_post_hook): param.main_grad.add_(param.grad), param.grad = None */
+    (void)user;
+    if (p->grad) {
+        AgTensor *gr = p->grad;
+        p->grad = NULL;
+        gt_unref(g, gr);
+    }
+}
+
+typedef struct {
+    AgGraph *g;
+    const MgOptions *o;
+    AgTensor *main_grad;   /* the DDP grad buffer */
+    GPtrArray *mains;      /* fp32 main parameters (one per parameter, or the shard) */
+    GPtrArray *model;      /* the model's parameters, in the same order (non-distributed) */
+    int64_t psi;
+    int dp, shard;
+    double dp_cost;
+} MgOpt;
+
+static GPtrArray *mg_before_optimizer(void *user, int step)
+{
+    MgOpt *mo = user;
+    AgGraph *g = mo->g;
+    (void)step;
+    DType gdt = mo->main_grad->dt;
+    uint64_t gbytes = (uint64_t)mo->psi * (uint64_t)dt_size(gdt);
+    if (mo->dp > 1)
+        gg_collective(g, mo->o->distributed_optimizer ? MEMSIM_COLL_REDUCE_SCATTER
+                                                      : MEMSIM_COLL_ALL_REDUCE,
+                      gbytes, 3,
+                      ring_us(mo->dp_cost, mo->o->distributed_optimizer
+                                               ? MEMSIM_COLL_REDUCE_SCATTER
+                                               : MEMSIM_COLL_ALL_REDUCE,
+                              gbytes, mo->dp));
+    /* main_param.grad: a view of main_grad (fp32), or an fp32 copy (fp16 grads: .float()) */
+    for (guint i = 0; i < mo->mains->len; i++) {
+        AgTensor *mp = mo->mains->pdata[i];
+        if (gdt == DT_F32)
+            mp->grad = gt_view_of(g, mo->main_grad, mp->nd, mp->shape, NULL);
+        else
+            mp->grad = op_new(g, "_to_copy", DT_F32, mp->nd, mp->shape);
+    }
+    return mo->mains;
+}
+
+static void mg_after_optimizer(void *user, int step)
+{
+    MgOpt *mo = user;
+    (void)step;
+    if (mo->dp > 1 && mo->o->distributed_optimizer)
+        gg_collective(mo->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2, 3,
+                      ring_us(mo->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2,
+                              mo->dp));
+}
+
+static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                           const AgRules *rules, const GpuProfile *gpu, int tp, int pp, int dp,
+                           int r, GError **error)
+{
+    const MgOptions *o = m->mg;
+    int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
+    int mbs = memsim_run_resolve(run).microbatches;
+    int cp = o->cp > 0 ? o->cp : 1;
+    guint32 rank = memsim_trace_add_rank(t, (guint32)(r * tp * cp), (guint32)(tp * cp * dp));
+    memsim_trace_header(t)->ranks[rank].role = g_strdup_printf(
+        "pipeline stage %d of %d (tp %d, cp %d, dp %d)", r, pp, tp, cp, dp);
+    AgGraph *g = gg_new(t, rank, rules);
+    gg_set_gpu(g, gpu, run->precision == MEMSIM_PREC_FP32);
+    MemsimRun eff = *run;
+    if (run->precision != MEMSIM_PREC_FP32)
+        eff.precision = o->fp16 ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
+    AgTensor *mpu = NULL;
+    Model *chunks = g_new0(Model, v);
+    for (int k = 0; k < v; k++) {
+        int64_t l0, l1;
+        bool first, last;
+        mg_layout(m, pp, v, k * pp + r, &l0, &l1, &first, &last);
+        if (!model_build_chunk(&chunks[k], g, m, &eff, tp, l0, l1, first, last, error)) {
+            for (int j = 0; j <= k; j++)
+                model_clear(&chunks[j]);
+            g_free(chunks);
+            gg_free(g);
+            return FALSE;
+        }
+        chunks[k].S = run->seq;
+        chunks[k].mg_mpu = &mpu;
+        chunks[k].comm_us_per_byte = comm_cost(gpu, tp <= run->gpus_per_node);
+    }
+    int64_t psi = 0;
+    for (int k = 0; k < v; k++)
+        psi += count_trainable(&chunks[k]);
+    AgContext *c = gg_ctx(g);
+    DType adt = chunks[0].adt;
+    /* the DDP grad buffer (megatron/core/distributed/param_and_grad_buffer.py): fp32 with
+     * bf16 (grad_reduce_in_fp32), else the parameters' dtype */
+    int dpo = o->distributed_optimizer ? dp / (o->optimizer_instances > 0 ? o->optimizer_instances : 1) : 1;
+    if (dpo < 1)
+        dpo = 1;
+    int64_t psi_pad = o->distributed_optimizer ? (psi + dpo - 1) / dpo * dpo : psi;
+    AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, o->grads_fp32 ? DT_F32 : adt, psi_pad);
+    /* fp32 main parameters, made when the optimizer is built: a copy of each parameter
+     * (Float16OptimizerWithFloat16Params), or of this rank's shard (DistributedOptimizer) */
+    MgOpt mo = {g, o, main_grad, g_ptr_array_new(), NULL, psi_pad, dp, dpo,
+                comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
+    if (o->distributed_optimizer) {
+        g_ptr_array_add(mo.mains, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, psi_pad / dpo));
+    } else {
+        for (int k = 0; k < v; k++)
+            for (guint j = 0; j < chunks[k].trainable->len; j++) {
+                AgTensor *p = chunks[k].trainable->pdata[j];
+                AgTensor *mp = gg_leaf(g, DT_F32, p->nd, p->shape, false,
+                                       MEMSIM_CAT_OPTIMIZER_STATE);
+                g_ptr_array_add(mo.mains, mp);
+            }
+    }
+    AgHooks ah = {mg_post_accumulate, NULL, NULL};
+    gg_set_hooks(g, &ah);
+    LoopHooks hooks = {.before_optimizer = mg_before_optimizer,
+                       .after_optimizer = mg_after_optimizer,
+                       .user = &mo};
+    Optimizer opt;
+    optimizer_init(&opt, run, rules);
+    optimizer_for_method(&opt, MEMSIM_METHOD_MEGATRON);
+    opt.plain_ops = true;
+    int64_t H = m->H;
+    int64_t sl = run->seq / cp;
+    int64_t sq = run->sequence_parallel ? sl / tp : sl; /* p2p tensors' tokens */
+    uint64_t p2p_bytes = (uint64_t)(run->batch * sq * H * dt_size(adt));
+    double p2p_us = ring_us(comm_cost(gpu, tp * cp * dp * pp <= run->gpus_per_node),
+                            MEMSIM_COLL_SEND, p2p_bytes, 2);
+    guint32 prev = rank - (guint32)r + (guint32)((r + pp - 1) % pp);
+    guint32 next = rank - (guint32)r + (guint32)((r + 1) % pp);
+    InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
+    for (int step = 1; step <= run->steps; step++) {
+        loop_mark_step(g, step);
+        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v,
+                                 o->microbatch_group > 0 ? o->microbatch_group : pp);
+        for (guint i = 0; i < sched->len; i++) {
+            Slot sl2 = g_array_index(sched, Slot, i);
+            Model *md = &chunks[sl2.chunk];
+            InFlight *f = &fl[sl2.mb * v + sl2.chunk];
+            c->microbatch = sl2.mb;
+            c->category = MEMSIM_CAT_TEMPORARY;
+            if (sl2.fwd) {
+                c->phase = MEMSIM_PHASE_FORWARD;
+                if (!md->first) {
+                    gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, prev, p2p_us);
+                    f->in = gg_leaf(g, adt, 3, (int64_t[]){sq, run->batch, H}, true,
+                                    MEMSIM_CAT_ACTIVATION);
+                }
+                AgTensor *hidden = NULL;
+                AgTensor *loss = mg_stage_forward(md, f->in, &hidden);
+                if (step == 1 && i == 0)
+                    gg_mark_breakdown(g, MEMSIM_BREAKDOWN_FIRST_FORWARD);
+                if (loss) {
+                    f->out = loss;
+                } else {
+                    gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, next, p2p_us);
+                    gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
+                    f->out = hidden;
+                }
+            } else {
+                c->phase = MEMSIM_PHASE_BACKWARD;
+                AgTensor *grad = NULL;
+                if (!md->last) {
+                    gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, next, p2p_us);
+                    grad = op_new(g, "empty", adt, 3, (int64_t[]){sq, run->batch, H});
+                }
+                gg_backward_with(g, f->out, grad);
+                gt_unref(g, f->out);
+                f->out = NULL;
+                if (f->in) {
+                    gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, prev, p2p_us);
+                    gt_unref(g, f->in);
+                    f->in = NULL;
+                }
+            }
+        }
+        g_array_unref(sched);
+        loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
+    }
+    gg_teardown(g);
+    g_free(fl);
+    for (guint i = 0; i < mo.mains->len; i++)
+        gt_unref(g, mo.mains->pdata[i]);
+    g_ptr_array_unref(mo.mains);
+    optimizer_clear(g, &opt);
+    gt_unref(g, main_grad);
+    gt_unref(g, mpu);
+    for (int k = 0; k < v; k++)
+        model_clear(&chunks[k]);
+    g_free(chunks);
+    gg_free(g);
+    return TRUE;
 }
 
 static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
@@ -971,7 +1223,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
         loop_mark_step(g, step);
-        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v);
+        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v, pp);
         for (guint i = 0; i < sched->len; i++) {
             Slot sl = g_array_index(sched, Slot, i);
             Model *md = &chunks[sl.chunk];
@@ -1073,7 +1325,10 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
         return dp_program(m, &r2, t, rules, gpu, error);
     }
     int tp = rr.tp, pp = rr.pp, dp = rr.dp;
-    if ((int64_t)tp * pp * dp != run->gpus)
+    int cp = m->fam == FAM_MEGATRON && m->mg->cp > 1 ? m->mg->cp : 1;
+    if (cp > 1 && !run->dp)
+        dp = run->gpus / (tp * pp * cp);
+    if ((int64_t)tp * pp * cp * dp != run->gpus)
         return setting_refuse(error, "gpus: %d GPUs are not tp %d × pp %d × dp %d", run->gpus, tp, pp,
                         dp);
     if (m->nh % tp)
@@ -1089,19 +1344,20 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
     int v = run->pp_schedule == MEMSIM_PP_INTERLEAVED ? run->virtual_stages : 1;
     if (pp > m->L)
         return setting_refuse(error, "pp: %d stages for %" G_GINT64_FORMAT " layers", pp, m->L);
-    if (m->L % ((int64_t)pp * v))
+    if (m->fam != FAM_MEGATRON && m->L % ((int64_t)pp * v))
         return setting_refuse(error, "pp: %" G_GINT64_FORMAT " layers do not split into %d stages × %d "
                                "virtual stages",
                         m->L, pp, v);
     int mbs = rr.microbatches;
-    if (run->pp_schedule == MEMSIM_PP_INTERLEAVED && (v < 2 || mbs % pp))
+    if (run->pp_schedule == MEMSIM_PP_INTERLEAVED && (v < 2 || (m->fam != FAM_MEGATRON && mbs % pp)))
         return setting_refuse(error, "pp-schedule: interleaved needs --virtual-stages ≥ 2 and "
                                "micro-batches divisible by pp (%d)",
                         pp);
     if (run->sequence_parallel && (tp == 1 || run->seq % tp))
         return setting_refuse(error, "sequence-parallel: needs tp > 1 dividing the sequence length");
     for (int r = 0; r < pp; r++)
-        if (!megatron_program(m, run, t, rules, gpu, tp, pp, dp, r, error))
+        if (!(m->fam == FAM_MEGATRON ? mg_program : megatron_program)(m, run, t, rules, gpu, tp,
+                                                                       pp, dp, r, error))
             return FALSE;
     return TRUE;
 }

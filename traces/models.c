@@ -711,16 +711,24 @@ gboolean model_build(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRu
 gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const MemsimRun *run,
                           int tp, int64_t l0, int64_t l1, GError **error)
 {
+    return model_build_chunk(md, g, full, run, tp, l0, l1, l0 == 0, l1 == full->L, error);
+}
+
+gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const MemsimRun *run,
+                           int tp, int64_t l0, int64_t l1, bool first, bool last,
+                           GError **error)
+{
     memset(md, 0, sizeof *md);
     md->g = g;
     md->leaves = g_ptr_array_new();
     md->tp = tp;
     md->l0 = l0;
     md->l1 = l1;
-    md->first = l0 == 0;
-    md->last = l1 == full->L;
+    md->first = first;
+    md->last = last;
     md->sp = run->sequence_parallel && tp > 1;
-    if (md->sp && full->fam != FAM_GPT2 && full->fam != FAM_LLAMA) {
+    if (md->sp && full->fam != FAM_GPT2 && full->fam != FAM_LLAMA &&
+        full->fam != FAM_MEGATRON) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
                     "sequence-parallel: modelled for the llama and gpt2 families only (not %s)",
                     memsim_model_family(full));
@@ -782,6 +790,8 @@ gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *full, const 
     }
     md->trainable = g_ptr_array_new();
     md->cache = g_ptr_array_new();
+    if (m->fam == FAM_MEGATRON)
+        return mg_build(md, m, l0, l1, error);
     int64_t V = m->V, H = m->H, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
     int64_t A = nh * hd; /* attention width on this rank (H, or H/tp) */
     bool tr = nn_full_ft(md);

@@ -23,6 +23,7 @@ typedef struct {
     Lin q, k, v, o, qkv;     /* qkv: fused projections (GPT-2, NeoX, BLOOM, Falcon) */
     Lin gate, up, down;      /* MLP (Llama: gate/up/down; others: up = fc1, down = fc2) */
     AgTensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    AgTensor *qn_w, *qn_b, *kn_w, *kn_b; /* Megatron --qk-layernorm */
     AgTensor *router;        /* MoE */
     Lin *experts;            /* MoE: 3 per expert (gate, up, down) */
 } Layer;
@@ -56,6 +57,10 @@ typedef struct Model {
                            * entry with the new K/V and drops it, as DynamicLayer.update does */
     bool last_logits_only; /* generation: lm_head on the last position (logits_to_keep=1) */
     int64_t B, S;
+    /* Megatron (traces/megatron_model.c): the process's global buffer, shared by its chunks,
+     * and the forward in progress */
+    AgTensor **mg_mpu;
+    void *mg_stage;
 } Model;
 
 /* Creates every parameter and buffer (in module registration order). FALSE with error for
@@ -74,6 +79,15 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
 gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
                           int tp, int64_t l0, int64_t l1, GError **error);
 void model_clear(Model *md);
+/* Like model_build_part with the stage's ends given: a Megatron chunk may hold no layer but
+ * the embedding or the loss (--account-for-*-in-pipeline-split). */
+gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
+                           int tp, int64_t l0, int64_t l1, bool first, bool last,
+                           GError **error);
+/* Megatron's GPTModel (traces/megatron_model.c): its parameters for layers [l0, l1), and one
+ * forward of the chunk (the loss on the last stage; else NULL and *hidden_out). */
+gboolean mg_build(Model *md, const MemsimModel *m, int64_t l0, int64_t l1, GError **error);
+AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out);
 /* Drops the model output object's references: the KV cache it holds. */
 void model_drop_output(Model *md);
 /* The per-rank programs of a distributed run (traces/distributed.c). */
