@@ -1041,7 +1041,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     MemsimRun eff = *run;
     if (run->precision != MEMSIM_PREC_FP32)
         eff.precision = o->fp16 ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
-    AgTensor *mpu = NULL;
+    MgShared shared = {.dummy = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
     Model *chunks = g_new0(Model, v);
     for (int k = 0; k < v; k++) {
         int64_t l0, l1;
@@ -1055,7 +1055,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             return FALSE;
         }
         chunks[k].S = run->seq;
-        chunks[k].mg_mpu = &mpu;
+        chunks[k].mgs = &shared;
         chunks[k].comm_us_per_byte = comm_cost(gpu, tp <= run->gpus_per_node);
     }
     int64_t psi = 0;
@@ -1068,7 +1068,19 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     int dpo = o->distributed_optimizer ? dp / (o->optimizer_instances > 0 ? o->optimizer_instances : 1) : 1;
     if (dpo < 1)
         dpo = 1;
-    int64_t psi_pad = o->distributed_optimizer ? (psi + dpo - 1) / dpo * dpo : psi;
+    /* the distributed optimizer pads each parameter's start to 64 elements and the bucket's end
+     * to lcm(shards, 128) (distrib_optimizer.py _compute_per_buffer_param_layout) */
+    int64_t psi_pad = psi;
+    if (o->distributed_optimizer) {
+        psi_pad = 0;
+        for (int k = 0; k < v; k++)
+            for (guint j = 0; j < chunks[k].trainable->len; j++)
+                psi_pad = (psi_pad + 63) / 64 * 64 + gt_numel(chunks[k].trainable->pdata[j]);
+        int64_t lcm = 128;
+        while (lcm % dpo)
+            lcm += 128;
+        psi_pad = (psi_pad + lcm - 1) / lcm * lcm;
+    }
     AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, o->grads_fp32 ? DT_F32 : adt, psi_pad);
     /* fp32 main parameters, made when the optimizer is built: a copy of each parameter
      * (Float16OptimizerWithFloat16Params), or of this rank's shard (DistributedOptimizer) */
@@ -1084,6 +1096,22 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                                        MEMSIM_CAT_OPTIMIZER_STATE);
                 g_ptr_array_add(mo.mains, mp);
             }
+    }
+    /* 1-element tensors that live for the run (512 B blocks): pretrain's start_time tensor, the
+     * FusedAdam overflow buffer and the loss scaler's (bf16: _scale_one; fp16: found_inf, the
+     * dynamic scaler's scale, bounds and factors, its overflow buffer), the last stage's
+     * loss_dict and total_loss_dict entries (megatron/training/training.py,
+     * megatron/core/optimizer/optimizer.py, grad_scaler.py) */
+    GPtrArray *small = g_ptr_array_new();
+    {
+        int n_small = 2 + (o->fp16 ? 6 : 1) + (chunks[v - 1].last ? 2 : 0);
+        if (o->overlap_param_gather_with_step)
+            n_small += 1 + (o->fp16 ? 6 : 1);
+        uint8_t cat = c->category;
+        c->category = MEMSIM_CAT_OTHER;
+        for (int i = 0; i < n_small; i++)
+            g_ptr_array_add(small, op_new(g, "tensor", DT_F32, 1, (int64_t[]){1}));
+        c->category = cat;
     }
     AgHooks ah = {mg_post_accumulate, NULL, NULL};
     gg_set_hooks(g, &ah);
@@ -1158,7 +1186,18 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     g_ptr_array_unref(mo.mains);
     optimizer_clear(g, &opt);
     gt_unref(g, main_grad);
-    gt_unref(g, mpu);
+    gt_unref(g, shared.mpu);
+    gt_unref(g, shared.te_workspace);
+    gt_unref(g, shared.freqs);
+    GHashTableIter it;
+    gpointer dv;
+    g_hash_table_iter_init(&it, shared.dummy);
+    while (g_hash_table_iter_next(&it, NULL, &dv))
+        gt_unref(g, dv);
+    g_hash_table_unref(shared.dummy);
+    for (guint i = 0; i < small->len; i++)
+        gt_unref(g, small->pdata[i]);
+    g_ptr_array_unref(small);
     for (int k = 0; k < v; k++)
         model_clear(&chunks[k]);
     g_free(chunks);

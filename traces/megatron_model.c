@@ -13,6 +13,8 @@
 
 /* ---- one autograd Function (torch.autograd.Function of Megatron or TE) ---- */
 
+typedef enum { GEMM_NONE, GEMM_TORCH, GEMM_TE } GemmKind;
+
 /* What its backward allocates beyond the input gradients: temporaries, freed when it returns. */
 typedef struct {
     int n_tmp;
@@ -20,15 +22,41 @@ typedef struct {
     int64_t tmp_n[4];
     bool grad_in_place; /* the first input's gradient is written into the first saved tensor */
     uint32_t pass;      /* inputs (bits) whose gradient is the incoming one (a reference) */
+    GemmKind gemm;      /* the cuBLAS workspace its GEMMs take */
+    MgShared *mgs;
 } FnBw;
 
 #define PASS(i) (1u << (i))
+
+/* Transformer Engine's cuBLAS workspace: one per process, made at the first TE GEMM
+ * (transformer_engine/pytorch/cpp_extensions/gemm.py get_cublas_workspace: 32 MiB + 1 KiB
+ * on Hopper and later). */
+static void te_gemm(AgGraph *g, MgShared *mgs)
+{
+    gg_op(g, "te_general_gemm");
+    if (!mgs || mgs->te_workspace)
+        return;
+    AgContext *c = gg_ctx(g);
+    uint8_t cat = c->category;
+    c->category = MEMSIM_CAT_OTHER;
+    mgs->te_workspace = gt_empty(g, DT_U8, SHAPE(((int64_t)32 << 20) + 1024));
+    c->category = cat;
+}
+
+static void gemm(AgGraph *g, GemmKind k, MgShared *mgs)
+{
+    if (k == GEMM_TORCH)
+        gg_gemm(g);
+    else if (k == GEMM_TE)
+        te_gemm(g, mgs);
+}
 
 static void bw_fn(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
     const FnBw *b = n->extra;
     AgTensor *tmp[4] = {0};
     gg_op(g, n->name);
+    gemm(g, b->gemm, b->mgs);
     for (int i = 0; i < b->n_tmp; i++)
         tmp[i] = gt_empty(g, b->tmp_dt[i], 1, (int64_t[]){b->tmp_n[i]});
     for (int i = 0; i < n->n_next; i++) {
@@ -81,7 +109,8 @@ static void fn_record(AgGraph *g, const char *name, AgTensor *const *in, int nin
     for (int i = 0; i < nin; i++)
         gn_add_input(g, n, in[i]);
     for (int i = 0; i < nsave; i++)
-        gn_save(g, n, save[i]);
+        if (save[i])
+            gn_save(g, n, save[i]);
     FnBw *copy = g_new(FnBw, 1);
     *copy = bw ? *bw : (FnBw){0};
     n->extra = copy;
@@ -94,12 +123,16 @@ static void fn_record(AgGraph *g, const char *name, AgTensor *const *in, int nin
 typedef struct {
     Model *md;
     const MgOptions *o;
+    MgShared *mgs;
+    bool te;           /* Transformer Engine modules */
+    MgAttn attn;       /* the attention backend that runs (auto resolved) */
+    int cp;
     int64_t s, b, h;   /* this rank's sequence, micro-batch, hidden */
     int64_t N, Nr;     /* tokens of a full-sequence activation, of the residual stream */
     int64_t np, ng, hd, ffn;
     DType adt;
     AgTensor *mask;    /* the data loader's attention mask, or NULL */
-    AgTensor *freqs;   /* RoPE: the [s, 1, 1, hd] fp32 frequencies */
+    AgTensor *freqs;   /* RoPE: the cached [s, 1, 1, hd] fp32 frequencies */
 } St;
 
 static AgTensor *t2(AgGraph *g, DType dt, int64_t a, int64_t b)
@@ -109,78 +142,173 @@ static AgTensor *t2(AgGraph *g, DType dt, int64_t a, int64_t b)
 
 /* The persistent global buffer ("mpu": parallel_state.get_global_memory_buffer()): reused,
  * replaced by a larger one when a request exceeds it (megatron/core/utils.py GlobalMemoryBuffer). */
-static void mpu_buffer(Model *md, int64_t nbytes)
+static void mpu_buffer(St *st, int64_t nbytes)
 {
-    AgTensor **buf = md->mg_mpu;
-    if (!buf || (*buf && gt_nbytes(*buf) >= nbytes))
+    MgShared *mgs = st->mgs;
+    if (!mgs || (mgs->mpu && gt_nbytes(mgs->mpu) >= nbytes))
         return;
-    AgGraph *g = md->g;
+    AgGraph *g = st->md->g;
     AgContext *c = gg_ctx(g);
     uint8_t cat = c->category;
     c->category = MEMSIM_CAT_OTHER;
     gg_op(g, "GlobalMemoryBuffer.get_tensor");
     AgTensor *t = gt_empty(g, DT_BF16, SHAPE((nbytes + 1) / 2));
     c->category = cat;
-    gt_unref(g, *buf);
-    *buf = t;
+    gt_unref(g, mgs->mpu);
+    mgs->mpu = t;
 }
 
-/* Megatron's fused LayerNorm or RMSNorm on [Nr, h] (apex FusedLayerNormAffineFunction /
- * TE): saves the input, the weight(s) and fp32 statistics per token. */
-static AgTensor *norm(St *st, AgTensor *x, AgTensor *w, AgTensor *bias)
+/* The persistent dummy weight gradient of gradient-accumulation fusion: one bf16 tensor per
+ * weight shape (TE module/base.py get_dummy_wgrad), made at the first backward that needs it. */
+static AgTensor *dummy_wgrad(AgGraph *g, MgShared *mgs, const AgTensor *w)
 {
-    AgGraph *g = st->md->g;
-    int64_t n = gt_numel(x) / st->h;
-    gg_op(g, st->o->rms_norm ? "fused_rms_norm" : "fused_layer_norm");
-    AgTensor *out = gt_empty(g, x->dt, x->nd, x->shape);
-    AgTensor *mu = st->o->rms_norm ? NULL : gt_empty(g, DT_F32, SHAPE(n));
-    AgTensor *rs = gt_empty(g, DT_F32, SHAPE(n));
-    AgTensor *in[3] = {x, w, bias};
-    AgTensor *sv[4] = {x, w, rs, mu};
-    fn_record(g, st->o->rms_norm ? "FusedRMSNormAffineFunctionBackward"
-                                 : "FusedLayerNormAffineFunctionBackward",
-              in, bias ? 3 : 2, sv, mu ? 4 : 3, out, NULL);
-    gt_unref(g, mu);
-    gt_unref(g, rs);
-    return out;
+    char key[64];
+    g_snprintf(key, sizeof key, "%" G_GINT64_FORMAT "x%" G_GINT64_FORMAT "/%d", w->shape[0],
+               w->nd > 1 ? w->shape[1] : 1, (int)w->dt);
+    AgTensor *d = g_hash_table_lookup(mgs->dummy, key);
+    if (!d) {
+        AgContext *c = gg_ctx(g);
+        uint8_t cat = c->category;
+        c->category = MEMSIM_CAT_OTHER;
+        d = gt_empty(g, w->dt, w->nd, w->shape);
+        c->category = cat;
+        g_hash_table_insert(mgs->dummy, g_strdup(key), d);
+    }
+    return gt_ref(d);
 }
 
-/* A column- or row-parallel linear (LinearWithGradAccumulationAndAsyncCommunication,
- * megatron/core/tensor_parallel/layers.py): saves its input and weight; the product, then
- * `output + bias` unless the bias is returned to a fused op. Backward: dgrad, then the weight
- * gradient (with gradient-accumulation fusion an empty tensor of the weight's shape, the
- * GEMM accumulating into main_grad), then the bias gradient. Under sequence parallelism a
- * column-parallel input is all-gathered into the global buffer (again in backward) and a
- * row-parallel output reduce-scattered. */
-static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias)
+/* ---- linear layers ---- */
+
+/* How a linear's backward runs (Megatron's LinearWithGradAccumulationAndAsyncCommunication,
+ * TE's _Linear and _LayerNormLinear). */
+typedef struct {
+    GemmKind gemm;
+    MgShared *mgs;
+    bool fused_wgrad;  /* the weight gradient accumulates into main_grad; autograd gets the dummy */
+    bool gather;       /* sequence parallel, column-parallel: the input re-gathered */
+    bool gather_mpu;   /* … into the global buffer (Megatron) rather than a new tensor (TE) */
+    bool ln;           /* TE LayerNormLinear: the norm's backward follows (its x, weights) */
+    int tp;
+    int64_t rows, in;  /* the GEMM's rows (gathered), the input width */
+    DType dt;
+} LinBw;
+
+static void bw_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    const LinBw *lb = n->extra;
+    (void)gin;
+    gg_op(g, n->name);
+    AgTensor *gath = NULL;
+    if (lb->gather && !lb->gather_mpu)
+        gath = t2(g, lb->dt, lb->rows, lb->in); /* the input re-gathered (TE) */
+    gemm(g, lb->gemm, lb->mgs);
+    AgTensor *dg = t2(g, lb->dt, lb->rows, lb->in); /* dgrad */
+    if (lb->gather) {
+        /* reduce-scatter of the dgrad into a new [rows / tp, in] */
+        AgTensor *d2 = t2(g, lb->dt, lb->rows / lb->tp, lb->in);
+        gt_unref(g, dg);
+        dg = d2;
+    }
+    if (n->next[1].node) /* wgrad */
+        gout[1] = lb->fused_wgrad ? dummy_wgrad(g, lb->mgs, n->in_meta[1])
+                                  : gt_empty(g, n->in_meta[1]->dt, n->in_meta[1]->nd,
+                                             n->in_meta[1]->shape);
+    if (n->n_next > 2 && n->next[2].node) /* the bias: fused into the GEMM (TE) or summed */
+        gout[2] = gt_empty(g, n->in_meta[2]->dt, n->in_meta[2]->nd, n->in_meta[2]->shape);
+    gt_unref(g, gath);
+    if (lb->ln) {
+        /* tex.layernorm_bwd: dx, dgamma, dbeta; the dgrad then dies */
+        if (n->next[0].node)
+            gout[0] = gt_empty(g, n->in_meta[0]->dt, n->in_meta[0]->nd, n->in_meta[0]->shape);
+        for (int i = 3; i < n->n_next; i++)
+            if (n->next[i].node)
+                gout[i] = gt_empty(g, n->in_meta[i]->dt, n->in_meta[i]->nd, n->in_meta[i]->shape);
+        gt_unref(g, dg);
+    } else if (n->next[0].node) {
+        gout[0] = dg;
+    } else {
+        gt_unref(g, dg);
+    }
+}
+
+/* A linear on x [rows, in]: Megatron's (local spec, and the output layer of both specs) or
+ * TE's. Column-parallel under sequence parallelism all-gathers its input: into the global
+ * buffer (Megatron) or a new tensor freed after the GEMM (TE); it saves the local input either
+ * way. Row-parallel reduce-scatters (sequence parallel) or all-reduces its output. The bias is
+ * added inside (TE's GEMM epilogue), by a separate `output + bias` (Megatron), or returned for
+ * a fused op (add_bias false). A TE LayerNormLinear (ln_w given) normalises x first: it saves
+ * x, the local norm output and fp32 statistics. */
+static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias, bool te,
+                        AgTensor *ln_w, AgTensor *ln_b)
 {
     Model *md = st->md;
     AgGraph *g = md->g;
+    const MgOptions *o = st->o;
     int64_t rows = gt_numel(x) / l->in;
-    bool sp = md->sp;
-    AgTensor *in = gt_ref(x);
-    if (sp && column) {
-        mpu_buffer(md, rows * md->tp * l->in * dt_size(x->dt));
-        gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * md->tp, 1,
-                      nn_tp_us(md, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(x) * md->tp));
+    bool gather = md->sp && column;
+    AgTensor *lnout = NULL, *mu = NULL, *rs = NULL;
+    if (ln_w) {
+        gg_op(g, o->rms_norm ? "te_rmsnorm_fwd" : "te_layernorm_fwd");
+        mu = o->rms_norm ? NULL : gt_empty(g, DT_F32, SHAPE(rows));
+        rs = gt_empty(g, DT_F32, SHAPE(rows));
+        lnout = t2(g, st->adt, rows, l->in);
+    }
+    AgTensor *gin = lnout ? lnout : x;
+    AgTensor *gathered = NULL;
+    if (gather) {
+        uint64_t nb = (uint64_t)gt_nbytes(gin) * (uint64_t)md->tp;
+        if (te)
+            gathered = t2(g, st->adt, rows * md->tp, l->in);
+        else
+            mpu_buffer(st, (int64_t)nb);
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, nb, 1, nn_tp_us(md, MEMSIM_COLL_ALL_GATHER, nb));
         rows *= md->tp;
     }
-    gg_op(g, "linear");
-    gg_gemm(g);
+    GemmKind gk = te ? GEMM_TE : GEMM_TORCH;
+    gemm(g, gk, st->mgs);
     gg_flops(g, 2.0 * (double)rows * (double)l->in * (double)l->out);
+    bool bias_in_gemm = te && add_bias && l->b;
     AgTensor *out = t2(g, st->adt, rows, l->out);
-    AgTensor *ins[2] = {in, l->w};
-    AgTensor *sv[2] = {in, l->w};
-    fn_record(g, "LinearWithGradAccumulationAndAsyncCommunicationBackward", ins, 2, sv, 2, out,
-              NULL);
-    U(in);
-    if (sp && !column) {
+    gt_unref(g, gathered);
+    if (gg_needs_grad(g, 2, (AgTensor *[]){x, l->w})) {
+        AgNode *n = gn_new(g, ln_w ? "_LayerNormLinearBackward"
+                           : te    ? "_LinearBackward"
+                                   : "LinearWithGradAccumulationAndAsyncCommunicationBackward",
+                           bw_linear, 1);
+        gn_add_input(g, n, x);
+        gn_add_input(g, n, l->w);
+        if (bias_in_gemm || ln_w)
+            gn_add_input(g, n, bias_in_gemm ? l->b : NULL);
+        if (ln_w) {
+            gn_add_input(g, n, ln_w);
+            if (ln_b)
+                gn_add_input(g, n, ln_b);
+        }
+        gn_save(g, n, x);
+        gn_save(g, n, l->w);
+        if (lnout) {
+            gn_save(g, n, lnout);
+            gn_save(g, n, rs);
+            if (mu)
+                gn_save(g, n, mu);
+        }
+        LinBw *lb = g_new(LinBw, 1);
+        *lb = (LinBw){.gemm = gk, .mgs = st->mgs, .fused_wgrad = o->grad_accum_fusion,
+                      .gather = gather, .gather_mpu = !te, .ln = ln_w != NULL, .tp = md->tp,
+                      .rows = rows, .in = l->in, .dt = st->adt};
+        n->extra = lb;
+        n->extra_free = g_free;
+        gn_set_output(n, out, 0);
+    }
+    gt_unref(g, lnout);
+    gt_unref(g, mu);
+    gt_unref(g, rs);
+    if (md->sp && !column) {
         /* reduce_scatter_to_sequence_parallel_region: a new [rows / tp, out] */
         AgTensor *r = t2(g, st->adt, rows / md->tp, l->out);
         gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(out), 1,
                       nn_tp_us(md, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(out)));
-        AgTensor *ins2[1] = {out};
-        fn_record(g, "_ReduceScatterToSequenceParallelRegionBackward", ins2, 1, NULL, 0, r, NULL);
+        fn_record(g, "_ReduceScatterToSequenceParallelRegionBackward", &out, 1, NULL, 0, r, NULL);
         U(out);
         out = r;
         rows /= md->tp;
@@ -188,7 +316,7 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias)
         gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out), 1,
                       nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(out)));
     }
-    if (add_bias && l->b) {
+    if (add_bias && l->b && !bias_in_gemm) {
         AgTensor *r = t2(g, st->adt, rows, l->out);
         gg_op(g, "add");
         AgTensor *ins3[2] = {out, l->b};
@@ -199,8 +327,28 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias)
     return out;
 }
 
+/* Megatron's fused LayerNorm or RMSNorm (apex FusedLayerNormAffineFunction; TE's LayerNorm op
+ * for the final norm): saves the input, the weight(s) and fp32 statistics per token. */
+static AgTensor *norm(St *st, AgTensor *x, AgTensor *w, AgTensor *bias)
+{
+    AgGraph *g = st->md->g;
+    int64_t n = gt_numel(x) / x->shape[x->nd - 1];
+    gg_op(g, st->o->rms_norm ? "fused_rms_norm" : "fused_layer_norm");
+    AgTensor *out = gt_empty(g, x->dt, x->nd, x->shape);
+    AgTensor *mu = st->o->rms_norm ? NULL : gt_empty(g, DT_F32, SHAPE(n));
+    AgTensor *rs = gt_empty(g, DT_F32, SHAPE(n));
+    AgTensor *in[3] = {x, w, bias};
+    AgTensor *sv[4] = {x, w, rs, mu};
+    fn_record(g, st->o->rms_norm ? "FusedRMSNormAffineFunctionBackward"
+                                 : "FusedLayerNormAffineFunctionBackward",
+              in, bias ? 3 : 2, sv, 4, out, NULL);
+    gt_unref(g, mu);
+    gt_unref(g, rs);
+    return out;
+}
+
 /* bias-dropout-add (megatron/core/fusions/fused_bias_dropout.py): residual + dropout(x + bias);
- * the jit-fused train kernel saves the dropout mask (bool) and makes one output. */
+ * the compiled train function saves the dropout mask (bool) and makes one output. */
 static AgTensor *bda(St *st, AgTensor *x, AgTensor *bias, AgTensor *residual, double p)
 {
     AgGraph *g = st->md->g;
@@ -209,77 +357,155 @@ static AgTensor *bda(St *st, AgTensor *x, AgTensor *bias, AgTensor *residual, do
     AgTensor *mask = p > 0 ? gt_empty(g, DT_BOOL, x->nd, x->shape) : NULL;
     AgTensor *in[3] = {residual, x, bias};
     AgTensor *sv[1] = {mask};
-    fn_record(g, "BiasDropoutAddBackward", in, bias ? 3 : 2, sv, mask ? 1 : 0, out,
+    fn_record(g, "BiasDropoutAddBackward", in, bias ? 3 : 2, sv, 1, out,
               &(FnBw){.pass = PASS(0) | (p > 0 ? 0 : PASS(1))});
     gt_unref(g, mask);
     return out;
 }
 
-/* Core attention on q [s, b, np, hd], k and v [s, b, ng, hd]; returns the context
- * [N, np·hd]. */
-static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
+/* The unfused attention (Megatron's local DotProductAttention, TE's UnfusedDotProductAttention):
+ * the scores by baddbmm into [b·np, s, s], the fused scale-mask-softmax (saved, backward in
+ * place), dropout, bmm with v, the context permuted into a contiguous [N, np·hd]. */
+static AgTensor *attn_unfused(St *st, AgTensor *q, AgTensor *k, AgTensor *v, bool local)
 {
     Model *md = st->md;
     AgGraph *g = md->g;
-    const MgOptions *o = st->o;
-    int64_t s = st->s, b = st->b, np = st->np, hd = st->hd;
+    int64_t s = st->s, b = st->b, np = st->np, hd = st->hd, S = st->s * st->cp;
     double pdrop = md->m->attn_pdrop;
-    MgAttn a = o->attention;
-    if (a == MG_ATTN_AUTO)
-        a = MG_ATTN_FLASH;
-    if (a == MG_ATTN_LOCAL || a == MG_ATTN_UNFUSED) {
-        /* DotProductAttention (megatron/core/transformer/dot_product_attention.py): the
-         * scores by baddbmm into [b·np, s, s] (its input buffer the global buffer), the fused
-         * scale-mask-softmax, dropout, and bmm with v */
-        AgTensor *qc = gt_empty(g, st->adt, SHAPE(s, b * np, hd)); /* query.reshape: a copy */
-        if (a == MG_ATTN_LOCAL)
-            mpu_buffer(md, b * np * s * s * dt_size(st->adt));
-        gg_op(g, "baddbmm");
-        gg_gemm(g);
-        gg_flops(g, 2.0 * (double)(b * np) * s * s * hd);
-        AgTensor *sc = gt_empty(g, st->adt, SHAPE(b * np, s, s));
-        AgTensor *in1[2] = {qc, k};
-        AgTensor *sv1[2] = {qc, k};
-        fn_record(g, "BaddbmmBackward0", in1, 2, sv1, 2, sc, NULL);
-        U(qc);
-        gg_op(g, "scaled_upper_triang_masked_softmax");
-        AgTensor *pr = gt_empty(g, st->adt, SHAPE(b * np, s, s));
-        AgTensor *sv2[1] = {pr};
-        fn_record(g, "ScaledUpperTriangMaskedSoftmaxBackward", &sc, 1, sv2, 1, pr,
-                  &(FnBw){.grad_in_place = true});
-        U(sc);
-        AgTensor *pd = op_dropout(g, pr, pdrop);
-        U(pr);
-        gg_op(g, "bmm");
-        gg_gemm(g);
-        gg_flops(g, 2.0 * (double)(b * np) * s * s * hd);
-        AgTensor *ctx = gt_empty(g, st->adt, SHAPE(b * np, s, hd));
-        AgTensor *in3[2] = {pd, v};
-        AgTensor *sv3[2] = {pd, v};
-        fn_record(g, "BmmBackward0", in3, 2, sv3, 2, ctx, NULL);
-        U(pd);
-        /* permute to [s, b, np, hd] and view [s, b, h]: a contiguous copy */
-        AgTensor *out = gt_empty(g, st->adt, SHAPE(st->N, np * hd));
-        fn_record(g, "CloneBackward0", &ctx, 1, NULL, 0, out, &(FnBw){.pass = PASS(0)});
-        U(ctx);
-        return out;
+    int64_t sc_n = b * np * s * S;
+    AgTensor *mres = NULL, *fullmask = NULL;
+    if (local) {
+        mpu_buffer(st, sc_n * dt_size(st->adt)); /* baddbmm's input: the global buffer */
+    } else {
+        /* get_full_mask: the causal mask OR'ed with the data loader's, [b, 1, s, S] bool; the
+         * baddbmm input a fresh torch.empty */
+        gg_op(g, "get_full_mask");
+        fullmask = gt_empty(g, DT_BOOL, SHAPE(b, 1, s, S));
+        mres = gt_empty(g, st->adt, SHAPE(b * np, s, S));
     }
-    /* flash / fused (cuDNN): the output and fp32 softmax statistics [b, np, s] saved with
-     * q, k, v (and the RNG state) */
-    gg_op(g, a == MG_ATTN_FLASH ? "flash_attn_forward" : "fused_attn_fwd");
-    gg_flops(g, 2.0 * (double)(b * np) * s * s * hd);
-    AgTensor *out = gt_empty(g, st->adt, SHAPE(st->N, np * hd));
-    AgTensor *lse = gt_empty(g, DT_F32, SHAPE(b, np, s));
+    gg_op(g, "baddbmm");
+    gg_gemm(g);
+    gg_flops(g, 2.0 * (double)sc_n * hd);
+    AgTensor *sc = gt_empty(g, st->adt, SHAPE(b * np, s, S));
+    gt_unref(g, mres);
+    AgTensor *in1[2] = {q, k};
+    fn_record(g, "BaddbmmBackward0", in1, 2, in1, 2, sc, &(FnBw){.gemm = GEMM_TORCH});
+    gg_op(g, local ? "scaled_upper_triang_masked_softmax" : "scaled_masked_softmax");
+    AgTensor *pr = gt_empty(g, st->adt, SHAPE(b * np, s, S));
+    AgTensor *sv2[1] = {pr};
+    fn_record(g, "ScaledMaskedSoftmaxBackward", &sc, 1, sv2, 1, pr,
+              &(FnBw){.grad_in_place = true});
+    U(sc);
+    gt_unref(g, fullmask);
+    AgTensor *pd = op_dropout(g, pr, pdrop);
+    U(pr);
+    gg_op(g, "bmm");
+    gg_gemm(g);
+    gg_flops(g, 2.0 * (double)sc_n * hd);
+    AgTensor *ctx = gt_empty(g, st->adt, SHAPE(b * np, s, hd));
+    AgTensor *in3[2] = {pd, v};
+    fn_record(g, "BmmBackward0", in3, 2, in3, 2, ctx, &(FnBw){.gemm = GEMM_TORCH});
+    U(pd);
+    /* permute to [s, b, np, hd], contiguous */
+    AgTensor *out = t2(g, st->adt, st->N, np * hd);
+    fn_record(g, "CloneBackward0", &ctx, 1, NULL, 0, out, &(FnBw){.pass = PASS(0)});
+    U(ctx);
+    return out;
+}
+
+/* Context parallelism, TE's p2p ring (context_parallel.py AttnFuncWithCPAndKVP2P): contiguous
+ * q, k, v; K and V packed into a send buffer and a receive buffer; one attention per step, the
+ * outputs merged in fp32; saved: q, the last K/V buffer, the output and fp32 softmax_lse. */
+static AgTensor *attn_cp(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
+{
+    Model *md = st->md;
+    AgGraph *g = md->g;
+    int64_t s = st->s, b = st->b, np = st->np, ng = st->ng, hd = st->hd;
+    int64_t qn = s * b * np * hd, kvn = 2 * s * b * ng * hd;
+    gg_op(g, "attn_forward_func_with_cp");
+    AgTensor *qc = gt_empty(g, st->adt, SHAPE(qn));
+    AgTensor *kc = gt_empty(g, st->adt, SHAPE(kvn / 2)), *vc = gt_empty(g, st->adt, SHAPE(kvn / 2));
+    AgTensor *kv0 = gt_empty(g, st->adt, SHAPE(kvn));
+    U(kc);
+    U(vc);
+    AgTensor *kv1 = gt_empty(g, st->adt, SHAPE(kvn));
+    gg_collective(g, MEMSIM_COLL_SEND, (uint64_t)kvn * 2, 1, 0.0);
+    AgTensor *o0 = gt_empty(g, st->adt, SHAPE(qn));
+    AgTensor *l0 = gt_empty(g, DT_F32, SHAPE(b * np * s));
+    AgTensor *o1 = gt_empty(g, st->adt, SHAPE(qn));
+    AgTensor *l1 = gt_empty(g, DT_F32, SHAPE(b * np * s));
+    AgTensor *lse = gt_empty(g, DT_F32, SHAPE(b * np * s));
+    AgTensor *o32 = gt_empty(g, DT_F32, SHAPE(qn));
+    AgTensor *out = t2(g, st->adt, st->N, np * hd);
+    U(o32);
+    U(o0);
+    U(o1);
+    U(l0);
+    U(l1);
+    U(kv0);
     AgTensor *in[3] = {q, k, v};
-    AgTensor *sv[5] = {q, k, v, out, lse};
-    fn_record(g, a == MG_ATTN_FLASH ? "FlashAttnFuncBackward" : "FusedAttnFuncBackward", in, 3,
-              sv, 5, out, NULL);
+    AgTensor *sv[4] = {qc, kv1, out, lse};
+    /* backward: dq, and two [2, K/V] buffers for the ring (kv and dkv) */
+    fn_record(g, "AttnFuncWithCPAndKVP2PBackward", in, 3, sv, 4, out,
+              &(FnBw){.n_tmp = 2, .tmp_dt = {st->adt, st->adt}, .tmp_n = {2 * kvn, 2 * kvn}});
+    U(qc);
+    U(kv1);
     U(lse);
     return out;
 }
 
-/* Rotary embedding on [s, b, heads, hd]: the fused kernel (TE / apex) saves only the
- * frequencies; a new tensor. */
+/* Core attention on q [s, b, np, hd], k and v [s, b, ng, hd]; returns the context [N, np·hd]. */
+static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
+{
+    Model *md = st->md;
+    AgGraph *g = md->g;
+    int64_t s = st->s, b = st->b, np = st->np, ng = st->ng, hd = st->hd, S = s * st->cp;
+    if (st->attn == MG_ATTN_LOCAL || st->attn == MG_ATTN_UNFUSED)
+        return attn_unfused(st, q, k, v, st->attn == MG_ATTN_LOCAL);
+    if (st->cp > 1)
+        return attn_cp(st, q, k, v);
+    gg_flops(g, 2.0 * (double)(b * np) * s * S * hd);
+    if (st->attn == MG_ATTN_FLASH) {
+        /* FlashAttention-2 through TE (backends.py FlashAttention): q, k, v transposed to bshd
+         * copies; FlashAttnFunc saves them with its output and fp32 softmax_lse [b, np, s]; the
+         * output copied back to sbhd */
+        gg_op(g, "flash_attn_forward");
+        AgTensor *qt = gt_empty(g, st->adt, SHAPE(b, s, np, hd));
+        AgTensor *kt = gt_empty(g, st->adt, SHAPE(b, s, ng, hd));
+        AgTensor *vt = gt_empty(g, st->adt, SHAPE(b, s, ng, hd));
+        AgTensor *fo = gt_empty(g, st->adt, SHAPE(b, s, np, hd));
+        AgTensor *lse = gt_empty(g, DT_F32, SHAPE(b, np, s));
+        AgTensor *in[3] = {q, k, v};
+        AgTensor *sv[5] = {qt, kt, vt, fo, lse};
+        fn_record(g, "FlashAttnFuncBackward", in, 3, sv, 5, fo,
+                  &(FnBw){.n_tmp = 2, .tmp_dt = {DT_F32, DT_F32},
+                          .tmp_n = {b * np * ((s + 127) / 128 * 128),
+                                    b * ((s + 127) / 128 * 128) * np * ((hd + 31) / 32 * 32)}});
+        U(qt);
+        U(kt);
+        U(vt);
+        U(lse);
+        AgTensor *out = t2(g, st->adt, st->N, np * hd);
+        fn_record(g, "CloneBackward0", &fo, 1, NULL, 0, out, &(FnBw){.pass = PASS(0)});
+        U(fo);
+        return out;
+    }
+    /* cuDNN fused attention (TE FusedAttnFunc; the default on Hopper): the output, fp32 softmax
+     * statistics [b, np, s, 1] and the RNG state saved with q, k, v */
+    gg_op(g, "fused_attn_fwd");
+    AgTensor *out = t2(g, st->adt, st->N, np * hd);
+    AgTensor *stats = gt_empty(g, DT_F32, SHAPE(b, np, s, 1));
+    AgTensor *rng = gt_empty(g, DT_I64, SHAPE(2));
+    AgTensor *in[3] = {q, k, v};
+    AgTensor *sv[5] = {q, k, v, out, stats};
+    fn_record(g, "FusedAttnFuncBackward", in, 3, sv, 5, out, NULL);
+    U(stats);
+    U(rng);
+    return out;
+}
+
+/* Rotary embedding on [s, b, heads, hd]: the fused kernel (TE) saves only the cached
+ * frequencies; a new contiguous tensor. */
 static AgTensor *rope(St *st, AgTensor *x)
 {
     AgGraph *g = st->md->g;
@@ -287,6 +513,16 @@ static AgTensor *rope(St *st, AgTensor *x)
     AgTensor *out = gt_empty(g, x->dt, x->nd, x->shape);
     AgTensor *sv[1] = {st->freqs};
     fn_record(g, "FusedRoPEFuncBackward", &x, 1, sv, 1, out, NULL);
+    return out;
+}
+
+/* TE's fused/flash attention with RoPE takes q, k, v as separate contiguous tensors: v copied. */
+static AgTensor *contiguous_copy(St *st, AgTensor *x)
+{
+    AgGraph *g = st->md->g;
+    gg_op(g, "contiguous");
+    AgTensor *out = gt_empty(g, x->dt, x->nd, x->shape);
+    fn_record(g, "CloneBackward0", &x, 1, NULL, 0, out, &(FnBw){.pass = PASS(0)});
     return out;
 }
 
@@ -303,14 +539,19 @@ static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
     const MgOptions *o = st->o;
     Layer *ly = &md->layers[la->layer];
     double pd = md->m->resid_pdrop;
+    bool te = st->te;
     AgTensor *x = inp[0];
     (void)nin;
-    /* attention */
-    AgTensor *h1 = norm(st, x, ly->ln1_w, ly->ln1_b);
-    AgTensor *qkv = linear(st, &ly->qkv, h1, true, true);
-    U(h1);
+    /* attention: [LayerNorm +] QKV */
+    AgTensor *qkv;
+    if (te) {
+        qkv = linear(st, &ly->qkv, x, true, true, true, ly->ln1_w, ly->ln1_b);
+    } else {
+        AgTensor *h1 = norm(st, x, ly->ln1_w, ly->ln1_b);
+        qkv = linear(st, &ly->qkv, h1, true, true, false, NULL, NULL);
+        U(h1);
+    }
     int64_t s = st->s, b = st->b, np = st->np, ng = st->ng, hd = st->hd;
-    /* split into query, key, value views */
     AgTensor *q, *k, *v;
     split_qkv(md, qkv, s, b, np, ng, hd, &q, &k, &v);
     if (o->qk_norm) {
@@ -328,29 +569,38 @@ static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
         q = qr;
         k = kr;
     }
+    if (te && st->attn != MG_ATTN_UNFUSED && (o->pos == MG_POS_ROPE || o->qk_norm)) {
+        AgTensor *vc = contiguous_copy(st, v);
+        U(v);
+        v = vc;
+    }
     U(qkv);
     AgTensor *ctx = core_attention(st, q, k, v);
     U(q);
     U(k);
     U(v);
-    AgTensor *pr = linear(st, &ly->o, ctx, false, false);
+    AgTensor *pr = linear(st, &ly->o, ctx, false, false, te, NULL, NULL);
     U(ctx);
     AgTensor *x1 = bda(st, pr, ly->o.b, x, pd);
     U(pr);
-    /* MLP */
-    AgTensor *h2 = norm(st, x1, ly->ln2_w, ly->ln2_b);
+    /* MLP: [LayerNorm +] fc1, the fused bias-activation, fc2 */
     bool fuse_bias = o->swiglu || o->bias_gelu_fusion;
-    AgTensor *f1 = linear(st, &ly->up, h2, true, !fuse_bias);
-    U(h2);
+    AgTensor *f1;
+    if (te) {
+        f1 = linear(st, &ly->up, x1, true, !fuse_bias, true, ly->ln2_w, ly->ln2_b);
+    } else {
+        AgTensor *h2 = norm(st, x1, ly->ln2_w, ly->ln2_b);
+        f1 = linear(st, &ly->up, h2, true, !fuse_bias, false, NULL, NULL);
+        U(h2);
+    }
     int64_t I = st->ffn;
     gg_op(g, o->swiglu ? "bias_swiglu" : "bias_gelu");
     AgTensor *act = t2(g, st->adt, gt_numel(f1) / (o->swiglu ? 2 * I : I), I);
     AgTensor *ain[2] = {f1, fuse_bias ? ly->up.b : NULL};
-    AgTensor *asv[2] = {f1, ain[1]};
     fn_record(g, o->swiglu ? "BiasSwiGLUFunctionBackward" : "GeLUFunctionBackward", ain,
-              ain[1] ? 2 : 1, asv, ain[1] ? 2 : 1, act, NULL);
+              ain[1] ? 2 : 1, ain, 2, act, NULL);
     U(f1);
-    AgTensor *f2 = linear(st, &ly->down, act, false, false);
+    AgTensor *f2 = linear(st, &ly->down, act, false, false, te, NULL, NULL);
     U(act);
     AgTensor *out = bda(st, f2, ly->down.b, x1, pd);
     U(f2);
@@ -445,14 +695,25 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
     const MemsimModel *m = md->m;
     const MgOptions *o = m->mg;
     AgContext *c = gg_ctx(g);
-    St st = {.md = md, .o = o, .b = md->B, .h = m->H, .np = m->nh, .ng = m->nkv, .hd = m->hd,
-             .ffn = m->I, .adt = md->adt};
-    st.s = md->S / o->cp;
+    St st = {.md = md, .o = o, .mgs = md->mgs, .b = md->B, .h = m->H, .np = m->nh, .ng = m->nkv,
+             .hd = m->hd, .ffn = m->I, .adt = md->adt};
+    st.te = o->impl == MG_IMPL_TE;
+    st.attn = !st.te ? MG_ATTN_LOCAL : o->attention == MG_ATTN_AUTO ? MG_ATTN_FUSED : o->attention;
+    st.cp = o->cp > 1 ? o->cp : 1;
+    st.s = md->S / st.cp;
     st.N = st.s * st.b;
     st.Nr = md->sp ? st.N / md->tp : st.N;
     md->mg_stage = &st;
     c->layer = -1;
     int64_t s = st.s, b = st.b, H = st.h;
+    if (o->pos == MG_POS_ROPE && !md->mgs->freqs) {
+        /* the rotary frequencies, computed once and cached (lru_cache on
+         * RotaryEmbedding.forward): fp32 [s, 1, 1, hd] */
+        uint8_t cat = c->category;
+        c->category = MEMSIM_CAT_OTHER;
+        md->mgs->freqs = op_new(g, "rotary_pos_emb", DT_F32, SHAPE(st.s, 1, 1, st.hd));
+        c->category = cat;
+    }
     /* the micro-batch (pretrain_gpt.py get_batch): tokens and positions on the first stage,
      * labels and the loss mask on the last, the attention mask on both */
     AgTensor *tokens = NULL, *pos = NULL, *labels = NULL, *lmask = NULL;
@@ -465,9 +726,9 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
         lmask = gg_leaf(g, DT_F32, SHAPE(b, s), false, MEMSIM_CAT_INPUT);
     }
     if (o->attention_mask && (md->first || md->last))
-        st.mask = gg_leaf(g, DT_BOOL, SHAPE(b, 1, s * o->cp, s * o->cp), false, MEMSIM_CAT_INPUT);
+        st.mask = gg_leaf(g, DT_BOOL, SHAPE(b, 1, s, s * st.cp), false, MEMSIM_CAT_INPUT);
     if (o->pos == MG_POS_ROPE)
-        st.freqs = op_new(g, "rotary_pos_emb", DT_F32, SHAPE(s, 1, 1, st.hd));
+        st.freqs = gt_ref(md->mgs->freqs);
     AgTensor *x;
     if (md->first) {
         /* VocabParallelEmbedding (+ learned positions), then the embedding dropout */
@@ -513,7 +774,7 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
     AgTensor *hf = norm(&st, x, md->norm_w, md->norm_b);
     U(x);
     Lin head = {.w = md->lm_head ? md->lm_head : md->wte, .in = H, .out = md->local.V};
-    AgTensor *logits = linear(&st, &head, hf, true, false);
+    AgTensor *logits = linear(&st, &head, hf, true, false, false, NULL, NULL);
     U(hf);
     AgTensor *loss = cross_entropy(&st, logits, labels);
     U(logits);

@@ -57,9 +57,9 @@ typedef struct Model {
                            * entry with the new K/V and drops it, as DynamicLayer.update does */
     bool last_logits_only; /* generation: lm_head on the last position (logits_to_keep=1) */
     int64_t B, S;
-    /* Megatron (traces/megatron_model.c): the process's global buffer, shared by its chunks,
-     * and the forward in progress */
-    AgTensor **mg_mpu;
+    /* Megatron (traces/megatron_model.c): what the process's chunks share, and the forward in
+     * progress */
+    struct MgShared *mgs;
     void *mg_stage;
 } Model;
 
@@ -79,6 +79,16 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
 gboolean model_build_part(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
                           int tp, int64_t l0, int64_t l1, GError **error);
 void model_clear(Model *md);
+/* What a Megatron process's model chunks share: the global memory buffer ("mpu"), Transformer
+ * Engine's cuBLAS workspace, the persistent dummy weight gradients of gradient-accumulation
+ * fusion (one per weight shape). */
+typedef struct MgShared {
+    AgTensor *mpu;
+    AgTensor *te_workspace;
+    AgTensor *freqs;   /* RoPE's cached frequencies */
+    GHashTable *dummy; /* "outxin" → AgTensor* (a reference) */
+} MgShared;
+
 /* Like model_build_part with the stage's ends given: a Megatron chunk may hold no layer but
  * the embedding or the loss (--account-for-*-in-pipeline-split). */
 gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *m, const MemsimRun *run,
