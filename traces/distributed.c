@@ -1041,7 +1041,8 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     MemsimRun eff = *run;
     if (run->precision != MEMSIM_PREC_FP32)
         eff.precision = o->fp16 ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
-    MgShared shared = {.dummy = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
+    MgShared shared = {.dummy = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                       .defer_in = g_ptr_array_new(), .defer_grad = g_ptr_array_new()};
     Model *chunks = g_new0(Model, v);
     for (int k = 0; k < v; k++) {
         int64_t l0, l1;
@@ -1177,10 +1178,22 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             }
         }
         g_array_unref(sched);
+        /* finish_embedding_wgrad_compute: the deferred output-layer wgrads, then the buffers
+         * emptied (megatron/core/utils.py drain_embedding_wgrad_compute) */
+        for (guint i = 0; i < shared.defer_grad->len; i++) {
+            gg_gemm(g);
+            gt_unref(g, shared.defer_grad->pdata[i]);
+        }
+        for (guint i = 0; i < shared.defer_in->len; i++)
+            gt_unref(g, shared.defer_in->pdata[i]);
+        g_ptr_array_set_size(shared.defer_grad, 0);
+        g_ptr_array_set_size(shared.defer_in, 0);
         loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
     }
     gg_teardown(g);
     g_free(fl);
+    g_ptr_array_unref(shared.defer_in);
+    g_ptr_array_unref(shared.defer_grad);
     for (guint i = 0; i < mo.mains->len; i++)
         gt_unref(g, mo.mains->pdata[i]);
     g_ptr_array_unref(mo.mains);

@@ -133,6 +133,7 @@ typedef struct {
     DType adt;
     AgTensor *mask;    /* the data loader's attention mask, or NULL */
     AgTensor *freqs;   /* RoPE: the cached [s, 1, 1, hd] fp32 frequencies */
+    bool output_layer; /* the linear being built is the output layer */
 } St;
 
 static AgTensor *t2(AgGraph *g, DType dt, int64_t a, int64_t b)
@@ -188,6 +189,8 @@ typedef struct {
     bool gather;       /* sequence parallel, column-parallel: the input re-gathered */
     bool gather_mpu;   /* … into the global buffer (Megatron) rather than a new tensor (TE) */
     bool ln;           /* TE LayerNormLinear: the norm's backward follows (its x, weights) */
+    int defer;         /* the output layer's wgrad deferred for this many micro-batches (-1: no;
+                        * 0: all) */
     int tp;
     int64_t rows, in;  /* the GEMM's rows (gathered), the input width */
     DType dt;
@@ -196,7 +199,6 @@ typedef struct {
 static void bw_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
     const LinBw *lb = n->extra;
-    (void)gin;
     gg_op(g, n->name);
     AgTensor *gath = NULL;
     if (lb->gather && !lb->gather_mpu)
@@ -209,8 +211,12 @@ static void bw_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
         gt_unref(g, dg);
         dg = d2;
     }
+    bool deferred = lb->defer >= 0 && lb->mgs &&
+                    (lb->defer == 0 || (int)lb->mgs->defer_grad->len < lb->defer);
+    if (deferred) /* grad_output_buffer.append(grad_output): no wgrad GEMM now */
+        g_ptr_array_add(lb->mgs->defer_grad, gt_ref(gin[0]));
     if (n->next[1].node) /* wgrad */
-        gout[1] = lb->fused_wgrad ? dummy_wgrad(g, lb->mgs, n->in_meta[1])
+        gout[1] = lb->fused_wgrad || deferred ? dummy_wgrad(g, lb->mgs, n->in_meta[1])
                                   : gt_empty(g, n->in_meta[1]->dt, n->in_meta[1]->nd,
                                              n->in_meta[1]->shape);
     if (n->n_next > 2 && n->next[2].node) /* the bias: fused into the GEMM (TE) or summed */
@@ -295,7 +301,11 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias,
         LinBw *lb = g_new(LinBw, 1);
         *lb = (LinBw){.gemm = gk, .mgs = st->mgs, .fused_wgrad = o->grad_accum_fusion,
                       .gather = gather, .gather_mpu = !te, .ln = ln_w != NULL, .tp = md->tp,
-                      .rows = rows, .in = l->in, .dt = st->adt};
+                      .rows = rows, .in = l->in, .dt = st->adt, .defer = -1};
+        if (!column || te || ln_w || !st->output_layer || !o->defer_embedding_wgrad)
+            ; /* only the output layer defers */
+        else
+            lb->defer = o->wgrad_deferral_limit;
         n->extra = lb;
         n->extra_free = g_free;
         gn_set_output(n, out, 0);
@@ -679,6 +689,13 @@ static AgTensor *cross_entropy(St *st, AgTensor *logits, AgTensor *labels)
     if (md->tp > 1)
         gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3, 1,
                       nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)N * 4 * 3));
+    if (st->o->ce_fusion) {
+        /* --cross-entropy-loss-fusion: the same steps compiled (fused_cross_entropy.py,
+         * jit_fuser = torch.compile); the in-place subtract and exp on the fp32 logits, a graph
+         * input, are functionalised: computed into a new [N, V] fp32 buffer, then copied back */
+        AgTensor *fx = t2(g, DT_F32, N, V);
+        U(fx);
+    }
     AgTensor *loss = gt_empty(g, DT_F32, SHAPE(N));
     for (int i = 0; i < 4; i++)
         gt_unref(g, small[i]);
@@ -774,7 +791,13 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
     AgTensor *hf = norm(&st, x, md->norm_w, md->norm_b);
     U(x);
     Lin head = {.w = md->lm_head ? md->lm_head : md->wte, .in = H, .out = md->local.V};
+    if (o->defer_embedding_wgrad && md->mgs->defer_in &&
+        (o->wgrad_deferral_limit == 0 ||
+         (int)md->mgs->defer_in->len < o->wgrad_deferral_limit))
+        g_ptr_array_add(md->mgs->defer_in, gt_ref(hf)); /* embedding_activation_buffer */
+    st.output_layer = true;
     AgTensor *logits = linear(&st, &head, hf, true, false, false, NULL, NULL);
+    st.output_layer = false;
     U(hf);
     AgTensor *loss = cross_entropy(&st, logits, labels);
     U(logits);

@@ -86,7 +86,10 @@ typedef struct MgShared {
     AgTensor *mpu;
     AgTensor *te_workspace;
     AgTensor *freqs;   /* RoPE's cached frequencies */
-    GHashTable *dummy; /* "outxin" → AgTensor* (a reference) */
+    GHashTable *dummy;
+    /* --defer-embedding-wgrad-compute: the output layer's inputs and output gradients kept for
+     * the drain after the last backward of the step (references) */
+    GPtrArray *defer_in, *defer_grad; /* "outxin" → AgTensor* (a reference) */
 } MgShared;
 
 /* Like model_build_part with the stage's ends given: a Megatron chunk may hold no layer but
