@@ -541,6 +541,75 @@ typedef struct {
     int layer;
 } MgLayerArg;
 
+/* A recomputed region's closure: the stage's state copied (the forward that made it has
+ * returned by the time backward reruns it), with references to the mask and frequencies. */
+typedef struct {
+    St st;
+    int64_t l0, l1;
+} Region;
+
+static void region_free(AgGraph *g, void *user)
+{
+    Region *r = user;
+    gt_unref(g, r->st.mask);
+    gt_unref(g, r->st.freqs);
+    g_free(r);
+}
+
+static Region *region_new(const St *st, int64_t l0, int64_t l1)
+{
+    Region *r = g_new(Region, 1);
+    r->st = *st;
+    gt_ref(r->st.mask);
+    gt_ref(r->st.freqs);
+    r->l0 = l0;
+    r->l1 = l1;
+    return r;
+}
+
+static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin);
+
+/* Layers [l0, l1) under full recompute (tensor_parallel.checkpoint in
+ * transformer_block.py _checkpointed_forward): only the group's input is kept. */
+static AgTensor *layers_region(AgGraph *g, void *user, AgTensor **inp, int nin)
+{
+    Region *r = user;
+    Model *md = r->st.md;
+    void *outer = md->mg_stage;
+    md->mg_stage = &r->st;
+    AgContext *c = gg_ctx(g);
+    int32_t old = c->layer;
+    AgTensor *x = gt_ref(inp[0]);
+    (void)nin;
+    for (int64_t l = r->l0; l < r->l1; l++) {
+        MgLayerArg la = {md, (int)l};
+        c->layer = (int32_t)l;
+        AgTensor *y = layer(g, &la, &x, 1);
+        gt_unref(g, x);
+        x = y;
+    }
+    c->layer = old;
+    md->mg_stage = outer;
+    return x;
+}
+
+static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v);
+
+/* Selective recompute of the core attention (--recompute-granularity selective, the default
+ * module core_attn: attention.py _checkpointed_attention_forward): q, k, v kept. */
+static AgTensor *attn_region(AgGraph *g, void *user, AgTensor **inp, int nin)
+{
+    Region *r = user;
+    Model *md = r->st.md;
+    void *outer = md->mg_stage;
+    md->mg_stage = &r->st;
+    (void)nin;
+    (void)g;
+    AgTensor *out = core_attention(&r->st, inp[0], inp[1], inp[2]);
+    md->mg_stage = outer;
+    return out;
+}
+
 static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
 {
     MgLayerArg *la = user;
@@ -585,7 +654,13 @@ static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
         v = vc;
     }
     U(qkv);
-    AgTensor *ctx = core_attention(st, q, k, v);
+    AgTensor *ctx;
+    if (o->recompute == MG_RECOMPUTE_SELECTIVE && gg_ctx(g)->grad_enabled && !gg_ctx(g)->ckpt) {
+        AgTensor *qkv3[3] = {q, k, v};
+        ctx = gg_checkpoint(g, attn_region, region_new(st, 0, 0), region_free, qkv3, 3);
+    } else {
+        ctx = core_attention(st, q, k, v);
+    }
     U(q);
     U(k);
     U(v);
@@ -771,12 +846,26 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
         x = gt_ref(x_in);
     }
     MgLayerArg la = {md, 0};
-    for (int64_t l = md->l0; l < md->l1; l++) {
+    bool full = o->recompute == MG_RECOMPUTE_FULL && c->grad_enabled;
+    int64_t rn = o->recompute_layers > 0 ? o->recompute_layers : 1;
+    for (int64_t l = md->l0; l < md->l1;) {
         c->layer = (int32_t)l;
         la.layer = (int)l;
-        AgTensor *y = layer(g, &la, &x, 1);
+        AgTensor *y;
+        int64_t next = l + 1;
+        if (full && o->recompute_method == MG_RECOMPUTE_UNIFORM) {
+            /* groups of recompute_num_layers layers, each checkpointed */
+            next = l + rn < md->l1 ? l + rn : md->l1;
+            y = gg_checkpoint(g, layers_region, region_new(&st, l, next), region_free, &x, 1);
+        } else if (full && l - md->l0 < rn) {
+            /* block: the chunk's first recompute_num_layers layers, one by one */
+            y = gg_checkpoint(g, layers_region, region_new(&st, l, next), region_free, &x, 1);
+        } else {
+            y = layer(g, &la, &x, 1);
+        }
         U(x);
         x = y;
+        l = next;
     }
     c->layer = -1;
     U(tokens);
