@@ -349,7 +349,11 @@ static void apply_costs(AgGraph *g)
     if (!g->n_costs)
         return;
     MemsimTraceHeader *h = memsim_trace_header(g->trace);
+    /* sized once for every op that can get a duration (no rehashing as it fills) */
+    guint64 want = 2 * (guint64)MIN(g->n_costs, h->n_ops) + 2;
     guint32 cap = 1024, n = 0;
+    while (cap < want && cap < (1u << 30))
+        cap *= 2;
     TimedSlot *timed = g_new0(TimedSlot, cap);
     MemsimEvent *ev = (MemsimEvent *)g->events->data;
     for (guint i = 0; i < g->n_costs; i++) {
