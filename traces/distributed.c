@@ -1066,7 +1066,12 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     DType adt = chunks[0].adt;
     /* the DDP grad buffer (megatron/core/distributed/param_and_grad_buffer.py): fp32 with
      * bf16 (grad_reduce_in_fp32), else the parameters' dtype */
-    int dpo = o->distributed_optimizer ? dp / (o->optimizer_instances > 0 ? o->optimizer_instances : 1) : 1;
+    /* the distributed optimizer shards over the data-parallel × context-parallel group, within
+     * one of --num-distributed-optimizer-instances (parallel_state.py: the intra-instance
+     * dp_cp group) */
+    int dpo = o->distributed_optimizer
+                  ? dp * cp / (o->optimizer_instances > 0 ? o->optimizer_instances : 1)
+                  : 1;
     if (dpo < 1)
         dpo = 1;
     /* the distributed optimizer pads each parameter's start to 64 elements and the bucket's end
