@@ -7,6 +7,7 @@
 #include <memsim/formats.h>
 #include <memsim/estimate.h>
 #include <memsim/gen.h>
+#include <memsim/megatron.h>
 #include <memsim/plan.h>
 #include <memsim/sim.h>
 
@@ -423,12 +424,53 @@ static GOptionGroup *run_group(MemsimRun *run)
     return grp;
 }
 
+/* ---- a Megatron-LM launch: --megatron-args ---- */
+
+/* Reads the launch at `path` for `cmd`: it replaces --model and the run settings it sets (a
+ * run setting given as well is refused, naming both); --gpus gives the world size of a launch
+ * that does not; the device's settings still apply. Its warnings go to stderr. NULL, the
+ * message printed, on bad input. */
+static MemsimMegatron *megatron_launch(const char *cmd, const char *path, const char *model,
+                                       MemsimRun *run)
+{
+    GError *error = NULL;
+    if (model) {
+        fprintf(stderr, "memsim %s: --model and --megatron-args: give one (the launch %s "
+                        "describes the model)\n",
+                cmd, path);
+        return NULL;
+    }
+    MemsimMegatron *mg = memsim_megatron_load(path, &error);
+    if (!mg) {
+        report_error(cmd, error);
+        return NULL;
+    }
+    for (const char *const *w = memsim_megatron_warnings(mg); *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
+    const MemsimRunSetting *s;
+    for (guint i = 0; (s = memsim_run_setting_info(i)); i++)
+        if (memsim_run_given(run, s->name) && memsim_megatron_sets(mg, s->name)) {
+            fprintf(stderr, "memsim %s: --%s and --megatron-args %s: the launch sets %s itself; "
+                            "give one of them\n",
+                    cmd, s->name, path, s->name);
+            memsim_megatron_free(mg);
+            return NULL;
+        }
+    if (memsim_run_given(run, "gpus") && !memsim_megatron_set_gpus(mg, run->gpus, &error)) {
+        report_error(cmd, error);
+        memsim_megatron_free(mg);
+        return NULL;
+    }
+    memsim_megatron_apply(mg, run);
+    return mg;
+}
+
 /* ---- estimate ---- */
 
 static int cmd_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL,
-         *context = NULL, *nccl = NULL;
+         *context = NULL, *nccl = NULL, *megatron = NULL;
     gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
     Exports ex = {0};
@@ -436,6 +478,9 @@ static int cmd_estimate(int argc, char **argv)
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model,
          "A preset (see memsim models) or a config.json", "MODEL"},
+        {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &megatron,
+         "A Megatron-LM launch instead of --model and the run options it sets: a command line, "
+         "a shell script or a test's model_config.yaml", "FILE"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
          "Device memory, a size (80GiB) or a GPU (h100-80gb); default: the --gpu profile's",
          "SIZE|GPU"},
@@ -462,29 +507,38 @@ static int cmd_estimate(int argc, char **argv)
         "  memsim estimate --model llama-3-8b --batch 2 --seq 4096 --precision bf16-mixed \\\n"
         "      --finetune lora --lora-rank 16 --checkpointing full --gpu-mem 80GiB\n"
         "  memsim estimate --model ./config.json --batch 8 --seq 512 --optimizer adamw\n"
-        "  memsim estimate --model gpt2 --seq 1024 --report report.html --timeline run.png\n",
+        "  memsim estimate --model gpt2 --seq 1024 --report report.html --timeline run.png\n"
+        "  memsim estimate --megatron-args train.sh --gpu h100-80gb\n",
         entries);
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
     GError *error = NULL;
-    MemsimModel *m = NULL;
+    MemsimModel *owned = NULL;
+    const MemsimModel *m = NULL;
+    MemsimMegatron *mg = NULL;
     MemsimReport *rep = NULL;
     if (!parse(ctx, "estimate", &argc, &argv))
         goto out;
-    if (argc != 1 || !model) {
-        fprintf(stderr, "memsim estimate: --model is required (see memsim estimate --help)\n");
+    if (argc != 1 || (!model && !megatron)) {
+        fprintf(stderr, "memsim estimate: --model (or --megatron-args) is required (see memsim "
+                        "estimate --help)\n");
         goto out;
+    }
+    if (megatron) {
+        if (!(mg = megatron_launch("estimate", megatron, model, &run)))
+            goto out;
+        m = memsim_megatron_model(mg);
     }
     MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
     eo.allocator = allocator;
-    eo.alloc_conf = alloc_conf;
+    eo.alloc_conf = alloc_conf ? alloc_conf : mg ? memsim_megatron_alloc_conf(mg) : NULL;
     tl = exports_timeline(&ex);
     Progress pr;
     progress_start(&pr, "estimating", NULL);
     if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &eo.gpu_mem, &eo.device, &error)) ||
         (context && !memsim_parse_size_of("cuda-context", context, &eo.context_bytes, &error)) ||
         (nccl && !memsim_parse_size_of("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
-        !(m = memsim_model_load(model, &error)) ||
+        (!m && !(m = owned = memsim_model_load(model, &error))) ||
         !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
         progress_stop(&pr);
         rc = report_error("estimate", error);
@@ -511,10 +565,12 @@ static int cmd_estimate(int argc, char **argv)
             rc = EXIT_NO;
 out:
     memsim_report_free(rep);
-    memsim_model_free(m);
+    memsim_model_free(owned);
     memsim_run_clear(&run);
+    memsim_megatron_free(mg);
     g_option_context_free(ctx);
     g_free(model);
+    g_free(megatron);
     g_free(allocator);
     g_free(alloc_conf);
     g_free(gpu_mem);
@@ -716,7 +772,7 @@ static void plan_progress(guint done, guint total, gpointer user)
 static int cmd_plan(int argc, char **argv)
 {
     char *model = NULL, *gpu_mem = NULL, *context = NULL, *nccl = NULL, *methods = NULL,
-         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL;
+         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL, *megatron = NULL;
     gint64 global_batch = 0, max_batch = 0;
     gint top = 5, misses = 5, threads = 0;
     gboolean json = FALSE, csv = FALSE, mig = FALSE, exhaustive = FALSE, no_exp = FALSE,
@@ -725,6 +781,9 @@ static int cmd_plan(int argc, char **argv)
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model,
          "A preset (see memsim models) or a config.json", "MODEL"},
+        {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &megatron,
+         "A Megatron-LM launch as the model and batch: its parallel layout is swept around it",
+         "FILE"},
         {"global-batch", 0, 0, G_OPTION_ARG_INT64, &global_batch,
          "Sequences per optimizer step (default: one micro-batch per replica and step)", "N"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
@@ -776,19 +835,34 @@ static int cmd_plan(int argc, char **argv)
         "Examples:\n"
         "  memsim plan --model llama-3-8b --gpus 8 --gpu a100-40gb --seq 4096 --global-batch 64\n"
         "  memsim plan --model mistral-7b --gpus 1 --gpu h200 --mig\n"
-        "  memsim plan --model llama-2-70b --gpus 16 --gpu h100-80gb --seq 4096 --finetune qlora\n",
+        "  memsim plan --model llama-2-70b --gpus 16 --gpu h100-80gb --seq 4096 --finetune qlora\n"
+        "  memsim plan --megatron-args model_config.yaml --gpu h100-80gb\n",
         entries);
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
     GError *error = NULL;
-    MemsimModel *m = NULL;
+    MemsimModel *owned = NULL;
+    const MemsimModel *m = NULL;
+    MemsimMegatron *mg = NULL;
     MemsimPlan *plan = NULL;
     MemsimPlanOptions o = memsim_plan_options_defaults();
     if (!parse(ctx, "plan", &argc, &argv))
         goto out;
-    if (argc != 1 || !model) {
-        fprintf(stderr, "memsim plan: --model is required (see memsim plan --help)\n");
+    if (argc != 1 || (!model && !megatron)) {
+        fprintf(stderr, "memsim plan: --model (or --megatron-args) is required (see memsim plan "
+                        "--help)\n");
         goto out;
+    }
+    if (megatron && global_batch) {
+        fprintf(stderr, "memsim plan: --global-batch and --megatron-args %s: the launch sets the "
+                        "global batch itself; give one of them\n",
+                megatron);
+        goto out;
+    }
+    if (megatron) {
+        if (!(mg = megatron_launch("plan", megatron, model, &run)))
+            goto out;
+        m = memsim_megatron_model(mg);
     }
     memsim_plan_options_use_run(&o, &run);
     o.global_batch = global_batch;
@@ -809,7 +883,7 @@ static int cmd_plan(int argc, char **argv)
         (ckpts && !memsim_plan_options_set(&o, "checkpointing-modes", ckpts, &error)) ||
         (efficiency && !memsim_plan_options_set(&o, "efficiency", efficiency, &error)) ||
         (network && !memsim_plan_options_set(&o, "network-gbs", network, &error)) ||
-        !(m = memsim_model_load(model, &error))) {
+        (!m && !(m = owned = memsim_model_load(model, &error)))) {
         rc = report_error("plan", error);
         goto out;
     }
@@ -835,10 +909,12 @@ static int cmd_plan(int argc, char **argv)
     rc = any ? EXIT_OK : EXIT_NO;
 out:
     memsim_plan_free(plan);
-    memsim_model_free(m);
+    memsim_model_free(owned);
     memsim_run_clear(&run);
+    memsim_megatron_free(mg);
     g_option_context_free(ctx);
     g_free(model);
+    g_free(megatron);
     g_free(gpu_mem);
     g_free(context);
     g_free(nccl);

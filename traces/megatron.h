@@ -28,7 +28,9 @@ typedef struct {
     int microbatch_group;            /* --microbatch-group-size-per-virtual-pipeline-stage
                                       * (0 = pp) */
     bool overlap_p2p_warmup_flush;   /* --overlap-p2p-communication-warmup-flush */
-    int64_t global_batch;            /* --global-batch-size */
+    int64_t global_batch;            /* --global-batch-size (0 = micro-batch × dp, arguments.py:702) */
+    bool decrease_batch;             /* --decrease-batch-size-if-needed: the global batch rounded
+                                      * down to a multiple of micro-batch × dp */
     /* precision */
     bool fp16;                       /* --fp16 (else --bf16, or fp32 with neither) */
     bool bf16;
@@ -55,13 +57,15 @@ typedef struct {
     bool attention_mask;             /* the data loader builds the attention mask */
     bool rope_fusion;                /* fused RoPE kernels (on unless --no-rope-fusion) */
     bool bias_dropout_fusion;        /* on unless --no-bias-dropout-fusion */
-    bool bias_gelu_fusion;           /* on unless --no-bias-gelu-fusion */
+    bool bias_gelu_fusion;           /* bias + activation fusion: on unless --no-bias-gelu-fusion
+                                      * (--no-bias-swiglu-fusion with --swiglu), off without
+                                      * biases (argument_utils.py:314-319, arguments.py:1605) */
     bool masked_softmax_fusion;      /* on unless --no-masked-softmax-fusion */
     bool softmax_fp32;               /* --attention-softmax-in-fp32 */
     bool qk_layer_scaling;           /* --apply-query-key-layer-scaling */
     MgRecompute recompute;           /* --recompute-granularity */
     MgRecomputeMethod recompute_method;
-    int recompute_layers;            /* --recompute-num-layers */
+    int recompute_layers;            /* --recompute-num-layers (with full recomputation) */
     /* model shape beyond the MemsimModel's fields */
     MgPos pos;                       /* --position-embedding-type */
     bool rms_norm;                   /* --normalization RMSNorm */
@@ -69,6 +73,8 @@ typedef struct {
     bool qk_norm;                    /* --qk-layernorm */
     int64_t vocab;                   /* the tokenizer's size, before padding */
     int64_t vocab_divisor;           /* --make-vocab-size-divisible-by (128) */
+    int64_t padded_vocab;            /* --padded-vocab-size (0 = vocab padded: mg_padded_vocab) */
+    const char *tokenizer;           /* --tokenizer-type (static) */
     char *alloc_conf;                /* PYTORCH_CUDA_ALLOC_CONF of the environment, or NULL */
     int64_t cublas_workspace;        /* CUBLAS_WORKSPACE_CONFIG's bytes (0 = unset) */
 } MgOptions;
@@ -76,14 +82,46 @@ typedef struct {
 struct MemsimMegatron {
     char *source;                    /* the file read */
     MemsimModel *model;              /* family "megatron" (traces/model.h FAM_MEGATRON) */
-    MemsimRun run;                   /* the run's settings as memsim's own */
+    MemsimRun run;                   /* the run's settings as memsim's own (no strings owned) */
     MgOptions o;
-    GPtrArray *warnings;             /* char *: flags not modelled, each once */
-    char *describe;                  /* what the run: line adds */
+    GPtrArray *warnings;             /* char *: flags not modelled, each once; NULL-terminated */
+    char *describe;                  /* what the run: line adds, for the launch's own run */
+    int world;                       /* GPUs in all */
+    bool world_given;                /* the launch gives it (else a default: 1, or 8 for a YAML) */
+    char *world_source;              /* how: "torchrun --nproc-per-node 8 × --nnodes 1", … */
+    int gpus_per_node;               /* the launcher's processes per node (0 = not given) */
+    int64_t micro_batch;             /* --micro-batch-size */
+    int virtual_stages;              /* model chunks per pipeline rank (1 = not interleaved) */
+    char *virtual_flag;              /* the flag that set it, for messages (NULL: none) */
+    bool overlap_p2p_comm;           /* the interleaved schedule overlaps its p2p (on unless
+                                      * --no-overlap-p2p-communication, arguments.py:3118) */
 };
 
-/* The padded vocabulary at tensor-parallel degree tp (arguments.py: divisible by
- * make_vocab_size_divisible_by × tp). */
+/* The padded vocabulary at tensor-parallel degree tp (arguments.py:2441 and
+ * build_tokenizer.py:133-145: divisible by make_vocab_size_divisible_by × tp), or
+ * --padded-vocab-size as given. */
 int64_t mg_padded_vocab(const MgOptions *o, int tp);
+
+/* The transformer layers in model chunk `chunk` (of v) of pipeline stage `stage` (of pp), as
+ * Megatron builds them (transformer_block.py:76-200: --decoder-first/last-pipeline-num-layers,
+ * --account-for-embedding/loss-in-pipeline-split); -1 when the layers do not split so
+ * (mg_check_run says why). */
+int64_t mg_chunk_layers(const MgOptions *o, int64_t L, int pp, int v, int stage, int chunk);
+
+/* FALSE with an error naming Megatron's flags when `run` (a Megatron launch's run, or a
+ * planner's candidate around it) is a layout Megatron refuses: TP × PP × CP not dividing the
+ * GPUs, TP not dividing the heads, layers that do not split into the stages (of run->pp, with
+ * run->virtual_stages when interleaved), … mg_check_run adds the micro-batches: a global batch
+ * that does not divide, an interleaved schedule's groups (memsim_run_check calls it for a run
+ * with run->megatron). */
+gboolean mg_check_layout(const struct MemsimMegatron *mg, const MemsimRun *run, GError **error);
+gboolean mg_check_run(const struct MemsimMegatron *mg, const MemsimRun *run, GError **error);
+
+/* The run settings memsim_megatron_apply sets: bits of MemsimRun.given by SettingId
+ * (memsim_megatron_sets, in traces/settings.c, reads it by name). */
+guint64 mg_sets_mask(const struct MemsimMegatron *mg);
+
+/* What the run: line adds for `run` (newly allocated): the Megatron options used. */
+char *mg_describe(const struct MemsimMegatron *mg, const MemsimRun *run);
 
 #endif

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "traces/loop.h"
+#include "traces/megatron.h"
 #include "traces/settings.h"
 
 typedef struct Setting Setting;
@@ -204,6 +205,15 @@ gboolean memsim_run_given(const MemsimRun *run, const char *key)
 {
     int i = setting_find(key);
     return i >= 0 && given(run, (SettingId)i);
+}
+
+/* include/memsim/megatron.h: here, where the settings' names are, so that traces/megatron.c
+ * uses nothing of this file (which uses it) */
+gboolean memsim_megatron_sets(const MemsimMegatron *mg, const char *key)
+{
+    g_return_val_if_fail(mg && key, FALSE);
+    int i = setting_find(key);
+    return i >= 0 && (mg_sets_mask(mg) >> i & 1);
 }
 
 /* ---- values from text ---- */
@@ -524,6 +534,10 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
         return FALSE;
     if (!check_scope(r, error))
         return FALSE;
+    /* a Megatron-LM launch: its layout against Megatron's own checks (traces/megatron.c), which
+     * name its flags */
+    if (r->megatron && !mg_check_run(r->megatron, r, error))
+        return FALSE;
     if ((GIVEN(LORA_RANK) || GIVEN(LORA_TARGETS)) && r->finetune == MEMSIM_FT_FULL)
         return setting_refuse(
             error, "%s: only with --finetune lora or qlora",
@@ -616,5 +630,9 @@ char *memsim_run_describe(const MemsimRun *run)
     }
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
                            run->device_cpu ? " (CPU kernels)" : "");
+    if (run->megatron) {
+        g_autofree char *mg = mg_describe(run->megatron, run);
+        g_string_append_printf(s, "; %s", mg);
+    }
     return g_string_free(s, FALSE);
 }

@@ -2,6 +2,7 @@
  *
  *     MemsimMegatron *mg = memsim_megatron_load("train.sh", &err);   // NULL, exit 2 on bad input
  *     MemsimRun run = memsim_run_defaults();
+ *     memsim_megatron_set_gpus(mg, 16, &err);           // only for a launch that does not say
  *     memsim_megatron_apply(mg, &run);                  // tp, pp, dp, batch, seq, precision …
  *     MemsimReport *r = memsim_estimate(memsim_megatron_model(mg), &run, &opt, &err);
  *
@@ -32,6 +33,17 @@ MEMSIM_API const MemsimModel *memsim_megatron_model(const MemsimMegatron *mg);
  * micro-batches, schedule, precision, …) and points run->megatron at `mg`, which must outlive
  * the run's use. */
 MEMSIM_API void memsim_megatron_apply(const MemsimMegatron *mg, MemsimRun *run);
+/* Whether the launch decides run setting `key` (memsim_run_set's names: tp, pp, dp, batch,
+ * seq, microbatches, precision, …): memsim_megatron_apply sets it, so the same setting given
+ * to the run too is a contradiction for the caller to refuse. "gpus" is TRUE only when the
+ * launch gives its world size (torchrun's --nproc-per-node × --nnodes, WORLD_SIZE, or
+ * GPUS_PER_NODE × NUM_NODES). */
+MEMSIM_API gboolean memsim_megatron_sets(const MemsimMegatron *mg, const char *key);
+/* The world size of a launch that does not give it (a model_config.yaml, whose harness runs 8
+ * GPUs on one node; a command line without a launcher: 1 GPU). FALSE with
+ * MEMSIM_ERROR_BAD_INPUT naming both when the launch gives it itself, or naming the flags that
+ * do not fit `gpus` (TP × PP × CP not dividing it, a global batch that does not divide). */
+MEMSIM_API gboolean memsim_megatron_set_gpus(MemsimMegatron *mg, int gpus, GError **error);
 /* One line per flag that was not modelled (NULL-terminated; owned by `mg`). */
 MEMSIM_API const char *const *memsim_megatron_warnings(const MemsimMegatron *mg);
 /* PYTORCH_CUDA_ALLOC_CONF of the launch's environment, or NULL; owned by `mg`. */

@@ -304,8 +304,10 @@ static memsim_size_t state_bound(const Sweep *sw, const Group *g, gboolean with_
         break;
     }
     case MEMSIM_METHOD_MEGATRON: {
+        /* a Megatron launch's distributed optimizer shards over dp × cp */
+        int cp = sw->base.megatron ? sw->base.megatron->o.cp : 1;
         double stage = psi / ((double)g->tp * g->pp);
-        b = (c + 4.0) * stage + o * 12.0 * stage / g->dp;
+        b = (c + 4.0) * stage + o * 12.0 * stage / ((double)g->dp * cp);
         break;
     }
     default:
@@ -438,19 +440,46 @@ static void add_group(Sweep *sw, GArray *out, MemsimMethod meth, int tp, int pp,
     }
 }
 
-/* Every configuration of the sweep, in a fixed order. */
+/* Whether tp × pp (× v) is a layout a Megatron launch's flags allow (traces/megatron.c). */
+static gboolean megatron_layout_ok(const Sweep *sw, int tp, int pp, int v)
+{
+    MemsimRun r = sw->base;
+    r.gpus = sw->opt.gpus;
+    r.tp = tp;
+    r.pp = pp;
+    r.dp = 0;
+    r.virtual_stages = v;
+    r.pp_schedule = v > 1 ? MEMSIM_PP_INTERLEAVED : MEMSIM_PP_1F1B;
+    r.sequence_parallel = sw->base.sequence_parallel && tp > 1;
+    return mg_check_layout(sw->base.megatron, &r, NULL);
+}
+
+/* Every configuration of the sweep, in a fixed order. A Megatron launch (run->megatron) is
+ * swept over Megatron's layouts only, each checked against the launch's flags, its context-
+ * parallel degree kept. */
 static gboolean enumerate(Sweep *sw, GError **error)
 {
     const MemsimModel *m = sw->model;
     const MemsimPlanOptions *o = &sw->opt;
+    const MemsimMegatron *mg = sw->base.megatron;
     guint meth = o->methods ? o->methods : MEMSIM_PLAN_ALL;
     guint ckpts = o->checkpointing ? o->checkpointing : 7u;
     guint scheds =
         o->schedules ? o->schedules : (1u << MEMSIM_PP_1F1B) | (1u << MEMSIM_PP_INTERLEAVED);
-    int gpus = o->gpus, gpn = sw->base.gpus_per_node;
+    int gpus = o->gpus, gpn = sw->base.gpus_per_node, cp = mg ? mg->o.cp : 1;
     guint64 bad = 0;
     GArray *out = g_array_new(FALSE, FALSE, sizeof(Group));
-    if (gpus == 1 || sw->base.finetune != MEMSIM_FT_FULL) {
+    if (mg) {
+        if (!(meth & (MEMSIM_PLAN_TP | MEMSIM_PLAN_PP))) {
+            g_array_unref(out);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "methods: a Megatron-LM launch is planned over Megatron's layouts only "
+                        "(tp, pp, megatron)");
+            return FALSE;
+        }
+        meth &= MEMSIM_PLAN_TP | MEMSIM_PLAN_PP;
+    }
+    if (!mg && (gpus == 1 || sw->base.finetune != MEMSIM_FT_FULL)) {
         add_group(sw, out, MEMSIM_METHOD_NONE, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
     } else {
         static const struct {
@@ -477,9 +506,10 @@ static gboolean enumerate(Sweep *sw, GError **error)
             if (gpus % tp || m->nh % tp || (m->nkv != 1 && m->nkv % tp) || m->I % tp)
                 continue;
             for (int pp = 1; pp <= gpus / tp; pp++) {
-                if ((gpus / tp) % pp || pp > m->L || m->L % pp)
+                if ((gpus / tp) % pp || pp > m->L || (!mg && m->L % pp) ||
+                    (gpus / tp / pp) % cp || (mg && !megatron_layout_ok(sw, tp, pp, 1)))
                     continue;
-                int dp = gpus / (tp * pp);
+                int dp = gpus / (tp * pp * cp);
                 if (pp == 1) {
                     if (meth & MEMSIM_PLAN_TP)
                         add_group(sw, out, MEMSIM_METHOD_MEGATRON, tp, 1, dp, MEMSIM_PP_1F1B, 1,
@@ -494,7 +524,7 @@ static gboolean enumerate(Sweep *sw, GError **error)
                     if (!(scheds & (1u << ss[s])))
                         continue;
                     int v = ss[s] == MEMSIM_PP_INTERLEAVED ? 2 : 1;
-                    if (m->L % ((int64_t)pp * v))
+                    if (mg ? !megatron_layout_ok(sw, tp, pp, v) : m->L % ((int64_t)pp * v))
                         continue;
                     add_group(sw, out, MEMSIM_METHOD_MEGATRON, tp, pp, dp, ss[s], v, ckpts, &bad);
                 }
@@ -1091,6 +1121,13 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     sw.base = opt->run ? *opt->run : memsim_run_defaults();
     if (opt->gpus_per_node > 0)
         sw.base.gpus_per_node = opt->gpus_per_node;
+    if (sw.base.megatron) {
+        /* around a Megatron launch: its global batch and its recomputation, unless asked */
+        if (!sw.opt.global_batch)
+            sw.opt.global_batch = sw.base.megatron->o.global_batch;
+        if (!sw.opt.checkpointing)
+            sw.opt.checkpointing = 1u << sw.base.checkpointing;
+    }
     sw.gpu_mem = gpu_mem;
     sw.ctx = opt->context_bytes;
     sw.compute_fraction = cfrac;
@@ -1166,6 +1203,10 @@ static char *describe_run(const MemsimModel *m, const MemsimRun *r)
         g_string_append_printf(s, " (rank %d)", r->lora_rank);
     g_string_append_printf(s, ", %d step(s) simulated, torch %s", r->steps,
                            r->torch_version ? r->torch_version : "2.8");
+    if (r->megatron)
+        g_string_append_printf(s, ", the Megatron-LM launch %s (its options kept, its layout "
+                                  "swept)",
+                               r->megatron->source);
     (void)m;
     return g_string_free(s, FALSE);
 }
@@ -1245,7 +1286,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     plan->gpu_mem = gpu_mem;
     plan->gpus = opt.gpus;
     plan->gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : base.gpus_per_node;
-    plan->global_batch = opt.global_batch;
+    plan->global_batch = opt.global_batch ? opt.global_batch
+                         : base.megatron      ? base.megatron->o.global_batch
+                                              : 0;
     plan->threads = opt.threads > 0 ? opt.threads : (int)g_get_num_processors();
     GPtrArray *notes = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(

@@ -2,6 +2,7 @@
  * row with its figures, its label, the command that re-estimates it and its recipe for
  * the frameworks, sorted best first. */
 #include <memsim/estimate.h>
+#include <memsim/megatron.h>
 #include <memsim/plan.h>
 
 #include <string.h>
@@ -22,7 +23,8 @@ void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
     r->gpu = (char *)sw->gpu_name;
     r->checkpointing = g->ckpt;
     r->batch = g->bs[j];
-    r->sequence_parallel = FALSE;
+    /* a Megatron launch keeps its sequence parallelism where there is tensor parallelism */
+    r->sequence_parallel = sw->base.megatron && sw->base.sequence_parallel && g->tp > 1;
     r->tp = r->pp = r->dp = 0;
     r->microbatches = 0;
     r->virtual_stages = 1;
@@ -75,13 +77,38 @@ static void flag_int(GString *s, const char *name, int64_t v)
     flag(s, name, buf);
 }
 
-/* The `memsim estimate` command of a run: every setting that is not the default. */
+/* The `memsim estimate` command of a run: every setting that is not the default. A Megatron
+ * launch's run is re-estimated from the launch, its layout set as the recipe says. */
 static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_mem,
                         gboolean expandable)
 {
 #define VALUE(id, v) setting_value_name(id, (int)(v))
     MemsimRun d = memsim_run_defaults();
     GString *s = g_string_new("memsim estimate");
+    if (r->megatron) {
+        flag(s, "megatron-args", r->megatron->source);
+        if (!memsim_megatron_sets(r->megatron, "gpus"))
+            flag_int(s, setting_name(SETTING_GPUS), r->gpus);
+        if (r->steps != d.steps)
+            flag_int(s, setting_name(SETTING_STEPS), r->steps);
+        if (r->torch_version)
+            flag(s, setting_name(SETTING_TORCH_VERSION), r->torch_version);
+        flag(s, setting_name(SETTING_GPU), r->gpu);
+        g_autofree char *mem = size_flag(gpu_mem);
+        flag(s, "gpu-mem", mem);
+        if (sw->ctx != MEMSIM_ESTIMATE_CONTEXT_DEFAULT) {
+            g_autofree char *c = size_flag(sw->ctx);
+            flag(s, "cuda-context", c);
+        }
+        if (sw->opt.nccl_bytes) {
+            g_autofree char *n = size_flag(sw->opt.nccl_bytes);
+            flag(s, "nccl-mem", n);
+        }
+        if (expandable)
+            flag(s, "alloc-conf", "expandable_segments:True");
+        g_string_append(s, "  # with the recipe's flags in the launch");
+        return g_string_free(s, FALSE);
+    }
     flag(s, "model", memsim_model_name(sw->model));
     if (r->gpus > 1)
         flag_int(s, setting_name(SETTING_GPUS), r->gpus);
@@ -228,6 +255,26 @@ static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandab
         break;
     case MEMSIM_METHOD_MEGATRON: {
         int64_t G = (int64_t)g->dp * mb * acc;
+        if (b->megatron) {
+            /* the launch's flags, its layout and batch changed */
+            g_string_append_printf(s,
+                                   "%s with: --tensor-model-parallel-size %d "
+                                   "--pipeline-model-parallel-size %d",
+                                   b->megatron->source, g->tp, g->pp);
+            if (g->schedule == MEMSIM_PP_INTERLEAVED)
+                g_string_append_printf(s, " --num-virtual-stages-per-pipeline-rank %d", g->v);
+            g_string_append_printf(s,
+                                   " --micro-batch-size %" G_GINT64_FORMAT
+                                   " --global-batch-size %" G_GINT64_FORMAT,
+                                   mb, G);
+            if (g->ckpt != b->checkpointing)
+                g_string_append_printf(s, " (recomputation: %s)", plan_ckpt_names[g->ckpt]);
+            if (g->schedule == MEMSIM_PP_GPIPE)
+                g_string_append(s, " (all-forward-all-backward schedule, GPipe)");
+            if (offload)
+                g_string_append(s, " --optimizer-cpu-offload");
+            break;
+        }
         g_string_append_printf(s,
                                "Megatron-LM: --tensor-model-parallel-size %d "
                                "--pipeline-model-parallel-size %d",
