@@ -34,16 +34,32 @@
  *       With --exhaustive also the sweep without pruning or bisection (minutes), the speed-up
  *       and whether both rank the same rows.
  *
+ *   memsim-bench megatron [CASES.jsonl] [--json]
+ *       The Megatron-LM development set (default ../shared/data/megatron-golden/cases.jsonl
+ *       beside the source tree): each case's launch flags and environment, as a command line,
+ *       through memsim_megatron_parse; the estimated peak allocated of the rank Megatron logs
+ *       (global rank world_size − 1: the last pipeline stage) at step 1 and at the last step
+ *       measured, against the `mem-max-allocated-bytes` Megatron logged; the errors, their mean
+ *       absolute value, the estimate's time; the cases memsim refuses, with the reason. --json
+ *       prints the same as one JSON object (tests/test_megatron_golden.c reads it).
+ *
+ * `estimate --megatron-args FILE` times a Megatron launch instead of a preset.
+ *
  * The synthetic program looks like training: activations pile up through a "forward" pass
  * and are released in reverse through a "backward" pass, with short-lived temporaries in
  * between and sizes spread from 512 B to 256 MiB (log-uniform), from a fixed seed.
  */
+#include <memsim/estimate.h>
 #include <memsim/export.h>
 #include <memsim/formats.h>
 #include <memsim/gen.h>
+#include <memsim/megatron.h>
 #include <memsim/plan.h>
 #include <memsim/sim.h>
 
+#include <json-glib/json-glib.h>
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,11 +208,14 @@ static MemsimModel *setup(const char *name, const GOptionEntry *entries, int *ar
 
 static int bench_estimate(int argc, char **argv)
 {
-    char *model = NULL, *allocator = NULL;
+    char *model = NULL, *allocator = NULL, *mgargs = NULL;
     char **sets = NULL;
     gint64 seq = 4096;
     gint repeat = 5;
     GOptionEntry entries[] = {
+        {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &mgargs,
+         "A Megatron-LM launch (command line, script or model_config.yaml) instead of --model",
+         "FILE"},
         {"set", 0, 0, G_OPTION_ARG_STRING_ARRAY, &sets,
          "A run setting, e.g. --set gpus=64 --set tp=8 (repeatable)", "KEY=VALUE"},
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Preset (default llama-2-70b)", "M"},
@@ -209,6 +228,18 @@ static int bench_estimate(int argc, char **argv)
     MemsimModel *m = setup("estimate", entries, &argc, &argv, &model, &seq, &run);
     if (!m)
         return 2;
+    MemsimMegatron *mg = NULL;
+    if (mgargs) {
+        mg = memsim_megatron_load(mgargs, &error);
+        if (!mg) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
+        memsim_run_clear(&run);
+        run = memsim_run_defaults();
+        memsim_megatron_apply(mg, &run);
+    }
+    const MemsimModel *model_used = mg ? memsim_megatron_model(mg) : m;
     for (char **kv = sets; kv && *kv; kv++) {
         g_auto(GStrv) p = g_strsplit(*kv, "=", 2);
         if (!p[0] || !p[1] || !memsim_run_set(&run, p[0], p[1], &error)) {
@@ -221,7 +252,11 @@ static int bench_estimate(int argc, char **argv)
     gsize n_events = 0;
     for (int i = 0; i < repeat; i++) {
         double t0 = cpu_seconds();
-        MemsimTrace *t = memsim_generate(m, &run, &error);
+        MemsimTrace *t = memsim_generate(model_used, &run, &error);
+        if (!t) {
+            fprintf(stderr, "memsim-bench: %s\n", error->message);
+            return 2;
+        }
         double t1 = cpu_seconds();
         MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
         o.allocator = allocator;
@@ -244,7 +279,7 @@ static int bench_estimate(int argc, char **argv)
             best_total = t3 - t0;
     }
     g_autofree char *desc = memsim_run_describe(&run);
-    printf("estimate %s, %s, %s: %zu events\n", memsim_model_name(m), desc,
+    printf("estimate %s, %s, %s: %zu events\n", memsim_model_name(model_used), desc,
            allocator ? allocator : "torch", n_events);
     printf("  generate: %7.1f ms  (%.1f M events/s)\n", best_gen * 1e3,
            (double)n_events / best_gen / 1e6);
@@ -252,6 +287,8 @@ static int bench_estimate(int argc, char **argv)
            (double)n_events / best_sim / 1e6);
     printf("  total:    %7.1f ms  (best of %d, CPU time of one core)\n", best_total * 1e3, repeat);
     memsim_run_clear(&run);
+    memsim_megatron_free(mg);
+    g_free(mgargs);
     memsim_model_free(m);
     g_free(model);
     g_free(allocator);
@@ -495,8 +532,203 @@ static int bench_plan(int argc, char **argv)
     return rc;
 }
 
+/* ---- the Megatron-LM development set ---- */
+
+/* A case's launch as a command line: its environment, then pretrain_gpt.py and its flags. */
+static char *case_command_line(JsonObject *c)
+{
+    GString *s = g_string_new(NULL);
+    JsonObject *env = json_object_get_object_member(c, "env");
+    GList *keys = json_object_get_members(env);
+    for (GList *k = keys; k; k = k->next) {
+        g_autofree char *v = g_shell_quote(json_object_get_string_member(env, k->data));
+        g_string_append_printf(s, "%s=%s ", (char *)k->data, v);
+    }
+    g_list_free(keys);
+    g_string_append_printf(s, "torchrun --nproc-per-node %" G_GINT64_FORMAT " pretrain_gpt.py",
+                           json_object_get_int_member(c, "gpus"));
+    JsonObject *args = json_object_get_object_member(c, "model_args");
+    keys = json_object_get_members(args);
+    for (GList *k = keys; k; k = k->next) {
+        JsonNode *n = json_object_get_member(args, k->data);
+        g_string_append_printf(s, " %s", (char *)k->data);
+        if (json_node_get_value_type(n) == G_TYPE_STRING) {
+            g_autofree char *v = g_shell_quote(json_node_get_string(n));
+            g_string_append_printf(s, " %s", v);
+        }
+    }
+    g_list_free(keys);
+    return g_string_free(s, FALSE);
+}
+
+/* mem_max_allocated_bytes at the first and at the last step measured. */
+static void case_measured(JsonObject *c, double *first, double *last, int *n_steps)
+{
+    JsonObject *m = json_object_get_object_member(c, "mem_max_allocated_bytes");
+    GList *keys = json_object_get_members(m);
+    gint64 lo = G_MAXINT64, hi = -1;
+    *n_steps = 0;
+    for (GList *k = keys; k; k = k->next) {
+        gint64 st = g_ascii_strtoll(k->data, NULL, 10);
+        double v = json_node_get_double(json_object_get_member(m, k->data));
+        if (st < lo) {
+            lo = st;
+            *first = v;
+        }
+        if (st > hi) {
+            hi = st;
+            *last = v;
+        }
+        (*n_steps)++;
+    }
+    g_list_free(keys);
+}
+
+static int bench_megatron(int argc, char **argv)
+{
+    gboolean json = FALSE;
+    GOptionEntry entries[] = {
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "One JSON object", NULL}, {NULL}};
+    GOptionContext *ctx = g_option_context_new("megatron [CASES.jsonl]");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    gboolean ok = g_option_context_parse(ctx, &argc, &argv, &error);
+    g_option_context_free(ctx);
+    if (!ok || argc > 2) {
+        fprintf(stderr, "usage: memsim-bench megatron [CASES.jsonl] [--json]\n%s\n",
+                error ? error->message : "");
+        return 2;
+    }
+    g_autofree char *path = argc == 2 ? g_strdup(argv[1])
+                                      : g_build_filename(MEMSIM_SOURCE_ROOT, "..", "shared", "data",
+                                                         "megatron-golden", "cases.jsonl", NULL);
+    g_autofree char *text = NULL;
+    if (!g_file_get_contents(path, &text, NULL, &error)) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        return 2;
+    }
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    JsonBuilder *b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "cases");
+    json_builder_begin_array(b);
+    double sum_abs = 0, worst = 0, sum_abs1 = 0;
+    int n = 0, n_refused = 0, n_cases = 0;
+    if (!json)
+        printf("%-74s %5s %9s %9s %7s %9s %9s %7s %7s\n", "case (logged rank)", "steps",
+               "meas s1", "est s1", "err", "meas", "est", "err", "ms");
+    for (char **l = lines; *l; l++) {
+        if (!**l)
+            continue;
+        JsonParser *p = json_parser_new();
+        if (!json_parser_load_from_data(p, *l, -1, &error)) {
+            fprintf(stderr, "memsim-bench: %s: %s\n", path, error->message);
+            return 2;
+        }
+        JsonObject *c = json_node_get_object(json_parser_get_root(p));
+        const char *name = json_object_get_string_member(c, "name");
+        n_cases++;
+        g_autofree char *cmd = case_command_line(c);
+        double m1 = 0, mlast = 0;
+        int n_steps = 0;
+        case_measured(c, &m1, &mlast, &n_steps);
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, name);
+        json_builder_set_member_name(b, "measured_step1");
+        json_builder_add_double_value(b, m1);
+        json_builder_set_member_name(b, "measured_last");
+        json_builder_add_double_value(b, mlast);
+        double t0 = wall_seconds();
+        MemsimMegatron *mg = memsim_megatron_parse(cmd, name, &error);
+        MemsimReport *rep = NULL;
+        if (mg) {
+            MemsimRun run = memsim_run_defaults();
+            memsim_megatron_apply(mg, &run);
+            /* the steps Megatron measured: one, or the first and a steady one */
+            memsim_run_set(&run, "steps", n_steps > 1 ? "2" : "1", NULL);
+            memsim_run_set(&run, "gpu", "h100-80gb", NULL);
+            MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
+            eo.alloc_conf = memsim_megatron_alloc_conf(mg);
+            rep = memsim_estimate(memsim_megatron_model(mg), &run, &eo, &error);
+            memsim_run_clear(&run);
+        }
+        double ms = (wall_seconds() - t0) * 1e3;
+        json_builder_set_member_name(b, "supported");
+        json_builder_add_boolean_value(b, rep != NULL);
+        if (!rep) {
+            n_refused++;
+            json_builder_set_member_name(b, "reason");
+            json_builder_add_string_value(b, error->message);
+            if (!json)
+                printf("%-74.74s refused: %s\n", name, error->message);
+            g_clear_error(&error);
+        } else {
+            const MemsimRankReport *rr = &rep->ranks[rep->n_ranks - 1];
+            double e1 = rr->n_steps ? (double)rr->steps[0].peak_allocated : 0;
+            double elast = (double)rr->stats.allocated.peak;
+            double err1 = 100.0 * (e1 - m1) / m1, err = 100.0 * (elast - mlast) / mlast;
+            sum_abs += fabs(err);
+            sum_abs1 += fabs(err1);
+            if (fabs(err) > worst)
+                worst = fabs(err);
+            if (fabs(err1) > worst)
+                worst = fabs(err1);
+            n++;
+            json_builder_set_member_name(b, "estimated_step1");
+            json_builder_add_double_value(b, e1);
+            json_builder_set_member_name(b, "estimated_last");
+            json_builder_add_double_value(b, elast);
+            json_builder_set_member_name(b, "error_step1_pct");
+            json_builder_add_double_value(b, err1);
+            json_builder_set_member_name(b, "error_last_pct");
+            json_builder_add_double_value(b, err);
+            json_builder_set_member_name(b, "ms");
+            json_builder_add_double_value(b, ms);
+            if (!json)
+                printf("%-74.74s %5d %8.3fG %8.3fG %+6.2f%% %8.3fG %8.3fG %+6.2f%% %7.1f\n", name,
+                       n_steps, m1 / 1073741824.0, e1 / 1073741824.0, err1,
+                       mlast / 1073741824.0, elast / 1073741824.0, err, ms);
+            memsim_report_free(rep);
+        }
+        json_builder_end_object(b);
+        memsim_megatron_free(mg);
+        g_object_unref(p);
+    }
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "mean_abs_error_last_pct");
+    json_builder_add_double_value(b, n ? sum_abs / n : 0);
+    json_builder_set_member_name(b, "mean_abs_error_step1_pct");
+    json_builder_add_double_value(b, n ? sum_abs1 / n : 0);
+    json_builder_set_member_name(b, "worst_abs_error_pct");
+    json_builder_add_double_value(b, worst);
+    json_builder_set_member_name(b, "refused");
+    json_builder_add_int_value(b, n_refused);
+    json_builder_set_member_name(b, "n_cases");
+    json_builder_add_int_value(b, n_cases);
+    json_builder_end_object(b);
+    if (json) {
+        JsonGenerator *gen = json_generator_new();
+        JsonNode *root = json_builder_get_root(b);
+        json_generator_set_root(gen, root);
+        json_generator_set_pretty(gen, TRUE);
+        g_autofree char *out = json_generator_to_data(gen, NULL);
+        printf("%s\n", out);
+        json_node_unref(root);
+        g_object_unref(gen);
+    } else {
+        printf("%d cases: %d estimated, %d refused; mean |error| %.2f%% at the last step, "
+               "%.2f%% at step 1; worst %.2f%%\n",
+               n_cases, n, n_refused, n ? sum_abs / n : 0, n ? sum_abs1 / n : 0, worst);
+    }
+    g_object_unref(b);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "megatron") == 0)
+        return bench_megatron(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
         return bench_estimate(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "compare") == 0)
@@ -520,7 +752,7 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
         fprintf(stderr,
-                "usage: memsim-bench replay|estimate|compare|export|plan [OPTIONS] (the file's "
+                "usage: memsim-bench replay|estimate|compare|export|plan|megatron [OPTIONS] (the file's "
                 "header says what each measures)\n"
                 "       memsim-bench replay [--events N] [--allocator SPEC] [--keep F] "
                 "[--repeat R]\n%s\n",
