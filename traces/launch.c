@@ -27,8 +27,10 @@
 #include <string.h>
 #include <yaml.h>
 
-#define MAX_TEXT_BYTES ((gsize)1 << 20) /* a launch script is a few KB */
-#define MAX_WORDS 100000                /* flags and values of one launch */
+#define MAX_TEXT_BYTES ((gsize)1 << 20)      /* a launch script is a few KB */
+#define MAX_WORDS 100000                     /* flags and values of one launch */
+#define MAX_DEPTH 64                         /* nested expansions, nested arithmetic */
+#define MAX_EXPANDED_BYTES ((gsize)16 << 20) /* what the expansions of one text may make */
 
 /* ---- errors ---- */
 
@@ -242,6 +244,8 @@ typedef struct {
     int order;
     Command best; /* the launch, or words == NULL */
     gboolean failed;
+    int depth;    /* expansions within expansions (${A:-${B}}, $((…))), bounded */
+    gsize budget; /* bytes the expansions may still make (MAX_EXPANDED_BYTES) */
 } Sh;
 
 static bool sh_blank(char c)
@@ -506,13 +510,18 @@ static gboolean sh_command(Sh *sh, GPtrArray *raws)
 typedef struct {
     GPtrArray *fields;
     GString *cur;
-    bool have; /* the current field exists (it may be empty: "") */
+    bool have;     /* the current field exists (it may be empty: "") */
+    gsize *budget; /* bytes the whole text may still expand to (Sh.budget) */
 } Fields;
 
 static void fields_end(Fields *f)
 {
-    if (f->cur->len || f->have)
+    if ((f->cur->len || f->have) && *f->budget >= 32) {
+        *f->budget -= 32; /* a field's keeping */
         g_ptr_array_add(f->fields, g_strdup(f->cur->str));
+    } else if (f->cur->len || f->have) {
+        *f->budget = 0;
+    }
     g_string_truncate(f->cur, 0);
     f->have = false;
 }
@@ -520,6 +529,14 @@ static void fields_end(Fields *f)
 /* Appends an expansion's text: split at blanks unless quoted. */
 static void fields_add(Fields *f, const char *v, bool split)
 {
+    /* A=$A$A doubling, or arrays doubling: the expansions are bounded, the rest dropped (and
+     * the text refused: shell_read) */
+    gsize n = strlen(v);
+    if (n > *f->budget) {
+        *f->budget = 0;
+        return;
+    }
+    *f->budget -= n;
     if (!split) {
         g_string_append(f->cur, v);
         f->have = true;
@@ -549,6 +566,7 @@ typedef struct {
     Sh *sh;
     const char *p;
     bool ok;
+    int depth; /* parentheses and signs, bounded */
 } Arith;
 
 static int64_t arith_sum(Arith *a);
@@ -562,6 +580,10 @@ static void arith_blank(Arith *a)
 static int64_t arith_atom(Arith *a)
 {
     arith_blank(a);
+    if (++a->depth > MAX_DEPTH) {
+        a->ok = false;
+        return 0;
+    }
     if (*a->p == '-' || *a->p == '+') {
         bool neg = *a->p++ == '-';
         int64_t x = arith_atom(a);
@@ -638,7 +660,7 @@ static int64_t arith_sum(Arith *a)
 static char *sh_arith(Sh *sh, const char *expr)
 {
     g_autofree char *e = sh_expand_one(sh, expr);
-    Arith a = {sh, e, true};
+    Arith a = {sh, e, true, 0};
     int64_t x = arith_sum(&a);
     arith_blank(&a);
     if (!a.ok || *a.p || strchr(e, '$'))
@@ -799,7 +821,12 @@ static void sh_dollar(Sh *sh, const char *w, gsize len, bool quoted, Fields *f)
  * blanks (when `split`). */
 static void sh_expand(Sh *sh, const char *w, bool split, GPtrArray *out)
 {
-    Fields f = {out, g_string_new(NULL), false};
+    if (sh->depth >= MAX_DEPTH) { /* kept as written */
+        g_ptr_array_add(out, g_strdup(w));
+        return;
+    }
+    sh->depth++;
+    Fields f = {out, g_string_new(NULL), false, &sh->budget};
     const char *p = w;
     while (*p) {
         if (*p == '\\') {
@@ -842,6 +869,7 @@ static void sh_expand(Sh *sh, const char *w, bool split, GPtrArray *out)
     }
     fields_end(&f);
     g_string_free(f.cur, TRUE);
+    sh->depth--;
 }
 
 /* w expanded into one string (an assignment's value: no splitting). */
@@ -855,6 +883,18 @@ static char *sh_expand_one(Sh *sh, const char *w)
     return g_string_free(s, FALSE);
 }
 
+/* The bytes a string costs the expansions' budget: its text and its keeping. */
+static bool sh_charge(Sh *sh, gsize n)
+{
+    n += 32;
+    if (n > sh->budget) {
+        sh->budget = 0;
+        return false;
+    }
+    sh->budget -= n;
+    return true;
+}
+
 static void sh_assign(Sh *sh, const Raw *r, bool exported)
 {
     gsize nl;
@@ -862,39 +902,46 @@ static void sh_assign(Sh *sh, const Raw *r, bool exported)
     sh_assignment(r->text, &nl, &append);
     g_autofree char *name = g_strndup(r->text, nl);
     Var *v = g_hash_table_lookup(sh->vars, name);
+    /* the new value first: it may read the old one (A=$A$A, A+=(${A[@]})) */
+    GPtrArray *items = NULL;
+    g_autofree char *val = NULL;
+    if (r->array) {
+        items = g_ptr_array_new_with_free_func(g_free);
+        if (append && v && v->array)
+            for (guint i = 0; i < v->items->len && sh_charge(sh, strlen(v->items->pdata[i])); i++)
+                g_ptr_array_add(items, g_strdup(v->items->pdata[i]));
+        else if (append && v && v->value)
+            g_ptr_array_add(items, g_strdup(v->value));
+        for (guint i = 0; i < r->array->len && sh->budget; i++)
+            sh_expand(sh, r->array->pdata[i], true, items);
+        if (items->len > MAX_WORDS)
+            sh->budget = 0;
+    } else {
+        val = sh_expand_one(sh, r->text + nl + (append ? 2 : 1));
+    }
     if (!v) {
         v = g_new0(Var, 1);
         v->order = sh->order++;
         g_hash_table_insert(sh->vars, g_strdup(name), v);
-    } else if (!append) {
-        g_clear_pointer(&v->value, g_free);
-        g_clear_pointer(&v->items, g_ptr_array_unref);
-        v->array = false;
     }
     v->exported |= exported;
-    if (r->array) {
-        GPtrArray *items = g_ptr_array_new_with_free_func(g_free);
-        if (append && v->array && v->items)
-            for (guint i = 0; i < v->items->len; i++)
-                g_ptr_array_add(items, g_strdup(v->items->pdata[i]));
-        else if (append && v->value)
-            g_ptr_array_add(items, g_strdup(v->value));
-        for (guint i = 0; i < r->array->len; i++)
-            sh_expand(sh, r->array->pdata[i], true, items);
+    if (items) {
         g_clear_pointer(&v->items, g_ptr_array_unref);
         g_clear_pointer(&v->value, g_free);
         v->items = items;
         v->array = true;
-        return;
+    } else if (v->array) { /* A+=x appends to an array; A=x sets its first element */
+        if (append || !v->items->len)
+            g_ptr_array_add(v->items, g_steal_pointer(&val));
+        else {
+            g_free(v->items->pdata[0]);
+            v->items->pdata[0] = g_steal_pointer(&val);
+        }
+    } else {
+        char *joined = append && v->value ? g_strconcat(v->value, val, NULL) : g_strdup(val);
+        g_free(v->value);
+        v->value = joined;
     }
-    g_autofree char *val = sh_expand_one(sh, r->text + nl + (append ? 2 : 1));
-    if (v->array) { /* A+=x on an array appends; A=x sets its first element */
-        g_ptr_array_add(v->items, g_steal_pointer(&val));
-        return;
-    }
-    char *joined = append && v->value ? g_strconcat(v->value, val, NULL) : g_strdup(val);
-    g_free(v->value);
-    v->value = joined;
 }
 
 /* How much expanded command `w` looks like the training launch (0: not at all). */
@@ -1008,15 +1055,27 @@ static int by_order(gconstpointer a, gconstpointer b, gpointer vars)
  * script's arrays and strings hold. */
 static gboolean shell_read(Launch *l, const char *text, gsize len, GError **error)
 {
-    Sh sh = {l->where, text,
-             len,      0,
-             1,        g_hash_table_new_full(g_str_hash, g_str_equal, g_free, var_free),
-             0,        {NULL, NULL, 0},
-             FALSE};
+    Sh sh = {.where = l->where,
+             .s = text,
+             .n = len,
+             .line = 1,
+             .vars = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, var_free),
+             .budget = MAX_EXPANDED_BYTES};
     g_autoptr(GPtrArray) raws = g_ptr_array_new_with_free_func(raw_free);
-    while (sh_command(&sh, raws)) {
+    while (sh_command(&sh, raws) && sh.budget) {
         sh_run(&sh, raws);
         g_ptr_array_set_size(raws, 0);
+    }
+    if (!sh.budget) {
+        g_hash_table_unref(sh.vars);
+        if (sh.best.words) {
+            g_ptr_array_unref(sh.best.words);
+            g_ptr_array_unref(sh.best.env);
+        }
+        return bad(error, l->where,
+                   "its variables expand to more than %zu MiB: not a launch "
+                   "script",
+                   MAX_EXPANDED_BYTES >> 20);
     }
     /* the environment: what the script exports; its variables, for the world size */
     GHashTableIter it;

@@ -1562,10 +1562,10 @@ gboolean mg_check_layout(const MemsimMegatron *mg, const MemsimRun *run, GError 
     const char *src = run->gpus == mg->world ? mg->world_source : "the run's GPUs";
     if (run->gpus % split)
         return refuse(error,
-                      "megatron: %d GPU%s (%s) not divisible by %s %d × %s %d × %s %d = "
+                      "megatron: %d GPU%s (%s) %s not divisible by %s %d × %s %d × %s %d = "
                       "%" G_GINT64_FORMAT " (arguments.py:432-434)%s",
-                      run->gpus, run->gpus == 1 ? " is" : "s are", src, layout_flags[0], tp,
-                      layout_flags[1], pp, layout_flags[2], cp, split,
+                      run->gpus, run->gpus == 1 ? "" : "s", src, run->gpus == 1 ? "is" : "are",
+                      layout_flags[0], tp, layout_flags[1], pp, layout_flags[2], cp, split,
                       mg->world_given ? "" : "; memsim --gpus gives the world size");
     int dp = (int)(run->gpus / split);
     if (run->dp && run->dp != dp)
@@ -1675,12 +1675,18 @@ gboolean mg_check_run(const MemsimMegatron *mg, const MemsimRun *run, GError **e
      * micro-batch per step at the launch's layout, whatever a planner's candidate takes */
     int64_t G = global_batch_of(o, run->batch, dp);
     int64_t unit = run->batch * dp;
+    if (unit && G % unit == 0 && G / unit > (1 << 16))
+        return refuse(error,
+                      "megatron: --global-batch-size %" G_GINT64_FORMAT " makes %" G_GINT64_FORMAT
+                      " micro-batches of --micro-batch-size %" G_GINT64_FORMAT " per step; memsim "
+                      "simulates at most 65536",
+                      G, G / unit, run->batch);
     if (run->microbatches < 1 || (o->global_batch && unit * run->microbatches != G))
         return refuse(error,
                       "megatron: --global-batch-size %" G_GINT64_FORMAT " is not divisible "
-                      "by --micro-batch-size %" G_GINT64_FORMAT " × dp %d (%d GPUs / (tp %d "
+                      "by --micro-batch-size %" G_GINT64_FORMAT " × dp %d (%d GPU%s / (tp %d "
                       "× pp %d × cp %d); num_microbatches_calculator.py:380-385)",
-                      G, run->batch, dp, run->gpus, tp, pp, cp);
+                      G, run->batch, dp, run->gpus, run->gpus == 1 ? "" : "s", tp, pp, cp);
     return TRUE;
 }
 
