@@ -719,6 +719,33 @@ Test(megatron, plan_sweeps_megatron_layouts_around_the_launch)
     json_node_unref(root);
 }
 
+/* Context parallelism is the launch's in every layout: tp × pp × cp × dp = the GPUs. */
+Test(megatron, plan_keeps_context_parallelism)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *path = g_build_filename(dir, "cp2.sh", NULL);
+    cr_assert(g_file_set_contents(path, "torchrun --nproc-per-node 8 pretrain_gpt.py " BASE
+                                        "--global-batch-size 32 --context-parallel-size 2 --bf16\n",
+                                  -1, NULL));
+    const char *argv[] = {"plan", "--megatron-args", path, "--gpu-mem", "1GiB", "--misses", "50",
+                          "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    int rc = tu_run_memsim(argv, &out, &err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    JsonNode *root = json_of(out);
+    JsonArray *misses = json_object_get_array_member(json_node_get_object(root), "misses");
+    cr_assert_gt(json_array_get_length(misses), 0, "%s", out);
+    for (guint i = 0; i < json_array_get_length(misses); i++) {
+        JsonObject *m = json_array_get_object_element(misses, i);
+        const char *label = json_object_get_string_member(m, "label");
+        cr_expect(strstr(label, " cp2 "), "%s", label);
+        cr_expect_eq(json_object_get_int_member(m, "tp") * json_object_get_int_member(m, "pp") *
+                         2 * json_object_get_int_member(m, "dp"),
+                     8, "%s", label);
+    }
+    json_node_unref(root);
+}
+
 /* ---- the golden development set (../shared/data/megatron-golden/cases.jsonl) ---- */
 
 static const char *str_of(JsonObject *o, const char *k)

@@ -239,11 +239,9 @@ typedef struct {
     const char *where;
     const char *s;
     gsize n, i;
-    int line;
     GHashTable *vars; /* char * → Var * */
     int order;
     Command best; /* the launch, or words == NULL */
-    gboolean failed;
     int depth;    /* expansions within expansions (${A:-${B}}, $((…))), bounded */
     gsize budget; /* bytes the expansions may still make (MAX_EXPANDED_BYTES) */
 } Sh;
@@ -279,8 +277,6 @@ static void sh_copy_parens(Sh *sh, GString *out)
     while (sh->i < sh->n) {
         char c = sh->s[sh->i++];
         g_string_append_c(out, c);
-        if (c == '\n')
-            sh->line++;
         if (quote) {
             if (c == '\\' && quote == '"' && sh->i < sh->n)
                 g_string_append_c(out, sh->s[sh->i++]);
@@ -322,7 +318,6 @@ static char *sh_word(Sh *sh)
         if (c == '\\') {
             if (sh->i + 1 < sh->n && sh->s[sh->i + 1] == '\n') {
                 sh->i += 2;
-                sh->line++;
                 continue;
             }
             g_string_append_len(w, sh->s + sh->i, MIN(2, sh->n - sh->i));
@@ -332,7 +327,7 @@ static char *sh_word(Sh *sh)
         if (c == '\'') {
             gsize j = sh->i + 1;
             while (j < sh->n && sh->s[j] != '\'')
-                sh->line += sh->s[j++] == '\n';
+                j++;
             g_string_append_len(w, sh->s + sh->i, MIN(j + 1, sh->n) - sh->i);
             sh->i = MIN(j + 1, sh->n);
             continue;
@@ -344,14 +339,12 @@ static char *sh_word(Sh *sh)
                 char d = sh->s[sh->i];
                 if (d == '\\' && sh->i + 1 < sh->n) {
                     g_string_append_len(w, sh->s + sh->i, 2);
-                    sh->line += sh->s[sh->i + 1] == '\n';
                     sh->i += 2;
                 } else if (d == '$' && sh->i + 1 < sh->n && sh->s[sh->i + 1] == '(') {
                     sh_copy_parens(sh, w);
                 } else if (d == '$' && sh->i + 1 < sh->n && sh->s[sh->i + 1] == '{') {
                     sh_copy_braces(sh, w);
                 } else {
-                    sh->line += d == '\n';
                     g_string_append_c(w, d);
                     sh->i++;
                 }
@@ -394,19 +387,15 @@ static bool sh_skip(Sh *sh, bool in_array)
             sh->i++;
         } else if (c == '\\' && sh->i + 1 < sh->n && sh->s[sh->i + 1] == '\n') {
             sh->i += 2;
-            sh->line++;
         } else if (c == '#') {
             while (sh->i < sh->n && sh->s[sh->i] != '\n')
                 sh->i++;
         } else if (c == '\n' && in_array) {
             sh->i++;
-            sh->line++;
         } else if (c == '\n' || c == ';' || c == '&' || c == '|' ||
                    ((c == '(' || c == ')') && !in_array)) {
-            while (sh->i < sh->n && strchr("\n;&|()", sh->s[sh->i])) {
-                sh->line += sh->s[sh->i] == '\n';
+            while (sh->i < sh->n && strchr("\n;&|()", sh->s[sh->i]))
                 sh->i++;
-            }
             return true;
         } else {
             return false;
@@ -1058,7 +1047,6 @@ static gboolean shell_read(Launch *l, const char *text, gsize len, GError **erro
     Sh sh = {.where = l->where,
              .s = text,
              .n = len,
-             .line = 1,
              .vars = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, var_free),
              .budget = MAX_EXPANDED_BYTES};
     g_autoptr(GPtrArray) raws = g_ptr_array_new_with_free_func(raw_free);

@@ -9,9 +9,10 @@
  * The file is a command line (`torchrun … pretrain_gpt.py --num-layers 12 …`), a shell
  * script's argument list (`MODEL_ARGS=( … )`, `GPT_ARGS="…"`, line continuations), or a
  * Megatron functional test's model_config.yaml (its MODEL_ARGS and ENV_VARS maps). Every flag
- * that changes memory is mapped; a flag that is not modelled is listed in a warning; flags
- * that contradict each other are refused (MEMSIM_ERROR_BAD_INPUT naming them). Flags left
- * out take Megatron's defaults (megatron/training/arguments.py). */
+ * that changes memory is mapped, or refused (MEMSIM_ERROR_BAD_INPUT naming it) where memsim
+ * does not model it (fp8, MoE, …); flags that contradict each other are refused naming them;
+ * a flag memsim does not know is listed in a warning. Flags left out take Megatron's defaults
+ * (megatron/training/arguments.py). */
 #ifndef MEMSIM_MEGATRON_H
 #define MEMSIM_MEGATRON_H
 
@@ -21,7 +22,7 @@ G_BEGIN_DECLS
 
 typedef struct MemsimMegatron MemsimMegatron;
 
-/* Reads `path` (see above). NULL with MEMSIM_ERROR_BAD_INPUT (or a GFileError) on error. */
+/* Reads `path` (see above). NULL with MEMSIM_ERROR_BAD_INPUT on error, an unreadable file too. */
 MEMSIM_API MemsimMegatron *memsim_megatron_load(const char *path, GError **error);
 /* The same from text; `where` names it in messages. */
 MEMSIM_API MemsimMegatron *memsim_megatron_parse(const char *text, const char *where, GError **error);
@@ -44,7 +45,9 @@ MEMSIM_API gboolean memsim_megatron_sets(const MemsimMegatron *mg, const char *k
  * MEMSIM_ERROR_BAD_INPUT naming both when the launch gives it itself, or naming the flags that
  * do not fit `gpus` (TP × PP × CP not dividing it, a global batch that does not divide). */
 MEMSIM_API gboolean memsim_megatron_set_gpus(MemsimMegatron *mg, int gpus, GError **error);
-/* One line per flag that was not modelled (NULL-terminated; owned by `mg`). */
+/* The warnings, one line each (NULL-terminated; owned by `mg`): the flags memsim does not
+ * know (one line naming them all), small changes of memory it does not model, and what
+ * Megatron itself would say (sequence parallelism dropped at TP 1, a flag it ignores). */
 MEMSIM_API const char *const *memsim_megatron_warnings(const MemsimMegatron *mg);
 /* PYTORCH_CUDA_ALLOC_CONF of the launch's environment, or NULL; owned by `mg`. */
 MEMSIM_API const char *memsim_megatron_alloc_conf(const MemsimMegatron *mg);

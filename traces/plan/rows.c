@@ -306,15 +306,18 @@ static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandab
     return g_string_free(s, FALSE);
 }
 
-static char *label_of(const Group *g)
+static char *label_of(const Sweep *sw, const Group *g)
 {
     if (g->method == MEMSIM_METHOD_NONE)
         return g_strdup(g->replicas ? "replicas" : "one GPU");
     if (g->method != MEMSIM_METHOD_MEGATRON)
         return g_strdup(plan_method_names[g->method]);
+    /* a Megatron launch's context parallelism, kept in every layout */
+    int cp = sw->base.megatron ? sw->base.megatron->o.cp : 1;
+    g_autofree char *cps = cp > 1 ? g_strdup_printf(" cp%d", cp) : g_strdup("");
     if (g->pp == 1)
-        return g_strdup_printf("megatron tp%d dp%d", g->tp, g->dp);
-    return g_strdup_printf("megatron tp%d pp%d dp%d %s", g->tp, g->pp, g->dp,
+        return g_strdup_printf("megatron tp%d%s dp%d", g->tp, cps, g->dp);
+    return g_strdup_printf("megatron tp%d pp%d%s dp%d %s", g->tp, g->pp, cps, g->dp,
                            plan_sched_names[g->schedule]);
 }
 
@@ -323,7 +326,7 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
     const Probe *p = &g->probes[j];
     const CostResult *c = &g->cost[j];
     memset(row, 0, sizeof *row);
-    row->label = label_of(g);
+    row->label = label_of(sw, g);
     row->method = g->method;
     row->replicas = g->replicas;
     row->tp = g->tp;
