@@ -1728,8 +1728,14 @@ char *mg_describe(const MemsimMegatron *mg, const MemsimRun *run)
     GString *s = g_string_new("megatron: ");
     int tp = run->tp > 0 ? run->tp : 1, pp = run->pp > 0 ? run->pp : 1;
     int dp = (int)(run->gpus / ((int64_t)tp * pp * o->cp));
-    g_string_append_printf(s, "%s, attention %s, cp %d", o->impl == MG_IMPL_LOCAL ? "local" : "te",
-                           attention_names[o->attention], o->cp);
+    MgAttn runs = mg_attention_run(o);
+    if (o->impl == MG_IMPL_LOCAL)
+        g_string_append_printf(s, "local, attention unfused (DotProductAttention), cp %d", o->cp);
+    else if (runs != o->attention)
+        g_string_append_printf(s, "te, attention %s: %s, cp %d", attention_names[o->attention],
+                               attention_names[runs], o->cp);
+    else
+        g_string_append_printf(s, "te, attention %s, cp %d", attention_names[runs], o->cp);
     if (pp == 1 || run->pp_schedule == MEMSIM_PP_INTERLEAVED)
         g_string_append_printf(s, ", %d micro-batches", run->microbatches);
     if (run->pp_schedule == MEMSIM_PP_INTERLEAVED)

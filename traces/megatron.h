@@ -97,6 +97,17 @@ struct MemsimMegatron {
                                       * --no-overlap-p2p-communication, arguments.py:3118) */
 };
 
+/* The attention that runs: Megatron's unfused DotProductAttention with the local spec; with
+ * TE the backend asked for, and for auto the one TE picks on Hopper when dropout is on and
+ * FlashAttention-3 is out: cuDNN's fused attention (TE dot_product_attention/utils.py
+ * get_attention_backend prefers FusedAttention over FlashAttention on sm90). */
+static inline MgAttn mg_attention_run(const MgOptions *o)
+{
+    if (o->impl == MG_IMPL_LOCAL)
+        return MG_ATTN_LOCAL;
+    return o->attention == MG_ATTN_AUTO ? MG_ATTN_FUSED : o->attention;
+}
+
 /* The padded vocabulary at tensor-parallel degree tp (arguments.py:2441 and
  * build_tokenizer.py:133-145: divisible by make_vocab_size_divisible_by × tp), or
  * --padded-vocab-size as given. */

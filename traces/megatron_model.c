@@ -790,7 +790,7 @@ AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out)
     St st = {.md = md, .o = o, .mgs = md->mgs, .b = md->B, .h = m->H, .np = m->nh, .ng = m->nkv,
              .hd = m->hd, .ffn = m->I, .adt = md->adt};
     st.te = o->impl == MG_IMPL_TE;
-    st.attn = !st.te ? MG_ATTN_LOCAL : o->attention == MG_ATTN_AUTO ? MG_ATTN_FUSED : o->attention;
+    st.attn = mg_attention_run(o);
     st.cp = o->cp > 1 ? o->cp : 1;
     st.s = md->S / st.cp;
     st.N = st.s * st.b;
