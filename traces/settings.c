@@ -598,7 +598,7 @@ char *memsim_run_describe(const MemsimRun *run)
         g_string_append_printf(
             s,
             "batch %" G_GINT64_FORMAT ", seq %" G_GINT64_FORMAT "%s, %d step(s), grad-accum %d, "
-            "%s, %s (%s), zero_grad %s, attention %s, checkpointing %s, finetune %s",
+            "%s, %s (%s), zero_grad %s",
             run->batch, run->seq,
             /* memsim_run_adapt cut a sequence that was not given */
             !given(run, SETTING_SEQ) && run->seq != memsim_run_defaults().seq
@@ -606,9 +606,13 @@ char *memsim_run_describe(const MemsimRun *run)
                 : "",
             run->steps, run->grad_accum, value_name(SETTING_PRECISION, run->precision),
             value_name(SETTING_OPTIMIZER, run->optimizer), value_name(SETTING_OPTIMIZER_IMPL, impl),
-            to_none ? "to None" : "in place", value_name(SETTING_ATTENTION, run->attention),
-            value_name(SETTING_CHECKPOINTING, run->checkpointing),
-            value_name(SETTING_FINETUNE, run->finetune));
+            to_none ? "to None" : "in place");
+        /* a Megatron launch says its attention and recomputation in its own part */
+        if (!run->megatron)
+            g_string_append_printf(s, ", attention %s, checkpointing %s, finetune %s",
+                                   value_name(SETTING_ATTENTION, run->attention),
+                                   value_name(SETTING_CHECKPOINTING, run->checkpointing),
+                                   value_name(SETTING_FINETUNE, run->finetune));
         if (run->finetune != MEMSIM_FT_FULL) {
             g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
             g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");
