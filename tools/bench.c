@@ -615,7 +615,7 @@ static int bench_megatron(int argc, char **argv)
     double sum_abs = 0, worst = 0, sum_abs1 = 0;
     int n = 0, n_refused = 0, n_cases = 0;
     if (!json)
-        printf("%-74s %5s %9s %9s %7s %9s %9s %7s %7s\n", "case (logged rank)", "steps",
+        printf("%-74s %5s %9s %9s %7s %9s %9s %7s %7s\n", "case (logged rank)", "logs",
                "meas s1", "est s1", "err", "meas", "est", "err", "ms");
     for (char **l = lines; *l; l++) {
         if (!**l)
