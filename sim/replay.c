@@ -331,6 +331,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->rep.rank = header->ranks[i].device;
         r->rep.multiplicity = header->ranks[i].multiplicity;
         r->rep.role = g_strdup(header->ranks[i].role);
+        r->rep.host_peak = header->ranks[i].host_peak;
         r->rep.peak_allocated_op = -1;
         r->rep.peak_op_layer = -1;
         r->rep.oom.op = -1;

@@ -173,6 +173,7 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_end_object(b);
 
         add_int(b, "device_total", (int64_t)r->device_total);
+        add_int(b, "host_peak", (int64_t)r->host_peak);
         json_builder_set_member_name(b, "time_us");
         json_builder_add_double_value(b, r->time_us);
         json_builder_set_member_name(b, "fits");
@@ -402,6 +403,9 @@ char *memsim_report_to_text(const MemsimReport *rep)
                 g_string_append_printf(s, "; simulated time %.1f ms", (end - sp->start_us) / 1e3);
             g_string_append(s, "\n");
         }
+        if (r->host_peak)
+            g_string_append_printf(s, "  host memory (offloaded state) at its most: %s\n",
+                                   FB(r->host_peak));
         if (rep->context_bytes || rep->gpu_mem) {
             g_string_append_printf(s, "  device total (nvidia-smi): %s = peak reserved + %s "
                                    "CUDA context and libraries",

@@ -162,6 +162,7 @@ struct AgGraph {
     bool teardown;
     AgHooks hooks;
     AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
+    int64_t host_now, host_peak; /* host (CPU) bytes the program holds: offloaded state */
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
     uint32_t pass;    /* backward passes so far */
     NodeStack stack; /* scratch for mark_deps */
@@ -391,6 +392,8 @@ void gg_free(AgGraph *g)
     if (!g)
         return;
     g->teardown = true;
+    if (g->host_peak > 0)
+        memsim_trace_header(g->trace)->ranks[g->rank].host_peak = (uint64_t)g->host_peak;
     for (int i = 0; i < 2; i++)
         gt_unref(g, g->workspace[i]);
     apply_costs(g);
@@ -1262,6 +1265,13 @@ void gg_op_timed(AgGraph *g, const char *name, double duration_us)
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     g->costing = false;
     emit(g, &oe);
+}
+
+void gg_host(AgGraph *g, int64_t delta)
+{
+    g->host_now += delta;
+    if (g->host_now > g->host_peak)
+        g->host_peak = g->host_now;
 }
 
 void gg_gemm(AgGraph *g)

@@ -225,6 +225,10 @@ AgTensor *gg_leaf_in(AgGraph *g, AgStorage *st, DType dt, int nd, const int64_t 
 void gg_record_stream_storage(AgGraph *g, AgStorage *st, uint16_t stream);
 /* The host blocks until stream `on` has finished its work so far. */
 void gg_host_wait(AgGraph *g, uint16_t on);
+/* Host (CPU) memory the program takes (delta > 0) or gives back (< 0): offloaded parameters,
+ * gradients, optimizer state; its peak becomes the rank's MemsimRankInfo.host_peak. */
+void gg_host(AgGraph *g, int64_t delta);
+
 /* An op with an estimated duration on the current stream. */
 void gg_op_timed(AgGraph *g, const char *name, double duration_us);
 

@@ -158,6 +158,8 @@ typedef struct {
     gboolean has_recorded_final;
     memsim_size_t recorded_final_reserved;
     memsim_size_t recorded_final_allocated;
+    /* The program's host (CPU) memory at its most, from the trace (offload); 0 = none. */
+    memsim_size_t host_peak;
 } MemsimRankReport;
 
 typedef struct MemsimReport {

@@ -138,6 +138,9 @@ typedef struct {
     gboolean has_final;
     uint64_t final_reserved;
     uint64_t final_allocated;
+    /* Generated traces: the most host (CPU) memory the rank's program holds at once —
+     * parameters, gradients, optimizer state offloaded to the CPU (0 = none, or unknown). */
+    uint64_t host_peak;
 } MemsimRankInfo;
 
 typedef struct {
