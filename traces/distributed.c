@@ -1034,8 +1034,11 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     int mbs = memsim_run_resolve(run).microbatches;
     int cp = o->cp > 0 ? o->cp : 1;
     guint32 rank = memsim_trace_add_rank(t, (guint32)(r * tp * cp), (guint32)(tp * cp * dp));
+    /* Megatron logs memory on global rank world − 1 only (global_vars.py: the TensorBoard
+     * writer), the last stage's last TP, CP and DP rank */
     memsim_trace_header(t)->ranks[rank].role = g_strdup_printf(
-        "pipeline stage %d of %d (tp %d, cp %d, dp %d)", r, pp, tp, cp, dp);
+        "pipeline stage %d of %d (tp %d, cp %d, dp %d)%s", r, pp, tp, cp, dp,
+        r == pp - 1 ? "; holds the rank Megatron logs memory on (the last)" : "");
     AgGraph *g = gg_new(t, rank, rules);
     gg_set_gpu(g, gpu, run->precision == MEMSIM_PREC_FP32);
     MemsimRun eff = *run;
