@@ -404,8 +404,14 @@ static void reduce_unit_grads(Dist *d, Unit *un)
     /* use_orig_params with frozen parameters: the FlatParameter's gradient is the whole
      * unit (zeros where frozen), and the whole is reduce-scattered */
     AgTensor *flatg = d->lora ? alloc_cat(g, MEMSIM_CAT_GRADIENT, d->param_dt, un->numel) : NULL;
-    AgTensor *cast = rdt != d->param_dt ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, rdt, un->numel)
-                                        : NULL;
+    /* (NO_SHARD: the cast gradient is reduced in place and kept when it is the parameters'
+     * dtype) */
+    AgTensor *cast = rdt != d->param_dt
+                         ? alloc_cat(g, d->sharding == 3 && rdt == keep_dt && !d->offload
+                                            ? MEMSIM_CAT_GRADIENT
+                                            : MEMSIM_CAT_COMM_BUFFER,
+                                     rdt, un->numel)
+                         : NULL;
     AgTensor *sh, *pad = NULL;
     if (d->sharding == 3) {
         /* the all-reduce is in place; the reduced gradient is the cast one, or a flat copy
