@@ -152,6 +152,17 @@ typedef struct {
     GHashTable *unit_of_param; /* parameter → unit index + 1 */
     int bw_unit;           /* the unit whose backward runs now (-1 before the first) */
     GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
+    /* FSDP as configured (fsdp_setup): 0 for the other methods, else 1 or 2 (the API) */
+    int fsdp;
+    int sharding;          /* 0 FULL_SHARD, 1 SHARD_GRAD_OP, 2 HYBRID_SHARD, 3 NO_SHARD */
+    DType param_dt, reduce_dt, orig_dt; /* MixedPrecision; the sharded parameters' dtype */
+    bool offload;          /* CPUOffload / CPUOffloadPolicy: shards, grads, optimizer on host */
+    bool keep_after_forward; /* SHARD_GRAD_OP, FSDP2 reshard_after_forward=False */
+    bool limit;            /* FSDP1 limit_all_gathers (ZeRO-3: its fetch events) */
+    int prefetch;          /* FSDP1 backward prefetch: 0 pre, 1 post, 2 none */
+    AgTensor *ag_prev;     /* FSDP2: the last group's all-gather output (forward) */
+    AgTensor *rs_prev;     /* FSDP2: the last group's reduce-scatter input */
+    int64_t host_state;    /* offload: the optimizer's host bytes per shard element */
     double comm_us_per_byte;
     /* the optimizer and the parameters it steps (ZeRO: the fp32 partition; FSDP: the units'
      * shards; DDP: the model's) */
@@ -183,6 +194,50 @@ static int unit_of(Dist *d, int32_t layer)
     return layer;
 }
 
+/* FSDP2's unshard of one parameter group (fsdp/_fully_shard/_fsdp_collectives.py
+ * foreach_all_gather, foreach_all_gather_copy_out; _fsdp_param_group.py FSDPParamGroup.unshard
+ * and wait_for_unshard). On the copy-in stream: with CPUOffloadPolicy the shards come over
+ * from the host (S elements of the original dtype), with a param_dtype other than the
+ * parameters' their cast (S of param_dtype), then all_gather_output of N·S elements of
+ * param_dtype, this rank's part copied in; the all-gather on the all-gather stream. Then
+ * on the compute stream the copy-out into the unsharded parameters (each padded on dim 0:
+ * N·S in all). In forward the output is kept in comm_ctx.all_gather_state until the next
+ * group's copy-out is done (implicit prefetching: the next copy-in never overwrites what is
+ * still read), so the previous one goes now; in backward it goes right after copy-out. */
+static void unshard_fsdp2(Dist *d, Unit *un)
+{
+    AgGraph *g = d->g;
+    AgContext *c = gg_ctx(g);
+    c->stream = S_PRE;
+    gg_wait_stream(g, S_PRE, S_COMPUTE);
+    AgTensor *h2d = d->offload ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->orig_dt, un->shard_numel)
+                               : NULL;
+    AgTensor *cast = d->param_dt != d->orig_dt
+                         ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
+                         : NULL;
+    gt_unref(g, h2d);
+    AgTensor *out = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel * d->N);
+    gt_unref(g, cast);
+    c->stream = S_COMM;
+    gg_wait_stream(g, S_COMM, S_PRE);
+    gg_collective(g, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out), 0,
+                  coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
+    gg_record_stream(g, out, S_COMM);
+    c->stream = S_COMPUTE;
+    gg_wait_stream(g, S_COMPUTE, S_COMM);
+    bool forward = c->phase == MEMSIM_PHASE_FORWARD;
+    if (d->ag_prev) {
+        gt_unref(g, d->ag_prev);
+        d->ag_prev = NULL;
+    }
+    c->category = MEMSIM_CAT_PARAMETER;
+    gg_storage_restore(g, un->full);
+    if (forward)
+        d->ag_prev = out;
+    else
+        gt_unref(g, out);
+}
+
 static void unshard(Dist *d, int u)
 {
     Unit *un = &d->units[u];
@@ -195,22 +250,41 @@ static void unshard(Dist *d, int u)
     /* FSDP's rate limiter: at most two all-gathers in flight, the host waits for the oldest
      * one's free event; ZeRO-3 alike synchronises its oldest fetch event beyond two
      * (__max_ongoing_fetch_events) */
-    if (g_queue_get_length(d->inflight) >= 2) {
+    if (d->limit && g_queue_get_length(d->inflight) >= 2) {
         g_queue_pop_head(d->inflight);
         gg_host_wait(g, S_COMPUTE);
     }
-    if (d->method != MEMSIM_METHOD_ZERO3) {
-        /* _mp_shard: the bf16 cast of the fp32 shard, on the pre-unshard stream */
+    if (d->fsdp == 2) {
+        unshard_fsdp2(d, un);
+    } else if (d->method != MEMSIM_METHOD_ZERO3) {
+        /* _flat_param.py FlatParamHandle.pre_unshard, on the pre-unshard stream: with param
+         * mixed precision _use_low_precision_shard casts the shard into _mp_shard (S elements
+         * of param_dtype); with CPU offload and no mixed precision flat_param_to(device)
+         * copies the host shard over (S of the original dtype); else nothing */
         c->stream = S_PRE;
         gg_wait_stream(g, S_PRE, S_COMPUTE);
-        AgTensor *mp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
+        AgTensor *mp = d->param_dt != d->orig_dt || d->offload
+                           ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
+                           : NULL;
         c->stream = S_COMM;
         gg_wait_stream(g, S_COMM, S_PRE);
         c->category = MEMSIM_CAT_PARAMETER;
-        gg_storage_restore(g, un->full);
-        gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, MEMSIM_COLL_ALL_GATHER, un->full->nbytes));
-        gg_record_stream(g, mp, S_COMM);
-        gt_unref(g, mp);
+        if (d->sharding == 3) {
+            /* NO_SHARD: FlatParamHandle.unshard has nothing to gather (needs_unshard is
+             * false): the parameters are the _mp_shard itself, freed in post_reshard */
+            gt_unref(g, mp);
+            mp = NULL;
+            c->stream = S_PRE;
+            gg_storage_restore(g, un->full);
+        } else {
+            gg_storage_restore(g, un->full);
+            gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0,
+                          coll_us(d, MEMSIM_COLL_ALL_GATHER, un->full->nbytes));
+        }
+        if (mp) {
+            gg_record_stream(g, mp, S_COMM);
+            gt_unref(g, mp);
+        }
         g_queue_push_tail(d->inflight, un);
     } else {
         c->stream = S_COMM;
@@ -228,8 +302,8 @@ static void unshard(Dist *d, int u)
 static void reshard(Dist *d, int u)
 {
     Unit *un = &d->units[u];
-    if (!un->full->resident)
-        return;
+    if (!un->full->resident || (d->sharding == 3 && d->param_dt == d->orig_dt))
+        return; /* NO_SHARD without mixed precision: the parameters are the FlatParameter */
     gg_record_stream_storage(d->g, un->full, S_COMPUTE);
     gg_storage_release(d->g, un->full);
 }
@@ -246,7 +320,7 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
         unshard(d, u);
         if (d->method == MEMSIM_METHOD_ZERO3 && u + 1 < d->n_units - 1)
             unshard(d, u + 1); /* prefetch the next layer */
-    } else if (!d->units[u].root && d->method != MEMSIM_METHOD_FSDP_GRAD_OP) {
+    } else if (!d->units[u].root && !d->keep_after_forward) {
         reshard(d, u);
     }
 }
@@ -263,47 +337,148 @@ static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
         reshard(d, d->bw_unit);
     d->bw_unit = u;
     unshard(d, u);
-    if (u > 0 && u - 1 < d->n_units - 1)
-        unshard(d, u - 1); /* backward prefetch of the next unit */
+    /* backward prefetch of the next unit: BACKWARD_PRE here, before the unit's gradients
+     * (_runtime_utils.py _pre_backward_hook → _prefetch_handle); BACKWARD_POST in its
+     * post-backward hook (post_accumulate); FSDP2 and ZeRO-3 as BACKWARD_PRE */
+    if (d->prefetch == 0 && u > 0 && u - 1 < d->n_units - 1)
+        unshard(d, u - 1);
 }
 
+/* The unit's unsharded gradients go (record_stream on the stream that reduced them). */
+static void drop_param_grads(Dist *d, Unit *un, uint16_t stream)
+{
+    for (guint i = 0; i < un->params->len; i++) {
+        AgTensor *p = un->params->pdata[i];
+        if (p->grad) {
+            gg_record_stream(d->g, p->grad, stream);
+            AgTensor *gr = p->grad;
+            p->grad = NULL;
+            gt_unref(d->g, gr);
+        }
+    }
+}
+
+/* The reduced gradient shard `sh` (reduce_dtype) becomes the unit's sharded gradient: cast
+ * back to the parameters' dtype when it differs (FSDP1 _runtime_utils.py
+ * _cast_grad_to_param_dtype; FSDP2 foreach_reduce's to(orig_dtype)), accumulated into the
+ * saved shard if there is one; with CPU offload copied to the pinned host gradient
+ * (FSDP1 _offload_grad into _cpu_grad; FSDP2 foreach_reduce's to(cpu, non_blocking)) and
+ * dropped from the GPU. */
+static void keep_grad_shard(Dist *d, Unit *un, AgTensor *sh)
+{
+    AgGraph *g = d->g;
+    DType keep_dt = d->lora ? d->param_dt : d->orig_dt;
+    AgTensor *kept = sh;
+    if (d->reduce_dt != keep_dt) {
+        kept = alloc_cat(g, MEMSIM_CAT_GRADIENT, keep_dt, un->shard_numel);
+        gt_unref(g, sh);
+    }
+    if (d->offload) {
+        gg_record_stream(g, kept, S_POST);
+        gt_unref(g, kept);
+        return;
+    }
+    g_assert(un->opt);
+    if (!un->opt->grad)
+        un->opt->grad = kept;
+    else
+        gt_unref(g, kept); /* accumulated into the saved shard */
+}
+
+/* FSDP1's post-backward hook of a unit (_runtime_utils.py _post_backward_hook, _reduce_grad,
+ * _get_reduce_scatter_tensors; NO_SHARD _reduce_grad_no_shard), on the post-backward
+ * stream: the unsharded gradient cast to reduce_dtype if it differs, padded to N·S (F.pad:
+ * a new tensor when there is padding), reduce-scattered into a new S-element shard (NO_SHARD:
+ * all-reduced in place), then kept as the unit's gradient shard. */
 static void reduce_unit_grads(Dist *d, Unit *un)
 {
     AgGraph *g = d->g;
     AgContext *c = gg_ctx(g);
     uint16_t old = c->stream;
     uint8_t oldcat = c->category;
-    /* post-backward stream: pad, reduce-scatter into a new shard, cast to fp32, keep */
     c->stream = S_POST;
     gg_wait_stream(g, S_POST, S_COMPUTE);
     c->category = MEMSIM_CAT_COMM_BUFFER;
+    DType rdt = d->reduce_dt;
+    DType keep_dt = d->lora ? d->param_dt : d->orig_dt;
     /* use_orig_params with frozen parameters: the FlatParameter's gradient is the whole
      * unit (zeros where frozen), and the whole is reduce-scattered */
-    AgTensor *flatg = d->lora ? alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, un->numel) : NULL;
-    AgTensor *pad = un->shard_numel * d->N > un->numel
-                        ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel * d->N)
-                        : NULL;
-    AgTensor *sh = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel);
-    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2, 0,
-                  coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)un->shard_numel * d->N * 2));
-    AgTensor *f32 = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->lora ? DT_BF16 : DT_F32, un->shard_numel);
-    g_assert(un->opt);
-    if (!un->opt->grad)
-        un->opt->grad = f32;
-    else
-        gt_unref(g, f32); /* accumulated into the saved shard */
-    gt_unref(g, sh);
-    gt_unref(g, pad);
-    gt_unref(g, flatg);
-    for (guint i = 0; i < un->params->len; i++) {
-        AgTensor *p = un->params->pdata[i];
-        if (p->grad) {
-            gg_record_stream(g, p->grad, S_POST);
-            AgTensor *gr = p->grad;
-            p->grad = NULL;
-            gt_unref(g, gr);
-        }
+    AgTensor *flatg = d->lora ? alloc_cat(g, MEMSIM_CAT_GRADIENT, d->param_dt, un->numel) : NULL;
+    /* (NO_SHARD: the cast gradient is reduced in place and kept when it is the parameters'
+     * dtype) */
+    AgTensor *cast = rdt != d->param_dt
+                         ? alloc_cat(g, d->sharding == 3 && rdt == keep_dt && !d->offload
+                                            ? MEMSIM_CAT_GRADIENT
+                                            : MEMSIM_CAT_COMM_BUFFER,
+                                     rdt, un->numel)
+                         : NULL;
+    AgTensor *sh, *pad = NULL;
+    if (d->sharding == 3) {
+        /* the all-reduce is in place; the reduced gradient is the cast one, or a flat copy
+         * of the unit's gradients when there was no cast */
+        uint64_t bytes = (uint64_t)un->numel * dt_size(rdt);
+        gg_collective(g, MEMSIM_COLL_ALL_REDUCE, bytes, 0,
+                      ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE, bytes, d->run->gpus));
+        sh = cast ? gt_ref(cast)
+                  : alloc_cat(g, rdt == keep_dt ? MEMSIM_CAT_GRADIENT : MEMSIM_CAT_COMM_BUFFER, rdt,
+                              un->numel);
+    } else {
+        pad = un->shard_numel * d->N > un->numel
+                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, rdt, un->shard_numel * d->N)
+                            : NULL;
+        sh = alloc_cat(g, rdt == keep_dt && !d->offload ? MEMSIM_CAT_GRADIENT
+                                                        : MEMSIM_CAT_COMM_BUFFER,
+                       rdt, un->shard_numel);
+        uint64_t bytes = (uint64_t)un->shard_numel * d->N * dt_size(rdt);
+        gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, bytes, 0,
+                      coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, bytes));
+        if (d->sharding == 2) /* HYBRID_SHARD: the shard all-reduced across the replicas */
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)un->shard_numel * dt_size(rdt), 0,
+                          ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE,
+                                  (uint64_t)un->shard_numel * dt_size(rdt), d->run->gpus / d->N));
     }
+    keep_grad_shard(d, un, sh);
+    gt_unref(g, pad);
+    gt_unref(g, cast);
+    gt_unref(g, flatg);
+    drop_param_grads(d, un, S_POST);
+    c->stream = old;
+    c->category = oldcat;
+}
+
+/* FSDP2's post-backward of a group (_fsdp_collectives.py foreach_reduce;
+ * _fsdp_param_group.py post_backward): the previous group's reduce-scatter input released
+ * (comm_ctx.reduce_scatter_state), the reduce-scatter input of N·S elements in reduce_dtype
+ * allocated on the compute stream and filled (chunk_cat), the unsharded gradients freed; on
+ * the reduce-scatter stream the output of S elements, all-reduced across replicas with
+ * HSDP, then the sharded gradient. */
+static void reduce_group_grads(Dist *d, Unit *un)
+{
+    AgGraph *g = d->g;
+    AgContext *c = gg_ctx(g);
+    uint16_t old = c->stream;
+    uint8_t oldcat = c->category;
+    c->stream = S_COMPUTE;
+    if (d->rs_prev) {
+        gt_unref(g, d->rs_prev);
+        d->rs_prev = NULL;
+    }
+    AgTensor *in = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->reduce_dt, un->shard_numel * d->N);
+    drop_param_grads(d, un, S_COMPUTE);
+    c->stream = S_POST;
+    gg_wait_stream(g, S_POST, S_COMPUTE);
+    AgTensor *sh = alloc_cat(g, d->reduce_dt == d->orig_dt && !d->offload ? MEMSIM_CAT_GRADIENT
+                                                                          : MEMSIM_CAT_COMM_BUFFER,
+                             d->reduce_dt, un->shard_numel);
+    gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, gt_nbytes(in), 0,
+                  coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, gt_nbytes(in)));
+    if (d->sharding == 2)
+        gg_collective(g, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh), 0,
+                      ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh),
+                              d->run->gpus / d->N));
+    gg_record_stream(g, in, S_POST);
+    d->rs_prev = in;
+    keep_grad_shard(d, un, sh);
     c->stream = old;
     c->category = oldcat;
 }
@@ -394,7 +569,14 @@ static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
         int u = GPOINTER_TO_INT(g_hash_table_lookup(d->unit_of_param, p)) - 1;
         if (u >= 0 && --d->units[u].pending == 0) {
             reshard(d, u);
-            reduce_unit_grads(d, &d->units[u]);
+            if (d->fsdp == 2)
+                reduce_group_grads(d, &d->units[u]);
+            else
+                reduce_unit_grads(d, &d->units[u]);
+            /* BACKWARD_POST: the next unit's all-gather once this one's gradient is done
+             * (_runtime_utils.py _post_backward_hook → _prefetch_handle) */
+            if (d->prefetch == 1 && u > 0 && u - 1 < d->n_units - 1)
+                unshard(d, u - 1);
         }
         break;
     }
@@ -464,7 +646,11 @@ static void make_units(Dist *d, DType compute_dt)
      * runs with use_orig_params, each parameter starting at a multiple of 16 bytes */
     AgContext *c = gg_ctx(g);
     int64_t frozen_part = 0;
-    int64_t align = d->lora && d->method != MEMSIM_METHOD_ZERO3 ? 16 / dt_size(compute_dt) : 1;
+    /* use_orig_params (FSDP1, always with LoRA): each parameter starts at a multiple of 16
+     * bytes of the FlatParameter (_flat_param.py _init_flat_param_and_metadata,
+     * _get_aligned_numel) */
+    bool orig_params = d->fsdp == 1 && (d->lora || d->run->fsdp_use_orig_params);
+    int64_t align = orig_params ? 16 / dt_size(compute_dt) : 1;
     for (guint i = 0; i < md->leaves->len; i++) {
         AgTensor *p = md->leaves->pdata[i];
         if (!p->st || p->st->category != MEMSIM_CAT_PARAMETER)
@@ -480,6 +666,12 @@ static void make_units(Dist *d, DType compute_dt)
         int64_t n = p->dt == DT_U8 ? gt_nbytes(p) / dt_size(compute_dt) : gt_numel(p);
         g_ptr_array_add(d->units[unit].params, p);
         d->units[unit].numel += (n + align - 1) / align * align;
+        /* FSDP2: each parameter its own Shard(0), dim 0 padded to a multiple of N
+         * (_fsdp_param.py FSDPParam._init_sharded_param, _get_dim0_padded_size) */
+        if (d->fsdp == 2) {
+            int64_t d0 = p->nd ? p->shape[0] : 1;
+            d->units[unit].shard_numel += (d0 + d->N - 1) / d->N * (n / (d0 ? d0 : 1));
+        }
         if (p->requires_grad)
             d->units[unit].train_numel += n;
         else
@@ -490,16 +682,31 @@ static void make_units(Dist *d, DType compute_dt)
     g_hash_table_unref(absmax);
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
-        un->shard_numel = (un->numel + d->N - 1) / d->N;
+        if (d->fsdp != 2)
+            un->shard_numel = (un->numel + d->N - 1) / d->N;
         /* the unit on the GPU in full (fp32 for FSDP's local shard, the compute dtype for
          * zero.Init), then its shard */
         DType full_dt = d->method == MEMSIM_METHOD_ZERO3 || d->lora ? compute_dt : DT_F32;
-        AgTensor *whole = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->numel);
+        /* (with CPU offload the unit is materialised and sharded on the host) */
+        AgTensor *whole = d->offload ? NULL : alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->numel);
         c->category = MEMSIM_CAT_PARAMETER;
         un->full = gg_storage_new(g, (uint64_t)un->shard_numel * d->N * (uint64_t)dt_size(compute_dt),
                                   false);
-        if (d->method != MEMSIM_METHOD_ZERO3)
+        if (d->offload) {
+            /* CPUOffload: the shard lives in pinned host memory (_flat_param.py
+             * FlatParamHandle.shard → _local_shard pinned; FSDP2 CPUOffloadPolicy pins the
+             * sharded DTensors), the optimizer's view of it too (its .grad: _cpu_grad) */
+            gg_host(g, un->shard_numel * dt_size(full_dt) * 2);
+            AgStorage *hs = gg_storage_new(g, (uint64_t)un->shard_numel * dt_size(full_dt), false);
+            un->shard = gg_leaf_in(g, hs, full_dt, 1, (int64_t[]){un->shard_numel}, false);
+            gg_storage_unref(g, hs);
+        } else if (d->sharding == 3 && compute_dt == full_dt) {
+            /* NO_SHARD without mixed precision: the FlatParameter is the parameters */
+            gg_storage_restore(g, un->full);
+            un->shard = gg_leaf_in(g, un->full, full_dt, 1, (int64_t[]){un->shard_numel}, false);
+        } else if (d->method != MEMSIM_METHOD_ZERO3) {
             un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->shard_numel);
+        }
         gt_unref(g, whole);
         for (guint i = 0; i < un->params->len; i++) {
             AgTensor *p = un->params->pdata[i];
@@ -577,6 +784,11 @@ static void dp_after_backward(void *user)
         d->method == MEMSIM_METHOD_ZERO3)
         zero_flush(d);
     if (d->units) {
+        /* FSDP2's root post-backward: the last reduce-scatter input and all-gather output go
+         * (_fsdp_state.py _root_post_backward_final_callback) */
+        gt_unref(g, d->rs_prev);
+        gt_unref(g, d->ag_prev);
+        d->rs_prev = d->ag_prev = NULL;
         for (int u = 0; u < d->n_units; u++) {
             reshard(d, u);
             d->units[u].pending = d->units[u].trainable;
@@ -594,9 +806,17 @@ static void dp_after_backward(void *user)
 static GPtrArray *dp_before_optimizer(void *user, int step)
 {
     Dist *d = user;
-    (void)step;
     if (d->method == MEMSIM_METHOD_DDP)
         return d->md.trainable;
+    if (d->offload) {
+        /* the optimizer steps on the host shards (FSDP1 CPUOffload: "the optimizer step on
+         * CPU"; FSDP2 CPUOffloadPolicy alike): its state is host memory, made at the first
+         * step; nothing of it on the GPU */
+        if (step == 1)
+            for (int u = 0; u < d->n_units; u++)
+                gg_host(d->g, d->units[u].shard_numel * d->host_state);
+        return d->opt_params; /* empty (dp_optimizer) */
+    }
     if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
         d->method == MEMSIM_METHOD_ZERO3) {
         int64_t part = d->psi_pad / d->N;
@@ -661,7 +881,7 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
     case MEMSIM_METHOD_HSDP:
         /* the optimizer holds each unit's sharded FlatParameter; with LoRA (use_orig_params)
          * the trained parameters' views, this rank's even share ⌈numel/N⌉ per unit */
-        for (int u = 0; u < d->n_units; u++) {
+        for (int u = 0; u < d->n_units && !d->offload; u++) {
             Unit *un = &d->units[u];
             int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
             if (!n)
@@ -681,9 +901,18 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                            const AgRules *rules, const GpuProfile *gpu, GError **error)
 {
     MemsimMethod meth = run->method;
+    bool fsdp = meth == MEMSIM_METHOD_FSDP || meth == MEMSIM_METHOD_FSDP_GRAD_OP ||
+                meth == MEMSIM_METHOD_HSDP;
+    /* the sharding strategy: the method's, or --fsdp-sharding with --method fsdp */
+    int sharding = meth == MEMSIM_METHOD_FSDP_GRAD_OP ? 1
+                   : meth == MEMSIM_METHOD_HSDP       ? 2
+                   : meth == MEMSIM_METHOD_FSDP       ? run->fsdp_sharding
+                                                      : 0;
     int N = run->gpus;
-    if (meth == MEMSIM_METHOD_HSDP)
+    if (fsdp && sharding == 2)
         N = run->gpus_per_node < run->gpus ? run->gpus_per_node : run->gpus;
+    if (fsdp && sharding == 3)
+        N = 1;
     guint32 rank = memsim_trace_add_rank(t, 0, (guint32)run->gpus);
     static const char *names[] = {"", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op",
                                   "hsdp", "megatron"};
@@ -697,7 +926,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     d->N = N;
     d->inflight = g_queue_new();
     d->buckets = g_ptr_array_new();
-    d->comm_us_per_byte = comm_cost(gpu, N <= run->gpus_per_node);
+    d->comm_us_per_byte = comm_cost(gpu, (fsdp && sharding == 3 ? run->gpus : N) <= run->gpus_per_node);
+    d->limit = true;
     gg_set_gpu(g, gpu, run->precision == MEMSIM_PREC_FP32);
     /* DeepSpeed and FSDP MixedPrecision compute in bf16 on bf16 parameters */
     MemsimRun eff = *run;
@@ -706,6 +936,39 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         eff.precision = run->precision == MEMSIM_PREC_FP16_MIXED || run->precision == MEMSIM_PREC_FP16
                             ? MEMSIM_PREC_FP16
                             : MEMSIM_PREC_BF16;
+    if (fsdp) {
+        /* FSDP as configured: MixedPrecision's param_dtype (default the precision's: bf16 for
+         * bf16-mixed, as before), reduce_dtype (default param_dtype: api.py MixedPrecision,
+         * _fsdp_api.py MixedPrecisionPolicy), the sharded parameters in fp32 */
+        static const DType dts[] = {DT_F32, DT_BF16, DT_F16};
+        d->fsdp = run->fsdp_version + 1;
+        d->sharding = sharding;
+        d->orig_dt = DT_F32; /* LoRA: see below */
+        d->param_dt = memsim_run_given(run, "fsdp-param-dtype") ? dts[run->fsdp_param_dtype]
+                      : eff.precision == MEMSIM_PREC_FP16 ? DT_F16
+                      : eff.precision == MEMSIM_PREC_BF16 ? DT_BF16
+                                                          : DT_F32;
+        d->reduce_dt = memsim_run_given(run, "fsdp-reduce-dtype") ? dts[run->fsdp_reduce_dtype]
+                                                                  : d->param_dt;
+        /* fp32 parameters: no MixedPrecision; under a -mixed precision torch.autocast casts
+         * per op (the recipe without FSDP MixedPrecision), else fp32 throughout */
+        eff.precision = d->param_dt == DT_BF16 ? MEMSIM_PREC_BF16
+                        : d->param_dt == DT_F16 ? MEMSIM_PREC_FP16
+                        : run->precision == MEMSIM_PREC_BF16_MIXED ||
+                                run->precision == MEMSIM_PREC_FP16_MIXED
+                            ? run->precision
+                            : MEMSIM_PREC_FP32;
+        d->offload = run->fsdp_offload;
+        d->keep_after_forward = sharding == 1 || (d->fsdp == 2 && !run->fsdp_reshard_after_forward);
+        /* FSDP1's limiter as given; FSDP2 has none (_fsdp_param_group.py: no rate limiter) */
+        d->limit = d->fsdp == 1 && run->fsdp_limit_all_gathers;
+        d->prefetch = d->fsdp == 1 ? run->fsdp_backward_prefetch : 0;
+        /* the optimizer's host state per shard element (fp32): AdamW two moments,
+         * SGD with momentum one buffer, SGD none */
+        d->host_state = run->optimizer == MEMSIM_OPTIM_ADAMW           ? 8
+                        : run->optimizer == MEMSIM_OPTIM_SGD_MOMENTUM ? 4
+                                                                       : 0;
+    }
     /* the sharded methods materialise their units one at a time (make_units) */
     bool units = meth != MEMSIM_METHOD_DDP && meth != MEMSIM_METHOD_ZERO1 &&
                  meth != MEMSIM_METHOD_ZERO2;
@@ -722,10 +985,17 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     }
     d->md.layer_hook = layer_hook;
     d->lora = run->finetune != MEMSIM_FT_FULL;
+    /* LoRA: the FlatParameter is in the frozen base's dtype, which MixedPrecision's
+     * param_dtype matches, so there is no _mp_shard (_flat_param.py
+     * _uses_param_mixed_precision) and the gradient shard stays in that dtype */
+    if (fsdp && d->lora)
+        d->orig_dt = d->param_dt;
     d->psi = count_trainable(&d->md);
     d->psi_pad = (d->psi + 2 * N - 1) / (2 * N) * (2 * N);
     AgContext *c = gg_ctx(g);
     DType cdt = eff.precision == MEMSIM_PREC_FP32 ? DT_F32 : eff.precision == MEMSIM_PREC_FP16 ? DT_F16 : DT_BF16;
+    if (fsdp)
+        cdt = d->param_dt;
     /* DeepSpeed's bf16 engine casts the whole module, peft's fp32 adapters included; FSDP
      * needs one dtype per FlatParameter: the adapters take the frozen base's */
     if (meth != MEMSIM_METHOD_DDP)

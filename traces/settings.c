@@ -157,6 +157,49 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model"), DEFAULT("layer"),
                            FIELD(fsdp_wrap_model), TRAINING,
                            HELP("layer (default: one unit per decoder layer) or model")},
+    [SETTING_FSDP_VERSION] = {KEY("fsdp-version", "V"), ENUM("1", "2"), DEFAULT("1"),
+                              FIELD(fsdp_version), TRAINING,
+                              HELP("FSDP API: 1 (default here: FullyShardedDataParallel, "
+                                   "FlatParameters) or 2 (fully_shard, per-parameter DTensor "
+                                   "shards; torch's recommended API since 2.6)")},
+    [SETTING_FSDP_SHARDING] = {KEY("fsdp-sharding", "S"),
+                               ENUM("full", "grad-op", "hybrid", "no-shard"), DEFAULT("full"),
+                               FIELD(fsdp_sharding), TRAINING,
+                               HELP("ShardingStrategy with --method fsdp: full (default), "
+                                    "grad-op, hybrid, no-shard (--method fsdp-grad-op and hsdp "
+                                    "are grad-op and hybrid)")},
+    [SETTING_FSDP_PARAM_DTYPE] = {KEY("fsdp-param-dtype", "DT"), ENUM("fp32", "bf16", "fp16"),
+                                  FIELD(fsdp_param_dtype), TRAINING,
+                                  HELP("MixedPrecision param_dtype: fp32, bf16, fp16 (default: "
+                                       "the precision's; fp32 with a -mixed precision is "
+                                       "torch.autocast on fp32 parameters)")},
+    [SETTING_FSDP_REDUCE_DTYPE] = {KEY("fsdp-reduce-dtype", "DT"), ENUM("fp32", "bf16", "fp16"),
+                                   FIELD(fsdp_reduce_dtype), TRAINING,
+                                   HELP("MixedPrecision reduce_dtype: fp32, bf16, fp16 "
+                                        "(default: the param dtype)")},
+    [SETTING_FSDP_OFFLOAD] = {KEY("fsdp-offload", "BOOL"), BOOL, DEFAULT("false"),
+                              FIELD(fsdp_offload), TRAINING,
+                              HELP("CPUOffload(offload_params=True) / CPUOffloadPolicy: shards, "
+                                   "gradients and the optimizer on the host (default false)")},
+    [SETTING_FSDP_LIMIT_ALL_GATHERS] = {KEY("fsdp-limit-all-gathers", "BOOL"), BOOL,
+                                        DEFAULT("true"), FIELD(fsdp_limit_all_gathers), TRAINING,
+                                        HELP("FSDP1's rate limiter: at most two all-gathers in "
+                                             "flight (default true)")},
+    [SETTING_FSDP_BACKWARD_PREFETCH] = {KEY("fsdp-backward-prefetch", "P"),
+                                        ENUM("pre", "post", "none"), DEFAULT("pre"),
+                                        FIELD(fsdp_backward_prefetch), TRAINING,
+                                        HELP("FSDP1 BackwardPrefetch: pre (default), post, "
+                                             "none")},
+    [SETTING_FSDP_USE_ORIG_PARAMS] = {KEY("fsdp-use-orig-params", "BOOL"), BOOL,
+                                      FIELD(fsdp_use_orig_params), TRAINING,
+                                      HELP("FSDP1 use_orig_params: each parameter padded to 16 "
+                                           "bytes in its FlatParameter (default false; true "
+                                           "with LoRA)")},
+    [SETTING_FSDP_RESHARD_AFTER_FORWARD] = {KEY("fsdp-reshard-after-forward", "BOOL"), BOOL,
+                                            DEFAULT("true"), FIELD(fsdp_reshard_after_forward),
+                                            TRAINING,
+                                            HELP("FSDP2 reshard_after_forward (default true; "
+                                                 "the root is kept either way)")},
     [SETTING_GPUS_PER_NODE] = {KEY("gpus-per-node", "N"), INT(1, 1024), DEFAULT("8"),
                                FIELD(gpus_per_node),
                                HELP("GPUs per node (HSDP's shard group; default 8)")},
@@ -527,6 +570,69 @@ gboolean setting_check_distributed_loop(const MemsimRun *r, gboolean megatron, G
     return TRUE;
 }
 
+/* The FSDP settings against the method and each other: what FSDP1 and FSDP2 take
+ * (torch/distributed/fsdp/api.py for FSDP1; fsdp/_fully_shard/_fsdp_api.py and
+ * _fully_shard.py fully_shard for FSDP2), and what memsim does not model, refused by name. */
+static gboolean fsdp_check(const MemsimRun *r, GError **error)
+{
+    bool fsdp = r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
+                r->method == MEMSIM_METHOD_HSDP;
+    bool v2 = r->fsdp_version == 1;
+    for (int i = SETTING_FSDP_VERSION; i <= SETTING_FSDP_RESHARD_AFTER_FORWARD; i++)
+        if (given(r, (SettingId)i) && !fsdp)
+            return setting_refuse(error, "%s: only with --method fsdp, fsdp-grad-op or hsdp",
+                                  setting_name((SettingId)i));
+    if (given(r, SETTING_FSDP_SHARDING) && r->method != MEMSIM_METHOD_FSDP)
+        return setting_refuse(error, "fsdp-sharding: with --method fsdp (--method %s already "
+                                     "names its sharding strategy)",
+                              setting_value_name(SETTING_METHOD, r->method));
+    bool no_shard = r->method == MEMSIM_METHOD_FSDP && r->fsdp_sharding == 3;
+    if (v2 && no_shard)
+        return setting_refuse(error, "fsdp-sharding: FSDP2 has no NO_SHARD (fully_shard always "
+                                     "shards; replicate() is DDP's): give --method ddp, or "
+                                     "--fsdp-version 1");
+    if (v2 && given(r, SETTING_FSDP_LIMIT_ALL_GATHERS))
+        return setting_refuse(error, "fsdp-limit-all-gathers: FSDP1's rate limiter; FSDP2 has none "
+                                     "(its all-gathers wait on the previous group's copy-out)");
+    if (v2 && given(r, SETTING_FSDP_BACKWARD_PREFETCH))
+        return setting_refuse(error, "fsdp-backward-prefetch: FSDP1's BackwardPrefetch; FSDP2 "
+                                     "prefetches one group in backward (set_modules_to_backward_"
+                                     "prefetch is not modelled)");
+    if (v2 && given(r, SETTING_FSDP_USE_ORIG_PARAMS))
+        return setting_refuse(error, "fsdp-use-orig-params: FSDP1's; FSDP2 always keeps the "
+                                     "original parameters (per-parameter DTensors)");
+    if (!v2 && given(r, SETTING_FSDP_RESHARD_AFTER_FORWARD))
+        return setting_refuse(error, "fsdp-reshard-after-forward: FSDP2's; with FSDP1 give "
+                                     "--fsdp-sharding grad-op (SHARD_GRAD_OP keeps the "
+                                     "parameters from forward to backward)");
+    if (v2 && r->finetune != MEMSIM_FT_FULL)
+        return setting_refuse(error, "finetune: FSDP2 with LoRA/QLoRA (per-parameter shards of "
+                                     "a frozen base) is not modelled: give --fsdp-version 1");
+    if (fsdp && given(r, SETTING_FSDP_USE_ORIG_PARAMS) && !r->fsdp_use_orig_params &&
+        r->finetune != MEMSIM_FT_FULL)
+        return setting_refuse(error, "fsdp-use-orig-params: false with LoRA: a FlatParameter "
+                                     "mixing frozen and trained parameters needs "
+                                     "use_orig_params=True (_flat_param.py _init_flat_param_"
+                                     "attributes)");
+    if (fsdp && given(r, SETTING_FSDP_PARAM_DTYPE) && r->fsdp_param_dtype == 0 &&
+        (r->precision == MEMSIM_PREC_BF16 || r->precision == MEMSIM_PREC_FP16))
+        return setting_refuse(error, "fsdp-param-dtype: fp32 with --precision %s: the model is "
+                                     "cast to half precision; give --precision fp32 or %s-mixed "
+                                     "(torch.autocast on fp32 parameters)",
+                              setting_value_name(SETTING_PRECISION, r->precision),
+                              r->precision == MEMSIM_PREC_BF16 ? "bf16" : "fp16");
+    if (fsdp && r->fsdp_offload && no_shard)
+        return setting_refuse(error, "fsdp-offload: CPU offload with NO_SHARD is not modelled");
+    if (fsdp && r->fsdp_offload && r->optimizer != MEMSIM_OPTIM_ADAMW &&
+        r->optimizer != MEMSIM_OPTIM_SGD && r->optimizer != MEMSIM_OPTIM_SGD_MOMENTUM)
+        return setting_refuse(error, "fsdp-offload: the optimizer steps on the CPU; memsim "
+                                     "models AdamW and SGD there, not %s",
+                              setting_value_name(SETTING_OPTIMIZER, r->optimizer));
+    if (fsdp && r->fsdp_offload && r->finetune != MEMSIM_FT_FULL)
+        return setting_refuse(error, "fsdp-offload: CPU offload with LoRA/QLoRA is not modelled");
+    return TRUE;
+}
+
 gboolean memsim_run_check(const MemsimRun *r, GError **error)
 {
 #define GIVEN(id) given(r, SETTING_##id)
@@ -558,6 +664,8 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
     if (GIVEN(FSDP_WRAP) && r->method != MEMSIM_METHOD_FSDP &&
         r->method != MEMSIM_METHOD_FSDP_GRAD_OP && r->method != MEMSIM_METHOD_HSDP)
         return setting_refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
+    if (!fsdp_check(r, error))
+        return FALSE;
     if (rr.distributed && !r->inference && !setting_check_distributed_loop(r, megatron, error))
         return FALSE;
     if (r->gpus < 2 && (rr.tp > 1 || rr.pp > 1 || rr.dp > 1))
@@ -630,6 +738,35 @@ char *memsim_run_describe(const MemsimRun *run)
                                        rr.microbatches);
             if (run->sequence_parallel)
                 g_string_append(s, ", sequence parallel");
+        }
+        if ((rr.method == MEMSIM_METHOD_FSDP || rr.method == MEMSIM_METHOD_FSDP_GRAD_OP ||
+             rr.method == MEMSIM_METHOD_HSDP) &&
+            run->given >> SETTING_FSDP_VERSION & ((1u << (SETTING_FSDP_RESHARD_AFTER_FORWARD -
+                                                          SETTING_FSDP_VERSION + 1)) - 1)) {
+            /* the FSDP configuration, when any of it was given */
+            g_string_append_printf(s, " (FSDP%d", run->fsdp_version + 1);
+            if (given(run, SETTING_FSDP_SHARDING))
+                g_string_append_printf(s, ", %s", value_name(SETTING_FSDP_SHARDING,
+                                                             run->fsdp_sharding));
+            if (given(run, SETTING_FSDP_PARAM_DTYPE))
+                g_string_append_printf(s, ", param %s", value_name(SETTING_FSDP_PARAM_DTYPE,
+                                                                   run->fsdp_param_dtype));
+            if (given(run, SETTING_FSDP_REDUCE_DTYPE))
+                g_string_append_printf(s, ", reduce %s", value_name(SETTING_FSDP_REDUCE_DTYPE,
+                                                                    run->fsdp_reduce_dtype));
+            if (run->fsdp_offload)
+                g_string_append(s, ", CPU offload");
+            if (given(run, SETTING_FSDP_RESHARD_AFTER_FORWARD) && !run->fsdp_reshard_after_forward)
+                g_string_append(s, ", no reshard after forward");
+            if (given(run, SETTING_FSDP_BACKWARD_PREFETCH))
+                g_string_append_printf(s, ", backward prefetch %s",
+                                       value_name(SETTING_FSDP_BACKWARD_PREFETCH,
+                                                  run->fsdp_backward_prefetch));
+            if (given(run, SETTING_FSDP_LIMIT_ALL_GATHERS) && !run->fsdp_limit_all_gathers)
+                g_string_append(s, ", no all-gather limit");
+            if (given(run, SETTING_FSDP_USE_ORIG_PARAMS) && run->fsdp_use_orig_params)
+                g_string_append(s, ", use_orig_params");
+            g_string_append(s, ")");
         }
     }
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",

@@ -102,6 +102,17 @@ typedef struct {
     gboolean sequence_parallel;
     gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
+    /* FSDP (DISTRIBUTED.md §3, §4): the API, its ShardingStrategy, MixedPrecision (an index
+     * of fp32, bf16, fp16; the precision's when not given), CPU offload, FSDP1's rate limiter,
+     * backward prefetch and use_orig_params, FSDP2's reshard_after_forward */
+    int fsdp_version;           /* 0: FSDP1 (FullyShardedDataParallel), 1: FSDP2 (fully_shard) */
+    int fsdp_sharding;          /* 0 full, 1 grad-op, 2 hybrid, 3 no-shard (with --method fsdp) */
+    int fsdp_param_dtype, fsdp_reduce_dtype;
+    gboolean fsdp_offload;
+    gboolean fsdp_limit_all_gathers;
+    int fsdp_backward_prefetch; /* 0 BACKWARD_PRE, 1 BACKWARD_POST, 2 none */
+    gboolean fsdp_use_orig_params;
+    gboolean fsdp_reshard_after_forward;
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */

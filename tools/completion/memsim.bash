@@ -46,6 +46,11 @@ _memsim_values()
     --methods) echo ddp zero1 zero2 zero3 zero fsdp fsdp-grad-op hsdp tp pp megatron all ;;
     --checkpointing-modes) echo none selective full ;;
     --fsdp-wrap) echo layer model ;;
+    --fsdp-version) echo 1 2 ;;
+    --fsdp-sharding) echo full grad-op hybrid no-shard ;;
+    --fsdp-param-dtype | --fsdp-reduce-dtype) echo fp32 bf16 fp16 ;;
+    --fsdp-backward-prefetch) echo pre post none ;;
+    --fsdp-offload | --fsdp-limit-all-gathers | --fsdp-use-orig-params | --fsdp-reshard-after-forward) echo true false ;;
     --gpu) echo a100-40gb a100-80gb h100-80gb h200 v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
     --sequence-parallel | --inference) echo true false ;;
     --torch-version) echo 1.13 2.0 2.1 2.2 2.3 2.4 2.5 2.6 2.7 2.8 2.9 ;;
