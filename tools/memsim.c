@@ -7,6 +7,7 @@
 #include <memsim/formats.h>
 #include <memsim/estimate.h>
 #include <memsim/gen.h>
+#include <memsim/deepspeed.h>
 #include <memsim/megatron.h>
 #include <memsim/plan.h>
 #include <memsim/sim.h>
@@ -167,6 +168,15 @@ static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o,
 typedef struct {
     char *timeline, *perfetto, *csv, *report;
 } Exports;
+
+/* --deepspeed-config FILE and --deepspeed-set KEY=VALUE (estimate and plan) */
+#define DEEPSPEED_ENTRIES(conf, sets)                                                            \
+    {"deepspeed-config", 0, 0, G_OPTION_ARG_FILENAME, &(conf),                                   \
+     "A DeepSpeed ds_config.json: its ZeRO stage is the method, its batch, precision, "         \
+     "optimizer, buckets and offload are the run's",                                             \
+     "FILE"},                                                                                    \
+        {"deepspeed-set", 0, 0, G_OPTION_ARG_STRING_ARRAY, &(sets),                              \
+         "A key of the DeepSpeed config over the file's (repeatable)", "KEY=VALUE"}
 
 #define EXPORT_ENTRIES(x)                                                                        \
     {"timeline", 0, 0, G_OPTION_ARG_FILENAME, &(x).timeline,                                     \
@@ -465,12 +475,48 @@ static MemsimMegatron *megatron_launch(const char *cmd, const char *path, const 
     return mg;
 }
 
+/* ---- a DeepSpeed config: --deepspeed-config ---- */
+
+/* Reads the config at `path` (with --deepspeed-set overrides) for `cmd`: it sets the method,
+ * the batch keys, the precision and the optimizer it gives (a run setting given as well is
+ * refused, naming both); its warnings go to stderr. NULL, the message printed, on bad
+ * input. */
+static MemsimDeepspeed *deepspeed_config(const char *cmd, const char *path, char **sets,
+                                         MemsimRun *run)
+{
+    GError *error = NULL;
+    MemsimDeepspeed *ds = memsim_deepspeed_load_set(path, (const char *const *)sets, &error);
+    if (!ds) {
+        report_error(cmd, error);
+        return NULL;
+    }
+    for (const char *const *w = memsim_deepspeed_warnings(ds); *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
+    const MemsimRunSetting *s;
+    for (guint i = 0; (s = memsim_run_setting_info(i)); i++)
+        if (memsim_run_given(run, s->name) && strcmp(s->name, "gpus") != 0 &&
+            memsim_deepspeed_sets(ds, s->name)) {
+            fprintf(stderr, "memsim %s: --%s and --deepspeed-config %s: the config sets %s "
+                            "itself; give one of them\n",
+                    cmd, s->name, path, s->name);
+            memsim_deepspeed_free(ds);
+            return NULL;
+        }
+    if (!memsim_deepspeed_apply(ds, run, &error)) {
+        report_error(cmd, error);
+        memsim_deepspeed_free(ds);
+        return NULL;
+    }
+    return ds;
+}
+
 /* ---- estimate ---- */
 
 static int cmd_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL,
-         *context = NULL, *nccl = NULL, *megatron = NULL;
+         *context = NULL, *nccl = NULL, *megatron = NULL, *dsconf = NULL;
+    char **dssets = NULL;
     gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
     Exports ex = {0};
@@ -481,6 +527,7 @@ static int cmd_estimate(int argc, char **argv)
         {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &megatron,
          "A Megatron-LM launch instead of --model and the run options it sets: a command line, "
          "a shell script or a test's model_config.yaml", "FILE"},
+        DEEPSPEED_ENTRIES(dsconf, dssets),
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
          "Device memory, a size (80GiB) or a GPU (h100-80gb); default: the --gpu profile's",
          "SIZE|GPU"},
@@ -508,7 +555,8 @@ static int cmd_estimate(int argc, char **argv)
         "      --finetune lora --lora-rank 16 --checkpointing full --gpu-mem 80GiB\n"
         "  memsim estimate --model ./config.json --batch 8 --seq 512 --optimizer adamw\n"
         "  memsim estimate --model gpt2 --seq 1024 --report report.html --timeline run.png\n"
-        "  memsim estimate --megatron-args train.sh --gpu h100-80gb\n",
+        "  memsim estimate --megatron-args train.sh --gpu h100-80gb\n"
+        "  memsim estimate --model llama-2-7b --gpus 8 --deepspeed-config ds_config.json\n",
         entries);
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
@@ -516,6 +564,7 @@ static int cmd_estimate(int argc, char **argv)
     MemsimModel *owned = NULL;
     const MemsimModel *m = NULL;
     MemsimMegatron *mg = NULL;
+    MemsimDeepspeed *ds = NULL;
     MemsimReport *rep = NULL;
     if (!parse(ctx, "estimate", &argc, &argv))
         goto out;
@@ -528,6 +577,15 @@ static int cmd_estimate(int argc, char **argv)
         if (!(mg = megatron_launch("estimate", megatron, model, &run)))
             goto out;
         m = memsim_megatron_model(mg);
+    }
+    if (!dsconf && dssets) {
+        fprintf(stderr, "memsim estimate: --deepspeed-set needs --deepspeed-config\n");
+        goto out;
+    }
+    if (dsconf && (megatron || !(ds = deepspeed_config("estimate", dsconf, dssets, &run)))) {
+        if (megatron)
+            fprintf(stderr, "memsim estimate: --megatron-args and --deepspeed-config: give one\n");
+        goto out;
     }
     MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
     eo.allocator = allocator;
@@ -568,9 +626,12 @@ out:
     memsim_model_free(owned);
     memsim_run_clear(&run);
     memsim_megatron_free(mg);
+    memsim_deepspeed_free(ds);
     g_option_context_free(ctx);
     g_free(model);
     g_free(megatron);
+    g_free(dsconf);
+    g_strfreev(dssets);
     g_free(allocator);
     g_free(alloc_conf);
     g_free(gpu_mem);
@@ -772,7 +833,9 @@ static void plan_progress(guint done, guint total, gpointer user)
 static int cmd_plan(int argc, char **argv)
 {
     char *model = NULL, *gpu_mem = NULL, *context = NULL, *nccl = NULL, *methods = NULL,
-         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL, *megatron = NULL;
+         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL, *megatron = NULL,
+         *dsconf = NULL;
+    char **dssets = NULL;
     gint64 global_batch = 0, max_batch = 0;
     gint top = 5, misses = 5, threads = 0;
     gboolean json = FALSE, csv = FALSE, mig = FALSE, exhaustive = FALSE, no_exp = FALSE,
@@ -784,6 +847,7 @@ static int cmd_plan(int argc, char **argv)
         {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &megatron,
          "A Megatron-LM launch as the model and batch: its parallel layout is swept around it",
          "FILE"},
+        DEEPSPEED_ENTRIES(dsconf, dssets),
         {"global-batch", 0, 0, G_OPTION_ARG_INT64, &global_batch,
          "Sequences per optimizer step (default: one micro-batch per replica and step)", "N"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
@@ -836,7 +900,8 @@ static int cmd_plan(int argc, char **argv)
         "  memsim plan --model llama-3-8b --gpus 8 --gpu a100-40gb --seq 4096 --global-batch 64\n"
         "  memsim plan --model mistral-7b --gpus 1 --gpu h200 --mig\n"
         "  memsim plan --model llama-2-70b --gpus 16 --gpu h100-80gb --seq 4096 --finetune qlora\n"
-        "  memsim plan --megatron-args model_config.yaml --gpu h100-80gb\n",
+        "  memsim plan --megatron-args model_config.yaml --gpu h100-80gb\n"
+        "  memsim plan --model llama-2-7b --gpus 8 --deepspeed-config ds_config.json\n",
         entries);
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
@@ -844,6 +909,7 @@ static int cmd_plan(int argc, char **argv)
     MemsimModel *owned = NULL;
     const MemsimModel *m = NULL;
     MemsimMegatron *mg = NULL;
+    MemsimDeepspeed *ds = NULL;
     MemsimPlan *plan = NULL;
     MemsimPlanOptions o = memsim_plan_options_defaults();
     if (!parse(ctx, "plan", &argc, &argv))
@@ -863,6 +929,15 @@ static int cmd_plan(int argc, char **argv)
         if (!(mg = megatron_launch("plan", megatron, model, &run)))
             goto out;
         m = memsim_megatron_model(mg);
+    }
+    if (!dsconf && dssets) {
+        fprintf(stderr, "memsim plan: --deepspeed-set needs --deepspeed-config\n");
+        goto out;
+    }
+    if (dsconf && (megatron || !(ds = deepspeed_config("plan", dsconf, dssets, &run)))) {
+        if (megatron)
+            fprintf(stderr, "memsim plan: --megatron-args and --deepspeed-config: give one\n");
+        goto out;
     }
     memsim_plan_options_use_run(&o, &run);
     o.global_batch = global_batch;
@@ -912,9 +987,12 @@ out:
     memsim_model_free(owned);
     memsim_run_clear(&run);
     memsim_megatron_free(mg);
+    memsim_deepspeed_free(ds);
     g_option_context_free(ctx);
     g_free(model);
     g_free(megatron);
+    g_free(dsconf);
+    g_strfreev(dssets);
     g_free(gpu_mem);
     g_free(context);
     g_free(nccl);

@@ -74,6 +74,7 @@
 
 #include <string.h>
 
+#include "traces/deepspeed.h"
 #include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
@@ -121,6 +122,7 @@ typedef struct {
                            * its .grad is the gradient shard */
     GPtrArray *params;    /* the unit's parameter tensors (not references) */
     int64_t numel, shard_numel;
+    int64_t gathered_numel; /* ZeRO-3 with a config: ds_numel of the gathered parameters */
     int pending;          /* gradients not yet produced in this backward */
     int trainable;        /* the unit's parameters that require grad */
     int64_t train_numel;  /* their elements (LoRA: the adapters) */
@@ -146,6 +148,18 @@ typedef struct {
     AgTensor *grad_part;   /* gradient partition */
     AgTensor *frozen_part; /* ZeRO-3 with LoRA/QLoRA: the frozen parameters' partitions */
     bool lora;             /* LoRA/QLoRA: a frozen base, trained adapters */
+    /* a DeepSpeed config (run->deepspeed, traces/deepspeed.h), its sizes resolved */
+    bool ds;
+    DsZero z;
+    int64_t rb;            /* reduce_bucket_size (elements) */
+    AgTensor *ipg2;        /* stage 1/2 with overlap_comm: the second ipg buffer */
+    GPtrArray *pending;    /* stage 2 without contiguous_gradients: the bucket's gradients */
+    AgTensor *offload_tmp; /* ZeRO-Offload stage 1/2: temp_grad_buffer_for_gpu_offload */
+    int64_t largest;       /* the largest trainable parameter's numel */
+    int64_t host_accum;    /* ZeRO-Offload with accumulation: accumulated_grads_in_cpu */
+    bool adam_on_host;     /* DeepSpeedCPUAdam's state, made at the first step */
+    int step;              /* the step that runs (1-based) */
+    int64_t avail;         /* ZeRO-3: numel of the gathered units (n_available) */
     /* FSDP / ZeRO-3 units */
     Unit *units;
     int n_units;
@@ -289,10 +303,17 @@ static void unshard(Dist *d, int u)
     } else {
         c->stream = S_COMM;
         gg_wait_stream(g, S_COMM, S_COMPUTE);
+        /* ZeRO-Infinity with offload_param: the host partition is copied to the device first
+         * (partition_parameters.py _allgather_params_coalesced: ds_tensor.to(device)) */
+        AgTensor *h2d = d->ds && d->z.offload_param
+                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel)
+                            : NULL;
         c->category = MEMSIM_CAT_PARAMETER;
         gg_storage_restore(g, un->full);
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, un->full->nbytes, 0, coll_us(d, MEMSIM_COLL_ALL_GATHER, un->full->nbytes));
+        gt_unref(g, h2d);
         g_queue_push_tail(d->inflight, un);
+        d->avail += un->numel;
     }
     c->stream = old;
     c->category = oldcat;
@@ -306,6 +327,50 @@ static void reshard(Dist *d, int u)
         return; /* NO_SHARD without mixed precision: the parameters are the FlatParameter */
     gg_record_stream_storage(d->g, un->full, S_COMPUTE);
     gg_storage_release(d->g, un->full);
+    if (d->method == MEMSIM_METHOD_ZERO3)
+        d->avail -= un->numel;
+}
+
+/* ZeRO-3's prefetch from unit `u` on in direction `dir` (+1 forward, -1 backward).
+ * Without a config: the next layer. With one (partitioned_param_coordinator.py
+ * fetch_sub_module): none in the first step (the trace is being recorded), then the upcoming
+ * units while the numel being prefetched stays below min(stage3_prefetch_bucket_size,
+ * stage3_max_live_parameters − n_available) — whole layers here, where DeepSpeed counts
+ * parameter by parameter. */
+static void zero3_prefetch(Dist *d, int u, int dir)
+{
+    int last = d->n_units - 1; /* the root, gathered for the whole step */
+    if (!d->ds) {
+        if (u + dir >= 0 && u + dir < last)
+            unshard(d, u + dir);
+        return;
+    }
+    if (d->step < 2)
+        return;
+    int64_t budget = d->z.max_live - d->avail;
+    if (d->z.prefetch_bucket < budget)
+        budget = d->z.prefetch_bucket;
+    int64_t sum = 0;
+    for (int k = u + dir; k >= 0 && k < last && sum < budget; k += dir) {
+        if (d->units[k].full->resident)
+            continue;
+        unshard(d, k);
+        sum += d->units[k].numel;
+    }
+}
+
+/* stage3_max_reuse_distance (partitioned_param_coordinator.py release_sub_module): after its
+ * forward, a layer is kept gathered when its next use — its backward — comes within that many
+ * numel of fetched parameters (the layers after it, forward and backward), from the second
+ * step on (the first records the trace and releases everything). */
+static bool zero3_reused(Dist *d, int u)
+{
+    if (!d->ds || d->method != MEMSIM_METHOD_ZERO3 || d->step < 2)
+        return false;
+    int64_t dist = 0;
+    for (int v = u + 1; v < d->n_units - 1; v++)
+        dist += 2 * d->units[v].numel;
+    return dist < d->z.max_reuse;
 }
 
 /* ---- hooks ---- */
@@ -318,9 +383,9 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
     int u = unit_of(d, layer);
     if (pre) {
         unshard(d, u);
-        if (d->method == MEMSIM_METHOD_ZERO3 && u + 1 < d->n_units - 1)
-            unshard(d, u + 1); /* prefetch the next layer */
-    } else if (!d->units[u].root && !d->keep_after_forward) {
+        if (d->method == MEMSIM_METHOD_ZERO3 && !d->units[u].root)
+            zero3_prefetch(d, u, +1);
+    } else if (!d->units[u].root && !d->keep_after_forward && !zero3_reused(d, u)) {
         reshard(d, u);
     }
 }
@@ -337,10 +402,13 @@ static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
         reshard(d, d->bw_unit);
     d->bw_unit = u;
     unshard(d, u);
-    /* backward prefetch of the next unit: BACKWARD_PRE here, before the unit's gradients
-     * (_runtime_utils.py _pre_backward_hook → _prefetch_handle); BACKWARD_POST in its
-     * post-backward hook (post_accumulate); FSDP2 and ZeRO-3 as BACKWARD_PRE */
-    if (d->prefetch == 0 && u > 0 && u - 1 < d->n_units - 1)
+    /* backward prefetch of the next unit: ZeRO-3's coordinator (zero3_prefetch); FSDP's
+     * BACKWARD_PRE here, before the unit's gradients (_runtime_utils.py _pre_backward_hook →
+     * _prefetch_handle), BACKWARD_POST in its post-backward hook (post_accumulate); FSDP2 as
+     * BACKWARD_PRE */
+    if (d->method == MEMSIM_METHOD_ZERO3 && !d->units[u].root)
+        zero3_prefetch(d, u, -1);
+    else if (d->prefetch == 0 && u > 0 && u - 1 < d->n_units - 1)
         unshard(d, u - 1);
 }
 
@@ -490,9 +558,24 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
     AgContext *c = gg_ctx(g);
     uint8_t oldcat = c->category;
     uint16_t old = c->stream;
-    if (!d->ipg) /* setup_buckets at the first hook of a backward */
-        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, RB_ELEMENTS < d->psi_pad ? RB_ELEMENTS : d->psi_pad);
-    if (d->ipg_fill + n > gt_numel(d->ipg) && d->ipg_fill > 0) {
+    int64_t cap = d->rb < d->psi_pad ? d->rb : d->psi_pad;
+    /* setup_buckets at the first hook of a backward (stage_1_and_2.py backward: the ipg
+     * buffer with contiguous_gradients, which ZeRO-Offload forces; a second one with
+     * overlap_comm) */
+    bool contiguous = !d->ds || d->z.contiguous_gradients || d->z.offload_optimizer;
+    if (!d->ipg && contiguous) {
+        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, cap);
+        if (d->ds && d->z.overlap_comm && d->method != MEMSIM_METHOD_ZERO3)
+            d->ipg2 = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, cap);
+    }
+    /* ZeRO-Offload with accumulation: each owned gradient accumulates in a host buffer of
+     * its size (async_accumulate_grad_in_cpu_via_gpu, kept across steps) */
+    if (d->ds && d->z.offload_optimizer && d->method != MEMSIM_METHOD_ZERO3 &&
+        d->run->grad_accum > 1 && !d->host_accum) {
+        d->host_accum = d->psi_pad / d->N * 2;
+        gg_host(g, d->host_accum);
+    }
+    if (d->ipg_fill + n > cap && d->ipg_fill > 0) {
         /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back */
         AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
@@ -503,17 +586,28 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
                               (uint64_t)d->ipg_fill * 2));
         gt_unref(g, tmp);
         d->ipg_fill = 0;
+        /* without contiguous_gradients the bucket's gradients go once reduced
+         * (buffered_reduce_fallback) */
+        for (guint i = 0; d->pending && i < d->pending->len; i++)
+            gt_unref(g, d->pending->pdata[i]);
+        if (d->pending)
+            g_ptr_array_set_size(d->pending, 0);
         /* stage 2 copies the owned gradients into grads_in_partition (allocated at the first
-         * copy, freed at the step); stage 3 has its persistent flat partitions */
-        if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2)
+         * copy, freed at the step); ZeRO-Offload copies them to the host instead
+         * (copy_grads_in_partition); stage 3 has its persistent flat partitions */
+        if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2 && !(d->ds && d->z.offload_optimizer))
             d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
     }
-    d->ipg_fill += n < gt_numel(d->ipg) ? n : 0;
-    /* the gradient now lives in the bucket (or in the partition): the original is freed */
+    d->ipg_fill += n < cap ? n : 0;
+    /* the gradient now lives in the bucket (or in the partition): the original is freed; not
+     * contiguous, it waits for its bucket's reduction */
     if (d->method != MEMSIM_METHOD_ZERO1) {
         AgTensor *gr = p->grad;
         p->grad = NULL;
-        gt_unref(g, gr);
+        if (!contiguous)
+            g_ptr_array_add(d->pending, gr);
+        else
+            gt_unref(g, gr);
     }
     c->category = oldcat;
     c->stream = old;
@@ -534,11 +628,17 @@ static void zero_flush(Dist *d)
         gt_unref(g, tmp);
         d->ipg_fill = 0;
     }
-    if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2)
+    for (guint i = 0; d->pending && i < d->pending->len; i++)
+        gt_unref(g, d->pending->pdata[i]);
+    if (d->pending)
+        g_ptr_array_set_size(d->pending, 0);
+    if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2 && !(d->ds && d->z.offload_optimizer))
         d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
     if (d->method != MEMSIM_METHOD_ZERO3 && d->ipg) {
         gt_unref(g, d->ipg); /* _release_ipg_buffers */
         d->ipg = NULL;
+        gt_unref(g, d->ipg2);
+        d->ipg2 = NULL;
     }
 }
 
@@ -645,7 +745,7 @@ static void make_units(Dist *d, DType compute_dt)
      * flattened as its bytes in the compute dtype (bnb_4bit_quant_storage); with LoRA, FSDP
      * runs with use_orig_params, each parameter starting at a multiple of 16 bytes */
     AgContext *c = gg_ctx(g);
-    int64_t frozen_part = 0;
+    int64_t frozen_part = 0, persistent = 0;
     /* use_orig_params (FSDP1, always with LoRA): each parameter starts at a multiple of 16
      * bytes of the FlatParameter (_flat_param.py _init_flat_param_and_metadata,
      * _get_aligned_numel) */
@@ -660,10 +760,23 @@ static void make_units(Dist *d, DType compute_dt)
             gg_storage_restore(g, p->st);
             continue;
         }
+        int64_t n = p->dt == DT_U8 ? gt_nbytes(p) / dt_size(compute_dt) : gt_numel(p);
+        /* ZeRO-3 with a config: a parameter of at most stage3_param_persistence_threshold
+         * elements (while the persistent total stays within stage3_model_persistence_threshold)
+         * is gathered once and never released (parameter_offload.py
+         * mark_persistent_parameters): whole on every rank, outside its layer's gather */
+        if (d->ds && d->method == MEMSIM_METHOD_ZERO3 && n <= d->z.persist_threshold &&
+            persistent + n <= d->z.model_persist_threshold) {
+            persistent += n;
+            c->category = MEMSIM_CAT_PARAMETER;
+            gg_storage_restore(g, p->st);
+            if (p->dt != DT_U8)
+                p->dt = compute_dt;
+            continue;
+        }
         int unit = GPOINTER_TO_INT(g_hash_table_lookup(layer_of, p)) - 1;
         if (unit < 0)
             unit = d->n_units - 1;
-        int64_t n = p->dt == DT_U8 ? gt_nbytes(p) / dt_size(compute_dt) : gt_numel(p);
         g_ptr_array_add(d->units[unit].params, p);
         d->units[unit].numel += (n + align - 1) / align * align;
         /* FSDP2: each parameter its own Shard(0), dim 0 padded to a multiple of N
@@ -724,7 +837,10 @@ static void make_units(Dist *d, DType compute_dt)
         un->trainable = un->pending;
     }
     if (d->method == MEMSIM_METHOD_ZERO3) { /* lp_param_buffer: the trained bf16 partitions */
-        d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
+        if (d->ds && d->z.offload_param) /* ZeRO-Infinity: the partitions on the host */
+            gg_host(g, d->psi_pad / d->N * 2);
+        else
+            d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
         if (frozen_part) /* the frozen ones stay per-parameter ds_tensors */
             d->frozen_part = alloc_cat(g, MEMSIM_CAT_PARAMETER, compute_dt, frozen_part);
     }
@@ -751,6 +867,7 @@ static void free_units(Dist *d)
 static void dp_before_step(void *user, int step)
 {
     Dist *d = user;
+    d->step = step;
     if (d->method != MEMSIM_METHOD_DDP || step != 2 || d->ddp_rebuilt)
         return;
     AgGraph *g = d->g;
@@ -820,8 +937,23 @@ static GPtrArray *dp_before_optimizer(void *user, int step)
     if (d->method == MEMSIM_METHOD_ZERO1 || d->method == MEMSIM_METHOD_ZERO2 ||
         d->method == MEMSIM_METHOD_ZERO3) {
         int64_t part = d->psi_pad / d->N;
-        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_BF16, part);
-        d->master->grad = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_F32, part);
+        if (d->ds && d->z.offload_optimizer) {
+            /* ZeRO-Offload: DeepSpeedCPUAdam steps the host partition against its host fp32
+             * gradient; its exp_avg and exp_avg_sq are made at the first step (cpu_adam.py
+             * step: state initialised lazily); the GPU steps nothing */
+            if (!d->adam_on_host) {
+                gg_host(d->g, part * 8);
+                d->adam_on_host = true;
+            }
+            return d->opt_params;
+        }
+        /* stage 3 steps sub-group by sub-group (stage3.py step: _prepare_sub_group and
+         * _optimizer_step per sub_group_size elements): its temporaries are one sub-group's */
+        int64_t n = part;
+        if (d->ds && d->method == MEMSIM_METHOD_ZERO3 && d->z.sub_group < n)
+            n = d->z.sub_group;
+        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_BF16, n);
+        d->master->grad = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_F32, n);
         gt_unref(d->g, flat16);
     }
     return d->opt_params;
@@ -846,6 +978,8 @@ static void dp_after_optimizer(void *user, int step)
         d->grad_part = NULL;
         gt_unref(g, d->ipg);
         d->ipg = NULL;
+        gt_unref(g, d->ipg2);
+        d->ipg2 = NULL;
     }
     d->ipg_fill = 0;
     /* the engine's zero_grad (set_to_none) on the bf16 parameters: stage 1 kept the full
@@ -874,7 +1008,8 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
     case MEMSIM_METHOD_ZERO2:
     case MEMSIM_METHOD_ZERO3:
         optimizer_for_method(&d->opt, d->method);
-        g_ptr_array_add(d->opt_params, d->master);
+        if (d->master) /* ZeRO-Offload: the optimizer is on the host */
+            g_ptr_array_add(d->opt_params, d->master);
         break;
     case MEMSIM_METHOD_FSDP:
     case MEMSIM_METHOD_FSDP_GRAD_OP:
@@ -992,6 +1127,16 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         d->orig_dt = d->param_dt;
     d->psi = count_trainable(&d->md);
     d->psi_pad = (d->psi + 2 * N - 1) / (2 * N) * (2 * N);
+    d->ds = run->deepspeed != NULL;
+    d->rb = RB_ELEMENTS;
+    if (d->ds) {
+        d->z = ds_zero_resolved(run->deepspeed, m->H);
+        d->rb = d->z.reduce_bucket;
+        d->pending = g_ptr_array_new();
+    }
+    for (guint i = 0; i < d->md.trainable->len; i++)
+        if (gt_numel(d->md.trainable->pdata[i]) > d->largest)
+            d->largest = gt_numel(d->md.trainable->pdata[i]);
     AgContext *c = gg_ctx(g);
     DType cdt = eff.precision == MEMSIM_PREC_FP32 ? DT_F32 : eff.precision == MEMSIM_PREC_FP16 ? DT_F16 : DT_BF16;
     if (fsdp)
@@ -1027,16 +1172,35 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         /* the frozen base (LoRA, QLoRA) is not the optimizer's: it stays as loaded */
         gg_storage_restore(g, flat);
         gg_storage_unref(g, flat);
-        d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
+        if (d->ds && d->z.offload_optimizer) {
+            /* ZeRO-Offload (stage_1_and_2.py __init__): the fp32 partition on the host (pinned
+             * with pin_memory), its fp32 gradient made by initialize_optimizer_states and kept
+             * there, the host staging buffer of the largest parameter
+             * (temp_grad_buffer_for_cpu_offload); on the GPU, temp_grad_buffer_for_gpu_offload
+             * of the largest parameter's numel in the parameters' dtype */
+            gg_host(g, d->psi_pad / N * 4 * 2 + d->largest * dt_size(cdt));
+            d->offload_tmp = alloc_cat(g, MEMSIM_CAT_GRADIENT, cdt, d->largest);
+        } else {
+            d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
+        }
         c->category = MEMSIM_CAT_TEMPORARY;
         break;
     }
     case MEMSIM_METHOD_ZERO3:
         make_units(d, cdt);
-        d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
-        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16,
-                           RB_ELEMENTS < d->psi_pad ? RB_ELEMENTS : d->psi_pad);
-        d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / N);
+        if (d->ds && d->z.offload_optimizer)
+            /* stage3.py with offload_optimizer: the fp32 partitions and their fp32 gradients
+             * on the host (_create_fp32_partitions, initialize_optimizer_states), and the
+             * gradient partitions' flat buffer too (grad_partitions_flat_buffer on
+             * self.device, the CPU; gradient_accumulation_dtype = the parameters') */
+            gg_host(g, d->psi_pad / N * (4 + 4 + (int64_t)dt_size(cdt)));
+        else
+            d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
+        if (!d->ds || d->z.contiguous_gradients)
+            d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16,
+                               d->rb < d->psi_pad ? d->rb : d->psi_pad);
+        if (!(d->ds && d->z.offload_optimizer))
+            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / N);
         break;
     default:
         make_units(d, cdt);
@@ -1056,6 +1220,13 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     g_ptr_array_unref(d->buckets);
     gt_unref(g, d->master);
     gt_unref(g, d->ipg);
+    gt_unref(g, d->ipg2);
+    gt_unref(g, d->offload_tmp);
+    if (d->pending) {
+        for (guint i = 0; i < d->pending->len; i++)
+            gt_unref(g, d->pending->pdata[i]);
+        g_ptr_array_unref(d->pending);
+    }
     gt_unref(g, d->grad_part);
     gt_unref(g, d->flat);
     gt_unref(g, d->frozen_part);

@@ -21,6 +21,7 @@
 
 #include "traces/loop.h"
 #include "traces/megatron.h"
+#include "traces/deepspeed.h"
 #include "traces/settings.h"
 
 typedef struct Setting Setting;
@@ -257,6 +258,14 @@ gboolean memsim_megatron_sets(const MemsimMegatron *mg, const char *key)
     g_return_val_if_fail(mg && key, FALSE);
     int i = setting_find(key);
     return i >= 0 && (mg_sets_mask(mg) >> i & 1);
+}
+
+/* include/memsim/deepspeed.h: here for the same reason */
+gboolean memsim_deepspeed_sets(const MemsimDeepspeed *ds, const char *key)
+{
+    g_return_val_if_fail(ds && key, FALSE);
+    int i = setting_find(key);
+    return i >= 0 && (ds_sets_mask(ds) >> i & 1);
 }
 
 /* ---- values from text ---- */
@@ -644,6 +653,25 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
      * name its flags */
     if (r->megatron && !mg_check_run(r->megatron, r, error))
         return FALSE;
+    /* a DeepSpeed config: its ZeRO stage is the method; what it does not cover is refused */
+    if (r->deepspeed) {
+        const DsZero *z = &r->deepspeed->z;
+        MemsimMethod want = z->stage == 1   ? MEMSIM_METHOD_ZERO1
+                            : z->stage == 2 ? MEMSIM_METHOD_ZERO2
+                                            : MEMSIM_METHOD_ZERO3;
+        if (r->inference)
+            return setting_refuse(error, "inference: --deepspeed-config %s describes training",
+                                  r->deepspeed->source);
+        if (r->method != want)
+            return setting_refuse(error, "method: %s with --deepspeed-config %s, whose "
+                                         "zero_optimization.stage is %d",
+                                  setting_value_name(SETTING_METHOD, r->method), r->deepspeed->source,
+                                  z->stage);
+        if ((z->offload_optimizer || z->offload_param) && r->finetune != MEMSIM_FT_FULL)
+            return setting_refuse(error, "finetune: %s with the offload of --deepspeed-config %s "
+                                         "is not modelled (full fine-tuning is)",
+                                  setting_value_name(SETTING_FINETUNE, r->finetune), r->deepspeed->source);
+    }
     if ((GIVEN(LORA_RANK) || GIVEN(LORA_TARGETS)) && r->finetune == MEMSIM_FT_FULL)
         return setting_refuse(
             error, "%s: only with --finetune lora or qlora",
@@ -774,6 +802,10 @@ char *memsim_run_describe(const MemsimRun *run)
     if (run->megatron) {
         g_autofree char *mg = mg_describe(run->megatron, run);
         g_string_append_printf(s, "; %s", mg);
+    }
+    if (run->deepspeed) {
+        g_autofree char *ds = ds_describe(run->deepspeed);
+        g_string_append_printf(s, "; %s", ds);
     }
     return g_string_free(s, FALSE);
 }

@@ -118,6 +118,8 @@ typedef struct {
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
     /* a Megatron-LM launch (include/memsim/megatron.h: memsim_megatron_apply), or NULL */
     const struct MemsimMegatron *megatron;
+    /* a DeepSpeed config (include/memsim/deepspeed.h: memsim_deepspeed_apply), or NULL */
+    const struct MemsimDeepspeed *deepspeed;
 } MemsimRun;
 
 /* The defaults a current PyTorch + Transformers user gets without asking (each setting's
