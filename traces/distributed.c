@@ -222,20 +222,27 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     gg_wait_stream(g, S_COMM, S_PRE);
     gg_collective(g, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out), 0,
                   coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
-    gg_record_stream(g, out, S_COMM);
     c->stream = S_COMPUTE;
     gg_wait_stream(g, S_COMPUTE, S_COMM);
     bool forward = c->phase == MEMSIM_PHASE_FORWARD;
+    /* FSDP2 frees an all-gather output without record_stream: the all-gather streams first
+     * wait on the event recorded after its copy-out (_wait_all_gather_streams_on_event), so
+     * the copy-in stream may take the block again at once */
     if (d->ag_prev) {
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        gg_wait_stream(g, S_COMM, S_COMPUTE);
         gt_unref(g, d->ag_prev);
         d->ag_prev = NULL;
     }
     c->category = MEMSIM_CAT_PARAMETER;
     gg_storage_restore(g, un->full);
-    if (forward)
+    if (forward) {
         d->ag_prev = out;
-    else
+    } else {
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        gg_wait_stream(g, S_COMM, S_COMPUTE);
         gt_unref(g, out);
+    }
 }
 
 static void unshard(Dist *d, int u)
@@ -459,7 +466,10 @@ static void reduce_group_grads(Dist *d, Unit *un)
     uint16_t old = c->stream;
     uint8_t oldcat = c->category;
     c->stream = S_COMPUTE;
+    /* the compute stream waits on the previous reduce-scatter's event, then its input goes
+     * (no record_stream: the block is the compute stream's again at once) */
     if (d->rs_prev) {
+        gg_wait_stream(g, S_COMPUTE, S_POST);
         gt_unref(g, d->rs_prev);
         d->rs_prev = NULL;
     }
@@ -476,7 +486,6 @@ static void reduce_group_grads(Dist *d, Unit *un)
         gg_collective(g, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh), 0,
                       ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh),
                               d->run->gpus / d->N));
-    gg_record_stream(g, in, S_POST);
     d->rs_prev = in;
     keep_grad_shard(d, un, sh);
     c->stream = old;
@@ -786,6 +795,8 @@ static void dp_after_backward(void *user)
     if (d->units) {
         /* FSDP2's root post-backward: the last reduce-scatter input and all-gather output go
          * (_fsdp_state.py _root_post_backward_final_callback) */
+        gg_wait_stream(g, S_COMPUTE, S_POST);
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
         gt_unref(g, d->rs_prev);
         gt_unref(g, d->ag_prev);
         d->rs_prev = d->ag_prev = NULL;
