@@ -215,8 +215,9 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     AgTensor *cast = d->param_dt != d->orig_dt
                          ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
                          : NULL;
-    gt_unref(g, h2d);
+    /* (the inputs live until the copy-in is done: del param_all_gather_inputs) */
     AgTensor *out = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel * d->N);
+    gt_unref(g, h2d);
     gt_unref(g, cast);
     c->stream = S_COMM;
     gg_wait_stream(g, S_COMM, S_PRE);
@@ -729,6 +730,11 @@ static void make_units(Dist *d, DType compute_dt)
                 p->dt = compute_dt;
             if (p->requires_grad)
                 un->pending++;
+            /* FSDP1 registers plain Tensor views of the FlatParameter in forward
+             * (_flat_param.py _use_unsharded_flat_param: as_params=not in_forward), which
+             * autocast does not cache (it caches leaves that require grad); FSDP2's
+             * unsharded parameters are nn.Parameters, cached for the whole forward */
+            p->view_in_forward = d->fsdp == 1;
         }
         un->trainable = un->pending;
     }
