@@ -603,6 +603,7 @@ static AgTensor *tensor_alloc(AgGraph *g, int nd, const int64_t *shape, const in
     t->acc = NULL;
     t->grad = NULL;
     t->is_leaf = false;
+    t->view_in_forward = false;
     memset(t->shape, 0, sizeof t->shape);
     memset(t->stride, 0, sizeof t->stride);
     int64_t s = 1;

@@ -60,6 +60,9 @@ typedef struct AgTensor { /* a new field needs its initial value in tensor_alloc
     struct AgNode *acc;     /* leaf that requires grad: its AccumulateGrad node */
     struct AgTensor *grad;  /* leaf: .grad */
     bool is_leaf;
+    /* a parameter autograd sees as a view, not a leaf, in forward (FSDP1's FlatParameter
+     * views): autocast casts it at every use instead of caching the cast */
+    bool view_in_forward;
 } AgTensor;
 
 /* What differs between PyTorch releases (AUTOGRAD_MEMORY.md §12). */

@@ -229,27 +229,35 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     AgTensor *cast = d->param_dt != d->orig_dt
                          ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
                          : NULL;
-    gt_unref(g, h2d);
+    /* (the inputs live until the copy-in is done: del param_all_gather_inputs) */
     AgTensor *out = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel * d->N);
+    gt_unref(g, h2d);
     gt_unref(g, cast);
     c->stream = S_COMM;
     gg_wait_stream(g, S_COMM, S_PRE);
     gg_collective(g, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out), 0,
                   coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
-    gg_record_stream(g, out, S_COMM);
     c->stream = S_COMPUTE;
     gg_wait_stream(g, S_COMPUTE, S_COMM);
     bool forward = c->phase == MEMSIM_PHASE_FORWARD;
+    /* FSDP2 frees an all-gather output without record_stream: the all-gather streams first
+     * wait on the event recorded after its copy-out (_wait_all_gather_streams_on_event), so
+     * the copy-in stream may take the block again at once */
     if (d->ag_prev) {
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        gg_wait_stream(g, S_COMM, S_COMPUTE);
         gt_unref(g, d->ag_prev);
         d->ag_prev = NULL;
     }
     c->category = MEMSIM_CAT_PARAMETER;
     gg_storage_restore(g, un->full);
-    if (forward)
+    if (forward) {
         d->ag_prev = out;
-    else
+    } else {
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        gg_wait_stream(g, S_COMM, S_COMPUTE);
         gt_unref(g, out);
+    }
 }
 
 static void unshard(Dist *d, int u)
@@ -527,7 +535,10 @@ static void reduce_group_grads(Dist *d, Unit *un)
     uint16_t old = c->stream;
     uint8_t oldcat = c->category;
     c->stream = S_COMPUTE;
+    /* the compute stream waits on the previous reduce-scatter's event, then its input goes
+     * (no record_stream: the block is the compute stream's again at once) */
     if (d->rs_prev) {
+        gg_wait_stream(g, S_COMPUTE, S_POST);
         gt_unref(g, d->rs_prev);
         d->rs_prev = NULL;
     }
@@ -544,7 +555,6 @@ static void reduce_group_grads(Dist *d, Unit *un)
         gg_collective(g, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh), 0,
                       ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE, gt_nbytes(sh),
                               d->run->gpus / d->N));
-    gg_record_stream(g, in, S_POST);
     d->rs_prev = in;
     keep_grad_shard(d, un, sh);
     c->stream = old;
@@ -833,6 +843,11 @@ static void make_units(Dist *d, DType compute_dt)
                 p->dt = compute_dt;
             if (p->requires_grad)
                 un->pending++;
+            /* FSDP1 registers plain Tensor views of the FlatParameter in forward
+             * (_flat_param.py _use_unsharded_flat_param: as_params=not in_forward), which
+             * autocast does not cache (it caches leaves that require grad); FSDP2's
+             * unsharded parameters are nn.Parameters, cached for the whole forward */
+            p->view_in_forward = d->fsdp == 1;
         }
         un->trainable = un->pending;
     }
@@ -903,6 +918,8 @@ static void dp_after_backward(void *user)
     if (d->units) {
         /* FSDP2's root post-backward: the last reduce-scatter input and all-gather output go
          * (_fsdp_state.py _root_post_backward_final_callback) */
+        gg_wait_stream(g, S_COMPUTE, S_POST);
+        gg_wait_stream(g, S_PRE, S_COMPUTE);
         gt_unref(g, d->rs_prev);
         gt_unref(g, d->ag_prev);
         d->rs_prev = d->ag_prev = NULL;

@@ -131,7 +131,7 @@ AgTensor *op_autocast(AgGraph *g, AgTensor *x)
     if (!ac || x->dt == (DType)ac || (x->dt != DT_F32 && x->dt != DT_F16 && x->dt != DT_BF16))
         return gt_ref(x);
     /* cached for trainable fp32 leaves only; everything else is cast at every use */
-    bool cacheable = x->dt == DT_F32 && x->requires_grad && x->is_leaf;
+    bool cacheable = x->dt == DT_F32 && x->requires_grad && x->is_leaf && !x->view_in_forward;
     if (cacheable) {
         AgTensor *c = gg_autocast_cached(g, x);
         if (c)
