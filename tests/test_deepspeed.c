@@ -85,6 +85,13 @@ Test(deepspeed, zero_closed_forms_with_and_without_offload, .timeout = 300)
             /* stage 1 (the ZeRO paper's P_os): 2Ψ + 2Ψ + 12Ψ/N */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":1}}", 2 * pad,
              2 * PSI, 12 * part, 0},
+            /* stage 1 with overlap_comm: its gradient hooks reduce at the accumulation
+             * boundary as stage 2's do (stage_1_and_2.py create_reduce_and_remove_grad_hooks
+             * for partition_gradients or overlap_comm): the owned 2Ψ/N stay, copied into
+             * grads_in_partition */
+            {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":1,"
+             "\"overlap_comm\":true}}",
+             2 * pad, 2 * part, 12 * part, 0},
             /* stage 2: estimate_zero2 2Ψ + 18Ψ/N: 2Ψ/N bf16 grads, 12Ψ/N fp32 params and Adam
              * (the 4Ψ/N fp32 grads are the step's own, checked below) */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":2}}", 2 * pad,
