@@ -897,8 +897,9 @@ char *ds_describe(const MemsimDeepspeed *ds)
 {
     const DsZero *z = &ds->z;
     GString *s = g_string_new(NULL);
+    g_autofree char *base = g_path_get_basename(ds->source); /* the file, where it lies aside */
     g_string_append_printf(s, "deepspeed %s: stage %d, overlap_comm %s, contiguous_gradients %s",
-                           ds->source, z->stage, z->overlap_comm ? "on" : "off",
+                           base, z->stage, z->overlap_comm ? "on" : "off",
                            z->contiguous_gradients ? "on" : "off");
     if (z->reduce_bucket == DS_AUTO)
         g_string_append(s, ", reduce_bucket_size auto (h²)");

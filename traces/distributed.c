@@ -64,8 +64,20 @@
  * optimizer's) carry no peer: the symmetric ranks a role stands for reach them together, so
  * they need no meeting.
  *
- * Simplifications, stated: ZeRO-3's reuse-distance and persistence-threshold rules keep no
- * parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
+ * A DeepSpeed config (run->deepspeed, traces/deepspeed.c) sets what the methods' fixed
+ * defaults otherwise stand for: the ipg bucket's size (reduce_bucket_size, allocated whole),
+ * overlap_comm's second bucket in stages 1 and 2 (and stage 1's hooks reducing at the
+ * boundary), contiguous_gradients, stage 3's prefetch (no prefetch in the first, trace-
+ * recording step; then by stage3_prefetch_bucket_size and stage3_max_live_parameters, whole
+ * layers at a time), stage3_max_reuse_distance (a layer whose backward comes within it stays
+ * gathered after its forward), persistent small parameters, sub-groups of the step, and
+ * offload: ZeRO-Offload's fp32 partition, its fp32 gradient, Adam's state (and with
+ * accumulation the host accumulation buffer) counted on the host with gg_host, the GPU
+ * keeping the bf16 parameters, the buckets and temp_grad_buffer_for_gpu_offload (stages 1-2);
+ * offload_param's bf16 partitions on the host, each gather copying its partition in first.
+ *
+ * Simplifications, stated: without a config, ZeRO-3's reuse-distance and persistence-threshold
+ * rules keep no parameter gathered beyond its layer; the gradient partition of ZeRO-2 is exactly 1/N of the
  * padded parameters; a send does not wait for its recv (with a send and the next recv as
  * separate events, a rendezvous would deadlock 1F1B, which Megatron avoids by batching the
  * two: the wait falls on the recv).
@@ -159,6 +171,7 @@ typedef struct {
     int64_t host_accum;    /* ZeRO-Offload with accumulation: accumulated_grads_in_cpu */
     bool adam_on_host;     /* DeepSpeedCPUAdam's state, made at the first step */
     int step;              /* the step that runs (1-based) */
+    int micro;             /* the micro-batch that runs in the step (1-based) */
     int64_t avail;         /* ZeRO-3: numel of the gathered units (n_available) */
     /* FSDP / ZeRO-3 units */
     Unit *units;
@@ -561,6 +574,26 @@ static void reduce_group_grads(Dist *d, Unit *un)
     c->category = oldcat;
 }
 
+/* Whether the gradient hooks reduce and partition now: stage 2 always, stage 1 with a
+ * config's overlap_comm at the accumulation boundary (stage_1_and_2.py: the hooks exist for
+ * partition_gradients or overlap_comm; reduce_ready_partitions_and_remove_grads runs for
+ * stage 1 at the boundary only), where the gradient moves into the bucket as in stage 2. */
+static bool zero_partitions_grads(const Dist *d)
+{
+    return d->method == MEMSIM_METHOD_ZERO2 || d->method == MEMSIM_METHOD_ZERO3 ||
+           (d->method == MEMSIM_METHOD_ZERO1 && d->ds && d->z.overlap_comm &&
+            d->micro == d->run->grad_accum);
+}
+
+/* The ipg bucket's elements: reduce_bucket_size as DeepSpeed allocates it
+ * (torch.empty(reduce_bucket_size)); without a config, no more than the model's. */
+static int64_t ipg_cap(const Dist *d)
+{
+    if (d->ds)
+        return d->rb;
+    return d->rb < d->psi_pad ? d->rb : d->psi_pad;
+}
+
 static void zero_grad_hook(Dist *d, AgTensor *p)
 {
     AgGraph *g = d->g;
@@ -568,7 +601,8 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
     AgContext *c = gg_ctx(g);
     uint8_t oldcat = c->category;
     uint16_t old = c->stream;
-    int64_t cap = d->rb < d->psi_pad ? d->rb : d->psi_pad;
+    int64_t cap = ipg_cap(d);
+    bool part = zero_partitions_grads(d);
     /* setup_buckets at the first hook of a backward (stage_1_and_2.py backward: the ipg
      * buffer with contiguous_gradients, which ZeRO-Offload forces; a second one with
      * overlap_comm) */
@@ -586,8 +620,12 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
         gg_host(g, d->host_accum);
     }
     if (d->ipg_fill + n > cap && d->ipg_fill > 0) {
-        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back */
-        AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back (stage
+         * 3 with reduce_scatter off all-reduces the bucket in place: stage3.py
+         * __avg_scatter_grads) */
+        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
+                        d->ipg;
+        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
                       (uint64_t)d->ipg_fill * 2, 0,
@@ -605,13 +643,14 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
         /* stage 2 copies the owned gradients into grads_in_partition (allocated at the first
          * copy, freed at the step); ZeRO-Offload copies them to the host instead
          * (copy_grads_in_partition); stage 3 has its persistent flat partitions */
-        if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2 && !(d->ds && d->z.offload_optimizer))
+        if (!d->grad_part && part && d->method != MEMSIM_METHOD_ZERO3 &&
+            !(d->ds && d->z.offload_optimizer))
             d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
     }
     d->ipg_fill += n < cap ? n : 0;
     /* the gradient now lives in the bucket (or in the partition): the original is freed; not
      * contiguous, it waits for its bucket's reduction */
-    if (d->method != MEMSIM_METHOD_ZERO1) {
+    if (part) {
         AgTensor *gr = p->grad;
         p->grad = NULL;
         if (!contiguous)
@@ -628,7 +667,9 @@ static void zero_flush(Dist *d)
 {
     AgGraph *g = d->g;
     if (d->ipg_fill > 0) {
-        AgTensor *tmp = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
+                        d->ipg;
+        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
                       (uint64_t)d->ipg_fill * 2, 0,
@@ -642,7 +683,8 @@ static void zero_flush(Dist *d)
         gt_unref(g, d->pending->pdata[i]);
     if (d->pending)
         g_ptr_array_set_size(d->pending, 0);
-    if (!d->grad_part && d->method == MEMSIM_METHOD_ZERO2 && !(d->ds && d->z.offload_optimizer))
+    if (!d->grad_part && zero_partitions_grads(d) && d->method != MEMSIM_METHOD_ZERO3 &&
+        !(d->ds && d->z.offload_optimizer))
         d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
     if (d->method != MEMSIM_METHOD_ZERO3 && d->ipg) {
         gt_unref(g, d->ipg); /* _release_ipg_buffers */
@@ -883,6 +925,7 @@ static void dp_before_step(void *user, int step)
 {
     Dist *d = user;
     d->step = step;
+    d->micro = 0;
     if (d->method != MEMSIM_METHOD_DDP || step != 2 || d->ddp_rebuilt)
         return;
     AgGraph *g = d->g;
@@ -903,6 +946,7 @@ static void dp_before_step(void *user, int step)
 static void dp_before_forward(void *user)
 {
     Dist *d = user;
+    d->micro++;
     d->ddp_pending = (int64_t)d->md.trainable->len;
     if (d->units) /* the root unit: gathered for the step, freed after backward */
         unshard(d, d->n_units - 1);
@@ -1214,8 +1258,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         else
             d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
         if (!d->ds || d->z.contiguous_gradients)
-            d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16,
-                               d->rb < d->psi_pad ? d->rb : d->psi_pad);
+            d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, ipg_cap(d));
         if (!(d->ds && d->z.offload_optimizer))
             d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / N);
         break;

@@ -65,6 +65,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "traces/deepspeed.h"
 #include "traces/estimate/judge.h"
 #include "traces/plan/cost.h"
 #include "traces/plan/sweep.h"
@@ -252,12 +253,15 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
         o->device_total = r->device_total;
         o->optimizer_state = optimizer_state_of(r);
         memsim_size_t need = r->device_total;
+        memsim_size_t host = o->optimizer_state;
         if (offload)
             need = need > o->optimizer_state ? need - o->optimizer_state : 0;
+        else
+            host = r->host_peak; /* simulated offload (a DeepSpeed config's) */
         if (need > p->peak)
             p->peak = need;
-        if (o->optimizer_state > p->host)
-            p->host = o->optimizer_state;
+        if (host > p->host)
+            p->host = host;
     }
 }
 
@@ -362,7 +366,7 @@ static void fill_costs(Sweep *sw, Group *g)
         in.checkpointing = g->ckpt;
         in.batch = g->bs[j];
         in.n_micro = g->n_micro[j];
-        in.offload = sw->offload;
+        in.offload = sw->offload || (sw->base.deepspeed && sw->base.deepspeed->z.offload_optimizer);
         cost_step(&in, &g->cost[j]);
         if (g->cost[j].tokens_per_s > g->best_tps)
             g->best_tps = g->cost[j].tokens_per_s;
@@ -479,7 +483,10 @@ static gboolean enumerate(Sweep *sw, GError **error)
         }
         meth &= MEMSIM_PLAN_TP | MEMSIM_PLAN_PP;
     }
-    if (!mg && (gpus == 1 || sw->base.finetune != MEMSIM_FT_FULL)) {
+    if (sw->base.deepspeed) {
+        /* a DeepSpeed config: its ZeRO stage, the micro-batch and the rest swept around it */
+        add_group(sw, out, sw->base.method, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
+    } else if (!mg && (gpus == 1 || sw->base.finetune != MEMSIM_FT_FULL)) {
         add_group(sw, out, MEMSIM_METHOD_NONE, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
     } else {
         static const struct {
@@ -658,7 +665,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         g_error_free(e);
         return;
     }
-    if (sw->offload) {
+    if (sw->offload && !sw->ds_offload) {
         /* no memory limit: the whole peak, minus the state that would live on the host */
         MemsimReport *rep = replay(sw, t, &r, NULL, NULL, 0, 0);
         probe_take(p, rep, TRUE);
@@ -1054,7 +1061,9 @@ static void run_phase(Sweep *sw)
         fill_costs(sw, g);
         MemsimRun r;
         plan_candidate_run(sw, g, 0, &r);
-        g->bound = state_bound(sw, g, !sw->offload) + sw->ctx +
+        const MemsimDeepspeed *ds = sw->base.deepspeed;
+        gboolean on_host = sw->offload || (ds && ds->z.offload_optimizer);
+        g->bound = (ds && ds->z.offload_param ? 0 : state_bound(sw, g, !on_host)) + sw->ctx +
                    memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
     }
     GPtrArray *order = g_ptr_array_new();
@@ -1121,6 +1130,13 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     sw.base = opt->run ? *opt->run : memsim_run_defaults();
     if (opt->gpus_per_node > 0)
         sw.base.gpus_per_node = opt->gpus_per_node;
+    if (sw.base.deepspeed && !sw.opt.global_batch) {
+        /* its train_batch_size, or its micro-batch × accumulation × the GPUs */
+        const MemsimDeepspeed *ds = sw.base.deepspeed;
+        sw.opt.global_batch = ds->train_batch ? ds->train_batch
+                              : ds->micro && ds->accum ? ds->micro * ds->accum * opt->gpus
+                                                       : 0;
+    }
     if (sw.base.megatron) {
         /* around a Megatron launch: its global batch and its recomputation, unless asked */
         if (!sw.opt.global_batch)
@@ -1147,7 +1163,13 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     for (int i = 0; i < sw.n_groups; i++)
         any |= sw.groups[i].row >= 0;
     *offloaded = FALSE;
-    if (!any && !opt->no_offload && sw.base.finetune == MEMSIM_FT_FULL) {
+    /* a DeepSpeed config offloads as it says: the last resort is its own offload_optimizer,
+     * simulated (none when it already offloads, or when its optimizer cannot be offloaded) */
+    const MemsimDeepspeed *bds = sw.base.deepspeed;
+    if (bds && !bds->z.offload_optimizer)
+        sw.ds_offload = ds_with_set(bds, "zero_optimization.offload_optimizer.device=cpu");
+    if (!any && !opt->no_offload && sw.base.finetune == MEMSIM_FT_FULL &&
+        (!bds || sw.ds_offload)) {
         /* the last resort: the optimizer state on the CPU */
         MemsimPlanRow *r0, *m0;
         guint nr0, nm0;
@@ -1188,6 +1210,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     plan->n_pruned_exact += sw.n_pruned_exact;
     plan->n_pruned_cost += sw.n_pruned_cost;
     sweep_clear(&sw);
+    memsim_deepspeed_free(sw.ds_offload);
     return TRUE;
 }
 
@@ -1207,6 +1230,10 @@ static char *describe_run(const MemsimModel *m, const MemsimRun *r)
         g_string_append_printf(s, ", the Megatron-LM launch %s (its options kept, its layout "
                                   "swept)",
                                r->megatron->source);
+    if (r->deepspeed)
+        g_string_append_printf(s, ", the DeepSpeed config %s (its ZeRO stage and keys kept, "
+                                  "the micro-batch swept)",
+                               r->deepspeed->source);
     (void)m;
     return g_string_free(s, FALSE);
 }
@@ -1288,7 +1315,10 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     plan->gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : base.gpus_per_node;
     plan->global_batch = opt.global_batch ? opt.global_batch
                          : base.megatron      ? base.megatron->o.global_batch
-                                              : 0;
+                         : base.deepspeed && base.deepspeed->train_batch ? base.deepspeed->train_batch
+                         : base.deepspeed && base.deepspeed->micro && base.deepspeed->accum
+                             ? base.deepspeed->micro * base.deepspeed->accum * opt.gpus
+                             : 0;
     plan->threads = opt.threads > 0 ? opt.threads : (int)g_get_num_processors();
     GPtrArray *notes = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(
@@ -1380,7 +1410,14 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
                 "data-parallel replicas (DDP-like; each GPU runs the single-GPU program; DDP's "
                 "NCCL buffers and its all-reduce of the adapter gradients are not in the peaks)",
                 base.finetune == MEMSIM_FT_LORA ? "LoRA" : "QLoRA", opt.gpus));
-    if (offloaded)
+    if (offloaded && base.deepspeed)
+        g_ptr_array_add(
+            notes,
+            g_strdup(
+                "nothing fits on the GPUs alone: rows run the DeepSpeed config with "
+                "zero_optimization.offload_optimizer.device=cpu, simulated (the fp32 partition, "
+                "its gradient and Adam's state on the host), host memory per GPU as listed"));
+    else if (offloaded)
         g_ptr_array_add(
             notes,
             g_strdup(

@@ -2,11 +2,13 @@
  * row with its figures, its label, the command that re-estimates it and its recipe for
  * the frameworks, sorted best first. */
 #include <memsim/estimate.h>
+#include <memsim/deepspeed.h>
 #include <memsim/megatron.h>
 #include <memsim/plan.h>
 
 #include <string.h>
 
+#include "traces/deepspeed.h"
 #include "traces/model.h"
 #include "traces/plan/sweep.h"
 #include "traces/settings.h"
@@ -30,6 +32,8 @@ void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r)
     r->virtual_stages = 1;
     r->pp_schedule = MEMSIM_PP_1F1B;
     r->grad_accum = 1;
+    if (sw->offload && sw->ds_offload)
+        r->deepspeed = sw->ds_offload;
     if (g->method == MEMSIM_METHOD_NONE) {
         r->gpus = 1;
         r->method = MEMSIM_METHOD_NONE;
@@ -110,9 +114,23 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
         return g_string_free(s, FALSE);
     }
     flag(s, "model", memsim_model_name(sw->model));
-    if (r->gpus > 1)
+    /* a DeepSpeed config: the file, its overrides, and the batch as its keys (a --batch
+     * beside a config that gives train_micro_batch_size_per_gpu would be a contradiction) */
+    const MemsimDeepspeed *ds = r->deepspeed;
+#define DS_SETS(name) (ds && memsim_deepspeed_sets(ds, name))
+    if (ds) {
+        flag(s, "deepspeed-config", ds->source);
+        for (int i = 0; ds->sets && ds->sets[i]; i++)
+            flag(s, "deepspeed-set", ds->sets[i]);
+        g_autofree char *mb = g_strdup_printf("train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT,
+                                              r->batch);
+        g_autofree char *ga = g_strdup_printf("gradient_accumulation_steps=%d", r->grad_accum);
+        flag(s, "deepspeed-set", mb);
+        flag(s, "deepspeed-set", ga);
+    }
+    if (r->gpus > 1 || (ds && r->gpus != 1))
         flag_int(s, setting_name(SETTING_GPUS), r->gpus);
-    if (r->method != MEMSIM_METHOD_NONE)
+    if (r->method != MEMSIM_METHOD_NONE && !ds)
         flag(s, setting_name(SETTING_METHOD), VALUE(SETTING_METHOD, r->method));
     if (r->method == MEMSIM_METHOD_MEGATRON) {
         flag_int(s, setting_name(SETTING_TP), r->tp);
@@ -124,17 +142,19 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
             flag_int(s, setting_name(SETTING_VIRTUAL_STAGES), r->virtual_stages);
         flag_int(s, setting_name(SETTING_MICROBATCHES), r->microbatches);
     }
-    flag_int(s, setting_name(SETTING_BATCH), r->batch);
-    if (r->grad_accum != 1)
+    if (!ds)
+        flag_int(s, setting_name(SETTING_BATCH), r->batch);
+    if (r->grad_accum != 1 && !ds)
         flag_int(s, setting_name(SETTING_GRAD_ACCUM), r->grad_accum);
     flag_int(s, setting_name(SETTING_SEQ), r->seq);
     flag(s, setting_name(SETTING_CHECKPOINTING), VALUE(SETTING_CHECKPOINTING, r->checkpointing));
     if (r->steps != d.steps)
         flag_int(s, setting_name(SETTING_STEPS), r->steps);
-    if (r->precision != d.precision)
+    if (r->precision != d.precision && !DS_SETS("precision"))
         flag(s, setting_name(SETTING_PRECISION), VALUE(SETTING_PRECISION, r->precision));
-    if (r->optimizer != d.optimizer)
+    if (r->optimizer != d.optimizer && !DS_SETS("optimizer"))
         flag(s, setting_name(SETTING_OPTIMIZER), VALUE(SETTING_OPTIMIZER, r->optimizer));
+#undef DS_SETS
     if (r->optimizer_impl != d.optimizer_impl)
         flag(s, setting_name(SETTING_OPTIMIZER_IMPL), VALUE(SETTING_OPTIMIZER_IMPL, r->optimizer_impl));
     if (r->zero_grad_set)
@@ -229,6 +249,14 @@ static char *recipe_of(const Sweep *sw, const Group *g, int j, gboolean expandab
     case MEMSIM_METHOD_ZERO1:
     case MEMSIM_METHOD_ZERO2:
     case MEMSIM_METHOD_ZERO3:
+        if (b->deepspeed) {
+            g_string_append_printf(s,
+                                   "DeepSpeed: %s with train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
+                                   ", gradient_accumulation_steps=%d, %s%s",
+                                   b->deepspeed->source, mb, acc, ckpt_hf,
+                                   offload ? ", zero_optimization.offload_optimizer.device=cpu" : "");
+            break;
+        }
         g_string_append_printf(s,
                                "DeepSpeed: zero_optimization.stage=%d, "
                                "train_micro_batch_size_per_gpu=%" G_GINT64_FORMAT
@@ -340,7 +368,7 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
     row->checkpointing = g->ckpt;
     row->expandable = p->expandable;
     row->offload = sw->offload;
-    row->host_bytes = sw->offload ? p->host : 0;
+    row->host_bytes = sw->offload || sw->base.deepspeed ? p->host : 0;
     row->step_s = c->step_s;
     row->tokens_per_s = c->tokens_per_s;
     row->compute_s = c->compute_s + c->recompute_s;

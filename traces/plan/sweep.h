@@ -67,6 +67,9 @@ typedef struct {
     memsim_size_t gpu_mem, ctx;
     double compute_fraction, memory_fraction;
     gboolean offload; /* the offload phase */
+    /* a DeepSpeed config's offload phase: the config with offload_optimizer.device=cpu,
+     * simulated as it is (traces/deepspeed.c ds_with_set) */
+    struct MemsimDeepspeed *ds_offload;
     int K;            /* rows that matter (G_MAXINT = all) */
     double *known;    /* per family: the fastest row known to be possible (0: none) */
     Group *groups;
