@@ -24,7 +24,7 @@ static const char *good_value(const MemsimRunSetting *s)
     case MEMSIM_SETTING_KIND_SIZE:
         return "32MiB";
     case MEMSIM_SETTING_KIND_LIST:
-        return "q_proj, v_proj";
+        return strcmp(s->name, "sac-ops") == 0 ? "mm, sdpa" : "q_proj, v_proj";
     case MEMSIM_SETTING_KIND_STRING:
         return strcmp(s->name, "gpu") == 0 ? "H100-80GB" : "2.1";
     }

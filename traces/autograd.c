@@ -820,6 +820,13 @@ static void ckpt_holder_done(AgGraph *g, AgCkpt *ck)
         return;
     for (int i = 0; i < ck->n_inputs; i++)
         gt_unref(g, ck->inputs[i]);
+    /* outputs kept for a recomputation that never came */
+    if (ck->kept) {
+        AgTensor *t;
+        while ((t = g_queue_pop_head(ck->kept)))
+            gt_unref(g, t);
+        g_queue_free(ck->kept);
+    }
     if (ck->user_free)
         ck->user_free(g, ck->user);
     g_array_unref(ck->holders);
@@ -857,6 +864,7 @@ static void recompute(AgGraph *g, AgCkpt *ck)
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     ck->recomputing = true;
     ck->next_holder = 0;
+    ck->mm_count[1] = 0;
     AgTensor *out = ck->fn(g, ck->user, ck->inputs, ck->n_inputs);
     gt_unref(g, out); /* the recomputed graph is discarded */
     ck->recomputing = false;
@@ -866,6 +874,46 @@ static void recompute(AgGraph *g, AgCkpt *ck)
 
 AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user_free,
                         AgTensor **inputs, int n)
+{
+    return gg_checkpoint_sac(g, 0, fn, user, user_free, inputs, n);
+}
+
+GgSacAction gg_sac_policy(AgGraph *g, guint op)
+{
+    AgCkpt *ck = g->ctx.ckpt;
+    if (!ck || !ck->sac_ops || g->ctx.in_backward)
+        return GG_SAC_RUN;
+    int pass = ck->recomputing ? 1 : 0;
+    /* torchtitan SelectiveAC._wrap_block's policy: each aten.mm counts in its pass; the
+     * ops of the save list are MUST_SAVE, except every second mm; the rest PREFER_RECOMPUTE */
+    if (op == MEMSIM_SAC_MM)
+        ck->mm_count[pass]++;
+    if (!(ck->sac_ops & op) || (op == MEMSIM_SAC_MM && ck->mm_count[pass] % 2 == 0))
+        return GG_SAC_RUN;
+    return pass ? GG_SAC_REUSE : GG_SAC_KEEP;
+}
+
+void gg_sac_keep(AgGraph *g, AgTensor *t)
+{
+    AgCkpt *ck = g->ctx.ckpt;
+    g_assert(ck && ck->sac_ops && !ck->recomputing);
+    if (!ck->kept)
+        ck->kept = g_queue_new();
+    /* _CachingTorchDispatchMode stores the output detached (a new tensor, same storage) */
+    g_queue_push_tail(ck->kept, t ? gt_view_of(g, t, t->nd, t->shape, t->stride) : NULL);
+    if (t && t->st && t->st->category == MEMSIM_CAT_TEMPORARY)
+        gt_set_category(g, t, MEMSIM_CAT_ACTIVATION);
+}
+
+AgTensor *gg_sac_take(AgGraph *g)
+{
+    AgCkpt *ck = g->ctx.ckpt;
+    g_assert(ck && ck->recomputing && ck->kept && !g_queue_is_empty(ck->kept));
+    return g_queue_pop_head(ck->kept);
+}
+
+AgTensor *gg_checkpoint_sac(AgGraph *g, guint sac_ops, AgRegionFn fn, void *user,
+                            AgRegionFree user_free, AgTensor **inputs, int n)
 {
     g_assert(n <= 4);
     if (!g->ctx.grad_enabled) {
@@ -880,6 +928,7 @@ AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user
     ck->user_free = user_free;
     ck->n_inputs = n;
     ck->layer = g->ctx.layer;
+    ck->sac_ops = sac_ops;
     ck->holders = g_array_new(FALSE, FALSE, sizeof(Holder));
     for (int i = 0; i < n; i++)
         ck->inputs[i] = gt_ref(inputs[i]);

@@ -162,6 +162,15 @@ typedef struct AgCkpt {
     guint next_holder;
     int live_holders;
     int32_t layer;
+    /* op-level selective checkpointing (torch/utils/checkpoint.py
+     * create_selective_checkpoint_contexts with torchtitan's policy): the MemsimSacOp bits of
+     * the ops whose outputs are MUST_SAVE (0: a plain checkpoint), the mm counts of the first
+     * forward and of the recomputation (torchtitan's meta["forward_mm_count"] and
+     * ["recompute_mm_count"]), and the outputs kept by the first forward, oldest first
+     * (_CachingTorchDispatchMode's storage, popped by _CachedTorchDispatchMode) */
+    guint sac_ops;
+    int mm_count[2];
+    GQueue *kept;
 } AgCkpt;
 
 AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules);
@@ -240,6 +249,25 @@ void gg_op_timed(AgGraph *g, const char *name, double duration_us);
  * rotary tables), until its holders are all consumed; then user_free(user) runs. */
 AgTensor *gg_checkpoint(AgGraph *g, AgRegionFn fn, void *user, AgRegionFree user_free,
                         AgTensor **inputs, int n);
+
+/* The same with op-level selective checkpointing: the outputs of the ops in `sac_ops`
+ * (MemsimSacOp bits; aten.mm: all but every second one) are kept from the first forward and
+ * reused by the recomputation (torch.utils.checkpoint with create_selective_checkpoint_contexts,
+ * torchtitan's SelectiveAC policy). */
+AgTensor *gg_checkpoint_sac(AgGraph *g, guint sac_ops, AgRegionFn fn, void *user,
+                            AgRegionFree user_free, AgTensor **inputs, int n);
+
+/* What an op of kind `op` (a MemsimSacOp bit) does about its outputs in the current region:
+ * GG_SAC_RUN (not kept, or no SAC region: run as usual), GG_SAC_KEEP (the first forward of a
+ * region that keeps it: run, then hand each output to gg_sac_keep, in order) or GG_SAC_REUSE
+ * (the recomputation: allocate and compute nothing, take each output from gg_sac_take, in
+ * the same order). Each call counts an mm of the region's pass. */
+typedef enum { GG_SAC_RUN, GG_SAC_KEEP, GG_SAC_REUSE } GgSacAction;
+GgSacAction gg_sac_policy(AgGraph *g, guint op);
+/* The region keeps a detached alias of t (t's storage then counts as an activation). */
+void gg_sac_keep(AgGraph *g, AgTensor *t);
+/* The oldest kept output (a new reference, a detached alias of the forward's tensor). */
+AgTensor *gg_sac_take(AgGraph *g);
 
 /* The autocast cast cache (AUTOGRAD_MEMORY.md §8.2): the low-precision copy of a trainable
  * fp32 leaf, made at first use in the region. gg_autocast_clear drops the cache's references

@@ -517,16 +517,30 @@ static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *
     AgGraph *g = md->g;
     AgTensor *qc = op_autocast(g, q), *kc = op_autocast(g, k), *vc = op_autocast(g, v);
     int64_t B = qc->shape[0], nh = qc->shape[1], S = qc->shape[2], hd = qc->shape[3];
-    gg_op(g, kind == SDPA_FLASH ? "_scaled_dot_product_flash_attention"
-                                : "_scaled_dot_product_efficient_attention");
-    gg_flops(g, 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
-    /* output laid out [B,S,nh,hd] and returned as a [B,nh,S,hd] view */
-    AgTensor *ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, hd));
+    AgTensor *ob, *lse, *rng;
+    /* op-level SAC keeps the kernel's whole output tuple (out, logsumexp, RNG state) */
+    GgSacAction sac = gg_sac_policy(g, MEMSIM_SAC_SDPA);
+    if (sac == GG_SAC_REUSE) {
+        ob = gg_sac_take(g);
+        lse = gg_sac_take(g);
+        rng = gg_sac_take(g);
+    } else {
+        gg_op(g, kind == SDPA_FLASH ? "_scaled_dot_product_flash_attention"
+                                    : "_scaled_dot_product_efficient_attention");
+        gg_flops(g, 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
+        /* output laid out [B,S,nh,hd] and returned as a [B,nh,S,hd] view */
+        ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, hd));
+        int64_t Sl = kind == SDPA_FLASH ? S : (S + 31) / 32 * 32;
+        lse = gt_empty(g, DT_F32, SHAPE(B, nh, Sl));
+        rng = kind == SDPA_FLASH ? gt_empty(g, DT_I64, SHAPE(2)) : NULL;
+        if (sac == GG_SAC_KEEP) {
+            gg_sac_keep(g, ob);
+            gg_sac_keep(g, lse);
+            gg_sac_keep(g, rng);
+        }
+    }
     AgTensor *o = op_transpose(g, ob, 1, 2);
     U(ob);
-    int64_t Sl = kind == SDPA_FLASH ? S : (S + 31) / 32 * 32;
-    AgTensor *lse = gt_empty(g, DT_F32, SHAPE(B, nh, Sl));
-    AgTensor *rng = kind == SDPA_FLASH ? gt_empty(g, DT_I64, SHAPE(2)) : NULL;
     AgTensor *xs[3] = {qc, kc, vc};
     if (gg_needs_grad(g, 3, xs)) {
         AgNode *n = gn_new(g, kind == SDPA_FLASH ? "ScaledDotProductFlashAttentionBackward0"

@@ -1116,7 +1116,16 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         if (md->layer_hook)
             md->layer_hook(md, (int32_t)l, true);
         AgTensor *y;
-        if (md->run->checkpointing == MEMSIM_CKPT_FULL && c->grad_enabled) {
+        /* Which layers are checkpointed: all with full checkpointing (HF's
+         * GradientCheckpointingLayer, torchtitan's FullAC) and op-level SAC (torchtitan's
+         * SelectiveAC wraps each TransformerBlock); every N-th with layer SAC
+         * (torchtitan/distributed/activation_checkpoint.py _apply_layer_sac: the blocks are
+         * counted from 1 and block k is wrapped when k % N == 0). */
+        MemsimCheckpointing ck = md->run->checkpointing;
+        bool wrap = ck == MEMSIM_CKPT_FULL || ck == MEMSIM_CKPT_SAC_OP ||
+                    (ck == MEMSIM_CKPT_SAC_LAYER && md->run->sac_every > 0 &&
+                     (l + 1) % md->run->sac_every == 0);
+        if (wrap && c->grad_enabled) {
             /* the checkpoint keeps the layer's arguments (mask, cos/sin) with its inputs */
             LayerArg *ca = g_new0(LayerArg, 1);
             *ca = la;
@@ -1125,7 +1134,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             gt_ref(f.cos4);
             gt_ref(f.sin4);
             ca->f = &ca->own;
-            y = gg_checkpoint(g, fn, ca, layer_arg_free, &x, 1);
+            y = gg_checkpoint_sac(g, ck == MEMSIM_CKPT_SAC_OP ? md->run->sac_ops : 0, fn, ca,
+                                  layer_arg_free, &x, 1);
         } else
             y = fn(g, &la, &x, 1);
         U(x);

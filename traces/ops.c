@@ -815,10 +815,18 @@ AgTensor *op_linear(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
         x2 = op_reshape(g, xc, SHAPE(M, H));
     }
     bool addmm = bc && (xc->nd == 2 || gt_is_contiguous(xc));
-    gg_op(g, addmm ? "addmm" : "mm");
-    gg_gemm(g);
-    gg_flops(g, 2.0 * (double)M * (double)H * (double)O);
-    AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
+    AgTensor *out2;
+    GgSacAction sac = gg_sac_policy(g, addmm ? MEMSIM_SAC_ADDMM : MEMSIM_SAC_MM);
+    if (sac == GG_SAC_REUSE) {
+        out2 = gg_sac_take(g);
+    } else {
+        gg_op(g, addmm ? "addmm" : "mm");
+        gg_gemm(g);
+        gg_flops(g, 2.0 * (double)M * (double)H * (double)O);
+        out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
+        if (sac == GG_SAC_KEEP)
+            gg_sac_keep(g, out2);
+    }
     AgTensor *xs3[3] = {bc, x2, wt};
     AgNode *n = addmm ? node_for(g, "AddmmBackward0", bw_mm, 3, xs3, 1)
                      : node_for(g, "MmBackward0", bw_mm, 2, xs3 + 1, 1);
@@ -862,10 +870,18 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     int64_t nx = wc->shape[0], nf = wc->shape[1];
     int64_t M = gt_numel(xc) / nx;
     AgTensor *x2 = op_view(g, xc, SHAPE(M, nx));
-    gg_op(g, "addmm");
-    gg_gemm(g);
-    gg_flops(g, 2.0 * (double)M * (double)nx * (double)nf);
-    AgTensor *out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
+    AgTensor *out2;
+    GgSacAction sac = gg_sac_policy(g, MEMSIM_SAC_ADDMM);
+    if (sac == GG_SAC_REUSE) {
+        out2 = gg_sac_take(g);
+    } else {
+        gg_op(g, "addmm");
+        gg_gemm(g);
+        gg_flops(g, 2.0 * (double)M * (double)nx * (double)nf);
+        out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
+        if (sac == GG_SAC_KEEP)
+            gg_sac_keep(g, out2);
+    }
     AgTensor *xs3[3] = {bc, x2, wc};
     AgNode *n = node_for(g, "AddmmBackward0", bw_mm, 3, xs3, 1);
     if (n) {
@@ -916,10 +932,18 @@ AgTensor *op_matmul(AgGraph *g, AgTensor *a, AgTensor *b)
     int64_t n_ = ac->shape[nd - 2], k_ = ac->shape[nd - 1], p_ = bc->shape[nd - 1];
     AgTensor *a3 = op_reshape(g, ac, SHAPE(batch, n_, k_));
     AgTensor *b3 = op_reshape(g, bc, SHAPE(batch, k_, p_));
-    gg_op(g, "bmm");
-    gg_gemm(g);
-    gg_flops(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_);
-    AgTensor *out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
+    AgTensor *out3;
+    GgSacAction sac = gg_sac_policy(g, MEMSIM_SAC_BMM);
+    if (sac == GG_SAC_REUSE) {
+        out3 = gg_sac_take(g);
+    } else {
+        gg_op(g, "bmm");
+        gg_gemm(g);
+        gg_flops(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_);
+        out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
+        if (sac == GG_SAC_KEEP)
+            gg_sac_keep(g, out3);
+    }
     AgTensor *xs[2] = {a3, b3};
     AgNode *n = node_for(g, "BmmBackward0", bw_bmm, 2, xs, 1);
     if (n) {
@@ -1088,12 +1112,23 @@ AgTensor *op_index_add(AgGraph *g, DType dt, int64_t rows, int64_t cols, AgTenso
 
 AgTensor *op_topk(AgGraph *g, AgTensor *x, int64_t k)
 {
-    gg_op(g, "topk");
     int64_t sh[GT_MAXDIM];
     memcpy(sh, x->shape, sizeof sh);
     sh[x->nd - 1] = k;
-    AgTensor *vals = gt_empty(g, x->dt, x->nd, sh);
-    AgTensor *idx = gt_empty(g, DT_I64, x->nd, sh);
+    AgTensor *vals, *idx;
+    GgSacAction sac = gg_sac_policy(g, MEMSIM_SAC_TOPK);
+    if (sac == GG_SAC_REUSE) {
+        vals = gg_sac_take(g);
+        idx = gg_sac_take(g);
+    } else {
+        gg_op(g, "topk");
+        vals = gt_empty(g, x->dt, x->nd, sh);
+        idx = gt_empty(g, DT_I64, x->nd, sh);
+        if (sac == GG_SAC_KEEP) {
+            gg_sac_keep(g, vals);
+            gg_sac_keep(g, idx);
+        }
+    }
     AgNode *nd = node_for(g, "TopkBackward0", bw_zeros_like_input, 1, &x, 1);
     if (nd) {
         gn_save(g, nd, idx);

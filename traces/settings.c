@@ -52,6 +52,8 @@ static gboolean set_zero_grad(MemsimRun *r, const Setting *s, const char *v, GEr
 static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_sac_ops(MemsimRun *r, const Setting *s, const char *v, GError **error);
 
 #define KEY(k, a) .info.name = (k), .info.arg = (a)
 #define HELP(h) .info.help = (h)
@@ -101,9 +103,16 @@ static const Setting settings[N_SETTINGS] = {
                            ENUM("sdpa", "eager", "sdpa-math", "flash", "mem-efficient"),
                            DEFAULT("sdpa"), FIELD(attention),
                            HELP("sdpa (default), eager, sdpa-math, flash, mem-efficient")},
-    [SETTING_CHECKPOINTING] = {KEY("checkpointing", "C"), ENUM("none", "full", "selective"),
-                               DEFAULT("none"), FIELD(checkpointing), TRAINING,
-                               HELP("none (default), full, selective")},
+    [SETTING_CHECKPOINTING] = {KEY("checkpointing", "C"),
+                               ENUM("none", "full", "selective", "sac-op", "sac-layer"),
+                               .set = set_checkpointing, DEFAULT("none"), TRAINING,
+                               HELP("none (default), full, selective (Megatron's), sac-op, "
+                                    "sac-layer[:N] (torchtitan's)")},
+    [SETTING_SAC_OPS] = {KEY("sac-ops", "LIST"), LIST(set_sac_ops), DEFAULT("mm,addmm,bmm,sdpa,topk"),
+                         TRAINING,
+                         HELP("Ops whose outputs sac-op keeps, of mm (every other one), "
+                              "addmm, bmm, sdpa, topk: mm,addmm,bmm,sdpa,topk (default: "
+                              "torchtitan's)")},
     [SETTING_FINETUNE] = {KEY("finetune", "F"), ENUM("full", "lora", "qlora"), DEFAULT("full"),
                           FIELD(finetune), TRAINING, HELP("full (default), lora, qlora")},
     [SETTING_LORA_RANK] = {KEY("lora-rank", "R"), INT(1, 65536), DEFAULT("16"), FIELD(lora_rank),
@@ -348,6 +357,54 @@ static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, 
     r->lora_targets = g_strsplit(v, ",", -1);
     for (char **t = r->lora_targets; *t; t++)
         g_strstrip(*t);
+    return TRUE;
+}
+
+/* none, full, selective, sac-op, or sac-layer[:N]: torchtitan's layer SAC checkpoints every
+ * N-th TransformerBlock (torchtitan/distributed/activation_checkpoint.py _apply_layer_sac,
+ * selective_ac_option = "N", default "2" in its config). */
+static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    int i;
+    int every = 2;
+    g_autofree char *name = g_strdup(v);
+    char *colon = strchr(name, ':');
+    if (colon) {
+        *colon = '\0';
+        int64_t n;
+        if (g_ascii_strcasecmp(name, "sac-layer") != 0) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: '%s': only sac-layer takes a count (sac-layer:N)", s->info.name, v);
+            return FALSE;
+        }
+        if (!setting_int(s->info.name, colon + 1, 1, 1 << 20, &n, error))
+            return FALSE;
+        every = (int)n;
+    }
+    if (!pick(s->info.name, name, s->info.values, &i, error))
+        return FALSE;
+    r->checkpointing = (MemsimCheckpointing)i;
+    r->sac_every = i == MEMSIM_CKPT_SAC_LAYER ? every : 0;
+    return TRUE;
+}
+
+/* The names of MemsimSacOp's bits, in bit order. */
+static const char *const sac_op_names[] = {"mm", "addmm", "bmm", "sdpa", "topk", NULL};
+
+static gboolean set_sac_ops(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    g_auto(GStrv) parts = g_strsplit(v, ",", -1);
+    guint bits = 0;
+    for (char **p = parts; *p; p++) {
+        int i;
+        g_strstrip(*p);
+        if (!**p)
+            continue;
+        if (!pick(s->info.name, *p, sac_op_names, &i, error))
+            return FALSE;
+        bits |= 1u << i;
+    }
+    r->sac_ops = bits;
     return TRUE;
 }
 
@@ -678,6 +735,15 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
             setting_name(GIVEN(LORA_RANK) ? SETTING_LORA_RANK : SETTING_LORA_TARGETS));
     MemsimResolvedRun rr = memsim_run_resolve(r);
     gboolean megatron = rr.method == MEMSIM_METHOD_MEGATRON;
+    if (GIVEN(SAC_OPS) && r->checkpointing != MEMSIM_CKPT_SAC_OP)
+        return setting_refuse(error, "sac-ops: only with --checkpointing sac-op");
+    if ((r->checkpointing == MEMSIM_CKPT_SAC_OP || r->checkpointing == MEMSIM_CKPT_SAC_LAYER) &&
+        (megatron || r->megatron))
+        return setting_refuse(error,
+                              "checkpointing: %s is torchtitan's checkpoint wrapper around each "
+                              "TransformerBlock; a Megatron run recomputes as Megatron-LM does "
+                              "(--recompute-granularity: full or selective)",
+                              setting_value_name(SETTING_CHECKPOINTING, r->checkpointing));
     if (GIVEN(SEQUENCE_PARALLEL) && r->sequence_parallel && rr.tp < 2)
         return setting_refuse(error,
                               "sequence-parallel: needs tensor parallelism (--tp 2 or more)");
@@ -744,11 +810,25 @@ char *memsim_run_describe(const MemsimRun *run)
             value_name(SETTING_OPTIMIZER, run->optimizer), value_name(SETTING_OPTIMIZER_IMPL, impl),
             to_none ? "to None" : "in place");
         /* a Megatron launch says its attention and recomputation in its own part */
-        if (!run->megatron)
-            g_string_append_printf(s, ", attention %s, checkpointing %s, finetune %s",
+        if (!run->megatron) {
+            g_string_append_printf(s, ", attention %s, checkpointing %s",
                                    value_name(SETTING_ATTENTION, run->attention),
-                                   value_name(SETTING_CHECKPOINTING, run->checkpointing),
-                                   value_name(SETTING_FINETUNE, run->finetune));
+                                   value_name(SETTING_CHECKPOINTING, run->checkpointing));
+            if (run->checkpointing == MEMSIM_CKPT_SAC_LAYER)
+                g_string_append_printf(s, ":%d", run->sac_every);
+            if (run->checkpointing == MEMSIM_CKPT_SAC_OP) {
+                g_string_append(s, " (keeps");
+                const char *sep = " ";
+                for (int i = 0; sac_op_names[i]; i++)
+                    if (run->sac_ops >> i & 1) {
+                        g_string_append_printf(s, "%s%s", sep,
+                                               i == 0 ? "every other mm" : sac_op_names[i]);
+                        sep = ", ";
+                    }
+                g_string_append(s, *sep == ' ' ? " nothing)" : ")");
+            }
+            g_string_append_printf(s, ", finetune %s", value_name(SETTING_FINETUNE, run->finetune));
+        }
         if (run->finetune != MEMSIM_FT_FULL) {
             g_autofree char *t = run->lora_targets ? g_strjoinv(",", run->lora_targets) : NULL;
             g_string_append_printf(s, " (rank %d, targets %s)", run->lora_rank, t ? t : "default");

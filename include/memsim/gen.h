@@ -51,7 +51,29 @@ typedef enum {
     MEMSIM_ATTN_MEM_EFFICIENT,
 } MemsimAttention;
 
-typedef enum { MEMSIM_CKPT_NONE, MEMSIM_CKPT_FULL, MEMSIM_CKPT_SELECTIVE } MemsimCheckpointing;
+/* NONE, FULL (every decoder layer recomputed: HF gradient_checkpointing, torchtitan full AC,
+ * Megatron --recompute-granularity full), SELECTIVE (Megatron's: the attention core only),
+ * SAC_OP (torchtitan's op-level selective AC: the outputs of the ops of MemsimRun.sac_ops are
+ * kept, every second mm recomputed, the rest recomputed), SAC_LAYER (torchtitan's layer SAC:
+ * every sac_every-th decoder layer fully checkpointed). */
+typedef enum {
+    MEMSIM_CKPT_NONE,
+    MEMSIM_CKPT_FULL,
+    MEMSIM_CKPT_SELECTIVE,
+    MEMSIM_CKPT_SAC_OP,
+    MEMSIM_CKPT_SAC_LAYER,
+} MemsimCheckpointing;
+
+/* The ops whose outputs op-level SAC keeps (bits of MemsimRun.sac_ops), as torchtitan names
+ * them: aten.mm (every second one recomputed), aten.addmm, aten.bmm, the SDPA kernels
+ * (flash, memory-efficient, cuDNN) and aten.topk. */
+typedef enum {
+    MEMSIM_SAC_MM = 1 << 0,
+    MEMSIM_SAC_ADDMM = 1 << 1,
+    MEMSIM_SAC_BMM = 1 << 2,
+    MEMSIM_SAC_SDPA = 1 << 3,
+    MEMSIM_SAC_TOPK = 1 << 4,
+} MemsimSacOp;
 
 typedef enum {
     MEMSIM_METHOD_NONE,     /* one GPU, or Megatron-style tp/pp/dp given as degrees */
@@ -81,10 +103,13 @@ typedef struct {
     gboolean zero_grad_set;     /* whether zero_grad_to_none was given */
     MemsimAttention attention;
     MemsimCheckpointing checkpointing;
+    int sac_every;              /* SAC_LAYER: every N-th layer checkpointed (sac-layer:N) */
+    guint sac_ops;              /* SAC_OP: MemsimSacOp bits of the ops whose outputs are kept */
     MemsimFinetune finetune;
     int lora_rank;
     char **lora_targets;        /* NULL = q_proj,v_proj style defaults of the family */
     char *torch_version;        /* e.g. "2.8", "1.13"; NULL = newest modelled */
+    int transformers_version;   /* Transformers release, major·1000 + minor; 0 = newest */
     int use_cache;              /* -1 = the config's, 0 or 1 */
     gboolean inference;
     int64_t prompt;             /* inference: prompt tokens */

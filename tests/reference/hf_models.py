@@ -282,6 +282,104 @@ def ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch=None, ignore_
     return fixed_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index)
 
 
+# --------------------------------------------------------------------------------------------
+# Op-level selective activation checkpointing, written by hand for torch 1.13
+#
+# torch 1.13 has no create_selective_checkpoint_contexts (torch/utils/checkpoint.py, 2.4+).
+# This is its semantics on top of 1.13's own non-reentrant checkpoint
+# (_checkpoint_without_reentrant, whose holders and recomputation are unchanged): the region's
+# function runs under a TorchDispatchMode that sees the aten ops below autograd, as
+# _CachingTorchDispatchMode / _CachedTorchDispatchMode do. The policy is torchtitan's
+# SelectiveAC (torchtitan/distributed/activation_checkpoint.py, _wrap_block's wrapped_policy,
+# a fresh mm count per call): the outputs of the ops in SAC_SAVE_OPS are MUST_SAVE, except
+# every second aten.mm of the pass; the rest PREFER_RECOMPUTE. A saved op's output is kept
+# detached from the first forward and handed back, without running the op, by the
+# recomputation.
+
+import weakref  # noqa: E402
+
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily  # noqa: E402
+
+aten = torch.ops.aten
+# torchtitan's default save set (torch._functorch.partitioners get_default_op_list
+# compute_intensive_ops plus SDPA and topk) as far as these models reach it on the CPU
+SAC_SAVE_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.topk.default}
+
+
+class _SacMode(TorchDispatchMode):
+    def __init__(self, state, recompute):
+        super().__init__()
+        self.state = state
+        self.recompute = recompute
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        st = self.state
+        key = "recompute_mm_count" if self.recompute else "forward_mm_count"
+        if func is aten.mm.default:
+            st[key] += 1
+        save = func in SAC_SAVE_OPS and not (func is aten.mm.default and st[key] % 2 == 0)
+        if not save:
+            return func(*args, **kwargs)
+        if self.recompute:
+            return st["kept"].pop(0)
+        out = func(*args, **kwargs)
+        st["kept"].append(tuple(t.detach() for t in out) if isinstance(out, tuple)
+                          else out.detach())
+        return out
+
+
+def sac_checkpoint(function, *args):
+    """torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
+    context_fn=lambda: create_selective_checkpoint_contexts(policy)) on torch 1.13.
+
+    The holders, the recomputation at the first unpack and the storage of what it saves are
+    1.13's _checkpoint_without_reentrant line for line on the CPU (the CPU RNG state stashed
+    at the forward, a 5056-byte tensor held by the region, and restored for the
+    recomputation); only the recomputation's own detach runs outside the dispatch mode,
+    because a 1.13 dispatch mode unwraps the 0-d wrapped-number tensors mul(x, scalar)
+    saves."""
+    state = {"forward_mm_count": 0, "recompute_mm_count": 0, "kept": []}
+    fwd_cpu_state = torch.get_rng_state()
+
+    class Holder:
+        pass
+
+    storage = weakref.WeakKeyDictionary()
+    weak_holder_list = []
+
+    def pack(x):
+        res = Holder()
+        weak_holder_list.append(weakref.ref(res))
+        return res
+
+    def unpack(x):
+        unpack_counter = 0
+        if len(storage) == 0:
+            def inner_pack(inner):
+                nonlocal unpack_counter
+                unpack_counter += 1
+                if weak_holder_list[unpack_counter - 1]() is None:
+                    return
+                with _pop_mode_temporarily():
+                    storage[weak_holder_list[unpack_counter - 1]()] = inner.detach()
+
+            def inner_unpack(packed):
+                raise RuntimeError("unpacking a tensor never exposed")
+
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(fwd_cpu_state)
+                with torch.enable_grad(), \
+                        torch.autograd.graph.saved_tensors_hooks(inner_pack, inner_unpack), \
+                        _SacMode(state, recompute=True):
+                    function(*args)
+        return storage[x]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _SacMode(state, recompute=False):
+        output = function(*args)
+    return output
+
+
 class GradientCheckpointingLayer(nn.Module):
     """modeling_layers.GradientCheckpointingLayer: the whole layer call goes through
     torch.utils.checkpoint when checkpointing is on and the model trains; the cache is dropped."""
@@ -295,6 +393,8 @@ class GradientCheckpointingLayer(nn.Module):
             for name in ("past_key_values", "layer_past"):
                 if kwargs.get(name) is not None:
                     kwargs[name] = None
+            if self.gradient_checkpointing == "sac-op":
+                return sac_checkpoint(partial(super().__call__, **kwargs), *args)
             return torch.utils.checkpoint.checkpoint(
                 partial(super().__call__, **kwargs), *args, use_reentrant=False)
         return super().__call__(*args, **kwargs)
@@ -332,11 +432,13 @@ class CausalLMBase(nn.Module):
             module.weight.data.normal_(mean=0.0, std=self.std)
             module.bias.data.zero_()
 
-    def gradient_checkpointing_enable(self):
+    def gradient_checkpointing_enable(self, mode=True):
+        """mode: True (HF's gradient checkpointing) or "sac-op" (torchtitan's op-level SAC
+        around each decoder layer, as its SelectiveAC wraps each TransformerBlock)."""
         self.base_model().gradient_checkpointing = True
         for module in self.modules():
             if isinstance(module, GradientCheckpointingLayer):
-                module.gradient_checkpointing = True
+                module.gradient_checkpointing = mode
 
     def resolve_use_cache(self, use_cache):
         """merge_with_config_defaults: config.use_cache unless checkpointing in training."""
@@ -1159,7 +1261,7 @@ def build_model(config_dict, gradient_checkpointing=False, lora=None):
     r, lora_alpha, lora_dropout, target_modules."""
     model = FAMILIES[config_dict["model_type"]](config_dict)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing)
     if lora is not None:
         apply_lora(model, **lora)
     return model

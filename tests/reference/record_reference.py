@@ -150,6 +150,9 @@ def _cases():
             out.append(("%s_b%d_s%d" % (family, b, s), config, b, s, False, None))
     out.append(("llama_gqa_ckpt_b2_s64", LLAMA, 2, 64, True, None))
     out.append(("llama_gqa_ckpt_b4_s128", LLAMA, 4, 128, True, None))
+    out.append(("llama_gqa_sacop_b2_s64", LLAMA, 2, 64, "sac-op", None))
+    out.append(("llama_gqa_sacop_b4_s128", LLAMA, 4, 128, "sac-op", None))
+    out.append(("gpt2_sacop_b2_s96", GPT2, 2, 96, "sac-op", None))
     out.append(("llama_gqa_lora_b2_s64", LLAMA, 2, 64, False, LORA))
     out.append(("llama_gqa_lora_b4_s128", LLAMA, 4, 128, False, LORA))
     return out
@@ -203,7 +206,8 @@ def record_case(outdir, name, config, batch, seq, checkpointing, lora):
             "weight_decay": 0.01,
             "zero_grad": "none",
             "attention": "eager",
-            "checkpointing": "full" if checkpointing else "none",
+            "checkpointing": (checkpointing if isinstance(checkpointing, str)
+                              else "full" if checkpointing else "none"),
             "checkpoint_use_reentrant": False,
             "finetune": "lora" if lora else "full",
             "lora": lora,

@@ -37,7 +37,8 @@ _memsim_values()
     --optimizer-impl) echo default for-loop foreach fused ;;
     --zero-grad) echo none zero ;;
     --attention) echo sdpa eager sdpa-math flash mem-efficient ;;
-    --checkpointing) echo none full selective ;;
+    --checkpointing) echo none full selective sac-op sac-layer ;;
+    --sac-ops) echo mm addmm bmm sdpa topk ;;
     --finetune) echo full lora qlora ;;
     --weights) echo default int8 4bit ;;
     --device) echo cuda cpu ;;
