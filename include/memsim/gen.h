@@ -101,6 +101,7 @@ typedef struct {
     int virtual_stages;         /* interleaved 1F1B: chunks per stage */
     gboolean sequence_parallel;
     gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
+    gboolean zero_redundancy;   /* DDP with torch's ZeroRedundancyOptimizer around the optimizer */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
