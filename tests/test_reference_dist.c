@@ -314,3 +314,90 @@ Test(reference_dist, plain_ddp_does_not_match_zero_redundancy, .timeout = 120)
     memsim_run_clear(&run);
     memsim_model_free(m);
 }
+
+/* ZeroRedundancyOptimizer's partition of GPT-2 (124M) in closed form, from the checkpoint's
+ * tensors (wte 50257×768, wpe 1024×768, ln_f 2×768; per layer ln_1 and ln_2 2×768 each,
+ * c_attn 768×2304 + 2304, attn c_proj 768×768 + 768, c_fc 768×3072 + 3072, mlp c_proj
+ * 3072×768 + 768; the head tied to wte) and the rule of torch's _partition_parameters written
+ * here: sorted by numel, largest first, each to the rank holding the fewest elements so far.
+ * AdamW keeps two fp32 moments per element of the rank's own parameters (bf16 autocast, fp32
+ * parameters), so rank r's optimizer state at the last step is 8 × its elements. */
+Test(reference_dist, zero_redundancy_partition_of_gpt2, .timeout = 300)
+{
+    GArray *numel = g_array_new(FALSE, FALSE, sizeof(int64_t));
+#define ADD(n)                                                                                   \
+    do {                                                                                         \
+        int64_t v_ = (n);                                                                        \
+        g_array_append_val(numel, v_);                                                           \
+    } while (0)
+    ADD(50257LL * 768);
+    ADD(1024LL * 768);
+    for (int l = 0; l < 12; l++) {
+        ADD(768);
+        ADD(768);
+        ADD(768LL * 2304);
+        ADD(2304);
+        ADD(768LL * 768);
+        ADD(768);
+        ADD(768);
+        ADD(768);
+        ADD(768LL * 3072);
+        ADD(3072);
+        ADD(3072LL * 768);
+        ADD(768);
+    }
+    ADD(768);
+    ADD(768);
+#undef ADD
+    /* largest first (equal sizes are interchangeable for the totals) */
+    int64_t *v = (int64_t *)numel->data;
+    for (guint i = 1; i < numel->len; i++)
+        for (guint j = i; j > 0 && v[j - 1] < v[j]; j--) {
+            int64_t x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    for (int N = 2; N <= 4; N += 2) {
+        int64_t sizes[4] = {0};
+        for (guint i = 0; i < numel->len; i++) {
+            int r = 0;
+            for (int k = 1; k < N; k++)
+                if (sizes[k] < sizes[r])
+                    r = k;
+            sizes[r] += v[i];
+        }
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load("gpt2", &error);
+        cr_assert(m, "gpt2: %s", error ? error->message : "?");
+        MemsimRun run = memsim_run_defaults();
+        char buf[8];
+        g_snprintf(buf, sizeof buf, "%d", N);
+        set(&run, "seq", "64");
+        set(&run, "gpus", buf);
+        set(&run, "method", "ddp");
+        set(&run, "zero-redundancy", "true");
+        MemsimTrace *t = memsim_generate(m, &run, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        cr_assert_eq(rep->n_ranks, (uint32_t)N);
+        int64_t total = 0;
+        for (int r = 0; r < N; r++) {
+            const MemsimRankReport *rr = &rep->ranks[r];
+            int64_t bytes = -1;
+            for (guint i = 0; i < rr->n_breakdowns; i++)
+                if (strstr(rr->breakdowns[i].name, "model state"))
+                    bytes = (int64_t)rr->breakdowns[i].requested[MEMSIM_CAT_OPTIMIZER_STATE];
+            cr_expect_eq(bytes, 8 * sizes[r],
+                         "N=%d rank %d: optimizer state %" G_GINT64_FORMAT ", want %"
+                         G_GINT64_FORMAT, N, r, bytes, 8 * sizes[r]);
+            total += sizes[r];
+        }
+        cr_expect_eq(total, 124439808LL, "GPT-2's parameters: %" G_GINT64_FORMAT, total);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        memsim_run_clear(&run);
+        memsim_model_free(m);
+    }
+    g_array_unref(numel);
+}
