@@ -1419,6 +1419,46 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     return TRUE;
 }
 
+/* DDP + ZeroRedundancyOptimizer: one program per rank, ranks whose shares are alike (the
+ * same sizes in the same order: the same state and the same update) simulated once, as one
+ * row of that many ranks. The shares come from the model's trainable parameters, built once
+ * on their own. */
+static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                            const AgRules *rules, const GpuProfile *gpu, GError **error)
+{
+    MemsimTrace *scratch = memsim_trace_new("zero-redundancy shares");
+    AgGraph *g = gg_new(scratch, memsim_trace_add_rank(scratch, 0, 1), rules);
+    Model md;
+    gboolean ok = model_build(&md, g, m, run, error);
+    GHashTable *first = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (int r = 0; ok && r < run->gpus; r++) {
+        GPtrArray *mine = zr_partition(md.trainable, run->gpus, r);
+        GString *key = g_string_new(NULL);
+        for (guint i = 0; i < mine->len; i++)
+            g_string_append_printf(key, "%" G_GINT64_FORMAT ",", gt_numel(mine->pdata[i]));
+        g_ptr_array_unref(mine);
+        gpointer idx;
+        if (g_hash_table_lookup_extended(first, key->str, NULL, &idx)) {
+            MemsimRankInfo *tr = &memsim_trace_header(t)->ranks[GPOINTER_TO_UINT(idx)];
+            tr->multiplicity++;
+            g_free(tr->role);
+            tr->role = g_strdup_printf("ddp + ZeroRedundancyOptimizer rank %u of %d (%u ranks "
+                                       "with shares alike)",
+                                       tr->device, run->gpus, tr->multiplicity);
+            g_string_free(key, TRUE);
+            continue;
+        }
+        g_hash_table_insert(first, g_string_free(key, FALSE),
+                            GUINT_TO_POINTER(memsim_trace_header(t)->n_ranks));
+        ok = dp_program(m, run, t, rules, gpu, r, error);
+    }
+    g_hash_table_unref(first);
+    model_clear(&md);
+    gg_free(g);
+    memsim_trace_free(scratch);
+    return ok;
+}
+
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error)
 {
@@ -1446,12 +1486,8 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
                             run->gpus);
         MemsimRun r2 = *run;
         r2.method = meth;
-        if (meth == MEMSIM_METHOD_DDP && run->zero_redundancy) {
-            for (int r = 0; r < run->gpus; r++)
-                if (!dp_program(m, &r2, t, rules, gpu, r, error))
-                    return FALSE;
-            return TRUE;
-        }
+        if (meth == MEMSIM_METHOD_DDP && run->zero_redundancy)
+            return zr_programs(m, &r2, t, rules, gpu, error);
         return dp_program(m, &r2, t, rules, gpu, -1, error);
     }
     int tp = rr.tp, pp = rr.pp, dp = rr.dp;

@@ -130,9 +130,10 @@ def _rank_main(rank, outdir, store_path, name, config, batch, seq, world, method
     del loss
     rec.save(os.path.join(outdir, "%s.rank%d.txt" % (name, rank)))
     s = rec.summary()
-    owned = sum(p.numel() for grp in local.param_groups for p in grp["params"])
+    owned = [p.numel() for grp in local.param_groups for p in grp["params"]]
     results[rank] = dict(rank=rank, trace="%s.rank%d.txt" % (name, rank),
-                         optimizer_params=owned, peak_live_bytes=s["peak_live_bytes"],
+                         optimizer_params=sum(owned), optimizer_param_numels=owned,
+                         peak_live_bytes=s["peak_live_bytes"],
                          final_live_bytes=s["final_live_bytes"], steps=s["steps"],
                          by_category_at_peak=s["by_category_at_peak"], n_alloc=s["n_alloc"],
                          n_free=s["n_free"], warnings=s["warnings"])
