@@ -38,6 +38,7 @@ typedef struct {
 static const Method methods[] = {
     {"one GPU", {NULL}, {NULL}},
     {"ddp", {"gpus", "2", "method", "ddp", NULL}, {NULL}},
+    {"ddp + ZeroRedundancyOptimizer", {"gpus", "2", "method", "ddp", "zero-redundancy", "true", NULL}, {NULL}},
     {"zero1", {"gpus", "2", "method", "zero1", NULL}, {"optimizer-impl", "zero-grad", NULL}},
     {"zero2", {"gpus", "2", "method", "zero2", NULL}, {"optimizer-impl", "zero-grad", NULL}},
     {"zero3", {"gpus", "2", "method", "zero3", NULL}, {"optimizer-impl", "zero-grad", NULL}},

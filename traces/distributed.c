@@ -3,7 +3,10 @@
  * Data-parallel methods run the whole model on every rank, so all ranks share one role:
  *   ddp          §1: full parameters, gradients, buckets (one bucket of all gradients in the
  *                first iteration, ≤ 25 MiB buckets in ready order afterwards; first 1 MiB),
- *                all-reduced on a communication stream; full optimizer state.
+ *                all-reduced on a communication stream; full optimizer state. With
+ *                --zero-redundancy (torch's ZeroRedundancyOptimizer) the same, but each rank's
+ *                optimizer steps and keeps state for its own whole parameters (the greedy
+ *                partition, zr_partition), so every rank has a program of its own.
  *   zero1/zero2  §2.3 (DeepSpeed, bf16): one flat bf16 parameter buffer padded to a multiple
  *                of 2N elements, fp32 master and optimizer state for this rank's 1/N
  *                partition; stage 2 reduces gradients through the ipg bucket into a 1/N
@@ -152,6 +155,9 @@ typedef struct {
     GPtrArray *buckets;    /* AgTensor* */
     int64_t ddp_pending;
     bool ddp_rebuilt;
+    /* DDP + ZeroRedundancyOptimizer: this rank (-1 without it) and its parameters */
+    int zr_rank;
+    GPtrArray *zr_params;
     /* ZeRO */
     AgTensor *flat;        /* ZeRO-1/2: the flat bf16 parameters; ZeRO-3: the partitions */
     AgTensor *master;      /* the fp32 partition, the optimizer's parameter */
@@ -919,6 +925,40 @@ static void free_units(Dist *d)
 
 /* ---- the method's part of the training loop (LoopHooks, traces/loop.h) ---- */
 
+/* ZeroRedundancyOptimizer's partition (torch/distributed/optim/zero_redundancy_optimizer.py
+ * _partition_parameters, 1.13 and current): the parameters sorted by numel, largest first
+ * (Python's sort is stable: ties keep their order), each given whole to the rank with the
+ * fewest elements so far (_get_min_index: the first such rank). The rank's local optimizer
+ * holds its parameters in that order. */
+static GPtrArray *zr_partition(GPtrArray *params, int N, int rank)
+{
+    GPtrArray *sorted = g_ptr_array_copy(params, NULL, NULL);
+    /* a stable insertion sort by numel, descending */
+    for (guint i = 1; i < sorted->len; i++) {
+        gpointer x = sorted->pdata[i];
+        guint j = i;
+        while (j > 0 && gt_numel(sorted->pdata[j - 1]) < gt_numel(x)) {
+            sorted->pdata[j] = sorted->pdata[j - 1];
+            j--;
+        }
+        sorted->pdata[j] = x;
+    }
+    int64_t *sizes = g_new0(int64_t, N);
+    GPtrArray *mine = g_ptr_array_new();
+    for (guint i = 0; i < sorted->len; i++) {
+        int r = 0;
+        for (int k = 1; k < N; k++)
+            if (sizes[k] < sizes[r])
+                r = k;
+        sizes[r] += gt_numel(sorted->pdata[i]);
+        if (r == rank)
+            g_ptr_array_add(mine, sorted->pdata[i]);
+    }
+    g_free(sizes);
+    g_ptr_array_unref(sorted);
+    return mine;
+}
+
 /* DDP's _rebuild_buckets at the second forward: ≤ 25 MiB buckets (the first 1 MiB) in the
  * order the gradients became ready. */
 static void dp_before_step(void *user, int step)
@@ -985,7 +1025,7 @@ static GPtrArray *dp_before_optimizer(void *user, int step)
 {
     Dist *d = user;
     if (d->method == MEMSIM_METHOD_DDP)
-        return d->md.trainable;
+        return d->zr_params ? d->zr_params : d->md.trainable;
     if (d->offload) {
         /* the optimizer steps on the host shards (FSDP1 CPUOffload: "the optimizer step on
          * CPU"; FSDP2 CPUOffloadPolicy alike): its state is host memory, made at the first
@@ -1027,6 +1067,22 @@ static void dp_after_optimizer(void *user, int step)
     Dist *d = user;
     AgGraph *g = d->g;
     (void)step;
+    if (d->zr_params) {
+        /* ZeroRedundancyOptimizer.step's _sync_params: each parameter broadcast from its
+         * owner into param.data, in place; then zero_grad over every parameter (the
+         * wrapper's param_groups hold them all), not only the rank's own */
+        for (guint i = 0; i < d->md.trainable->len; i++) {
+            AgTensor *p = d->md.trainable->pdata[i];
+            gg_collective(g, MEMSIM_COLL_BROADCAST, (uint64_t)gt_nbytes(p), 0,
+                          coll_us(d, MEMSIM_COLL_BROADCAST, (uint64_t)gt_nbytes(p)));
+            if (d->opt.to_none && p->grad) {
+                AgTensor *gr = p->grad;
+                p->grad = NULL;
+                gt_unref(g, gr);
+            }
+        }
+        return;
+    }
     if (d->method != MEMSIM_METHOD_ZERO1 && d->method != MEMSIM_METHOD_ZERO2 &&
         d->method != MEMSIM_METHOD_ZERO3)
         return;
@@ -1093,8 +1149,11 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
     }
 }
 
+/* `zr_rank`: with ZeroRedundancyOptimizer, the rank whose program this is (each differs by
+ * its optimizer's share); -1: one program for all the ranks. */
 static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
-                           const AgRules *rules, const GpuProfile *gpu, GError **error)
+                           const AgRules *rules, const GpuProfile *gpu, int zr_rank,
+                           GError **error)
 {
     MemsimMethod meth = run->method;
     bool fsdp = meth == MEMSIM_METHOD_FSDP || meth == MEMSIM_METHOD_FSDP_GRAD_OP ||
@@ -1109,17 +1168,21 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         N = run->gpus_per_node < run->gpus ? run->gpus_per_node : run->gpus;
     if (fsdp && sharding == 3)
         N = 1;
-    guint32 rank = memsim_trace_add_rank(t, 0, (guint32)run->gpus);
+    guint32 rank = zr_rank >= 0 ? memsim_trace_add_rank(t, (guint32)zr_rank, 1)
+                                : memsim_trace_add_rank(t, 0, (guint32)run->gpus);
     static const char *names[] = {"", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op",
                                   "hsdp", "megatron"};
     memsim_trace_header(t)->ranks[rank].role =
-        g_strdup_printf("%s data-parallel rank (%d of them)", names[meth], run->gpus);
+        zr_rank >= 0 ? g_strdup_printf("ddp + ZeroRedundancyOptimizer rank %d of %d", zr_rank,
+                                       run->gpus)
+                     : g_strdup_printf("%s data-parallel rank (%d of them)", names[meth], run->gpus);
     AgGraph *g = gg_new(t, rank, rules);
     Dist *d = g_new0(Dist, 1);
     d->g = g;
     d->run = run;
     d->method = meth;
     d->N = N;
+    d->zr_rank = zr_rank;
     d->inflight = g_queue_new();
     d->buckets = g_ptr_array_new();
     d->comm_us_per_byte = comm_cost(gpu, (fsdp && sharding == 3 ? run->gpus : N) <= run->gpus_per_node);
@@ -1270,11 +1333,15 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     gg_set_hooks(g, &hooks);
 
     dp_optimizer(d, run, rules);
+    if (zr_rank >= 0)
+        d->zr_params = zr_partition(d->md.trainable, N, zr_rank);
     LoopHooks loop = {dp_before_step,      dp_before_forward,  dp_after_backward,
                       dp_before_optimizer, dp_after_optimizer, d};
     loop_train(&d->md, &d->opt, &loop);
     optimizer_clear(g, &d->opt);
     g_ptr_array_unref(d->opt_params);
+    if (d->zr_params)
+        g_ptr_array_unref(d->zr_params);
     for (guint i = 0; i < d->buckets->len; i++)
         gt_unref(g, d->buckets->pdata[i]);
     g_ptr_array_unref(d->buckets);
@@ -1856,6 +1923,46 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     return TRUE;
 }
 
+/* DDP + ZeroRedundancyOptimizer: one program per rank, ranks whose shares are alike (the
+ * same sizes in the same order: the same state and the same update) simulated once, as one
+ * row of that many ranks. The shares come from the model's trainable parameters, built once
+ * on their own. */
+static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
+                            const AgRules *rules, const GpuProfile *gpu, GError **error)
+{
+    MemsimTrace *scratch = memsim_trace_new("zero-redundancy shares");
+    AgGraph *g = gg_new(scratch, memsim_trace_add_rank(scratch, 0, 1), rules);
+    Model md;
+    gboolean ok = model_build(&md, g, m, run, error);
+    GHashTable *first = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (int r = 0; ok && r < run->gpus; r++) {
+        GPtrArray *mine = zr_partition(md.trainable, run->gpus, r);
+        GString *key = g_string_new(NULL);
+        for (guint i = 0; i < mine->len; i++)
+            g_string_append_printf(key, "%" G_GINT64_FORMAT ",", gt_numel(mine->pdata[i]));
+        g_ptr_array_unref(mine);
+        gpointer idx;
+        if (g_hash_table_lookup_extended(first, key->str, NULL, &idx)) {
+            MemsimRankInfo *tr = &memsim_trace_header(t)->ranks[GPOINTER_TO_UINT(idx)];
+            tr->multiplicity++;
+            g_free(tr->role);
+            tr->role = g_strdup_printf("ddp + ZeroRedundancyOptimizer rank %u of %d (%u ranks "
+                                       "with shares alike)",
+                                       tr->device, run->gpus, tr->multiplicity);
+            g_string_free(key, TRUE);
+            continue;
+        }
+        g_hash_table_insert(first, g_string_free(key, FALSE),
+                            GUINT_TO_POINTER(memsim_trace_header(t)->n_ranks));
+        ok = dp_program(m, run, t, rules, gpu, r, error);
+    }
+    g_hash_table_unref(first);
+    model_clear(&md);
+    gg_free(g);
+    memsim_trace_free(scratch);
+    return ok;
+}
+
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error)
 {
@@ -1883,7 +1990,9 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
                             run->gpus);
         MemsimRun r2 = *run;
         r2.method = meth;
-        return dp_program(m, &r2, t, rules, gpu, error);
+        if (meth == MEMSIM_METHOD_DDP && run->zero_redundancy)
+            return zr_programs(m, &r2, t, rules, gpu, error);
+        return dp_program(m, &r2, t, rules, gpu, -1, error);
     }
     int tp = rr.tp, pp = rr.pp, dp = rr.dp;
     int cp = m->fam == FAM_MEGATRON && m->mg->cp > 1 ? m->mg->cp : 1;

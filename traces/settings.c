@@ -210,6 +210,11 @@ static const Setting settings[N_SETTINGS] = {
                                             TRAINING,
                                             HELP("FSDP2 reshard_after_forward (default true; "
                                                  "the root is kept either way)")},
+    [SETTING_ZERO_REDUNDANCY] = {KEY("zero-redundancy", "BOOL"), BOOL, DEFAULT("false"),
+                                 FIELD(zero_redundancy), TRAINING,
+                                 HELP("DDP with torch's ZeroRedundancyOptimizer: each rank's "
+                                      "optimizer state for its share of whole parameters "
+                                      "(default false)")},
     [SETTING_GPUS_PER_NODE] = {KEY("gpus-per-node", "N"), INT(1, 1024), DEFAULT("8"),
                                FIELD(gpus_per_node),
                                HELP("GPUs per node (HSDP's shard group; default 8)")},
@@ -760,6 +765,12 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
         return setting_refuse(error, "fsdp-wrap: only with --method fsdp, fsdp-grad-op or hsdp");
     if (!fsdp_check(r, error))
         return FALSE;
+    /* torch.distributed.optim.ZeroRedundancyOptimizer wraps a torch.optim optimizer of DDP's
+     * replicas; DeepSpeed's and FSDP's sharding are --method zero1/2/3 and fsdp */
+    if (GIVEN(ZERO_REDUNDANCY) && r->zero_redundancy && rr.method != MEMSIM_METHOD_DDP)
+        return setting_refuse(error, "zero-redundancy: torch's ZeroRedundancyOptimizer wraps the "
+                                     "optimizer of a DDP run: only with --method ddp (DeepSpeed's "
+                                     "ZeRO is --method zero1/zero2/zero3)");
     if (rr.distributed && !r->inference && !setting_check_distributed_loop(r, megatron, error))
         return FALSE;
     if (r->gpus < 2 && (rr.tp > 1 || rr.pp > 1 || rr.dp > 1))
@@ -838,6 +849,8 @@ char *memsim_run_describe(const MemsimRun *run)
     if (rr.distributed) {
         g_string_append_printf(s, ", %d GPUs: %s", run->gpus,
                                value_name(SETTING_METHOD, rr.method));
+        if (rr.method == MEMSIM_METHOD_DDP && run->zero_redundancy)
+            g_string_append(s, " + ZeroRedundancyOptimizer");
         if (rr.method == MEMSIM_METHOD_MEGATRON) {
             g_string_append_printf(s, " tp %d × pp %d × dp %d", rr.tp, rr.pp, rr.dp);
             if (rr.pp > 1)

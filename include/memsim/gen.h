@@ -126,6 +126,7 @@ typedef struct {
     int virtual_stages;         /* interleaved 1F1B: chunks per stage */
     gboolean sequence_parallel;
     gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
+    gboolean zero_redundancy;   /* DDP with torch's ZeroRedundancyOptimizer around the optimizer */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     /* FSDP (DISTRIBUTED.md §3, §4): the API, its ShardingStrategy, MixedPrecision (an index
      * of fp32, bf16, fp16; the precision's when not given), CPU offload, FSDP1's rate limiter,

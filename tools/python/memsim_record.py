@@ -39,6 +39,10 @@ a time. Two checks make it trustworthy: every event's running total must equal t
 total plus its own size (which proves the order, and is used to repair the order of events
 that share a timestamp), and every free must match a live allocation of the same size.
 Operator boundaries come from the same tree, so attribution is by nesting, not by time.
+The profiler records the threads it was enabled on; a storage whose last reference is
+dropped on another thread (a gloo worker finishing a collective) is freed unseen. When the
+allocator hands out such an address again, the free is placed just before that allocation
+(the latest it can have happened) and counted in a comment of the trace.
 The `KinetoEvent`s of `prof.events()` carry no pointer, and a TorchDispatchMode plus weak
 references would see tensor, not storage, lifetimes and miss allocator-level frees; both
 were rejected for that reason.
@@ -590,6 +594,7 @@ def _process(rec, tree, cuda_history):
     unmatched_frees = 0
     size_mismatch = 0
     pending_op = [None]
+    inferred = [0]
 
     def new_alloc(ptr, size, top, inner, stream, category=None):
         tid = next_id[0]
@@ -598,7 +603,12 @@ def _process(rec, tree, cuda_history):
         a.category = category
         allocs[tid] = a
         if ptr in live:
-            warnings.append("pointer 0x%x allocated twice without a free" % ptr)
+            # The allocator handed out an address that is still live here: its block was
+            # freed on a thread the profiler does not record (a gloo or autograd worker
+            # dropping the last reference), and that free is placed here, the latest point
+            # it can have happened.
+            events.append(dict(kind="free", t=live.pop(ptr), stream=stream))
+            inferred[0] += 1
         live[ptr] = tid
         events.append(dict(kind="alloc", t=tid, size=size, stream=stream, alloc=a))
 
@@ -702,7 +712,8 @@ def _process(rec, tree, cuda_history):
     if size_mismatch:
         warnings.append("%d frees whose size differs from their allocation" % size_mismatch)
     return dict(events=events, ops=op_list, n_streams=len(streams), warnings=warnings,
-                torch_version=torch.__version__, device=str(rec.device))
+                torch_version=torch.__version__, device=str(rec.device),
+                inferred_frees=inferred[0])
 
 
 def _phase_index(name):
@@ -752,6 +763,9 @@ def _write_text(f, name, result):
     w("rank 0 device=0 multiplicity=1 streams=%d\n" % result["n_streams"])
     w("# recorded by memsim_record with torch %s on %s\n"
       % (result["torch_version"], result["device"]))
+    if result.get("inferred_frees"):
+        w("# %d free(s) not seen (made on another thread), placed where the address was "
+          "allocated again\n" % result["inferred_frees"])
     for warning in result["warnings"]:
         w("# warning: %s\n" % warning.replace("\n", " "))
     for i, s in enumerate(strings):
