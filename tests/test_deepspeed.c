@@ -420,3 +420,40 @@ Test(deepspeed, plan_offload_recheck_reproduces_the_row, .timeout = 600)
     g_unlink(path);
     g_rmdir(dir);
 }
+
+/* ZeRO-3's first step records the module trace: nothing is prefetched and every layer is
+ * released after its forward (partitioned_param_coordinator.py: prefetch and the reuse rule
+ * need a complete trace). With stage3_prefetch_bucket_size 0 and stage3_max_reuse_distance 0
+ * the second step runs the same way, so its forward peaks as the first's plus Adam's moments
+ * (made at the first step); with the defaults
+ * (50M-element prefetch, 1e9 reuse distance) the second step's forward holds more gathered
+ * layers and peaks higher. */
+Test(deepspeed, zero3_trace_prefetch_and_reuse, .timeout = 300)
+{
+    const char *none = "{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
+                       "\"stage3_prefetch_bucket_size\":0,\"stage3_max_reuse_distance\":0}}";
+    const char *dflt = "{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3}}";
+    MemsimReport *a = run_config("opt-125m", none, 2, NULL);
+    MemsimReport *b = run_config("opt-125m", dflt, 2, NULL);
+    cr_assert_geq(a->ranks[0].n_steps, 2);
+    cr_assert_geq(b->ranks[0].n_steps, 2);
+    const MemsimStepPeaks *a1 = &a->ranks[0].steps[0], *a2 = &a->ranks[0].steps[1];
+    const MemsimStepPeaks *b1 = &b->ranks[0].steps[0], *b2 = &b->ranks[0].steps[1];
+    /* the same program but for Adam's two moments, made at the first step (8Ψ/N), and the
+     * cuBLAS workspace of the backward thread's handle, made at its first GEMM (PyTorch's
+     * CublasHandlePool.cpp: one per handle and stream; ":4096:2:16:8" = 8,519,680 bytes
+     * before Hopper) */
+    int64_t part = (PSI + 3) / 4 * 4 / 2;
+    int64_t ws = 4096LL * 1024 * 2 + 16LL * 1024 * 8;
+    cr_expect_eq(a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD] -
+                     a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 8 * part + ws, "%" G_GINT64_FORMAT,
+                 a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD] -
+                     a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD]);
+    cr_expect_eq(a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 b1->phase_peak_allocated[MEMSIM_PHASE_FORWARD], "the first steps are the same");
+    cr_expect_gt(b2->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD]);
+    memsim_report_free(a);
+    memsim_report_free(b);
+}
