@@ -357,6 +357,11 @@ Test(deepspeed, refusals_exit_2_naming_the_keys, .timeout = 120)
          {"ratio", "stage"}},
         {"{\"zero_optimization\":{\"stage\":2", {NULL}, {"not JSON"}},
         {"[1, 2]", {NULL}, {"JSON object"}},
+        {"{\"zero_optimization\":3}", {NULL}, {"zero_optimization", "object"}},
+        {"{\"zero_optimization\":{\"stage\":2.5}}", {NULL}, {"zero_optimization.stage", "integer"}},
+        {"{\"zero_optimization\":{\"stage\":2,\"overlap_comm\":\"yes\"}}",
+         {NULL},
+         {"overlap_comm", "true or false"}},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;

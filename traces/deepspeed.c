@@ -201,6 +201,16 @@ static const DsKey *key_find(const char *path)
     return NULL;
 }
 
+/* Whether `path` is a section: a key of the table is below it. */
+static bool is_section(const char *path)
+{
+    size_t n = strlen(path);
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++)
+        if (strncmp(keys[i].path, path, n) == 0 && keys[i].path[n] == '.')
+            return true;
+    return false;
+}
+
 /* Whether a subtree (a section whose children memsim does not read) is taken whole. */
 static bool subtree_whole(const char *path)
 {
@@ -277,6 +287,13 @@ static void walk(Walk *w, const char *prefix, JsonObject *o)
                             "%s: %s: %s is not modelled", w->where, path, k->why);
                 w->failed = true;
             }
+            continue;
+        }
+        if (k->kind == K_MAPPED && is_section(path) && !JSON_NODE_HOLDS_OBJECT(n) &&
+            !JSON_NODE_HOLDS_NULL(n)) {
+            g_set_error(w->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: %s: expected an object ({…})", w->where, path);
+            w->failed = true;
             continue;
         }
         g_hash_table_insert(w->values, g_strdup(path), n);
