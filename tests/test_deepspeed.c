@@ -375,6 +375,20 @@ Test(deepspeed, refusals_exit_2_naming_the_keys, .timeout = 120)
     }
 }
 
+/* The plan keeps the config's stage: --methods without it is refused. */
+Test(deepspeed, plan_keeps_the_stage, .timeout = 120)
+{
+    g_autofree char *path = tu_test_data("deepspeed/hf-trainer-zero2-auto.json");
+    char *out = NULL, *err = NULL;
+    const char *argv[] = {"plan", "--model",   "opt-125m",   "--gpus",
+                          "2",    "--seq",     "128",        "--deepspeed-config",
+                          path,   "--methods", "zero3,fsdp", NULL};
+    cr_expect_eq(tu_run_memsim(argv, &out, &err), 2, "%s", err);
+    cr_expect(strstr(err, "methods") && strstr(err, "stage 2"), "%s", err);
+    g_free(out);
+    g_free(err);
+}
+
 /* The plan keeps the config; when nothing fits on the GPUs it runs the config with
  * offload_optimizer to the CPU, and its recommendation's command reproduces the row. */
 Test(deepspeed, plan_offload_recheck_reproduces_the_row, .timeout = 600)

@@ -437,11 +437,10 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
         gg_host(g, d->host_accum);
     }
     if (d->ipg_fill + n > cap && d->ipg_fill > 0) {
-        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back (stage
-         * 3 with reduce_scatter off all-reduces the bucket in place: stage3.py
-         * __avg_scatter_grads) */
-        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
-                        d->ipg;
+        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back; with
+         * reduce_scatter off the bucket is all-reduced in place (stage_1_and_2.py
+         * average_tensor: gradient_reduction_w_predivide; stage3.py __avg_scatter_grads) */
+        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
         AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
@@ -484,8 +483,7 @@ static void zero_flush(Dist *d)
 {
     AgGraph *g = d->g;
     if (d->ipg_fill > 0) {
-        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
-                        d->ipg;
+        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
         AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
