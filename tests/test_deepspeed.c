@@ -109,11 +109,15 @@ Test(deepspeed, zero_closed_forms_with_and_without_offload, .timeout = 300)
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
              "\"stage3_param_persistence_threshold\":0}}",
              2 * part, 2 * part, 12 * part, 0},
-            /* stage 3 + offload_optimizer: GPU 2Ψ/N; host 16Ψ/N + the 2Ψ/N gradient partition */
+            /* stage 3 + offload_optimizer: GPU 2Ψ/N; host 16Ψ/N + the 2Ψ/N gradient partition,
+             * and at its most the bf16 conversion of the updated fp32 partition on its way
+             * back to the GPU (2Ψ/N; stage3.py _reassign_or_swap_out_partitioned_parameters
+             * copy_s host fp32 into the GPU's bf16, and a blocking copy converts on the CPU:
+             * aten/src/ATen/native/cuda/Copy.cu copy_kernel_cuda) */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
              "\"stage3_param_persistence_threshold\":0,"
              "\"offload_optimizer\":{\"device\":\"cpu\"}}}",
-             2 * part, 0, 0, 18 * part},
+             2 * part, 0, 0, 18 * part + 2 * part},
             /* stage 3 + offload_param and offload_optimizer: GPU nothing at the step; host
              * 18Ψ/N + the 2Ψ/N gradient partition */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"

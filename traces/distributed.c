@@ -793,6 +793,21 @@ static void dp_after_optimizer(void *user, int step)
     if (d->method != MEMSIM_METHOD_ZERO1 && d->method != MEMSIM_METHOD_ZERO2 &&
         d->method != MEMSIM_METHOD_ZERO3)
         return;
+    if (d->ds && d->z.offload_optimizer) {
+        /* the updated host partition back into the GPU's parameters: stage 1/2 through a GPU
+         * fp32 copy (stage_1_and_2.py step: fp32_partition.to(device), then copy_); stage 3
+         * by a blocking copy_ whose dtype conversion runs on the CPU (stage3.py
+         * _reassign_or_swap_out_partitioned_parameters; aten/src/ATen/native/cuda/Copy.cu
+         * copy_kernel_cuda), sub-group by sub-group; host to host with offload_param */
+        int64_t part = d->psi_pad / d->N;
+        if (d->method != MEMSIM_METHOD_ZERO3) {
+            gt_unref(g, alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, part));
+        } else if (!d->z.offload_param) {
+            int64_t n = d->z.sub_group < part ? d->z.sub_group : part;
+            gg_host(g, n * (int64_t)dt_size(d->cdt));
+            gg_host(g, -n * (int64_t)dt_size(d->cdt));
+        }
+    }
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
