@@ -52,8 +52,7 @@ static MemsimReport *run_config(const char *model, const char *json, int gpus,
     cr_assert(memsim_run_set(&run, "gpus", g, &error));
     cr_assert(memsim_run_set(&run, "seq", "128", &error));
     for (int i = 0; settings && settings[i]; i += 2)
-        cr_assert(memsim_run_set(&run, settings[i], settings[i + 1], &error), "%s",
-                  error->message);
+        cr_assert(memsim_run_set(&run, settings[i], settings[i + 1], &error), "%s", error->message);
     cr_assert(memsim_deepspeed_apply(ds, &run, &error), "%s", error ? error->message : "?");
     MemsimModel *m = memsim_model_load(model, &error);
     cr_assert(m);
@@ -83,8 +82,8 @@ Test(deepspeed, zero_closed_forms_with_and_without_offload, .timeout = 300)
             int64_t param, grad, opt, host;
         } want[] = {
             /* stage 1 (the ZeRO paper's P_os): 2Ψ + 2Ψ + 12Ψ/N */
-            {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":1}}", 2 * pad,
-             2 * PSI, 12 * part, 0},
+            {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":1}}", 2 * pad, 2 * PSI,
+             12 * part, 0},
             /* stage 1 with overlap_comm: its gradient hooks reduce at the accumulation
              * boundary as stage 2's do (stage_1_and_2.py create_reduce_and_remove_grad_hooks
              * for partition_gradients or overlap_comm): the owned 2Ψ/N stay, copied into
@@ -94,8 +93,8 @@ Test(deepspeed, zero_closed_forms_with_and_without_offload, .timeout = 300)
              2 * pad, 2 * part, 12 * part, 0},
             /* stage 2: estimate_zero2 2Ψ + 18Ψ/N: 2Ψ/N bf16 grads, 12Ψ/N fp32 params and Adam
              * (the 4Ψ/N fp32 grads are the step's own, checked below) */
-            {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":2}}", 2 * pad,
-             2 * part, 12 * part, 0},
+            {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":2}}", 2 * pad, 2 * part,
+             12 * part, 0},
             /* stage 2 + ZeRO-Offload: GPU 2Ψ (+ temp_grad_buffer_for_gpu_offload, the largest
              * parameter in bf16, stage_1_and_2.py __init__); host 16Ψ/N (+ the host staging
              * buffer temp_grad_buffer_for_cpu_offload, the largest parameter in bf16) */
@@ -110,11 +109,15 @@ Test(deepspeed, zero_closed_forms_with_and_without_offload, .timeout = 300)
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
              "\"stage3_param_persistence_threshold\":0}}",
              2 * part, 2 * part, 12 * part, 0},
-            /* stage 3 + offload_optimizer: GPU 2Ψ/N; host 16Ψ/N + the 2Ψ/N gradient partition */
+            /* stage 3 + offload_optimizer: GPU 2Ψ/N; host 16Ψ/N + the 2Ψ/N gradient partition,
+             * and at its most the bf16 conversion of the updated fp32 partition on its way
+             * back to the GPU (2Ψ/N; stage3.py _reassign_or_swap_out_partitioned_parameters
+             * copy_s host fp32 into the GPU's bf16, and a blocking copy converts on the CPU:
+             * aten/src/ATen/native/cuda/Copy.cu copy_kernel_cuda) */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
              "\"stage3_param_persistence_threshold\":0,"
              "\"offload_optimizer\":{\"device\":\"cpu\"}}}",
-             2 * part, 0, 0, 18 * part},
+             2 * part, 0, 0, 18 * part + 2 * part},
             /* stage 3 + offload_param and offload_optimizer: GPU nothing at the step; host
              * 18Ψ/N + the 2Ψ/N gradient partition */
             {"{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
@@ -181,8 +184,8 @@ Test(deepspeed, zero3_persistence_threshold, .timeout = 300)
         "opt-125m", "{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3}}", N, NULL);
     const MemsimBreakdown *b = state_of(&rep->ranks[0]);
     cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], 2 * part + 2 * persistent,
-                 "%" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
-                 b->requested[MEMSIM_CAT_PARAMETER], 2 * part + 2 * persistent);
+                 "%" G_GINT64_FORMAT " want %" G_GINT64_FORMAT, b->requested[MEMSIM_CAT_PARAMETER],
+                 2 * part + 2 * persistent);
     memsim_report_free(rep);
 }
 
@@ -197,7 +200,8 @@ Test(deepspeed, auto_is_what_the_trainer_fills_in, .timeout = 300)
         "\"train_micro_batch_size_per_gpu\":\"auto\",\"gradient_accumulation_steps\":\"auto\","
         "\"train_batch_size\":\"auto\",\"gradient_clipping\":\"auto\","
         "\"zero_optimization\":{\"stage\":3,\"reduce_bucket_size\":\"auto\","
-        "\"stage3_prefetch_bucket_size\":\"auto\",\"stage3_param_persistence_threshold\":\"auto\"}}";
+        "\"stage3_prefetch_bucket_size\":\"auto\",\"stage3_param_persistence_threshold\":\"auto\"}"
+        "}";
     const char *numbers =
         "{\"bf16\":{\"enabled\":true},\"train_micro_batch_size_per_gpu\":2,"
         "\"gradient_accumulation_steps\":2,\"train_batch_size\":8,"
@@ -225,14 +229,15 @@ Test(deepspeed, example_configs_run, .timeout = 300)
         {"zero2-offload.json", {NULL}, "offload_optimizer cpu (pinned)"},
         {"zero3-offload.json", {"--gpus", "4", NULL}, "offload_param cpu (pinned)"},
         {"hf-trainer-zero3-auto.json", {"--gpus", "2", "--batch", "2", NULL}, "prefetch auto"},
-        {"hf-trainer-zero2-auto.json", {"--gpus", "2", "--precision", "fp16-mixed", NULL},
+        {"hf-trainer-zero2-auto.json",
+         {"--gpus", "2", "--precision", "fp16-mixed", NULL},
          "fp16-mixed"},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autofree char *path = tu_test_data(g_strconcat("deepspeed/", cases[i].file, NULL));
         GPtrArray *a = g_ptr_array_new();
-        const char *fixed[] = {"estimate", "--model", "opt-125m", "--seq", "128",
-                               "--deepspeed-config", path, "--gpu-mem", "80GiB"};
+        const char *fixed[] = {"estimate",           "--model", "opt-125m",  "--seq", "128",
+                               "--deepspeed-config", path,      "--gpu-mem", "80GiB"};
         for (gsize k = 0; k < G_N_ELEMENTS(fixed); k++)
             g_ptr_array_add(a, (gpointer)fixed[k]);
         for (int k = 0; cases[i].extra[k]; k++)
@@ -256,7 +261,7 @@ static int run_text(const char *json, const char *const *extra, char **err)
     g_autofree char *path = g_build_filename(dir, "ds_config.json", NULL);
     cr_assert(g_file_set_contents(path, json, -1, NULL));
     GPtrArray *a = g_ptr_array_new();
-    const char *fixed[] = {"estimate", "--model", "opt-125m", "--seq", "128",
+    const char *fixed[] = {"estimate",           "--model", "opt-125m", "--seq", "128",
                            "--deepspeed-config", path};
     for (gsize k = 0; k < G_N_ELEMENTS(fixed); k++)
         g_ptr_array_add(a, (gpointer)fixed[k]);
@@ -285,8 +290,8 @@ Test(deepspeed, unknown_keys_one_warning, .timeout = 120)
     for (char **p = l; *p; p++) {
         if (strstr(*p, "warning") && strstr(*p, "does not know")) {
             lines++;
-            cr_expect(strstr(*p, "zero_optimization.my_bucket") && strstr(*p, "frobnicate"),
-                      "%s", *p);
+            cr_expect(strstr(*p, "zero_optimization.my_bucket") && strstr(*p, "frobnicate"), "%s",
+                      *p);
             cr_expect(!strstr(*p, "steps_per_print"), "%s", *p);
         }
     }
@@ -303,55 +308,89 @@ Test(deepspeed, refusals_exit_2_naming_the_keys, .timeout = 120)
         const char *extra[5];
         const char *names[3];
     } cases[] = {
-        {"{\"fp16\":{\"enabled\":true},\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":2}}",
-         {NULL}, {"fp16.enabled", "bf16.enabled"}},
-        {"{\"zero_optimization\":{\"stage\":2,\"offload_param\":{\"device\":\"cpu\"}}}", {NULL},
+        {"{\"fp16\":{\"enabled\":true},\"bf16\":{\"enabled\":true},\"zero_optimization\":{"
+         "\"stage\":2}}",
+         {NULL},
+         {"fp16.enabled", "bf16.enabled"}},
+        {"{\"zero_optimization\":{\"stage\":2,\"offload_param\":{\"device\":\"cpu\"}}}",
+         {NULL},
          {"offload_param", "stage"}},
         {"{\"train_batch_size\":32,\"train_micro_batch_size_per_gpu\":4,"
          "\"gradient_accumulation_steps\":2,\"zero_optimization\":{\"stage\":1}}",
-         {"--gpus", "8", NULL}, {"train_batch_size", "train_micro_batch_size_per_gpu"}},
+         {"--gpus", "8", NULL},
+         {"train_batch_size", "train_micro_batch_size_per_gpu"}},
         {"{\"train_batch_size\":30,\"train_micro_batch_size_per_gpu\":4,"
          "\"gradient_accumulation_steps\":2,\"zero_optimization\":{\"stage\":1}}",
-         {NULL}, {"train_batch_size", "gradient_accumulation_steps"}},
+         {NULL},
+         {"train_batch_size", "gradient_accumulation_steps"}},
         {"{\"train_micro_batch_size_per_gpu\":4,\"zero_optimization\":{\"stage\":2}}",
-         {"--batch", "2", NULL}, {"--batch", "deepspeed-config"}},
+         {"--batch", "2", NULL},
+         {"--batch", "deepspeed-config"}},
         {"{\"zero_optimization\":{\"stage\":3}}", {"--method", "zero2", NULL}, {"method"}},
-        {"{\"zero_optimization\":{\"stage\":3,\"offload_param\":{\"device\":\"nvme\"}}}", {NULL},
+        {"{\"zero_optimization\":{\"stage\":3,\"offload_param\":{\"device\":\"nvme\"}}}",
+         {NULL},
          {"offload_param.device", "nvme"}},
-        {"{\"zero_optimization\":{\"stage\":3,\"zero_quantized_weights\":true}}", {NULL},
+        {"{\"zero_optimization\":{\"stage\":3,\"zero_quantized_weights\":true}}",
+         {NULL},
          {"zero_quantized_weights"}},
-        {"{\"zero_optimization\":{\"stage\":3,\"zero_hpz_partition_size\":8}}", {NULL},
+        {"{\"zero_optimization\":{\"stage\":3,\"zero_hpz_partition_size\":8}}",
+         {NULL},
          {"zero_hpz_partition_size"}},
         {"{\"zero_optimization\":{\"stage\":0}}", {NULL}, {"stage"}},
-        {"{\"zero_optimization\":{\"stage\":2},\"optimizer\":{\"type\":\"Lamb\"}}", {NULL},
+        {"{\"zero_optimization\":{\"stage\":2},\"optimizer\":{\"type\":\"Lamb\"}}",
+         {NULL},
          {"optimizer.type", "Lamb"}},
-        {"{\"zero_optimization\":{\"stage\":2,\"sub_group_size\":\"auto\"}}", {NULL},
+        {"{\"zero_optimization\":{\"stage\":2,\"sub_group_size\":\"auto\"}}",
+         {NULL},
          {"sub_group_size", "auto"}},
         {"{\"zero_optimization\":{\"stage\":2},\"activation_checkpointing\":"
          "{\"partition_activations\":true}}",
-         {NULL}, {"partition_activations"}},
+         {NULL},
+         {"partition_activations"}},
         {"{\"zero_optimization\":{\"stage\":2},\"bf16\":{\"enabled\":true},"
          "\"communication_data_type\":\"fp32\"}",
-         {NULL}, {"communication_data_type"}},
+         {NULL},
+         {"communication_data_type"}},
         {"{\"zero_optimization\":{\"stage\":3,\"offload_optimizer\":{\"device\":\"cpu\","
          "\"ratio\":0.3}}}",
-         {NULL}, {"ratio"}},
+         {NULL},
+         {"ratio"}},
         {"{\"zero_optimization\":{\"stage\":2,\"offload_optimizer\":{\"device\":\"cpu\","
          "\"ratio\":0.3}}}",
-         {NULL}, {"ratio", "stage"}},
+         {NULL},
+         {"ratio", "stage"}},
         {"{\"zero_optimization\":{\"stage\":2", {NULL}, {"not JSON"}},
         {"[1, 2]", {NULL}, {"JSON object"}},
+        {"{\"zero_optimization\":3}", {NULL}, {"zero_optimization", "object"}},
+        {"{\"zero_optimization\":{\"stage\":2.5}}", {NULL}, {"zero_optimization.stage", "integer"}},
+        {"{\"zero_optimization\":{\"stage\":2,\"overlap_comm\":\"yes\"}}",
+         {NULL},
+         {"overlap_comm", "true or false"}},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
         int rc = run_text(cases[i].json, cases[i].extra, &err);
         cr_expect_eq(rc, 2, "#%zu rc %d: %s", i, rc, err);
         for (int k = 0; cases[i].names[k]; k++)
-            cr_expect(strstr(err, cases[i].names[k]), "#%zu: '%s' not in: %s", i,
-                      cases[i].names[k], err);
+            cr_expect(strstr(err, cases[i].names[k]), "#%zu: '%s' not in: %s", i, cases[i].names[k],
+                      err);
         cr_expect(!strstr(err, "CRITICAL") && !strstr(err, "Segmentation"), "#%zu: %s", i, err);
         g_free(err);
     }
+}
+
+/* The plan keeps the config's stage: --methods without it is refused. */
+Test(deepspeed, plan_keeps_the_stage, .timeout = 120)
+{
+    g_autofree char *path = tu_test_data("deepspeed/hf-trainer-zero2-auto.json");
+    char *out = NULL, *err = NULL;
+    const char *argv[] = {"plan", "--model",   "opt-125m",   "--gpus",
+                          "2",    "--seq",     "128",        "--deepspeed-config",
+                          path,   "--methods", "zero3,fsdp", NULL};
+    cr_expect_eq(tu_run_memsim(argv, &out, &err), 2, "%s", err);
+    cr_expect(strstr(err, "methods") && strstr(err, "stage 2"), "%s", err);
+    g_free(out);
+    g_free(err);
 }
 
 /* The plan keeps the config; when nothing fits on the GPUs it runs the config with
@@ -366,8 +405,9 @@ Test(deepspeed, plan_offload_recheck_reproduces_the_row, .timeout = 600)
         "\"train_micro_batch_size_per_gpu\":1,\"gradient_accumulation_steps\":4}",
         -1, NULL));
     char *out = NULL, *err = NULL;
-    const char *argv[] = {"plan", "--model", "opt-2.7b", "--gpus", "2", "--gpu", "v100-16gb",
-                          "--seq", "512", "--deepspeed-config", path, "--json", NULL};
+    const char *argv[] = {"plan",  "--model",   "opt-2.7b", "--gpus", "2",
+                          "--gpu", "v100-16gb", "--seq",    "512",    "--deepspeed-config",
+                          path,    "--json",    NULL};
     int rc = tu_run_memsim(argv, &out, &err);
     cr_assert_eq(rc, 0, "%s", err);
     g_autoptr(JsonParser) p = json_parser_new();
@@ -402,4 +442,41 @@ Test(deepspeed, plan_offload_recheck_reproduces_the_row, .timeout = 600)
     g_free(e2);
     g_unlink(path);
     g_rmdir(dir);
+}
+
+/* ZeRO-3's first step records the module trace: nothing is prefetched and every layer is
+ * released after its forward (partitioned_param_coordinator.py: prefetch and the reuse rule
+ * need a complete trace). With stage3_prefetch_bucket_size 0 and stage3_max_reuse_distance 0
+ * the second step runs the same way, so its forward peaks as the first's plus Adam's moments
+ * (made at the first step); with the defaults
+ * (50M-element prefetch, 1e9 reuse distance) the second step's forward holds more gathered
+ * layers and peaks higher. */
+Test(deepspeed, zero3_trace_prefetch_and_reuse, .timeout = 300)
+{
+    const char *none = "{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3,"
+                       "\"stage3_prefetch_bucket_size\":0,\"stage3_max_reuse_distance\":0}}";
+    const char *dflt = "{\"bf16\":{\"enabled\":true},\"zero_optimization\":{\"stage\":3}}";
+    MemsimReport *a = run_config("opt-125m", none, 2, NULL);
+    MemsimReport *b = run_config("opt-125m", dflt, 2, NULL);
+    cr_assert_geq(a->ranks[0].n_steps, 2);
+    cr_assert_geq(b->ranks[0].n_steps, 2);
+    const MemsimStepPeaks *a1 = &a->ranks[0].steps[0], *a2 = &a->ranks[0].steps[1];
+    const MemsimStepPeaks *b1 = &b->ranks[0].steps[0], *b2 = &b->ranks[0].steps[1];
+    /* the same program but for Adam's two moments, made at the first step (8Ψ/N), and the
+     * cuBLAS workspace of the backward thread's handle, made at its first GEMM (PyTorch's
+     * CublasHandlePool.cpp: one per handle and stream; ":4096:2:16:8" = 8,519,680 bytes
+     * before Hopper) */
+    int64_t part = (PSI + 3) / 4 * 4 / 2;
+    int64_t ws = 4096LL * 1024 * 2 + 16LL * 1024 * 8;
+    cr_expect_eq(a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD] -
+                     a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 8 * part + ws, "%" G_GINT64_FORMAT,
+                 a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD] -
+                     a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD]);
+    cr_expect_eq(a1->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 b1->phase_peak_allocated[MEMSIM_PHASE_FORWARD], "the first steps are the same");
+    cr_expect_gt(b2->phase_peak_allocated[MEMSIM_PHASE_FORWARD],
+                 a2->phase_peak_allocated[MEMSIM_PHASE_FORWARD]);
+    memsim_report_free(a);
+    memsim_report_free(b);
 }

@@ -31,7 +31,7 @@ typedef enum {
 typedef struct {
     const char *path; /* "zero_optimization.stage" */
     KeyKind kind;
-    const char *why;  /* K_REFUSED: what is not modelled */
+    const char *why; /* K_REFUSED: what is not modelled */
 } DsKey;
 
 /* Every key memsim knows. A K_REFUSED key is refused only when its value turns the feature on
@@ -201,6 +201,16 @@ static const DsKey *key_find(const char *path)
     return NULL;
 }
 
+/* Whether `path` is a section: a key of the table is below it. */
+static bool is_section(const char *path)
+{
+    size_t n = strlen(path);
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++)
+        if (strncmp(keys[i].path, path, n) == 0 && keys[i].path[n] == '.')
+            return true;
+    return false;
+}
+
 /* Whether a subtree (a section whose children memsim does not read) is taken whole. */
 static bool subtree_whole(const char *path)
 {
@@ -241,8 +251,8 @@ static bool value_on(JsonNode *n)
 
 typedef struct {
     const char *where;
-    GHashTable *values;  /* path → JsonNode (borrowed from the parser) */
-    GPtrArray *unknown;  /* paths */
+    GHashTable *values; /* path → JsonNode (borrowed from the parser) */
+    GPtrArray *unknown; /* paths */
     GError **error;
     bool failed;
 } Walk;
@@ -277,6 +287,13 @@ static void walk(Walk *w, const char *prefix, JsonObject *o)
                             "%s: %s: %s is not modelled", w->where, path, k->why);
                 w->failed = true;
             }
+            continue;
+        }
+        if (k->kind == K_MAPPED && is_section(path) && !JSON_NODE_HOLDS_OBJECT(n) &&
+            !JSON_NODE_HOLDS_NULL(n)) {
+            g_set_error(w->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: %s: expected an object ({…})", w->where, path);
+            w->failed = true;
             continue;
         }
         g_hash_table_insert(w->values, g_strdup(path), n);
@@ -432,8 +449,8 @@ static gboolean read_config(MemsimDeepspeed *ds, Reader *r)
     if (!get_int(r, "zero_optimization.stage", 0, false, &stage))
         return FALSE;
     if (stage > 3) {
-        BAD("%s: zero_optimization.stage: %" G_GINT64_FORMAT " is not a ZeRO stage (0-3)",
-            r->where, stage);
+        BAD("%s: zero_optimization.stage: %" G_GINT64_FORMAT " is not a ZeRO stage (0-3)", r->where,
+            stage);
         return FALSE;
     }
     if (stage == 0) {
@@ -532,42 +549,36 @@ static gboolean read_config(MemsimDeepspeed *ds, Reader *r)
     if (!get_bool(r, "fp16.enabled", &fp16, &fp16_set) ||
         !get_bool(r, "bf16.enabled", &bf16, &bf16_set))
         return FALSE;
-    /* a section without "enabled" is off (get_fp16_enabled: the key's default False) */
+    /* neither enabled (absent, or false): DeepSpeed trains in fp32 (get_fp16_enabled and
+     * get_bfloat16_enabled default False); "auto" (the Trainer's --fp16/--bf16) leaves the
+     * precision to the run */
     if (fp16 && bf16) {
         BAD("%s: fp16.enabled and bf16.enabled: both true; DeepSpeed takes one (runtime/config.py)",
             r->where);
         return FALSE;
     }
-    if (fp16_set || bf16_set) {
-        ds->precision_set = true;
-        ds->precision = fp16   ? MEMSIM_PREC_FP16_MIXED
-                        : bf16 ? MEMSIM_PREC_BF16_MIXED
-                               : MEMSIM_PREC_FP32;
-        /* one section "auto", the other false: the run decides */
-        if ((is_auto(get(r, "fp16.enabled")) || is_auto(get(r, "bf16.enabled"))) && !fp16 && !bf16)
-            ds->precision_set = false;
-    }
-    /* gradient reduction and accumulation dtypes: the compute dtype's are modelled */
+    bool autop = is_auto(get(r, "fp16.enabled")) || is_auto(get(r, "bf16.enabled"));
+    ds->precision_set = fp16 || bf16 || !autop;
+    ds->precision = fp16   ? MEMSIM_PREC_FP16_MIXED
+                    : bf16 ? MEMSIM_PREC_BF16_MIXED
+                           : MEMSIM_PREC_FP32;
+    (void)fp16_set;
+    (void)bf16_set;
+    /* gradient reduction and accumulation dtypes: the parameters' are modelled (checked
+     * against the run's precision by memsim_run_check) */
     const char *cdt = NULL, *gdt = NULL;
     if (!get_string(r, "communication_data_type", &cdt) ||
         !get_string(r, "data_types.grad_accum_dtype", &gdt))
         return FALSE;
     const char *const dkeys[] = {"communication_data_type", "data_types.grad_accum_dtype"};
     const char *dvals[] = {cdt, gdt};
+    int *douts[] = {&ds->comm_dtype, &ds->accum_dtype};
     for (int i = 0; i < 2; i++) {
         if (!dvals[i])
             continue;
-        int d = dtype_of(dvals[i]);
-        if (!d) {
+        *douts[i] = dtype_of(dvals[i]);
+        if (!*douts[i]) {
             BAD("%s: %s: '%s' is not one of fp32, fp16, bf16", r->where, dkeys[i], dvals[i]);
-            return FALSE;
-        }
-        int want = !ds->precision_set ? 0 : fp16 ? 16 : bf16 ? 17 : 32;
-        if (d != want) {
-            BAD("%s: %s: %s: gradients %s in another dtype than the parameters' (%s) are not "
-                "modelled",
-                r->where, dkeys[i], dvals[i], i ? "accumulated" : "reduced",
-                want == 16 ? "fp16" : want == 17 ? "bf16" : want == 32 ? "fp32" : "the run's");
             return FALSE;
         }
     }
@@ -583,8 +594,9 @@ static gboolean read_config(MemsimDeepspeed *ds, Reader *r)
     if (ds->train_batch == DS_AUTO)
         ds->train_batch = 0;
     if (ds->micro && ds->accum && ds->train_batch && ds->train_batch % (ds->micro * ds->accum)) {
-        BAD("%s: train_batch_size %" G_GINT64_FORMAT " is not train_micro_batch_size_per_gpu %"
-            G_GINT64_FORMAT " × gradient_accumulation_steps %" G_GINT64_FORMAT " × a number of "
+        BAD("%s: train_batch_size %" G_GINT64_FORMAT
+            " is not train_micro_batch_size_per_gpu %" G_GINT64_FORMAT
+            " × gradient_accumulation_steps %" G_GINT64_FORMAT " × a number of "
             "GPUs (runtime/config.py _batch_assertion)",
             r->where, ds->train_batch, ds->micro, ds->accum);
         return FALSE;
@@ -595,7 +607,8 @@ static gboolean read_config(MemsimDeepspeed *ds, Reader *r)
     if (!get_string(r, "optimizer.type", &ot))
         return FALSE;
     if (ot) {
-        static const char *const adam[] = {"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", NULL};
+        static const char *const adam[] = {
+            "adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", NULL};
         bool known = false;
         for (int i = 0; adam[i]; i++)
             known |= g_ascii_strcasecmp(ot, adam[i]) == 0;
@@ -644,9 +657,10 @@ static gboolean read_config(MemsimDeepspeed *ds, Reader *r)
         }
     }
     /* the 16-bit gather at save time: memory of saving, not of the step */
-    static const char *const save[] = {"zero_optimization.gather_16bit_weights_on_model_save",
-                                       "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                                       "zero_optimization.stage3_gather_fp16_weights_on_model_save"};
+    static const char *const save[] = {
+        "zero_optimization.gather_16bit_weights_on_model_save",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save"};
     for (gsize i = 0; i < G_N_ELEMENTS(save); i++) {
         bool on = false;
         if (!get_bool(r, save[i], &on, NULL))
@@ -668,8 +682,7 @@ static gboolean set_key(JsonObject *root, const char *set, const char *where, GE
 {
     const char *eq = strchr(set, '=');
     if (!eq || eq == set) {
-        BAD("%s: --deepspeed-set '%s': expected KEY=VALUE (zero_optimization.stage=3)", where,
-            set);
+        BAD("%s: --deepspeed-set '%s': expected KEY=VALUE (zero_optimization.stage=3)", where, set);
         return FALSE;
     }
     g_autofree char *key = g_strndup(set, (gsize)(eq - set));
@@ -856,11 +869,14 @@ gboolean memsim_deepspeed_apply(const MemsimDeepspeed *ds, MemsimRun *run, GErro
             }
         }
         if (ds->train_batch != micro * accum * gpus) {
-            BAD("%s: train_batch_size %" G_GINT64_FORMAT " ≠ train_micro_batch_size_per_gpu %"
-                G_GINT64_FORMAT " × gradient_accumulation_steps %" G_GINT64_FORMAT " × %d GPUs "
+            BAD("%s: train_batch_size %" G_GINT64_FORMAT
+                " ≠ train_micro_batch_size_per_gpu %" G_GINT64_FORMAT
+                " × gradient_accumulation_steps %" G_GINT64_FORMAT " × %d GPUs "
                 "(runtime/config.py _batch_assertion)%s",
                 ds->source, ds->train_batch, micro, accum, gpus,
-                ds->micro && ds->accum ? "" : " (the missing keys from the run's --batch, --grad-accum)");
+                ds->micro && ds->accum
+                    ? ""
+                    : " (the missing keys from the run's --batch, --grad-accum)");
             return FALSE;
         }
     }
@@ -914,12 +930,14 @@ char *ds_describe(const MemsimDeepspeed *ds)
             g_string_append(s, ", persistence auto (10 h)");
         else
             g_string_append_printf(s, ", persistence %" G_GINT64_FORMAT, z->persist_threshold);
-        g_string_append_printf(s, ", max live %" G_GINT64_FORMAT ", max reuse %" G_GINT64_FORMAT
-                                  ", sub-group %" G_GINT64_FORMAT,
+        g_string_append_printf(s,
+                               ", max live %" G_GINT64_FORMAT ", max reuse %" G_GINT64_FORMAT
+                               ", sub-group %" G_GINT64_FORMAT,
                                z->max_live, z->max_reuse, z->sub_group);
     }
     if (z->offload_optimizer)
-        g_string_append_printf(s, ", offload_optimizer cpu%s", z->offload_optimizer_pin ? " (pinned)" : "");
+        g_string_append_printf(s, ", offload_optimizer cpu%s",
+                               z->offload_optimizer_pin ? " (pinned)" : "");
     if (z->offload_param)
         g_string_append_printf(s, ", offload_param cpu%s", z->offload_param_pin ? " (pinned)" : "");
     if (ds->clip > 0)

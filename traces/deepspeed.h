@@ -30,15 +30,17 @@ typedef struct {
 
 struct MemsimDeepspeed {
     char *source;
-    char *text;                      /* the file's JSON */
-    char **sets;                     /* the KEY=VALUE overrides taken (NULL-terminated), or NULL */
+    char *text;  /* the file's JSON */
+    char **sets; /* the KEY=VALUE overrides taken (NULL-terminated), or NULL */
     DsZero z;
     int64_t micro, accum, train_batch; /* 0 = not given or auto */
     bool precision_set, optimizer_set;
     MemsimPrecision precision;
     MemsimOptimizer optimizer;
-    double clip;                     /* gradient_clipping (0 = none) */
-    GPtrArray *warnings;             /* char*, NULL-terminated */
+    int comm_dtype, accum_dtype; /* communication_data_type, data_types.grad_accum_dtype:
+                                  * 0 not given, 16 fp16, 17 bf16, 32 fp32 */
+    double clip;                 /* gradient_clipping (0 = none) */
+    GPtrArray *warnings;         /* char*, NULL-terminated */
 };
 
 /* The sizes a Trainer's "auto" leaves to the model: hidden size h (integrations/deepspeed.py

@@ -179,6 +179,8 @@ typedef struct {
     int step;              /* the step that runs (1-based) */
     int micro;             /* the micro-batch that runs in the step (1-based) */
     int64_t avail;         /* ZeRO-3: numel of the gathered units (n_available) */
+    DType cdt;             /* the parameters' dtype: ZeRO's flat buffers, buckets and
+                            * gradient partitions (stage_1_and_2.py self.dtype) */
     /* FSDP / ZeRO-3 units */
     Unit *units;
     int n_units;
@@ -333,7 +335,7 @@ static void unshard(Dist *d, int u)
         /* ZeRO-Infinity with offload_param: the host partition is copied to the device first
          * (partition_parameters.py _allgather_params_coalesced: ds_tensor.to(device)) */
         AgTensor *h2d = d->ds && d->z.offload_param
-                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, un->shard_numel)
+                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, un->shard_numel)
                             : NULL;
         c->category = MEMSIM_CAT_PARAMETER;
         gg_storage_restore(g, un->full);
@@ -614,24 +616,23 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
      * overlap_comm) */
     bool contiguous = !d->ds || d->z.contiguous_gradients || d->z.offload_optimizer;
     if (!d->ipg && contiguous) {
-        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, cap);
+        d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, cap);
         if (d->ds && d->z.overlap_comm && d->method != MEMSIM_METHOD_ZERO3)
-            d->ipg2 = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, cap);
+            d->ipg2 = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, cap);
     }
     /* ZeRO-Offload with accumulation: each owned gradient accumulates in a host buffer of
      * its size (async_accumulate_grad_in_cpu_via_gpu, kept across steps) */
     if (d->ds && d->z.offload_optimizer && d->method != MEMSIM_METHOD_ZERO3 &&
         d->run->grad_accum > 1 && !d->host_accum) {
-        d->host_accum = d->psi_pad / d->N * 2;
+        d->host_accum = d->psi_pad / d->N * (int64_t)dt_size(d->cdt);
         gg_host(g, d->host_accum);
     }
     if (d->ipg_fill + n > cap && d->ipg_fill > 0) {
-        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back (stage
-         * 3 with reduce_scatter off all-reduces the bucket in place: stage3.py
-         * __avg_scatter_grads) */
-        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
-                        d->ipg;
-        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back; with
+         * reduce_scatter off the bucket is all-reduced in place (stage_1_and_2.py
+         * average_tensor: gradient_reduction_w_predivide; stage3.py __avg_scatter_grads) */
+        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
+        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
                       (uint64_t)d->ipg_fill * 2, 0,
@@ -651,7 +652,7 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
          * (copy_grads_in_partition); stage 3 has its persistent flat partitions */
         if (!d->grad_part && part && d->method != MEMSIM_METHOD_ZERO3 &&
             !(d->ds && d->z.offload_optimizer))
-            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
+            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->cdt, d->psi_pad / d->N);
     }
     d->ipg_fill += n < cap ? n : 0;
     /* the gradient now lives in the bucket (or in the partition): the original is freed; not
@@ -673,9 +674,8 @@ static void zero_flush(Dist *d)
 {
     AgGraph *g = d->g;
     if (d->ipg_fill > 0) {
-        bool in_place = d->ds && d->method == MEMSIM_METHOD_ZERO3 && !d->z.reduce_scatter &&
-                        d->ipg;
-        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, d->ipg_fill);
+        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
+        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
         gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
                                                           : MEMSIM_COLL_ALL_REDUCE,
                       (uint64_t)d->ipg_fill * 2, 0,
@@ -691,7 +691,7 @@ static void zero_flush(Dist *d)
         g_ptr_array_set_size(d->pending, 0);
     if (!d->grad_part && zero_partitions_grads(d) && d->method != MEMSIM_METHOD_ZERO3 &&
         !(d->ds && d->z.offload_optimizer))
-        d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / d->N);
+        d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->cdt, d->psi_pad / d->N);
     if (d->method != MEMSIM_METHOD_ZERO3 && d->ipg) {
         gt_unref(g, d->ipg); /* _release_ipg_buffers */
         d->ipg = NULL;
@@ -901,9 +901,9 @@ static void make_units(Dist *d, DType compute_dt)
     }
     if (d->method == MEMSIM_METHOD_ZERO3) { /* lp_param_buffer: the trained bf16 partitions */
         if (d->ds && d->z.offload_param) /* ZeRO-Infinity: the partitions on the host */
-            gg_host(g, d->psi_pad / d->N * 2);
+            gg_host(g, d->psi_pad / d->N * (int64_t)dt_size(d->cdt));
         else
-            d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_BF16, d->psi_pad / d->N);
+            d->flat = alloc_cat(g, MEMSIM_CAT_PARAMETER, d->cdt, d->psi_pad / d->N);
         if (frozen_part) /* the frozen ones stay per-parameter ds_tensors */
             d->frozen_part = alloc_cat(g, MEMSIM_CAT_PARAMETER, compute_dt, frozen_part);
     }
@@ -1053,7 +1053,7 @@ static GPtrArray *dp_before_optimizer(void *user, int step)
         int64_t n = part;
         if (d->ds && d->method == MEMSIM_METHOD_ZERO3 && d->z.sub_group < n)
             n = d->z.sub_group;
-        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_BF16, n);
+        AgTensor *flat16 = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, d->cdt, n);
         d->master->grad = alloc_cat(d->g, MEMSIM_CAT_TEMPORARY, DT_F32, n);
         gt_unref(d->g, flat16);
     }
@@ -1086,6 +1086,21 @@ static void dp_after_optimizer(void *user, int step)
     if (d->method != MEMSIM_METHOD_ZERO1 && d->method != MEMSIM_METHOD_ZERO2 &&
         d->method != MEMSIM_METHOD_ZERO3)
         return;
+    if (d->ds && d->z.offload_optimizer) {
+        /* the updated host partition back into the GPU's parameters: stage 1/2 through a GPU
+         * fp32 copy (stage_1_and_2.py step: fp32_partition.to(device), then copy_); stage 3
+         * by a blocking copy_ whose dtype conversion runs on the CPU (stage3.py
+         * _reassign_or_swap_out_partitioned_parameters; aten/src/ATen/native/cuda/Copy.cu
+         * copy_kernel_cuda), sub-group by sub-group; host to host with offload_param */
+        int64_t part = d->psi_pad / d->N;
+        if (d->method != MEMSIM_METHOD_ZERO3) {
+            gt_unref(g, alloc_cat(g, MEMSIM_CAT_TEMPORARY, DT_F32, part));
+        } else if (!d->z.offload_param) {
+            int64_t n = d->z.sub_group < part ? d->z.sub_group : part;
+            gg_host(g, n * (int64_t)dt_size(d->cdt));
+            gg_host(g, -n * (int64_t)dt_size(d->cdt));
+        }
+    }
     if (d->method != MEMSIM_METHOD_ZERO3) {
         /* all_gather_into_tensor straight into the flat parameters: in place */
         gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)d->psi_pad * 2, 0,
@@ -1265,6 +1280,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     DType cdt = eff.precision == MEMSIM_PREC_FP32 ? DT_F32 : eff.precision == MEMSIM_PREC_FP16 ? DT_F16 : DT_BF16;
     if (fsdp)
         cdt = d->param_dt;
+    d->cdt = cdt;
     /* DeepSpeed's bf16 engine casts the whole module, peft's fp32 adapters included; FSDP
      * needs one dtype per FlatParameter: the adapters take the frozen base's */
     if (meth != MEMSIM_METHOD_DDP)
@@ -1321,9 +1337,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         else
             d->master = alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, d->psi_pad / N);
         if (!d->ds || d->z.contiguous_gradients)
-            d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, DT_BF16, ipg_cap(d));
+            d->ipg = alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, ipg_cap(d));
         if (!(d->ds && d->z.offload_optimizer))
-            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, DT_BF16, d->psi_pad / N);
+            d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->cdt, d->psi_pad / N);
         break;
     default:
         make_units(d, cdt);

@@ -729,6 +729,21 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
                                          "zero_optimization.stage is %d",
                                   setting_value_name(SETTING_METHOD, r->method), r->deepspeed->source,
                                   z->stage);
+        /* gradients reduced or accumulated in another dtype than the parameters' */
+        int pdt = r->precision == MEMSIM_PREC_FP32                                           ? 32
+                  : r->precision == MEMSIM_PREC_FP16 || r->precision == MEMSIM_PREC_FP16_MIXED ? 16
+                                                                                              : 17;
+        const char *dk = r->deepspeed->comm_dtype && r->deepspeed->comm_dtype != pdt
+                             ? "communication_data_type"
+                         : r->deepspeed->accum_dtype && r->deepspeed->accum_dtype != pdt
+                             ? "data_types.grad_accum_dtype"
+                             : NULL;
+        if (dk)
+            return setting_refuse(error, "%s (--deepspeed-config %s): gradients reduced or "
+                                         "accumulated in another dtype than the parameters' (%s) "
+                                         "are not modelled",
+                                  dk, r->deepspeed->source,
+                                  pdt == 32 ? "fp32" : pdt == 16 ? "fp16" : "bf16");
         if ((z->offload_optimizer || z->offload_param) && r->finetune != MEMSIM_FT_FULL)
             return setting_refuse(error, "finetune: %s with the offload of --deepspeed-config %s "
                                          "is not modelled (full fine-tuning is)",

@@ -483,6 +483,20 @@ static gboolean enumerate(Sweep *sw, GError **error)
         }
         meth &= MEMSIM_PLAN_TP | MEMSIM_PLAN_PP;
     }
+    if (sw->base.deepspeed && o->methods) {
+        guint bit = sw->base.method == MEMSIM_METHOD_ZERO1   ? MEMSIM_PLAN_ZERO1
+                    : sw->base.method == MEMSIM_METHOD_ZERO2 ? MEMSIM_PLAN_ZERO2
+                                                             : MEMSIM_PLAN_ZERO3;
+        if (!(o->methods & bit)) {
+            g_array_unref(out);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "methods: the DeepSpeed config %s runs ZeRO stage %d (zero%d); the plan "
+                        "keeps it",
+                        sw->base.deepspeed->source, sw->base.deepspeed->z.stage,
+                        sw->base.deepspeed->z.stage);
+            return FALSE;
+        }
+    }
     if (sw->base.deepspeed) {
         /* a DeepSpeed config: its ZeRO stage, the micro-batch and the rest swept around it */
         add_group(sw, out, sw->base.method, 1, 1, gpus, MEMSIM_PP_1F1B, 1, ckpts, &bad);
