@@ -796,7 +796,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             ((AgTensor *)d->md.trainable->pdata[i])->dt = cdt;
     switch (meth) {
     case MEMSIM_METHOD_DDP: {
-        /* iteration 1: one bucket of every gradient */
+        /* iteration 1: one bucket of every gradient (torch/nn/parallel/distributed.py
+         * _ddp_init_helper: bucket_size_limits [sys.maxsize] without find_unused_parameters,
+         * 1.13 as 2.x; the gloo recordings of tests/data/reference-dist agree) */
         int64_t bytes = 0;
         for (guint i = 0; i < d->md.trainable->len; i++)
             bytes += gt_nbytes(d->md.trainable->pdata[i]);
