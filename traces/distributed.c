@@ -1430,7 +1430,7 @@ static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTr
 {
     MemsimTrace *scratch = memsim_trace_new("zero-redundancy shares");
     AgGraph *g = gg_new(scratch, memsim_trace_add_rank(scratch, 0, 1), rules);
-    Model md;
+    Model md = {0};
     gboolean ok = model_build(&md, g, m, run, error);
     GHashTable *first = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (int r = 0; ok && r < run->gpus; r++) {
