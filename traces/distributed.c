@@ -1288,7 +1288,9 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             ((AgTensor *)d->md.trainable->pdata[i])->dt = cdt;
     switch (meth) {
     case MEMSIM_METHOD_DDP: {
-        /* iteration 1: one bucket of every gradient */
+        /* iteration 1: one bucket of every gradient (torch/nn/parallel/distributed.py
+         * _ddp_init_helper: bucket_size_limits [sys.maxsize] without find_unused_parameters,
+         * 1.13 as 2.x; the gloo recordings of tests/data/reference-dist agree) */
         int64_t bytes = 0;
         for (guint i = 0; i < d->md.trainable->len; i++)
             bytes += gt_nbytes(d->md.trainable->pdata[i]);
@@ -1948,7 +1950,7 @@ static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTr
 {
     MemsimTrace *scratch = memsim_trace_new("zero-redundancy shares");
     AgGraph *g = gg_new(scratch, memsim_trace_add_rank(scratch, 0, 1), rules);
-    Model md;
+    Model md = {0};
     gboolean ok = model_build(&md, g, m, run, error);
     GHashTable *first = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (int r = 0; ok && r < run->gpus; r++) {
