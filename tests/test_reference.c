@@ -6,7 +6,10 @@
  * through `exact`, must match the recording replayed through `exact`: each step's peak
  * allocated within 0.1%, each phase's within 0.5% (measured: 0.065% and 0.284% at worst), and
  * at each phase's peak the live bytes of each category within 0.5% of that peak. The same
- * comparison of a generated run with one saved activation removed must fail. */
+ * comparison of a generated run with one saved activation removed must fail. Cases also cover
+ * torchtitan's op-level SAC written by hand (`sacop`) and Transformers 4.45's
+ * LlamaForCausalLM.forward (`hf445`, generated with --transformers-version 4.45: its forward
+ * peak is 6.9% above the newest code's, so the case tells the two apart). */
 #include <criterion/criterion.h>
 #include <json-glib/json-glib.h>
 #include <memsim/formats.h>
@@ -200,6 +203,8 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
     set(&run, "checkpointing", str_member(run_o, "checkpointing"));
     set(&run, "finetune", str_member(run_o, "finetune"));
     set(&run, "torch-version", "1.13");
+    if (str_member(run_o, "transformers_version"))
+        set(&run, "transformers-version", str_member(run_o, "transformers_version"));
     set(&run, "device", "cpu");
     if (json_object_has_member(run_o, "lora") && !json_object_get_null_member(run_o, "lora")) {
         JsonObject *l = json_object_get_object_member(run_o, "lora");

@@ -3,6 +3,7 @@
  * dropped where the Python code drops them. Dimension letters: B batch, S sequence, H
  * hidden, V vocabulary, I MLP width, nh / nkv heads, hd head dim.
  */
+#include "traces/hf_versions.h"
 #include "traces/layers.h"
 
 #include <math.h>
@@ -1189,6 +1190,15 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         logits = op_linear(g, hs, w, md->lm_bias);
     }
     U(hs);
+    /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
+     * returns lm_head(...).float(), the low-precision logits dropped at once */
+    bool upcast_in_model = m->fam == FAM_LLAMA && !hf_since(md->run, HF_LOGITS_NOT_UPCAST) &&
+                           md->tp == 1 && !md->sp;
+    if (upcast_in_model) {
+        AgTensor *lf = op_to(g, logits, DT_F32);
+        U(logits);
+        logits = lf;
+    }
     *logits_out = logits;
     if (!labels) {
         U(last_hidden);
@@ -1198,6 +1208,23 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         AgTensor *l2 = op_view(g, logits, SHAPE(B * S, V));
         AgTensor *loss = vocab_parallel_ce(md, l2);
         U(l2);
+        U(last_hidden);
+        return loss;
+    }
+    if (upcast_in_model) {
+        /* 4.45's loss in the forward: shift_logits = logits[..., :-1, :].contiguous() (a fp32
+         * copy), shift_labels = labels[..., 1:].contiguous(), CrossEntropyLoss on their views */
+        AgTensor *sv = op_slice(g, logits, 1, 0, S - 1);
+        AgTensor *sh = op_contiguous(g, sv);
+        U(sv);
+        AgTensor *sl = op_new(g, "clone", DT_I64, SHAPE(B, S - 1));
+        AgTensor *l2 = op_view(g, sh, SHAPE(B * (S - 1), V));
+        U(sh);
+        AgTensor *t1 = op_view(g, sl, SHAPE(B * (S - 1)));
+        U(sl);
+        AgTensor *loss = op_cross_entropy(g, l2, t1);
+        U(l2);
+        U(t1);
         U(last_hidden);
         return loss;
     }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "traces/hf_versions.h"
 #include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
@@ -78,6 +79,11 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
 {
     if (!memsim_run_given(run, "seq") && learned_positions(m) && run->seq > m->max_pos)
         run->seq = m->max_pos;
+    /* Transformers before 4.36 leaves attn_implementation at eager (traces/hf_versions.c
+     * sdpa-default) */
+    if (!memsim_run_given(run, "attention") && m->fam == FAM_LLAMA &&
+        !hf_since(run, HF_SDPA_DEFAULT))
+        run->attention = MEMSIM_ATTN_EAGER;
     /* Megatron accumulates over its micro-batches (forward_backward_func runs them, the
      * gradients summed in the grad buffer): --grad-accum N without --microbatches is N
      * micro-batches (setting_check_distributed_loop refuses the two disagreeing) */
@@ -152,6 +158,14 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     }
     if (!within_bounds(m, run, error))
         return NULL;
+    if (memsim_run_given(run, "transformers-version") && m->fam != FAM_LLAMA) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "transformers-version: memsim models no difference between Transformers "
+                    "releases for the %s family (traces/transformers_versions.md lists those "
+                    "it does)",
+                    memsim_model_family(m));
+        return NULL;
+    }
     AgRules rules = run_rules(run);
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);

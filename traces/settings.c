@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "traces/hf_versions.h"
 #include "traces/loop.h"
 #include "traces/megatron.h"
 #include "traces/deepspeed.h"
@@ -53,6 +54,8 @@ static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, 
 static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_transformers_version(MemsimRun *r, const Setting *s, const char *v,
+                                         GError **error);
 static gboolean set_sac_ops(MemsimRun *r, const Setting *s, const char *v, GError **error);
 
 #define KEY(k, a) .info.name = (k), .info.arg = (a)
@@ -122,6 +125,11 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_TORCH_VERSION] = {KEY("torch-version", "V"), STRING(set_torch_version),
                                HELP("PyTorch release whose semantics apply: 1.13, 2.0 … 2.9 "
                                     "(default 2.8)")},
+    [SETTING_TRANSFORMERS_VERSION] = {KEY("transformers-version", "V"),
+                                      STRING(set_transformers_version),
+                                      HELP("Hugging Face Transformers release whose modelling "
+                                           "code applies: 4.31 … 5.x (default: the newest "
+                                           "modelled; traces/transformers_versions.md)")},
     [SETTING_USE_CACHE] = {KEY("use-cache", "BOOL"), BOOL, FIELD(use_cache),
                            HELP("Override the config's use_cache (a KV cache in training)")},
     [SETTING_INFERENCE] = {KEY("inference", NULL), BOOL, DEFAULT("false"), FIELD(inference),
@@ -423,6 +431,20 @@ static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v,
     }
     g_free(r->torch_version);
     r->torch_version = g_strdup(v);
+    return TRUE;
+}
+
+static gboolean set_transformers_version(MemsimRun *r, const Setting *s, const char *v,
+                                         GError **error)
+{
+    int x;
+    if (!hf_version_parse(v, &x)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not a modelled release (4.31 or later, as MAJOR.MINOR)",
+                    s->info.name, v);
+        return FALSE;
+    }
+    r->transformers_version = x;
     return TRUE;
 }
 
@@ -755,6 +777,9 @@ gboolean memsim_run_check(const MemsimRun *r, GError **error)
             setting_name(GIVEN(LORA_RANK) ? SETTING_LORA_RANK : SETTING_LORA_TARGETS));
     MemsimResolvedRun rr = memsim_run_resolve(r);
     gboolean megatron = rr.method == MEMSIM_METHOD_MEGATRON;
+    if (GIVEN(TRANSFORMERS_VERSION) && (megatron || r->megatron))
+        return setting_refuse(error, "transformers-version: a Megatron run is Megatron-LM's "
+                                     "model code, not Transformers'");
     if (GIVEN(SAC_OPS) && r->checkpointing != MEMSIM_CKPT_SAC_OP)
         return setting_refuse(error, "sac-ops: only with --checkpointing sac-op");
     if ((r->checkpointing == MEMSIM_CKPT_SAC_OP || r->checkpointing == MEMSIM_CKPT_SAC_LAYER) &&
@@ -907,6 +932,9 @@ char *memsim_run_describe(const MemsimRun *run)
     }
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
                            run->device_cpu ? " (CPU kernels)" : "");
+    if (run->transformers_version)
+        g_string_append_printf(s, ", transformers %d.%d", run->transformers_version / 1000,
+                               run->transformers_version % 1000);
     if (run->megatron) {
         g_autofree char *mg = mg_describe(run->megatron, run);
         g_string_append_printf(s, "; %s", mg);

@@ -651,9 +651,29 @@ class LlamaForCausalLM(CausalLMBase):
     def get_output_embeddings(self):
         return self.lm_head
 
+    # The Transformers release whose LlamaForCausalLM.forward runs: None for the newest, or
+    # (4, 45) for the code before 4.46 (memsim's traces/transformers_versions.md,
+    # logits-not-upcast)
+    transformers_version = None
+
     def forward(self, input_ids, labels=None, use_cache=None, logits_to_keep=0):
         use_cache = self.resolve_use_cache(use_cache)
         hidden_states, past_key_values = self.model(input_ids, use_cache)
+        if self.transformers_version is not None and self.transformers_version < (4, 46):
+            # 4.45: logits = self.lm_head(hidden_states[:, -num_logits_to_keep:, :]).float(),
+            # the loss computed here on a shifted contiguous copy
+            logits = self.lm_head(hidden_states[:, -logits_to_keep:, :]).float()
+            loss = None
+            if labels is not None:
+                logits = logits.float()
+                shift_logits = logits[..., :-1, :].contiguous()
+                shift_labels = labels[..., 1:].contiguous()
+                loss_fct = nn.CrossEntropyLoss()
+                shift_logits = shift_logits.view(-1, self.config.vocab_size)
+                shift_labels = shift_labels.view(-1)
+                shift_labels = shift_labels.to(shift_logits.device)
+                loss = loss_fct(shift_logits, shift_labels)
+            return CausalLMOutput(loss=loss, logits=logits, past_key_values=past_key_values)
         slice_indices = slice(-logits_to_keep, None)
         logits = self.lm_head(hidden_states[:, slice_indices, :])
         loss = None
@@ -1256,10 +1276,13 @@ FAMILIES = {
 }
 
 
-def build_model(config_dict, gradient_checkpointing=False, lora=None):
+def build_model(config_dict, gradient_checkpointing=False, lora=None, transformers_version=None):
     """Builds the model named by config_dict["model_type"]; `lora` is None or a dict with
-    r, lora_alpha, lora_dropout, target_modules."""
+    r, lora_alpha, lora_dropout, target_modules; `transformers_version` (Llama only) a
+    (major, minor) tuple of an older release's forward."""
     model = FAMILIES[config_dict["model_type"]](config_dict)
+    if transformers_version is not None:
+        model.transformers_version = transformers_version
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing)
     if lora is not None:

@@ -153,6 +153,7 @@ def _cases():
     out.append(("llama_gqa_sacop_b2_s64", LLAMA, 2, 64, "sac-op", None))
     out.append(("llama_gqa_sacop_b4_s128", LLAMA, 4, 128, "sac-op", None))
     out.append(("gpt2_sacop_b2_s96", GPT2, 2, 96, "sac-op", None))
+    out.append(("llama_gqa_hf445_b2_s64", LLAMA, 2, 64, False, None))
     out.append(("llama_gqa_lora_b2_s64", LLAMA, 2, 64, False, LORA))
     out.append(("llama_gqa_lora_b4_s128", LLAMA, 4, 128, False, LORA))
     return out
@@ -167,7 +168,10 @@ def record_case(outdir, name, config, batch, seq, checkpointing, lora):
     # would be reported (they would be dropped, but with a warning).
     gc.collect()
     torch.manual_seed(0)
+    # a case named *_hf445_* runs Transformers 4.45's LlamaForCausalLM.forward
+    hf_version = (4, 45) if "_hf445_" in name else None
     model = hf_models.build_model(config, gradient_checkpointing=checkpointing,
+                                  transformers_version=hf_version,
                                   lora=dict(lora, target_modules=tuple(lora["target_modules"]))
                                   if lora else None)
     model.train()
@@ -213,6 +217,7 @@ def record_case(outdir, name, config, batch, seq, checkpointing, lora):
             "lora": lora,
             "grad_accum": 1,
             "torch_version": torch.__version__,
+            "transformers_version": "%d.%d" % hf_version if hf_version else None,
             "device": "cpu",
             "loop": "loss = model(input_ids, labels=labels).loss; loss.backward(); "
                     "opt.step(); opt.zero_grad(set_to_none=True)",
