@@ -26,7 +26,9 @@ static const char *good_value(const MemsimRunSetting *s)
     case MEMSIM_SETTING_KIND_LIST:
         return "q_proj, v_proj";
     case MEMSIM_SETTING_KIND_STRING:
-        return strcmp(s->name, "gpu") == 0 ? "H100-80GB" : "2.1";
+        return strcmp(s->name, "gpu") == 0                          ? "H100-80GB"
+               : strcmp(s->name, "fsdp-reshard-after-forward") == 0 ? "2"
+                                                                     : "2.1";
     }
     return NULL;
 }

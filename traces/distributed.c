@@ -125,6 +125,8 @@ typedef struct {
     int trainable;        /* the unit's parameters that require grad */
     int64_t train_numel;  /* their elements (LoRA: the adapters) */
     bool root;
+    AgTensor *post_fwd;   /* FSDP2 reshard_after_forward=k: this rank's 1/k between forward
+                           * and backward */
 } Unit;
 
 typedef struct {
@@ -210,9 +212,13 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     AgContext *c = gg_ctx(g);
     c->stream = S_PRE;
     gg_wait_stream(g, S_PRE, S_COMPUTE);
-    AgTensor *h2d = d->offload ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->orig_dt, un->shard_numel)
-                               : NULL;
-    AgTensor *cast = d->param_dt != d->orig_dt
+    /* (resharded after forward to groups of k: the all-gather's input is the post-forward
+     * shard, already in param_dtype, gathered over k ranks) */
+    bool pf = un->post_fwd != NULL;
+    AgTensor *h2d = d->offload && !pf
+                        ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->orig_dt, un->shard_numel)
+                        : NULL;
+    AgTensor *cast = d->param_dt != d->orig_dt && !pf
                          ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
                          : NULL;
     /* (the inputs live until the copy-in is done: del param_all_gather_inputs) */
@@ -222,7 +228,9 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     c->stream = S_COMM;
     gg_wait_stream(g, S_COMM, S_PRE);
     gg_collective(g, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out), 0,
-                  coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
+                  pf ? ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out),
+                               d->run->fsdp_reshard_after_forward)
+                     : coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
     c->stream = S_COMPUTE;
     gg_wait_stream(g, S_COMPUTE, S_COMM);
     bool forward = c->phase == MEMSIM_PHASE_FORWARD;
@@ -237,6 +245,10 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     }
     c->category = MEMSIM_CAT_PARAMETER;
     gg_storage_restore(g, un->full);
+    if (pf) {
+        gt_unref(g, un->post_fwd);
+        un->post_fwd = NULL;
+    }
     if (forward) {
         d->ag_prev = out;
     } else {
@@ -330,6 +342,18 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
             unshard(d, u + 1); /* prefetch the next layer */
     } else if (!d->units[u].root && !d->keep_after_forward) {
         reshard(d, u);
+        if (d->fsdp == 2 && d->run->fsdp_reshard_after_forward > 1 && d->units[u].trainable) {
+            /* reshard_after_forward=k: the unsharded parameters go, this rank keeps 1/k of
+             * them in param_dtype (_fsdp_param.py to_sharded_post_forward: N·S/k elements) */
+            Unit *un = &d->units[u];
+            AgContext *c = gg_ctx(d->g);
+            uint8_t oldcat = c->category;
+            c->category = MEMSIM_CAT_PARAMETER;
+            un->post_fwd = op_new(d->g, "empty", d->param_dt, 1,
+                                  (int64_t[]){un->shard_numel * d->N /
+                                              d->run->fsdp_reshard_after_forward});
+            c->category = oldcat;
+        }
     }
 }
 
@@ -752,6 +776,7 @@ static void free_units(Dist *d)
         Unit *un = &d->units[u];
         gt_unref(d->g, un->opt);
         gt_unref(d->g, un->shard);
+        gt_unref(d->g, un->post_fwd);
         gg_storage_unref(d->g, un->full);
         g_ptr_array_unref(un->params);
     }

@@ -112,7 +112,7 @@ typedef struct {
     gboolean fsdp_limit_all_gathers;
     int fsdp_backward_prefetch; /* 0 BACKWARD_PRE, 1 BACKWARD_POST, 2 none */
     gboolean fsdp_use_orig_params;
-    gboolean fsdp_reshard_after_forward;
+    int fsdp_reshard_after_forward; /* 1 True, 0 False, k ≥ 2: to groups of k ranks */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
