@@ -12,13 +12,25 @@
  *                all-gather stream before its forward and its backward (the next layer
  *                prefetched) and released after; persistent ipg bucket and flat gradient
  *                partitions; reduce-scatter through a flattened copy of the bucket.
- *   fsdp, fsdp-grad-op, hsdp   §3 (FSDP1, MixedPrecision bf16): one FlatParameter per decoder
- *                layer plus the root; fp32 local shard of ⌈numel/N⌉; the bf16 unsharded
+ *   fsdp, fsdp-grad-op, hsdp   §3 (FSDP1, MixedPrecision bf16 by default): one FlatParameter
+ *                per decoder layer plus the root; fp32 local shard of ⌈numel/N⌉; the bf16 unsharded
  *                buffer allocated on the unshard stream and freed (record_stream on the
  *                compute stream) after forward (not the root; not with SHARD_GRAD_OP) and after
  *                backward; at most two all-gathers in flight (the host waits); backward
  *                prefetch of the next unit; gradients reduce-scattered on the post-backward
  *                stream into an fp32 gradient shard.
+ *                As configured (fsdp_check in settings.c says what is refused): the sharding
+ *                strategy (--fsdp-sharding; NO_SHARD gathers nothing and all-reduces in
+ *                place), MixedPrecision's param and reduce dtypes (fp32 parameters under a
+ *                -mixed precision: torch.autocast on fp32 shards gathered in fp32), CPU
+ *                offload (shards, gradient shards and the optimizer's state in host memory,
+ *                gg_host; the optimizer steps on the CPU), the limiter, BACKWARD_PRE/POST/none,
+ *                use_orig_params' 16-byte alignment; and FSDP2 (§4, --fsdp-version 2):
+ *                per-parameter dim-0 shards, foreach_all_gather's copy-in and output on the
+ *                copy-in stream (the forward's kept until the next group's copy-out), the
+ *                unsharded parameters copied out on the compute stream, foreach_reduce's
+ *                reduce-scatter input on the compute stream (kept until the next group's),
+ *                reshard_after_forward True / False / k.
  * Megatron (tp × pp × dp) runs one role per pipeline stage (§5): heads, widths and vocabulary
  * split over tp, layers over pp; bf16 parameters, an fp32 main-grad buffer, fp32 main
  * parameters and Adam state split over dp by the distributed optimizer (over all of them
