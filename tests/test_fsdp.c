@@ -275,3 +275,54 @@ Test(fsdp, reshard_after_forward_keeps, .timeout = 300)
         memsim_trace_free(t);
     }
 }
+
+/* LoRA (peft's default targets q_proj and v_proj, rank 16) under FSDP1, N = 6, the base in
+ * bf16 and peft's adapters in fp32. lora_A is [16, in], lora_B [out, 16]: per layer q's
+ * 16·256 + 256·16 and v's 16·256 + 128·16.
+ *   --fsdp-wrap layer  one FlatParameter per layer with use_orig_params (the adapters take
+ *                      the base's bf16, each parameter aligned to 16 bytes: every size here
+ *                      is a multiple of 8 elements): ⌈(F + A)/N⌉ bf16; its gradient covers
+ *                      the whole unit (bf16); Adam in bf16 on ⌈A/N⌉ per layer
+ *   --fsdp-wrap lora   peft's fsdp_auto_wrap_policy (lambda_policy_fn: every leaf module whose
+ *                      weight requires grad is a unit; the decoder layers another): the
+ *                      frozen layer ⌈F/N⌉ bf16 without a gradient, each adapter ⌈a/N⌉ fp32
+ *                      with an fp32 gradient and two fp32 moments */
+Test(fsdp, lora_wrap_policy, .timeout = 300)
+{
+    g_autofree char *model = tu_test_data("tiny-llama.json");
+    const int64_t N = 6, r = 16;
+    const int64_t a[] = {r * H, H * r, r * H, KV * r};
+    int64_t A = 0, Sa = 0;
+    for (gsize i = 0; i < G_N_ELEMENTS(a); i++) {
+        A += a[i];
+        Sa += cdiv(a[i], N);
+    }
+    int64_t Fl = layer_numel(), Sr = cdiv(root_numel(), N);
+    struct {
+        const char *wrap;
+        int64_t param, grad, opt;
+    } want[] = {
+        {"layer", 2 * (L * cdiv(Fl + A, N) + Sr), 2 * L * cdiv(Fl + A, N), 4 * L * cdiv(A, N)},
+        {"lora", 2 * (L * cdiv(Fl, N) + Sr) + 4 * L * Sa, 4 * L * Sa, 8 * L * Sa},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(want); i++) {
+        const char *settings[] = {"gpus", "6", "method", "fsdp", "seq", "64", "finetune", "lora",
+                                  "fsdp-wrap", want[i].wrap, NULL};
+        MemsimTrace *t = tu_generate(model, settings);
+        GError *error = NULL;
+        MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        const MemsimBreakdown *b = state_of(&rep->ranks[0]);
+        cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], want[i].param,
+                     "wrap %s: parameters %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_PARAMETER], want[i].param);
+        cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], want[i].grad,
+                     "wrap %s: gradients %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_GRADIENT], want[i].grad);
+        cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt,
+                     "wrap %s: optimizer %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+    }
+}

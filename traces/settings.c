@@ -156,9 +156,11 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_SEQUENCE_PARALLEL] = {KEY("sequence-parallel", NULL), BOOL, DEFAULT("false"),
                                    FIELD(sequence_parallel), TRAINING,
                                    HELP("Megatron sequence parallelism")},
-    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model"), DEFAULT("layer"),
-                           FIELD(fsdp_wrap_model), TRAINING,
-                           HELP("layer (default: one unit per decoder layer) or model")},
+    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model", "lora"),
+                           DEFAULT("layer"), FIELD(fsdp_wrap_model), TRAINING,
+                           HELP("layer (default: one unit per decoder layer), model, or lora "
+                                "(peft's fsdp_auto_wrap_policy: the layers, and each trained "
+                                "adapter a unit of its own)")},
     [SETTING_FSDP_VERSION] = {KEY("fsdp-version", "V"), ENUM("1", "2"), DEFAULT("1"),
                               FIELD(fsdp_version), TRAINING,
                               HELP("FSDP API: 1 (default here: FullyShardedDataParallel, "
@@ -640,11 +642,14 @@ static gboolean fsdp_check(const MemsimRun *r, GError **error)
                                          "group of %d ranks and be smaller than it",
                                   r->fsdp_reshard_after_forward, shard);
     }
+    if (fsdp && r->fsdp_wrap_model == 2 && r->finetune == MEMSIM_FT_FULL)
+        return setting_refuse(error, "fsdp-wrap: lora wraps the trained adapters apart (peft "
+                                     "fsdp_auto_wrap_policy); give --finetune lora or qlora");
     if (v2 && r->finetune != MEMSIM_FT_FULL)
         return setting_refuse(error, "finetune: FSDP2 with LoRA/QLoRA (per-parameter shards of "
                                      "a frozen base) is not modelled: give --fsdp-version 1");
     if (fsdp && given(r, SETTING_FSDP_USE_ORIG_PARAMS) && !r->fsdp_use_orig_params &&
-        r->finetune != MEMSIM_FT_FULL)
+        r->finetune != MEMSIM_FT_FULL && r->fsdp_wrap_model != 2)
         return setting_refuse(error, "fsdp-use-orig-params: false with LoRA: a FlatParameter "
                                      "mixing frozen and trained parameters needs "
                                      "use_orig_params=True (_flat_param.py _init_flat_param_"

@@ -100,7 +100,8 @@ typedef struct {
     int microbatches;           /* pipeline micro-batches per step (0 = pp) */
     int virtual_stages;         /* interleaved 1F1B: chunks per stage */
     gboolean sequence_parallel;
-    gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
+    int fsdp_wrap_model;        /* 0 a unit per decoder layer (default), 1 one for the model,
+                                 * 2 peft's LoRA policy (the layers, each adapter its own) */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     /* FSDP (DISTRIBUTED.md §3, §4): the API, its ShardingStrategy, MixedPrecision (an index
      * of fp32, bf16, fp16; the precision's when not given), CPU offload, FSDP1's rate limiter,
