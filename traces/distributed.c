@@ -865,8 +865,10 @@ static void dp_after_backward(void *user)
     if (d->units) {
         /* FSDP2's root post-backward: the last reduce-scatter input and all-gather output go
          * (_fsdp_state.py _root_post_backward_final_callback) */
-        gg_wait_stream(g, S_COMPUTE, S_POST);
-        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        if (d->fsdp == 2) {
+            gg_wait_stream(g, S_COMPUTE, S_POST);
+            gg_wait_stream(g, S_PRE, S_COMPUTE);
+        }
         gt_unref(g, d->rs_prev);
         gt_unref(g, d->ag_prev);
         d->rs_prev = d->ag_prev = NULL;
