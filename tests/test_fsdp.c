@@ -215,3 +215,114 @@ Test(fsdp, keep_outputs_is_honoured, .timeout = 300)
         memsim_trace_free(t[1]);
     }
 }
+
+/* The parameter bytes rank 0's program holds when its first backward op of the last step
+ * runs (ALLOC to FREE, the program's view). */
+static int64_t params_at_backward_start(MemsimTrace *t)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    GHashTable *size = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    int64_t live = 0, at = -1;
+    int prev = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP) {
+            int ph = h->ops[ev[i].id].phase;
+            if (ph == MEMSIM_PHASE_BACKWARD && prev == MEMSIM_PHASE_FORWARD)
+                at = live; /* the last step's overwrites the first's */
+            if (ph == MEMSIM_PHASE_FORWARD || ph == MEMSIM_PHASE_BACKWARD)
+                prev = ph;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC && ev[i].category == MEMSIM_CAT_PARAMETER) {
+            int64_t *k = g_new(int64_t, 1);
+            *k = (int64_t)ev[i].id;
+            g_hash_table_insert(size, k, GSIZE_TO_POINTER((gsize)ev[i].size));
+            live += (int64_t)ev[i].size;
+        } else if (ev[i].kind == MEMSIM_EV_FREE) {
+            int64_t k = (int64_t)ev[i].id;
+            gpointer v;
+            if (g_hash_table_lookup_extended(size, &k, NULL, &v)) {
+                live -= (int64_t)GPOINTER_TO_SIZE(v);
+                g_hash_table_remove(size, &k);
+            }
+        }
+    }
+    g_hash_table_unref(size);
+    return at;
+}
+
+/* FSDP2's reshard_after_forward between forward and backward (_fsdp_param.py
+ * to_sharded_post_forward, _fsdp_init.py _get_post_forward_mesh_info), N = 8, bf16
+ * parameters: besides the fp32 shards (4·S) and the root (never resharded after forward:
+ * 2·N·Sr), True keeps nothing of the layers, False every layer unsharded (2·N·Sl each), k
+ * a 1/k share of each (2·N·Sl/k). */
+Test(fsdp, reshard_after_forward_keeps, .timeout = 300)
+{
+    g_autofree char *model = tu_test_data("tiny-llama.json");
+    const int64_t N = 8, Sl = layer_shard2(N), Sr = root_shard2(N), S = L * Sl + Sr;
+    struct {
+        const char *raf;
+        int64_t layers;
+    } want[] = {{"true", 0}, {"false", L * 2 * N * Sl}, {"2", L * 2 * N * Sl / 2},
+                {"4", L * 2 * N * Sl / 4}};
+    for (gsize i = 0; i < G_N_ELEMENTS(want); i++) {
+        const char *settings[] = {"gpus", "8", "method", "fsdp", "seq", "64", "fsdp-version", "2",
+                                  "fsdp-reshard-after-forward", want[i].raf, NULL};
+        MemsimTrace *t = tu_generate(model, settings);
+        int64_t got = params_at_backward_start(t), w = 4 * S + 2 * N * Sr + want[i].layers;
+        cr_expect_eq(got, w, "reshard_after_forward=%s: %" G_GINT64_FORMAT " parameter bytes "
+                     "when backward starts, want %" G_GINT64_FORMAT, want[i].raf, got, w);
+        memsim_trace_free(t);
+    }
+}
+
+/* LoRA (peft's default targets q_proj and v_proj, rank 16) under FSDP1, N = 6, the base in
+ * bf16 and peft's adapters in fp32. lora_A is [16, in], lora_B [out, 16]: per layer q's
+ * 16·256 + 256·16 and v's 16·256 + 128·16.
+ *   --fsdp-wrap layer  one FlatParameter per layer with use_orig_params (the adapters take
+ *                      the base's bf16, each parameter aligned to 16 bytes: every size here
+ *                      is a multiple of 8 elements): ⌈(F + A)/N⌉ bf16; its gradient covers
+ *                      the whole unit (bf16); Adam in bf16 on ⌈A/N⌉ per layer
+ *   --fsdp-wrap lora   peft's fsdp_auto_wrap_policy (lambda_policy_fn: every leaf module whose
+ *                      weight requires grad is a unit; the decoder layers another): the
+ *                      frozen layer ⌈F/N⌉ bf16 without a gradient, each adapter ⌈a/N⌉ fp32
+ *                      with an fp32 gradient and two fp32 moments */
+Test(fsdp, lora_wrap_policy, .timeout = 300)
+{
+    g_autofree char *model = tu_test_data("tiny-llama.json");
+    const int64_t N = 6, r = 16;
+    const int64_t a[] = {r * H, H * r, r * H, KV * r};
+    int64_t A = 0, Sa = 0;
+    for (gsize i = 0; i < G_N_ELEMENTS(a); i++) {
+        A += a[i];
+        Sa += cdiv(a[i], N);
+    }
+    int64_t Fl = layer_numel(), Sr = cdiv(root_numel(), N);
+    struct {
+        const char *wrap;
+        int64_t param, grad, opt;
+    } want[] = {
+        {"layer", 2 * (L * cdiv(Fl + A, N) + Sr), 2 * L * cdiv(Fl + A, N), 4 * L * cdiv(A, N)},
+        {"lora", 2 * (L * cdiv(Fl, N) + Sr) + 4 * L * Sa, 4 * L * Sa, 8 * L * Sa},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(want); i++) {
+        const char *settings[] = {"gpus", "6", "method", "fsdp", "seq", "64", "finetune", "lora",
+                                  "fsdp-wrap", want[i].wrap, NULL};
+        MemsimTrace *t = tu_generate(model, settings);
+        GError *error = NULL;
+        MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+        cr_assert(rep, "%s", error ? error->message : "?");
+        const MemsimBreakdown *b = state_of(&rep->ranks[0]);
+        cr_expect_eq(b->requested[MEMSIM_CAT_PARAMETER], want[i].param,
+                     "wrap %s: parameters %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_PARAMETER], want[i].param);
+        cr_expect_eq(b->requested[MEMSIM_CAT_GRADIENT], want[i].grad,
+                     "wrap %s: gradients %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_GRADIENT], want[i].grad);
+        cr_expect_eq(b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt,
+                     "wrap %s: optimizer %" G_GINT64_FORMAT " want %" G_GINT64_FORMAT,
+                     want[i].wrap, b->requested[MEMSIM_CAT_OPTIMIZER_STATE], want[i].opt);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+    }
+}

@@ -26,9 +26,10 @@ static const char *good_value(const MemsimRunSetting *s)
     case MEMSIM_SETTING_KIND_LIST:
         return strcmp(s->name, "sac-ops") == 0 ? "mm, sdpa" : "q_proj, v_proj";
     case MEMSIM_SETTING_KIND_STRING:
-        return strcmp(s->name, "gpu") == 0                    ? "H100-80GB"
-               : strcmp(s->name, "transformers-version") == 0 ? "4.45"
-                                                               : "2.1";
+        return strcmp(s->name, "gpu") == 0                          ? "H100-80GB"
+               : strcmp(s->name, "transformers-version") == 0       ? "4.45"
+               : strcmp(s->name, "fsdp-reshard-after-forward") == 0 ? "2"
+                                                                     : "2.1";
     }
     return NULL;
 }

@@ -15,13 +15,25 @@
  *                all-gather stream before its forward and its backward (the next layer
  *                prefetched) and released after; persistent ipg bucket and flat gradient
  *                partitions; reduce-scatter through a flattened copy of the bucket.
- *   fsdp, fsdp-grad-op, hsdp   §3 (FSDP1, MixedPrecision bf16): one FlatParameter per decoder
- *                layer plus the root; fp32 local shard of ⌈numel/N⌉; the bf16 unsharded
+ *   fsdp, fsdp-grad-op, hsdp   §3 (FSDP1, MixedPrecision bf16 by default): one FlatParameter
+ *                per decoder layer plus the root; fp32 local shard of ⌈numel/N⌉; the bf16 unsharded
  *                buffer allocated on the unshard stream and freed (record_stream on the
  *                compute stream) after forward (not the root; not with SHARD_GRAD_OP) and after
  *                backward; at most two all-gathers in flight (the host waits); backward
  *                prefetch of the next unit; gradients reduce-scattered on the post-backward
  *                stream into an fp32 gradient shard.
+ *                As configured (fsdp_check in settings.c says what is refused): the sharding
+ *                strategy (--fsdp-sharding; NO_SHARD gathers nothing and all-reduces in
+ *                place), MixedPrecision's param and reduce dtypes (fp32 parameters under a
+ *                -mixed precision: torch.autocast on fp32 shards gathered in fp32), CPU
+ *                offload (shards, gradient shards and the optimizer's state in host memory,
+ *                gg_host; the optimizer steps on the CPU), the limiter, BACKWARD_PRE/POST/none,
+ *                use_orig_params' 16-byte alignment; and FSDP2 (§4, --fsdp-version 2):
+ *                per-parameter dim-0 shards, foreach_all_gather's copy-in and output on the
+ *                copy-in stream (the forward's kept until the next group's copy-out), the
+ *                unsharded parameters copied out on the compute stream, foreach_reduce's
+ *                reduce-scatter input on the compute stream (kept until the next group's),
+ *                reshard_after_forward True / False / k.
  * Megatron (tp × pp × dp) runs one role per pipeline stage (§5): heads, widths and vocabulary
  * split over tp, layers over pp; bf16 parameters, an fp32 main-grad buffer, fp32 main
  * parameters and Adam state split over dp by the distributed optimizer (over all of them
@@ -142,6 +154,12 @@ typedef struct {
     int trainable;        /* the unit's parameters that require grad */
     int64_t train_numel;  /* their elements (LoRA: the adapters) */
     bool root;
+    AgTensor *post_fwd;   /* FSDP2 reshard_after_forward=k: this rank's 1/k between forward
+                           * and backward */
+    /* --fsdp-wrap lora: the layer's frozen FlatParameter (shard_numel of it is the frozen
+     * ⌈F/N⌉) and its adapters' own FlatParameters, fp32, Σ ⌈a/N⌉ (adapter: their shards) */
+    int64_t frozen_shard, adapter_shard;
+    AgTensor *adapter;
 } Unit;
 
 typedef struct {
@@ -193,6 +211,7 @@ typedef struct {
     DType param_dt, reduce_dt, orig_dt; /* MixedPrecision; the sharded parameters' dtype */
     bool offload;          /* CPUOffload / CPUOffloadPolicy: shards, grads, optimizer on host */
     bool keep_after_forward; /* SHARD_GRAD_OP, FSDP2 reshard_after_forward=False */
+    bool lora_wrap;        /* --fsdp-wrap lora (peft's fsdp_auto_wrap_policy) */
     bool limit;            /* FSDP1 limit_all_gathers (ZeRO-3: its fetch events) */
     int prefetch;          /* FSDP1 backward prefetch: 0 pre, 1 post, 2 none */
     AgTensor *ag_prev;     /* FSDP2: the last group's all-gather output (forward) */
@@ -245,9 +264,13 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     AgContext *c = gg_ctx(g);
     c->stream = S_PRE;
     gg_wait_stream(g, S_PRE, S_COMPUTE);
-    AgTensor *h2d = d->offload ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->orig_dt, un->shard_numel)
-                               : NULL;
-    AgTensor *cast = d->param_dt != d->orig_dt
+    /* (resharded after forward to groups of k: the all-gather's input is the post-forward
+     * shard, already in param_dtype, gathered over k ranks) */
+    bool pf = un->post_fwd != NULL;
+    AgTensor *h2d = d->offload && !pf
+                        ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->orig_dt, un->shard_numel)
+                        : NULL;
+    AgTensor *cast = d->param_dt != d->orig_dt && !pf
                          ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
                          : NULL;
     /* (the inputs live until the copy-in is done: del param_all_gather_inputs) */
@@ -257,7 +280,9 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     c->stream = S_COMM;
     gg_wait_stream(g, S_COMM, S_PRE);
     gg_collective(g, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out), 0,
-                  coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
+                  pf ? ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out),
+                               d->run->fsdp_reshard_after_forward)
+                     : coll_us(d, MEMSIM_COLL_ALL_GATHER, gt_nbytes(out)));
     c->stream = S_COMPUTE;
     gg_wait_stream(g, S_COMPUTE, S_COMM);
     bool forward = c->phase == MEMSIM_PHASE_FORWARD;
@@ -272,6 +297,10 @@ static void unshard_fsdp2(Dist *d, Unit *un)
     }
     c->category = MEMSIM_CAT_PARAMETER;
     gg_storage_restore(g, un->full);
+    if (pf) {
+        gt_unref(g, un->post_fwd);
+        un->post_fwd = NULL;
+    }
     if (forward) {
         d->ag_prev = out;
     } else {
@@ -306,7 +335,11 @@ static void unshard(Dist *d, int u)
          * copies the host shard over (S of the original dtype); else nothing */
         c->stream = S_PRE;
         gg_wait_stream(g, S_PRE, S_COMPUTE);
-        AgTensor *mp = d->param_dt != d->orig_dt || d->offload
+        AgTensor *mp = d->lora_wrap ? (un->adapter_shard && d->param_dt != DT_F32
+                                           ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt,
+                                                       un->adapter_shard)
+                                           : NULL)
+                       : d->param_dt != d->orig_dt || d->offload
                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->param_dt, un->shard_numel)
                            : NULL;
         c->stream = S_COMM;
@@ -416,6 +449,18 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
             zero3_prefetch(d, u, +1);
     } else if (!d->units[u].root && !d->keep_after_forward && !zero3_reused(d, u)) {
         reshard(d, u);
+        if (d->fsdp == 2 && d->run->fsdp_reshard_after_forward > 1 && d->units[u].trainable) {
+            /* reshard_after_forward=k: the unsharded parameters go, this rank keeps 1/k of
+             * them in param_dtype (_fsdp_param.py to_sharded_post_forward: N·S/k elements) */
+            Unit *un = &d->units[u];
+            AgContext *c = gg_ctx(d->g);
+            uint8_t oldcat = c->category;
+            c->category = MEMSIM_CAT_PARAMETER;
+            un->post_fwd = op_new(d->g, "empty", d->param_dt, 1,
+                                  (int64_t[]){un->shard_numel * d->N /
+                                              d->run->fsdp_reshard_after_forward});
+            c->category = oldcat;
+        }
     }
 }
 
@@ -464,10 +509,10 @@ static void drop_param_grads(Dist *d, Unit *un, uint16_t stream)
 static void keep_grad_shard(Dist *d, Unit *un, AgTensor *sh)
 {
     AgGraph *g = d->g;
-    DType keep_dt = d->lora ? d->param_dt : d->orig_dt;
+    DType keep_dt = d->lora && !d->lora_wrap ? d->param_dt : d->orig_dt;
     AgTensor *kept = sh;
     if (d->reduce_dt != keep_dt) {
-        kept = alloc_cat(g, MEMSIM_CAT_GRADIENT, keep_dt, un->shard_numel);
+        kept = alloc_cat(g, MEMSIM_CAT_GRADIENT, keep_dt, gt_numel(sh));
         gt_unref(g, sh);
     }
     if (d->offload) {
@@ -497,42 +542,45 @@ static void reduce_unit_grads(Dist *d, Unit *un)
     gg_wait_stream(g, S_POST, S_COMPUTE);
     c->category = MEMSIM_CAT_COMM_BUFFER;
     DType rdt = d->reduce_dt;
-    DType keep_dt = d->lora ? d->param_dt : d->orig_dt;
+    DType keep_dt = d->lora && !d->lora_wrap ? d->param_dt : d->orig_dt;
     /* use_orig_params with frozen parameters: the FlatParameter's gradient is the whole
-     * unit (zeros where frozen), and the whole is reduce-scattered */
-    AgTensor *flatg = d->lora ? alloc_cat(g, MEMSIM_CAT_GRADIENT, d->param_dt, un->numel) : NULL;
+     * unit (zeros where frozen), and the whole is reduce-scattered; with the LoRA policy
+     * only the adapters' FlatParameters have gradients (numel: theirs, S: their shards) */
+    AgTensor *flatg = d->lora && !d->lora_wrap
+                          ? alloc_cat(g, MEMSIM_CAT_GRADIENT, d->param_dt, un->numel)
+                          : NULL;
+    int64_t numel = d->lora_wrap ? un->train_numel : un->numel;
+    int64_t S = d->lora_wrap ? un->adapter_shard : un->shard_numel;
     /* (NO_SHARD: the cast gradient is reduced in place and kept when it is the parameters'
      * dtype) */
     AgTensor *cast = rdt != d->param_dt
                          ? alloc_cat(g, d->sharding == 3 && rdt == keep_dt && !d->offload
                                             ? MEMSIM_CAT_GRADIENT
                                             : MEMSIM_CAT_COMM_BUFFER,
-                                     rdt, un->numel)
+                                     rdt, numel)
                          : NULL;
     AgTensor *sh, *pad = NULL;
     if (d->sharding == 3) {
         /* the all-reduce is in place; the reduced gradient is the cast one, or a flat copy
          * of the unit's gradients when there was no cast */
-        uint64_t bytes = (uint64_t)un->numel * dt_size(rdt);
+        uint64_t bytes = (uint64_t)numel * dt_size(rdt);
         gg_collective(g, MEMSIM_COLL_ALL_REDUCE, bytes, 0,
                       ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE, bytes, d->run->gpus));
         sh = cast ? gt_ref(cast)
                   : alloc_cat(g, rdt == keep_dt ? MEMSIM_CAT_GRADIENT : MEMSIM_CAT_COMM_BUFFER, rdt,
-                              un->numel);
+                              numel);
     } else {
-        pad = un->shard_numel * d->N > un->numel
-                            ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, rdt, un->shard_numel * d->N)
-                            : NULL;
+        pad = S * d->N > numel ? alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, rdt, S * d->N) : NULL;
         sh = alloc_cat(g, rdt == keep_dt && !d->offload ? MEMSIM_CAT_GRADIENT
                                                         : MEMSIM_CAT_COMM_BUFFER,
-                       rdt, un->shard_numel);
-        uint64_t bytes = (uint64_t)un->shard_numel * d->N * dt_size(rdt);
+                       rdt, S);
+        uint64_t bytes = (uint64_t)S * d->N * dt_size(rdt);
         gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, bytes, 0,
                       coll_us(d, MEMSIM_COLL_REDUCE_SCATTER, bytes));
         if (d->sharding == 2) /* HYBRID_SHARD: the shard all-reduced across the replicas */
-            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)un->shard_numel * dt_size(rdt), 0,
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)S * dt_size(rdt), 0,
                           ring_us(d->comm_us_per_byte, MEMSIM_COLL_ALL_REDUCE,
-                                  (uint64_t)un->shard_numel * dt_size(rdt), d->run->gpus / d->N));
+                                  (uint64_t)S * dt_size(rdt), d->run->gpus / d->N));
     }
     keep_grad_shard(d, un, sh);
     gt_unref(g, pad);
@@ -762,7 +810,7 @@ static void make_units(Dist *d, DType compute_dt)
     Model *md = &d->md;
     AgGraph *g = d->g;
     int L = (int)md->m->L;
-    d->n_units = d->run->fsdp_wrap_model ? 1 : L + 1;
+    d->n_units = d->run->fsdp_wrap_model == 1 ? 1 : L + 1;
     d->units = g_new0(Unit, d->n_units);
     d->unit_of_param = g_hash_table_new(NULL, NULL);
     d->bw_unit = -1;
@@ -807,7 +855,7 @@ static void make_units(Dist *d, DType compute_dt)
     /* use_orig_params (FSDP1, always with LoRA): each parameter starts at a multiple of 16
      * bytes of the FlatParameter (_flat_param.py _init_flat_param_and_metadata,
      * _get_aligned_numel) */
-    bool orig_params = d->fsdp == 1 && (d->lora || d->run->fsdp_use_orig_params);
+    bool orig_params = d->fsdp == 1 && ((d->lora && !d->lora_wrap) || d->run->fsdp_use_orig_params);
     int64_t align = orig_params ? 16 / dt_size(compute_dt) : 1;
     for (guint i = 0; i < md->leaves->len; i++) {
         AgTensor *p = md->leaves->pdata[i];
@@ -843,9 +891,13 @@ static void make_units(Dist *d, DType compute_dt)
             int64_t d0 = p->nd ? p->shape[0] : 1;
             d->units[unit].shard_numel += (d0 + d->N - 1) / d->N * (n / (d0 ? d0 : 1));
         }
-        if (p->requires_grad)
+        if (p->requires_grad) {
             d->units[unit].train_numel += n;
-        else
+            d->units[unit].adapter_shard += (n + d->N - 1) / d->N;
+        } else {
+            d->units[unit].frozen_shard += n;
+        }
+        if (!p->requires_grad)
             frozen_part += (n + d->N - 1) / d->N;
         g_hash_table_insert(d->unit_of_param, p, GINT_TO_POINTER(unit + 1));
     }
@@ -853,8 +905,14 @@ static void make_units(Dist *d, DType compute_dt)
     g_hash_table_unref(absmax);
     for (int u = 0; u < d->n_units; u++) {
         Unit *un = &d->units[u];
-        if (d->fsdp != 2)
+        if (d->lora_wrap) {
+            /* peft's fsdp_auto_wrap_policy: the frozen layer one FlatParameter (⌈F/N⌉ of its
+             * F elements), each adapter Linear another (⌈a/N⌉ each), gathered together */
+            un->frozen_shard = (un->frozen_shard + d->N - 1) / d->N;
+            un->shard_numel = un->frozen_shard + un->adapter_shard;
+        } else if (d->fsdp != 2) {
             un->shard_numel = (un->numel + d->N - 1) / d->N;
+        }
         /* the unit on the GPU in full (fp32 for FSDP's local shard, the compute dtype for
          * zero.Init), then its shard */
         DType full_dt = d->method == MEMSIM_METHOD_ZERO3 || d->lora ? compute_dt : DT_F32;
@@ -875,6 +933,10 @@ static void make_units(Dist *d, DType compute_dt)
             /* NO_SHARD without mixed precision: the FlatParameter is the parameters */
             gg_storage_restore(g, un->full);
             un->shard = gg_leaf_in(g, un->full, full_dt, 1, (int64_t[]){un->shard_numel}, false);
+        } else if (d->lora_wrap) {
+            un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->frozen_shard);
+            if (un->adapter_shard) /* peft's adapters stay fp32 */
+                un->adapter = alloc_cat(g, MEMSIM_CAT_PARAMETER, DT_F32, un->adapter_shard);
         } else if (d->method != MEMSIM_METHOD_ZERO3) {
             un->shard = alloc_cat(g, MEMSIM_CAT_PARAMETER, full_dt, un->shard_numel);
         }
@@ -916,6 +978,8 @@ static void free_units(Dist *d)
         Unit *un = &d->units[u];
         gt_unref(d->g, un->opt);
         gt_unref(d->g, un->shard);
+        gt_unref(d->g, un->post_fwd);
+        gt_unref(d->g, un->adapter);
         gg_storage_unref(d->g, un->full);
         g_ptr_array_unref(un->params);
     }
@@ -1002,8 +1066,10 @@ static void dp_after_backward(void *user)
     if (d->units) {
         /* FSDP2's root post-backward: the last reduce-scatter input and all-gather output go
          * (_fsdp_state.py _root_post_backward_final_callback) */
-        gg_wait_stream(g, S_COMPUTE, S_POST);
-        gg_wait_stream(g, S_PRE, S_COMPUTE);
+        if (d->fsdp == 2) {
+            gg_wait_stream(g, S_COMPUTE, S_POST);
+            gg_wait_stream(g, S_PRE, S_COMPUTE);
+        }
         gt_unref(g, d->rs_prev);
         gt_unref(g, d->ag_prev);
         d->rs_prev = d->ag_prev = NULL;
@@ -1150,11 +1216,14 @@ static void dp_optimizer(Dist *d, const MemsimRun *run, const AgRules *rules)
          * the trained parameters' views, this rank's even share ⌈numel/N⌉ per unit */
         for (int u = 0; u < d->n_units && !d->offload; u++) {
             Unit *un = &d->units[u];
-            int64_t n = d->lora ? (un->train_numel + d->N - 1) / d->N : un->shard_numel;
+            int64_t n = d->lora_wrap ? un->adapter_shard
+                        : d->lora    ? (un->train_numel + d->N - 1) / d->N
+                                     : un->shard_numel;
             if (!n)
                 continue;
-            un->opt = gt_view_of(d->g, un->shard, 1, (int64_t[]){n}, NULL);
-            if (d->lora) /* the adapters of the bf16 FlatParameter (the file's header) */
+            un->opt = gt_view_of(d->g, d->lora_wrap ? un->adapter : un->shard, 1, (int64_t[]){n},
+                                 NULL);
+            if (d->lora && !d->lora_wrap) /* the adapters of the bf16 FlatParameter (the file's header) */
                 un->opt->dt = DT_BF16;
             g_ptr_array_add(d->opt_params, un->opt);
         }
@@ -1262,7 +1331,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     /* LoRA: the FlatParameter is in the frozen base's dtype, which MixedPrecision's
      * param_dtype matches, so there is no _mp_shard (_flat_param.py
      * _uses_param_mixed_precision) and the gradient shard stays in that dtype */
-    if (fsdp && d->lora)
+    d->lora_wrap = fsdp && d->lora && run->fsdp_wrap_model == 2;
+    if (fsdp && d->lora && !d->lora_wrap)
         d->orig_dt = d->param_dt;
     d->psi = count_trainable(&d->md);
     d->psi_pad = (d->psi + 2 * N - 1) / (2 * N) * (2 * N);

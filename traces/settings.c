@@ -57,6 +57,8 @@ static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v,
 static gboolean set_transformers_version(MemsimRun *r, const Setting *s, const char *v,
                                          GError **error);
 static gboolean set_sac_ops(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_reshard_after_forward(MemsimRun *r, const Setting *s, const char *v,
+                                          GError **error);
 
 #define KEY(k, a) .info.name = (k), .info.arg = (a)
 #define HELP(h) .info.help = (h)
@@ -172,9 +174,11 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_SEQUENCE_PARALLEL] = {KEY("sequence-parallel", NULL), BOOL, DEFAULT("false"),
                                    FIELD(sequence_parallel), TRAINING,
                                    HELP("Megatron sequence parallelism")},
-    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model"), DEFAULT("layer"),
-                           FIELD(fsdp_wrap_model), TRAINING,
-                           HELP("layer (default: one unit per decoder layer) or model")},
+    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model", "lora"),
+                           DEFAULT("layer"), FIELD(fsdp_wrap_model), TRAINING,
+                           HELP("layer (default: one unit per decoder layer), model, or lora "
+                                "(peft's fsdp_auto_wrap_policy: the layers, and each trained "
+                                "adapter a unit of its own)")},
     [SETTING_FSDP_VERSION] = {KEY("fsdp-version", "V"), ENUM("1", "2"), DEFAULT("1"),
                               FIELD(fsdp_version), TRAINING,
                               HELP("FSDP API: 1 (default here: FullyShardedDataParallel, "
@@ -213,11 +217,12 @@ static const Setting settings[N_SETTINGS] = {
                                       HELP("FSDP1 use_orig_params: each parameter padded to 16 "
                                            "bytes in its FlatParameter (default false; true "
                                            "with LoRA)")},
-    [SETTING_FSDP_RESHARD_AFTER_FORWARD] = {KEY("fsdp-reshard-after-forward", "BOOL"), BOOL,
-                                            DEFAULT("true"), FIELD(fsdp_reshard_after_forward),
+    [SETTING_FSDP_RESHARD_AFTER_FORWARD] = {KEY("fsdp-reshard-after-forward", "R"),
+                                            STRING(set_reshard_after_forward), DEFAULT("true"),
                                             TRAINING,
-                                            HELP("FSDP2 reshard_after_forward (default true; "
-                                                 "the root is kept either way)")},
+                                            HELP("FSDP2 reshard_after_forward: true (default), "
+                                                 "false, or K: to groups of K ranks (the root "
+                                                 "is kept either way)")},
     [SETTING_ZERO_REDUNDANCY] = {KEY("zero-redundancy", "BOOL"), BOOL, DEFAULT("false"),
                                  FIELD(zero_redundancy), TRAINING,
                                  HELP("DDP with torch's ZeroRedundancyOptimizer: each rank's "
@@ -455,6 +460,28 @@ static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **
         return FALSE;
     g_free(r->gpu);
     r->gpu = g_steal_pointer(&name);
+    return TRUE;
+}
+
+/* FSDP2's reshard_after_forward (_fully_shard.py fully_shard, _fsdp_init.py
+ * _get_post_forward_mesh_info): True, False, or an int k, the parameters resharded after
+ * forward to groups of k ranks (k = 1 is refused: torch warns that it means world size 1,
+ * not True). */
+static gboolean set_reshard_after_forward(MemsimRun *r, const Setting *s, const char *v,
+                                          GError **error)
+{
+    gboolean b;
+    int64_t k;
+    if (setting_bool(s->info.name, v, &b, NULL) && g_ascii_isalpha(v[0])) {
+        r->fsdp_reshard_after_forward = b;
+        return TRUE;
+    }
+    if (!setting_int(s->info.name, v, 2, 1 << 20, &k, NULL)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not true, false or a group size of 2 or more", s->info.name, v);
+        return FALSE;
+    }
+    r->fsdp_reshard_after_forward = (int)k;
     return TRUE;
 }
 
@@ -698,11 +725,24 @@ static gboolean fsdp_check(const MemsimRun *r, GError **error)
         return setting_refuse(error, "fsdp-reshard-after-forward: FSDP2's; with FSDP1 give "
                                      "--fsdp-sharding grad-op (SHARD_GRAD_OP keeps the "
                                      "parameters from forward to backward)");
+    if (v2 && r->fsdp_reshard_after_forward > 1) {
+        /* _fsdp_init.py _get_post_forward_mesh_info: k must divide the shard group */
+        int shard = r->method == MEMSIM_METHOD_HSDP || r->fsdp_sharding == 2
+                        ? (r->gpus_per_node < r->gpus ? r->gpus_per_node : r->gpus)
+                        : r->gpus;
+        if (r->fsdp_reshard_after_forward >= shard || shard % r->fsdp_reshard_after_forward)
+            return setting_refuse(error, "fsdp-reshard-after-forward: %d must divide the shard "
+                                         "group of %d ranks and be smaller than it",
+                                  r->fsdp_reshard_after_forward, shard);
+    }
+    if (fsdp && r->fsdp_wrap_model == 2 && r->finetune == MEMSIM_FT_FULL)
+        return setting_refuse(error, "fsdp-wrap: lora wraps the trained adapters apart (peft "
+                                     "fsdp_auto_wrap_policy); give --finetune lora or qlora");
     if (v2 && r->finetune != MEMSIM_FT_FULL)
         return setting_refuse(error, "finetune: FSDP2 with LoRA/QLoRA (per-parameter shards of "
                                      "a frozen base) is not modelled: give --fsdp-version 1");
     if (fsdp && given(r, SETTING_FSDP_USE_ORIG_PARAMS) && !r->fsdp_use_orig_params &&
-        r->finetune != MEMSIM_FT_FULL)
+        r->finetune != MEMSIM_FT_FULL && r->fsdp_wrap_model != 2)
         return setting_refuse(error, "fsdp-use-orig-params: false with LoRA: a FlatParameter "
                                      "mixing frozen and trained parameters needs "
                                      "use_orig_params=True (_flat_param.py _init_flat_param_"
@@ -919,6 +959,9 @@ char *memsim_run_describe(const MemsimRun *run)
                 g_string_append(s, ", CPU offload");
             if (given(run, SETTING_FSDP_RESHARD_AFTER_FORWARD) && !run->fsdp_reshard_after_forward)
                 g_string_append(s, ", no reshard after forward");
+            if (run->fsdp_reshard_after_forward > 1)
+                g_string_append_printf(s, ", reshard after forward to %d",
+                                       run->fsdp_reshard_after_forward);
             if (given(run, SETTING_FSDP_BACKWARD_PREFETCH))
                 g_string_append_printf(s, ", backward prefetch %s",
                                        value_name(SETTING_FSDP_BACKWARD_PREFETCH,

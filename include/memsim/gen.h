@@ -125,7 +125,8 @@ typedef struct {
     int microbatches;           /* pipeline micro-batches per step (0 = pp) */
     int virtual_stages;         /* interleaved 1F1B: chunks per stage */
     gboolean sequence_parallel;
-    gboolean fsdp_wrap_model;   /* one FSDP unit for the whole model (default: per layer) */
+    int fsdp_wrap_model;        /* 0 a unit per decoder layer (default), 1 one for the model,
+                                 * 2 peft's LoRA policy (the layers, each adapter its own) */
     gboolean zero_redundancy;   /* DDP with torch's ZeroRedundancyOptimizer around the optimizer */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     /* FSDP (DISTRIBUTED.md §3, §4): the API, its ShardingStrategy, MixedPrecision (an index
@@ -138,7 +139,7 @@ typedef struct {
     gboolean fsdp_limit_all_gathers;
     int fsdp_backward_prefetch; /* 0 BACKWARD_PRE, 1 BACKWARD_POST, 2 none */
     gboolean fsdp_use_orig_params;
-    gboolean fsdp_reshard_after_forward;
+    int fsdp_reshard_after_forward; /* 1 True, 0 False, k ≥ 2: to groups of k ranks */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */

@@ -46,7 +46,7 @@ _memsim_values()
     --pp-schedule | --schedules) echo 1f1b gpipe interleaved ;;
     --methods) echo ddp zero1 zero2 zero3 zero fsdp fsdp-grad-op hsdp tp pp megatron all ;;
     --checkpointing-modes) echo none selective full ;;
-    --fsdp-wrap) echo layer model ;;
+    --fsdp-wrap) echo layer model lora ;;
     --fsdp-version) echo 1 2 ;;
     --fsdp-sharding) echo full grad-op hybrid no-shard ;;
     --fsdp-param-dtype | --fsdp-reduce-dtype) echo fp32 bf16 fp16 ;;
