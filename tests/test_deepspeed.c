@@ -234,7 +234,8 @@ Test(deepspeed, example_configs_run, .timeout = 300)
          "fp16-mixed"},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autofree char *path = tu_test_data(g_strconcat("deepspeed/", cases[i].file, NULL));
+        g_autofree char *rel = g_strconcat("deepspeed/", cases[i].file, NULL);
+        g_autofree char *path = tu_test_data(rel);
         GPtrArray *a = g_ptr_array_new();
         const char *fixed[] = {"estimate",           "--model", "opt-125m",  "--seq", "128",
                                "--deepspeed-config", path,      "--gpu-mem", "80GiB"};
