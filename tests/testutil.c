@@ -156,6 +156,14 @@ double tu_children_peak_mib(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
+double tu_children_cpu_s(void)
+{
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
 GByteArray *tu_none_flood_pickle(gsize n, gsize batch)
 {
     GByteArray *b = g_byte_array_sized_new((guint)(n + n / (batch ? batch : n) * 2 + 16));

@@ -34,6 +34,9 @@ double tu_limit_s(void);
 double tu_limit_mib(void);
 /* The largest resident set of the child processes waited for so far, in MiB. */
 double tu_children_peak_mib(void);
+/* The CPU seconds (user + system) of the children waited for so far (getrusage): a bound on
+ * work that a loaded machine does not stretch as it stretches wall time. */
+double tu_children_cpu_s(void);
 /* A pickle (protocol 2) of a list of n Nones: PROTO, EMPTY_LIST, then MARK, NONE × run, APPENDS
  * in runs of `batch` (0: one run of n) as Python's pickle.dumps([None] * n) writes them with
  * batch 1000, then STOP. */
