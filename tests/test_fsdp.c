@@ -326,3 +326,106 @@ Test(fsdp, lora_wrap_policy, .timeout = 300)
         memsim_trace_free(t);
     }
 }
+
+/* --fsdp-wrap size:N, FSDP1's size_based_auto_wrap_policy (torch/distributed/fsdp/wrap.py
+ * _recursive_wrap): a module with at least N parameters not yet wrapped is recursed into and
+ * its children wrapped first; it is wrapped itself when its remainder is at least N (never a
+ * ModuleList). Counted on tiny-llama (a layer 725,504: attention 196,608, MLP 528,384; the
+ * embedding and lm_head 256,256 each) and on the same with a vocabulary of 8001 (embedding
+ * and lm_head 2,048,256 each). */
+static char *write_config(const char *dir, const char *name, int vocab, bool tied)
+{
+    char *path = g_build_filename(dir, name, NULL);
+    g_autofree char *text = g_strdup_printf(
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+        "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"num_hidden_layers\": %d, \"vocab_size\": %d, "
+        "\"max_position_embeddings\": 2048, \"rms_norm_eps\": 1e-05, "
+        "\"tie_word_embeddings\": %s, \"torch_dtype\": \"float32\"}",
+        H, F, L, vocab, tied ? "true" : "false");
+    cr_assert(g_file_set_contents(path, text, -1, NULL));
+    return path;
+}
+
+static int64_t peak_of(const char *model, const char *wrap)
+{
+    const char *settings[] = {"gpus", "6", "method", "fsdp", "seq", "64", "fsdp-wrap", wrap, NULL};
+    MemsimTrace *t = tu_generate(model, settings);
+    GError *error = NULL;
+    MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+    cr_assert(rep, "%s", error ? error->message : "?");
+    int64_t p = rep->ranks[0].stats.allocated.peak;
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    return p;
+}
+
+Test(fsdp, size_wrap_policy, .timeout = 300)
+{
+    g_autofree char *model = tu_test_data("tiny-llama.json");
+    const int64_t N = 6;
+    const int64_t attn = 2LL * H * H + 2LL * KV * H, mlp = 3LL * F * H;
+    const int64_t T = layer_numel(), E = (int64_t)V * H;
+    cr_assert_eq(T, attn + mlp + 2 * H);
+    /* N in (MLP, T]: the layers are units, the embedding, norm and lm_head (E + H + E) stay
+     * in the root — the units of --fsdp-wrap layer, the same program */
+    g_autofree char *mid = g_strdup_printf("size:%" G_GINT64_FORMAT, mlp + 1);
+    cr_expect_eq(peak_of(model, mid), peak_of(model, "layer"));
+    /* N above every module: only the root, as --fsdp-wrap model */
+    g_autofree char *big = g_strdup_printf("size:%" G_GINT64_FORMAT, L * T + 2 * E + H + 1);
+    cr_expect_eq(peak_of(model, big), peak_of(model, "model"));
+    /* N above T, below the base model's remainder: no layer unit, the base model one
+     * (embedding, layers, norm: E + L·T + H), lm_head (E < N) in the root */
+    g_autofree char *base = g_strdup_printf("size:%" G_GINT64_FORMAT, T + 1);
+    {
+        const char *settings[] = {"gpus", "6", "method", "fsdp", "seq", "64", "fsdp-wrap", base,
+                                  NULL};
+        MemsimTrace *t = tu_generate(model, settings);
+        /* parameter storage: the base model's and the root's shards, fp32 (state), and in
+         * backward both gathered in bf16: the root's pre-backward hook (on the loss)
+         * prefetches the unit before it in the post-forward order, the base model, while the
+         * root's lm_head computes its gradients (_runtime_utils.py _pre_backward_hook,
+         * _get_handle_to_prefetch) */
+        int64_t Sb = cdiv(E + L * T + H, N), Sr = cdiv(E, N);
+        int64_t want_bw = 4 * (Sb + Sr) + 2 * N * (Sb + Sr);
+        cr_expect_eq(backward_params(t), want_bw, "base unit: backward holds %" G_GINT64_FORMAT
+                     " parameter bytes, want %" G_GINT64_FORMAT, backward_params(t), want_bw);
+        memsim_trace_free(t);
+    }
+    /* a vocabulary of 8001 and N in (MLP, T]: units for each layer, the embedding and
+     * lm_head; the root keeps the norm. Backward holds the shards and, at most, the root,
+     * one layer and the embedding (BACKWARD_PRE from layer 0 prefetches it; lm_head was
+     * resharded by its post-backward hook before layer 3's prefetch of layer 2) */
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *big_vocab = write_config(dir, "vocab.json", 8001, false);
+    {
+        const char *settings[] = {"gpus", "6", "method", "fsdp", "seq", "64", "fsdp-wrap", mid,
+                                  NULL};
+        MemsimTrace *t = tu_generate(big_vocab, settings);
+        int64_t Sl = cdiv(T, N), Se = cdiv(8001LL * H, N), Sr = cdiv(H, N);
+        int64_t S = L * Sl + 2 * Se + Sr;
+        int64_t want_bw = 4 * S + 2 * N * (Sr + Se + Sl);
+        cr_expect_eq(backward_params(t), want_bw, "embedding/head units: backward holds %"
+                     G_GINT64_FORMAT " parameter bytes, want %" G_GINT64_FORMAT,
+                     backward_params(t), want_bw);
+        memsim_trace_free(t);
+    }
+    /* refusals, exit 2: units inside a layer (the message gives the range of N with one
+     * unit per layer), and a tied embedding in a unit apart from the lm_head using it */
+    g_autofree char *small = g_strdup_printf("size:%" G_GINT64_FORMAT, mlp);
+    g_autofree char *tied = write_config(dir, "tied.json", 8001, true);
+    g_autofree char *range = g_strdup_printf("from %" G_GINT64_FORMAT " to %" G_GINT64_FORMAT,
+                                             mlp + 1, T);
+    struct {
+        const char *model, *wrap, *want;
+    } bad[] = {{model, small, range}, {tied, mid, "tied"}};
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        char *out = NULL, *err = NULL;
+        const char *argv[] = {"estimate", "--model", bad[i].model, "--gpus", "6", "--method",
+                              "fsdp", "--seq", "64", "--fsdp-wrap", bad[i].wrap, NULL};
+        cr_expect_eq(tu_run_memsim(argv, &out, &err), 2, "%s", err);
+        cr_expect(err && strstr(err, bad[i].want), "%s: %s", bad[i].wrap, err);
+        g_free(out);
+        g_free(err);
+    }
+}

@@ -164,6 +164,7 @@ struct AgGraph {
     AgTensor *workspace[2]; /* cuBLAS workspaces: forward thread, autograd thread */
     int64_t host_now, host_peak; /* host (CPU) bytes the program holds: offloaded state */
     int32_t bw_layer; /* layer of the last backward node run (for pre_backward_layer) */
+    int bw_module;    /* module tag of the last backward node run (pre_backward_module) */
     uint32_t pass;    /* backward passes so far */
     NodeStack stack; /* scratch for mark_deps */
     NodeStack dying; /* scratch for node_unref: nodes whose last reference went */
@@ -719,6 +720,7 @@ AgNode *gn_new(AgGraph *g, const char *name, AgBackwardFn fn, int n_out)
     b->n.fn = fn;
     b->n.n_out = n_out;
     b->n.layer = g->ctx.layer;
+    b->n.module = g->ctx.module;
     b->refs = 0;
     return &b->n;
 }
@@ -861,6 +863,7 @@ static void recompute(AgGraph *g, AgCkpt *ck)
     g->ctx.grad_enabled = true;
     g->ctx.in_backward = false;
     g->ctx.layer = ck->layer;
+    g->ctx.module = ck->module;
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     ck->recomputing = true;
     ck->next_holder = 0;
@@ -928,6 +931,7 @@ AgTensor *gg_checkpoint_sac(AgGraph *g, guint sac_ops, AgRegionFn fn, void *user
     ck->user_free = user_free;
     ck->n_inputs = n;
     ck->layer = g->ctx.layer;
+    ck->module = g->ctx.module;
     ck->sac_ops = sac_ops;
     ck->holders = g_array_new(FALSE, FALSE, sizeof(Holder));
     for (int i = 0; i < n; i++)
@@ -1107,6 +1111,7 @@ void gg_backward_with(AgGraph *g, AgTensor *loss, AgTensor *grad)
     g->ctx.layer = -1;
     NODE_REFS(root)++; /* the engine holds the graph task's root */
     g->bw_layer = -2;
+    g->bw_module = -1;
     mark_deps(g, root);
     AgTensor *go = grad;
     if (!go) {
@@ -1125,6 +1130,11 @@ void gg_backward_with(AgGraph *g, AgTensor *loss, AgTensor *grad)
         if (n->leaf) {
             accumulate_grad(g, n, in[0]);
             continue;
+        }
+        if (n->module != g->bw_module) {
+            if (g->hooks.pre_backward_module)
+                g->hooks.pre_backward_module(g, g->hooks.user, n->module);
+            g->bw_module = n->module;
         }
         if (n->layer != g->bw_layer) {
             if (n->layer >= 0 && g->hooks.pre_backward_layer)

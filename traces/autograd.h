@@ -116,6 +116,7 @@ typedef struct AgNode {
     int64_t iarg[4];
     double farg[2];
     bool queued;
+    int8_t module; /* the module whose forward made it (AgContext.module) */
     void *extra; /* op data owned by the node (freed with g_free) */
     void (*extra_free)(void *);
 } AgNode;
@@ -123,6 +124,8 @@ typedef struct AgNode {
 typedef struct {
     MemsimPhase phase;
     int32_t layer;
+    int8_t module;    /* a model's own tag of the module running outside its layers (0: none):
+                       * the backward calls pre_backward_module when it changes */
     int32_t microbatch;
     uint8_t category; /* category for the next allocations (MEMSIM_CAT_*) */
     bool grad_enabled;
@@ -141,6 +144,9 @@ typedef struct {
      * layer's module), and has finished the backward of the layer before it */
     void (*pre_backward_layer)(struct AgGraph *g, void *user, int32_t layer);
     void *user;
+    /* the backward engine is about to run the first node made under another module tag
+     * (AgContext.module) than the node before it */
+    void (*pre_backward_module)(struct AgGraph *g, void *user, int module);
 } AgHooks;
 
 /* A checkpointed region (torch.utils.checkpoint, non-reentrant; AUTOGRAD_MEMORY.md §10.1):
@@ -162,6 +168,7 @@ typedef struct AgCkpt {
     guint next_holder;
     int live_holders;
     int32_t layer;
+    int8_t module;
     /* op-level selective checkpointing (torch/utils/checkpoint.py
      * create_selective_checkpoint_contexts with torchtitan's policy): the MemsimSacOp bits of
      * the ops whose outputs are MUST_SAVE (0: a plain checkpoint), the mm counts of the first

@@ -154,6 +154,8 @@ typedef struct {
     int trainable;        /* the unit's parameters that require grad */
     int64_t train_numel;  /* their elements (LoRA: the adapters) */
     bool root;
+    bool outer;           /* the root, or the base model's unit of size_based_auto_wrap_policy:
+                           * gathered around everything inside it, layers included */
     AgTensor *post_fwd;   /* FSDP2 reshard_after_forward=k: this rank's 1/k between forward
                            * and backward */
     /* --fsdp-wrap lora: the layer's frozen FlatParameter (shard_numel of it is the frozen
@@ -203,6 +205,14 @@ typedef struct {
     Unit *units;
     int n_units;
     GHashTable *unit_of_param; /* parameter → unit index + 1 */
+    /* FSDP1 size_based_auto_wrap_policy (size_wrap_plan): each layer's unit (-1: the
+     * enclosing one), the units of the token embedding, the base model and the output
+     * projection (-1: none), and the units in the order their forwards end (_exec_order_utils.py
+     * handles_post_forward_order, which backward prefetch walks back); NULL/-1 otherwise */
+    int *layer_unit;
+    int u_embed, u_base, u_head;
+    int *order, *order_pos, n_order;
+    bool root_pre_backward; /* the root's pre-backward hook ran in this backward */
     int bw_unit;           /* the unit whose backward runs now (-1 before the first) */
     GQueue *inflight;      /* FSDP rate limiter: units whose all-gather may still run */
     /* FSDP as configured (fsdp_setup): 0 for the other methods, else 1 or 2 (the API) */
@@ -245,7 +255,22 @@ static int unit_of(Dist *d, int32_t layer)
 {
     if (d->n_units == 1 || layer < 0)
         return d->n_units - 1; /* the root */
+    if (d->layer_unit) {
+        int u = d->layer_unit[layer];
+        return u >= 0 ? u : d->u_base >= 0 ? d->u_base : d->n_units - 1;
+    }
     return layer;
+}
+
+/* The unit whose all-gather backward prefetch issues from unit u (FSDP1
+ * _runtime_utils.py _get_handle_to_prefetch: the handle before u's in the post-forward
+ * order), or -1. */
+static int prev_unit(Dist *d, int u)
+{
+    if (!d->order)
+        return u > 0 && u - 1 < d->n_units - 1 ? u - 1 : -1;
+    int pos = d->order_pos[u];
+    return pos > 0 ? d->order[pos - 1] : -1;
 }
 
 /* FSDP2's unshard of one parameter group (fsdp/_fully_shard/_fsdp_collectives.py
@@ -447,7 +472,7 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
         unshard(d, u);
         if (d->method == MEMSIM_METHOD_ZERO3 && !d->units[u].root)
             zero3_prefetch(d, u, +1);
-    } else if (!d->units[u].root && !d->keep_after_forward && !zero3_reused(d, u)) {
+    } else if (!d->units[u].outer && !d->keep_after_forward && !zero3_reused(d, u)) {
         reshard(d, u);
         if (d->fsdp == 2 && d->run->fsdp_reshard_after_forward > 1 && d->units[u].trainable) {
             /* reshard_after_forward=k: the unsharded parameters go, this rank keeps 1/k of
@@ -464,15 +489,11 @@ static void layer_hook(Model *md, int32_t layer, bool pre)
     }
 }
 
-static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
+static void pre_backward_unit(Dist *d, int u)
 {
-    Dist *d = user;
-    if (!d->units)
-        return;
-    int u = unit_of(d, layer);
     /* the post-backward of the unit whose backward just ended (ZeRO-3's release_sub_module;
      * FSDP's post-backward reshard, already done by the gradient hook when the unit trains) */
-    if (d->bw_unit >= 0 && d->bw_unit != u && !d->units[d->bw_unit].root)
+    if (d->bw_unit >= 0 && d->bw_unit != u && !d->units[d->bw_unit].outer)
         reshard(d, d->bw_unit);
     d->bw_unit = u;
     unshard(d, u);
@@ -482,8 +503,69 @@ static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
      * BACKWARD_PRE */
     if (d->method == MEMSIM_METHOD_ZERO3 && !d->units[u].root)
         zero3_prefetch(d, u, -1);
-    else if (d->prefetch == 0 && u > 0 && u - 1 < d->n_units - 1)
-        unshard(d, u - 1);
+    else if (d->prefetch == 0 && prev_unit(d, u) >= 0)
+        unshard(d, prev_unit(d, u));
+}
+
+static void pre_backward_layer(AgGraph *g, void *user, int32_t layer)
+{
+    Dist *d = user;
+    (void)g;
+    if (!d->units)
+        return;
+    int u = unit_of(d, layer);
+    /* a layer of size_based_auto_wrap_policy's base unit is no FSDP module: no hook runs */
+    if (d->units[u].outer && !d->units[u].root)
+        return;
+    pre_backward_unit(d, u);
+}
+
+/* The unit of a module outside the layers (ModelModule), or -1. */
+static int module_unit(const Dist *d, int module)
+{
+    if (!d->units || !d->layer_unit)
+        return -1;
+    return module == MODULE_BASE ? d->u_base : module == MODULE_EMBED ? d->u_embed
+                                  : module == MODULE_HEAD                ? d->u_head
+                                                                         : -1;
+}
+
+/* The pre-backward hook of such a unit (FSDP1 _runtime_utils.py _pre_backward_hook, on the
+ * module's outputs): it runs as the backward reaches the module. */
+static void pre_backward_module(AgGraph *g, void *user, int module)
+{
+    Dist *d = user;
+    (void)g;
+    if (module == MODULE_ROOT && d->fsdp && d->units && !d->root_pre_backward) {
+        /* the root's pre-backward, on the loss and logits, once per backward
+         * (_runtime_utils.py _pre_backward_hook: _ran_pre_backward_hook): its BACKWARD_PRE
+         * prefetch all-gathers the unit whose forward ended last before the root's (FSDP2:
+         * FSDPParamGroup._backward_prefetch, the post-forward order alike) */
+        d->root_pre_backward = true;
+        int r = d->n_units - 1;
+        if (d->prefetch == 0 && prev_unit(d, r) >= 0)
+            unshard(d, prev_unit(d, r));
+        return;
+    }
+    int u = module_unit(d, module);
+    if (u < 0)
+        return;
+    pre_backward_unit(d, u);
+}
+
+/* Forward of such a unit: all-gathered before, resharded after unless the strategy keeps
+ * it (FSDP1 _runtime_utils.py _pre_forward_unshard, _post_forward_reshard: every non-root
+ * unit under FULL_SHARD / HYBRID_SHARD). */
+static void module_hook(Model *md, int module, bool pre)
+{
+    Dist *d = (Dist *)md;
+    int u = module_unit(d, module);
+    if (u < 0)
+        return;
+    if (pre)
+        unshard(d, u);
+    else if (!d->keep_after_forward)
+        reshard(d, u);
 }
 
 /* The unit's unsharded gradients go (record_stream on the stream that reduced them). */
@@ -781,8 +863,8 @@ static void post_accumulate(AgGraph *g, void *user, AgTensor *p)
                 reduce_unit_grads(d, &d->units[u]);
             /* BACKWARD_POST: the next unit's all-gather once this one's gradient is done
              * (_runtime_utils.py _post_backward_hook → _prefetch_handle) */
-            if (d->prefetch == 1 && u > 0 && u - 1 < d->n_units - 1)
-                unshard(d, u - 1);
+            if (d->prefetch == 1 && prev_unit(d, u) >= 0)
+                unshard(d, prev_unit(d, u));
         }
         break;
     }
@@ -801,6 +883,172 @@ static int64_t count_trainable(Model *md)
     return n;
 }
 
+/* ---- size_based_auto_wrap_policy ---- */
+
+static int64_t numel_of(const AgTensor *t)
+{
+    return t ? gt_numel(t) : 0;
+}
+
+static int64_t lin_numel(const Lin *l)
+{
+    return numel_of(l->w) + numel_of(l->b);
+}
+
+/* The unit of a parameter outside the layers under the size-based plan: the token embedding
+ * its own unit or the base model's; the output projection its own or the root's; the rest of
+ * the base model (position embeddings, norms, projections) the base model's. */
+static int outside_unit(const Dist *d, const AgTensor *p)
+{
+    const Model *md = &d->md;
+    int root = d->n_units - 1;
+    if (p == md->lm_head || p == md->lm_bias)
+        return d->u_head >= 0 ? d->u_head : root;
+    if (p == md->wte && d->u_embed >= 0)
+        return d->u_embed;
+    return d->u_base >= 0 ? d->u_base : root;
+}
+
+/* FSDP1's auto wrapping with size_based_auto_wrap_policy (torch/distributed/fsdp/wrap.py
+ * _recursive_wrap, size_based_auto_wrap_policy; _wrap_utils.py _auto_wrap with
+ * only_wrap_children for the root, which FSDP wraps itself): a module whose parameters not
+ * yet wrapped number at least N is recursed into, its children wrapped first, then the
+ * module itself when what remains is at least N — nn.ModuleList and ModuleDict never. On a
+ * Hugging Face causal LM: a decoder layer of T ≥ N parameters is a unit unless a child of it
+ * (the attention, the MLP or, in OPT, fc1 and fc2) has N or more, which would make units
+ * inside the layer — refused; the token embedding and the output projection are units of
+ * their own at N or more; the base model (LlamaModel, GPT2Model, OPTDecoder…) is one when
+ * its remainder (the unwrapped layers, norms, position embeddings) reaches N; the root
+ * holds the rest. Tied input and output embeddings must share a unit (FSDP's documented
+ * restriction): one that puts the tied weight in the embedding's or the base model's unit,
+ * apart from the output projection in the root, is refused too. */
+static gboolean size_wrap_plan(Dist *d, GError **error)
+{
+    Model *md = &d->md;
+    const MemsimModel *m = md->m;
+    int L = (int)m->L;
+    int64_t N = d->run->fsdp_wrap_min_params;
+    bool opt_fc = m->fam == FAM_OPT; /* OPTDecoderLayer holds fc1 and fc2 itself */
+    int *wrapped = g_new0(int, L);
+    int64_t layers_total = 0, wrapped_total = 0;
+    int n_layers = 0;
+    for (int l = 0; l < L; l++) {
+        const Layer *ly = &md->layers[l];
+        int64_t attn = lin_numel(&ly->q) + lin_numel(&ly->k) + lin_numel(&ly->v) +
+                       lin_numel(&ly->o) + lin_numel(&ly->qkv) + numel_of(ly->qn_w) +
+                       numel_of(ly->qn_b) + numel_of(ly->kn_w) + numel_of(ly->kn_b);
+        int64_t mlp = lin_numel(&ly->gate) + lin_numel(&ly->up) + lin_numel(&ly->down) +
+                      numel_of(ly->router);
+        for (int64_t e = 0; ly->experts && e < 3 * m->n_experts; e++)
+            mlp += lin_numel(&ly->experts[e]);
+        int64_t T = attn + mlp + numel_of(ly->ln1_w) + numel_of(ly->ln1_b) +
+                    numel_of(ly->ln2_w) + numel_of(ly->ln2_b);
+        layers_total += T;
+        if (T < N)
+            continue;
+        const char *child = NULL;
+        int64_t size = 0;
+        if (attn >= N) {
+            child = "attention";
+            size = attn;
+        } else if (!opt_fc && mlp >= N) {
+            child = "MLP";
+            size = mlp;
+        } else if (opt_fc && lin_numel(&ly->up) >= N) {
+            child = "fc1";
+            size = lin_numel(&ly->up);
+        } else if (opt_fc && lin_numel(&ly->down) >= N) {
+            child = "fc2";
+            size = lin_numel(&ly->down);
+        }
+        if (child) {
+            int64_t above = attn;
+            if (!opt_fc && mlp > above)
+                above = mlp;
+            if (opt_fc && lin_numel(&ly->up) > above)
+                above = lin_numel(&ly->up);
+            if (opt_fc && lin_numel(&ly->down) > above)
+                above = lin_numel(&ly->down);
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "fsdp-wrap: size:%" G_GINT64_FORMAT " makes layer %d's %s (%" G_GINT64_FORMAT
+                        " parameters) an FSDP unit of its own (size_based_auto_wrap_policy); "
+                        "units inside a layer are not modelled: give N from %" G_GINT64_FORMAT
+                        " to %" G_GINT64_FORMAT " for one unit per layer, or --fsdp-wrap layer",
+                        N, l, child, size, above + 1, T);
+            g_free(wrapped);
+            return FALSE;
+        }
+        wrapped[l] = 1;
+        wrapped_total += T;
+        n_layers++;
+    }
+    int64_t E = numel_of(md->wte);
+    int64_t extras = numel_of(md->wpe) + numel_of(md->norm_w) + numel_of(md->norm_b) +
+                     numel_of(md->proj_in) + numel_of(md->proj_out) + numel_of(md->emb_ln_w) +
+                     numel_of(md->emb_ln_b);
+    int64_t base_total = E + extras + layers_total;
+    bool embed = false, base = false;
+    if (base_total >= N) {
+        const AgTensor *const others[] = {md->wpe, md->proj_in, md->proj_out};
+        const char *const names[] = {"position embedding", "project_in", "project_out"};
+        for (gsize k = 0; k < G_N_ELEMENTS(others); k++)
+            if (numel_of(others[k]) >= N) {
+                g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                            "fsdp-wrap: size:%" G_GINT64_FORMAT " makes the %s (%" G_GINT64_FORMAT
+                            " parameters) an FSDP unit of its own: not modelled",
+                            N, names[k], numel_of(others[k]));
+                g_free(wrapped);
+                return FALSE;
+            }
+        embed = E >= N;
+        base = base_total - (embed ? E : 0) - wrapped_total >= N;
+    }
+    bool tied = !md->lm_head;
+    bool head = !tied && numel_of(md->lm_head) + numel_of(md->lm_bias) >= N;
+    if (tied && (embed || base)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "fsdp-wrap: size:%" G_GINT64_FORMAT " puts the tied input/output embedding "
+                    "(%" G_GINT64_FORMAT " parameters) in the %s unit, apart from the output "
+                    "projection that uses it after that unit is resharded; FSDP needs tied "
+                    "weights in one unit: give N above %" G_GINT64_FORMAT ", or --fsdp-wrap layer",
+                    N, E, embed ? "token embedding's" : "base model's",
+                    base_total - wrapped_total);
+        g_free(wrapped);
+        return FALSE;
+    }
+    /* the units: the wrapped layers in order, then the embedding, the base model, the head,
+     * the root last */
+    d->layer_unit = g_new(int, L);
+    int u = 0;
+    for (int l = 0; l < L; l++)
+        d->layer_unit[l] = wrapped[l] ? u++ : -1;
+    d->u_embed = embed ? u++ : -1;
+    d->u_base = base ? u++ : -1;
+    d->u_head = head ? u++ : -1;
+    d->n_units = u + 1;
+    /* the post-forward order: the embedding, the layers, the base model, the head */
+    d->order = g_new(int, d->n_units);
+    d->order_pos = g_new(int, d->n_units);
+    for (int k = 0; k < d->n_units; k++)
+        d->order_pos[k] = -1;
+    d->n_order = 0;
+    if (embed)
+        d->order[d->n_order++] = d->u_embed;
+    for (int l = 0; l < L; l++)
+        if (wrapped[l])
+            d->order[d->n_order++] = d->layer_unit[l];
+    if (base)
+        d->order[d->n_order++] = d->u_base;
+    if (head)
+        d->order[d->n_order++] = d->u_head;
+    d->order[d->n_order++] = d->n_units - 1; /* the root's forward ends last */
+    for (int k = 0; k < d->n_order; k++)
+        d->order_pos[d->order[k]] = k;
+    (void)n_layers;
+    g_free(wrapped);
+    return TRUE;
+}
+
 /* Re-homes the parameters of each unit into one non-resident flat storage (FSDP
  * FlatParameter / ZeRO-3 gather buffer). The model was built without parameter storage
  * (meta device / zero.Init): each unit is materialised on its own, sharded, and its full
@@ -810,13 +1058,15 @@ static void make_units(Dist *d, DType compute_dt)
     Model *md = &d->md;
     AgGraph *g = d->g;
     int L = (int)md->m->L;
-    d->n_units = d->run->fsdp_wrap_model == 1 ? 1 : L + 1;
+    if (!d->layer_unit)
+        d->n_units = d->run->fsdp_wrap_model == 1 ? 1 : L + 1;
     d->units = g_new0(Unit, d->n_units);
     d->unit_of_param = g_hash_table_new(NULL, NULL);
     d->bw_unit = -1;
     for (int u = 0; u < d->n_units; u++) {
         d->units[u].params = g_ptr_array_new();
         d->units[u].root = u == d->n_units - 1;
+        d->units[u].outer = d->units[u].root || u == d->u_base;
     }
     /* which unit a parameter belongs to: its layer, found through the Layer structs; QLoRA's
      * absmax (a quant_state, not a parameter) stays whole on every rank */
@@ -881,7 +1131,11 @@ static void make_units(Dist *d, DType compute_dt)
             continue;
         }
         int unit = GPOINTER_TO_INT(g_hash_table_lookup(layer_of, p)) - 1;
-        if (unit < 0)
+        if (unit >= 0 && d->layer_unit)
+            unit = unit_of(d, unit);
+        else if (unit < 0 && d->layer_unit)
+            unit = outside_unit(d, p);
+        else if (unit < 0)
             unit = d->n_units - 1;
         g_ptr_array_add(d->units[unit].params, p);
         d->units[unit].numel += (n + align - 1) / align * align;
@@ -985,6 +1239,9 @@ static void free_units(Dist *d)
     }
     g_free(d->units);
     g_hash_table_unref(d->unit_of_param);
+    g_free(d->layer_unit);
+    g_free(d->order);
+    g_free(d->order_pos);
 }
 
 /* ---- the method's part of the training loop (LoopHooks, traces/loop.h) ---- */
@@ -1078,6 +1335,7 @@ static void dp_after_backward(void *user)
             d->units[u].pending = d->units[u].trainable;
         }
         d->bw_unit = -1;
+        d->root_pre_backward = false;
     }
     gg_wait_stream(g, S_COMPUTE, S_COMM);
     gg_wait_stream(g, S_COMPUTE, S_POST);
@@ -1327,6 +1585,18 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         return FALSE;
     }
     d->md.layer_hook = layer_hook;
+    d->u_embed = d->u_base = d->u_head = -1;
+    if (fsdp && run->fsdp_wrap_model == 3) {
+        if (!size_wrap_plan(d, error)) {
+            model_clear(&d->md);
+            gg_free(g);
+            g_queue_free(d->inflight);
+            g_ptr_array_unref(d->buckets);
+            g_free(d);
+            return FALSE;
+        }
+        d->md.module_hook = module_hook;
+    }
     d->lora = run->finetune != MEMSIM_FT_FULL;
     /* LoRA: the FlatParameter is in the frozen base's dtype, which MixedPrecision's
      * param_dtype matches, so there is no _mp_shard (_flat_param.py
@@ -1417,7 +1687,7 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         make_units(d, cdt);
         break;
     }
-    AgHooks hooks = {post_accumulate, pre_backward_layer, d};
+    AgHooks hooks = {post_accumulate, pre_backward_layer, d, pre_backward_module};
     gg_set_hooks(g, &hooks);
 
     dp_optimizer(d, run, rules);
@@ -1778,7 +2048,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             g_ptr_array_add(small, op_new(g, "tensor", DT_F32, 1, (int64_t[]){1}));
         c->category = cat;
     }
-    AgHooks ah = {mg_post_accumulate, NULL, NULL};
+    AgHooks ah = {.post_accumulate = mg_post_accumulate};
     gg_set_hooks(g, &ah);
     LoopHooks hooks = {.before_optimizer = mg_before_optimizer,
                        .after_optimizer = mg_after_optimizer,

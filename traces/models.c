@@ -1007,8 +1007,17 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         *hidden_out = NULL;
 
     AgTensor *x;
+    if (md->first && md->module_hook)
+        md->module_hook(md, MODULE_BASE, true);
+    c->module = MODULE_BASE;
     if (md->first) {
+        if (md->module_hook)
+            md->module_hook(md, MODULE_EMBED, true);
+        c->module = MODULE_EMBED;
         x = op_embedding(g, md->wte, ids);
+        c->module = MODULE_BASE;
+        if (md->module_hook)
+            md->module_hook(md, MODULE_EMBED, false);
         if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
             gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1,
                           nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
@@ -1153,6 +1162,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         U(sin);
         U(pos);
         *hidden_out = x;
+        c->module = MODULE_ROOT;
         return NULL;
     }
     if (md->norm_w) {
@@ -1174,6 +1184,9 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(cos);
     U(sin);
     U(pos);
+    c->module = MODULE_ROOT;
+    if (md->module_hook)
+        md->module_hook(md, MODULE_BASE, false);
     /* lm_head(hidden[:, slice(-0, None), :]) — a full-range slice, recorded in 1.13 */
     AgTensor *hs = md->last_logits_only            ? op_slice(g, x, 1, S - 1, S)
                    : gg_rules(g)->full_slices_recorded ? op_slice(g, x, 1, 0, S)
@@ -1183,12 +1196,18 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     AgTensor *last_hidden = x;
     AgTensor *w = md->lm_head ? md->lm_head : md->wte;
     AgTensor *logits;
+    if (md->module_hook)
+        md->module_hook(md, MODULE_HEAD, true);
+    c->module = MODULE_HEAD;
     if (md->sp) {
         Lin head = {.w = w, .b = md->lm_bias, .out = w->shape[0], .in = w->shape[1]};
         logits = nn_sp_column_linear(md, &head, hs);
     } else {
         logits = op_linear(g, hs, w, md->lm_bias);
     }
+    c->module = MODULE_ROOT;
+    if (md->module_hook)
+        md->module_hook(md, MODULE_HEAD, false);
     U(hs);
     /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
      * returns lm_head(...).float(), the low-precision logits dropped at once */

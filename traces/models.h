@@ -28,6 +28,12 @@ typedef struct {
     Lin *experts;            /* MoE: 3 per expert (gate, up, down) */
 } Layer;
 
+/* The modules of a causal LM outside its layers, as AgContext.module tags: the ops of the
+ * CausalLM wrapper itself (the loss, the logits' upcast) carry MODULE_ROOT; the base model's
+ * (position embeddings, masks, the final norm) and its layers' MODULE_BASE; the token
+ * embedding's MODULE_EMBED; the output projection's MODULE_HEAD. */
+enum { MODULE_ROOT = 0, MODULE_BASE = 1, MODULE_EMBED = 2, MODULE_HEAD = 3 };
+
 typedef struct Model {
     AgGraph *g;
     const MemsimModel *m;
@@ -51,6 +57,10 @@ typedef struct Model {
     MemsimModel local;    /* the config with heads, widths and vocabulary divided by tp */
     /* (optional) called before and after each layer's forward (distributed methods) */
     void (*layer_hook)(struct Model *md, int32_t layer, bool pre);
+    /* (optional) called before and after the forward of the modules outside the layers
+     * (ModelModule): the base model around everything but the head, the token embedding, the
+     * output projection; their ops carry the tag in AgContext.module for the backward */
+    void (*module_hook)(struct Model *md, int module, bool pre);
     GPtrArray *cache;     /* the DynamicCache of the last forward: K/V per layer (references) */
     GPtrArray *past;      /* generation: the cache before this forward (K, V per layer, the
                            * references handed over); each layer's update concatenates its

@@ -54,6 +54,7 @@ static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, 
 static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_fsdp_wrap(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_transformers_version(MemsimRun *r, const Setting *s, const char *v,
                                          GError **error);
 static gboolean set_sac_ops(MemsimRun *r, const Setting *s, const char *v, GError **error);
@@ -174,11 +175,12 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_SEQUENCE_PARALLEL] = {KEY("sequence-parallel", NULL), BOOL, DEFAULT("false"),
                                    FIELD(sequence_parallel), TRAINING,
                                    HELP("Megatron sequence parallelism")},
-    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model", "lora"),
-                           DEFAULT("layer"), FIELD(fsdp_wrap_model), TRAINING,
-                           HELP("layer (default: one unit per decoder layer), model, or lora "
+    [SETTING_FSDP_WRAP] = {KEY("fsdp-wrap", "W"), ENUM("layer", "model", "lora", "size"),
+                           .set = set_fsdp_wrap, DEFAULT("layer"), TRAINING,
+                           HELP("layer (default: one unit per decoder layer), model, lora "
                                 "(peft's fsdp_auto_wrap_policy: the layers, and each trained "
-                                "adapter a unit of its own)")},
+                                "adapter a unit of its own), or size[:N] "
+                                "(size_based_auto_wrap_policy with min_num_params N, 1e8 when left out)")},
     [SETTING_FSDP_VERSION] = {KEY("fsdp-version", "V"), ENUM("1", "2"), DEFAULT("1"),
                               FIELD(fsdp_version), TRAINING,
                               HELP("FSDP API: 1 (default here: FullyShardedDataParallel, "
@@ -199,6 +201,10 @@ static const Setting settings[N_SETTINGS] = {
                                    FIELD(fsdp_reduce_dtype), TRAINING,
                                    HELP("MixedPrecision reduce_dtype: fp32, bf16, fp16 "
                                         "(default: the param dtype)")},
+    [SETTING_FSDP_OUTPUT_DTYPE] = {KEY("fsdp-output-dtype", "DT"), ENUM("fp32", "bf16", "fp16"),
+                                   FIELD(fsdp_output_dtype), TRAINING,
+                                   HELP("FSDP2 MixedPrecisionPolicy output_dtype: fp32, bf16, "
+                                        "fp16 (default: none, outputs left as computed)")},
     [SETTING_FSDP_OFFLOAD] = {KEY("fsdp-offload", "BOOL"), BOOL, DEFAULT("false"),
                               FIELD(fsdp_offload), TRAINING,
                               HELP("CPUOffload(offload_params=True) / CPUOffloadPolicy: shards, "
@@ -403,6 +409,39 @@ static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v,
         return FALSE;
     r->checkpointing = (MemsimCheckpointing)i;
     r->sac_every = i == MEMSIM_CKPT_SAC_LAYER ? every : 0;
+    return TRUE;
+}
+
+/* layer, model, lora, or size[:N]: torch.distributed.fsdp.wrap.size_based_auto_wrap_policy
+ * with min_num_params N (its default int(1e8)); N as digits or as 1e8. */
+static gboolean set_fsdp_wrap(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    int i;
+    int64_t min_params = 100000000;
+    g_autofree char *name = g_strdup(v);
+    char *colon = strchr(name, ':');
+    if (colon) {
+        *colon = '\0';
+        const char *n = colon + 1;
+        char *end = NULL;
+        double x = g_ascii_strtod(n, &end);
+        if (g_ascii_strcasecmp(name, "size") != 0) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: '%s': only size takes a count (size:N)", s->info.name, v);
+            return FALSE;
+        }
+        if (!*n || *end || !(x >= 1 && x <= 1e15) || x != (double)(int64_t)x) {
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "%s: '%s': N is a whole number of parameters from 1 to 1e15 "
+                        "(digits or 1e8)", s->info.name, v);
+            return FALSE;
+        }
+        min_params = (int64_t)x;
+    }
+    if (!pick(s->info.name, name, s->info.values, &i, error))
+        return FALSE;
+    r->fsdp_wrap_model = i;
+    r->fsdp_wrap_min_params = i == 3 ? min_params : 0;
     return TRUE;
 }
 
@@ -735,6 +774,39 @@ static gboolean fsdp_check(const MemsimRun *r, GError **error)
                                          "group of %d ranks and be smaller than it",
                                   r->fsdp_reshard_after_forward, shard);
     }
+    if (!v2 && given(r, SETTING_FSDP_OUTPUT_DTYPE))
+        return setting_refuse(error, "fsdp-output-dtype: FSDP2's MixedPrecisionPolicy "
+                                     "output_dtype; FSDP1's MixedPrecision has none: give "
+                                     "--fsdp-version 2");
+    if (v2 && given(r, SETTING_FSDP_OUTPUT_DTYPE)) {
+        /* the dtype the blocks compute in: param_dtype, else the precision's */
+        int pdt = given(r, SETTING_FSDP_PARAM_DTYPE) ? r->fsdp_param_dtype
+                  : r->precision == MEMSIM_PREC_BF16 || r->precision == MEMSIM_PREC_BF16_MIXED ? 1
+                  : r->precision == MEMSIM_PREC_FP16 || r->precision == MEMSIM_PREC_FP16_MIXED ? 2
+                                                                                              : 0;
+        /* _fsdp_state.py _post_forward casts each block's outputs to output_dtype (t.to: no
+         * new tensor when it is the dtype already); the next block's pre_forward casts them
+         * back to param_dtype, but the root's own modules after the last block (norm, output
+         * projection) take the cast activation as it is: F.linear of it against weights in
+         * param_dtype raises a dtype mismatch without autocast */
+        if (r->fsdp_output_dtype != pdt)
+            return setting_refuse(error, "fsdp-output-dtype: %s outputs from blocks computing in "
+                                         "%s reach the root's norm and output projection uncast "
+                                         "(F.linear raises a dtype mismatch); only the blocks' "
+                                         "own dtype (%s) is modelled",
+                                  setting_value_name(SETTING_FSDP_OUTPUT_DTYPE,
+                                                     r->fsdp_output_dtype),
+                                  setting_value_name(SETTING_FSDP_OUTPUT_DTYPE, pdt),
+                                  setting_value_name(SETTING_FSDP_OUTPUT_DTYPE, pdt));
+    }
+    if (fsdp && r->fsdp_wrap_model == 3 && v2)
+        return setting_refuse(error, "fsdp-wrap: size is FSDP1's size_based_auto_wrap_policy; "
+                                     "FSDP2's fully_shard takes no auto-wrap policy (give layer "
+                                     "or model)");
+    if (fsdp && r->fsdp_wrap_model == 3 && r->finetune != MEMSIM_FT_FULL)
+        return setting_refuse(error, "fsdp-wrap: size with LoRA/QLoRA (size-based units mixing "
+                                     "frozen and trained parameters) is not modelled: give lora "
+                                     "or layer");
     if (fsdp && r->fsdp_wrap_model == 2 && r->finetune == MEMSIM_FT_FULL)
         return setting_refuse(error, "fsdp-wrap: lora wraps the trained adapters apart (peft "
                                      "fsdp_auto_wrap_policy); give --finetune lora or qlora");
@@ -942,8 +1014,9 @@ char *memsim_run_describe(const MemsimRun *run)
         }
         if ((rr.method == MEMSIM_METHOD_FSDP || rr.method == MEMSIM_METHOD_FSDP_GRAD_OP ||
              rr.method == MEMSIM_METHOD_HSDP) &&
-            run->given >> SETTING_FSDP_VERSION & ((1u << (SETTING_FSDP_RESHARD_AFTER_FORWARD -
-                                                          SETTING_FSDP_VERSION + 1)) - 1)) {
+            (run->given >> SETTING_FSDP_VERSION & ((1u << (SETTING_FSDP_RESHARD_AFTER_FORWARD -
+                                                           SETTING_FSDP_VERSION + 1)) - 1) ||
+             run->fsdp_wrap_model == 3)) {
             /* the FSDP configuration, when any of it was given */
             g_string_append_printf(s, " (FSDP%d", run->fsdp_version + 1);
             if (given(run, SETTING_FSDP_SHARDING))
@@ -952,6 +1025,12 @@ char *memsim_run_describe(const MemsimRun *run)
             if (given(run, SETTING_FSDP_PARAM_DTYPE))
                 g_string_append_printf(s, ", param %s", value_name(SETTING_FSDP_PARAM_DTYPE,
                                                                    run->fsdp_param_dtype));
+            if (given(run, SETTING_FSDP_OUTPUT_DTYPE))
+                g_string_append_printf(s, ", output %s", value_name(SETTING_FSDP_OUTPUT_DTYPE,
+                                                                    run->fsdp_output_dtype));
+            if (run->fsdp_wrap_model == 3)
+                g_string_append_printf(s, ", size-based wrap at %" G_GINT64_FORMAT " parameters",
+                                       run->fsdp_wrap_min_params);
             if (given(run, SETTING_FSDP_REDUCE_DTYPE))
                 g_string_append_printf(s, ", reduce %s", value_name(SETTING_FSDP_REDUCE_DTYPE,
                                                                     run->fsdp_reduce_dtype));

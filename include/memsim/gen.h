@@ -126,7 +126,9 @@ typedef struct {
     int virtual_stages;         /* interleaved 1F1B: chunks per stage */
     gboolean sequence_parallel;
     int fsdp_wrap_model;        /* 0 a unit per decoder layer (default), 1 one for the model,
-                                 * 2 peft's LoRA policy (the layers, each adapter its own) */
+                                 * 2 peft's LoRA policy (the layers, each adapter its own),
+                                 * 3 size_based_auto_wrap_policy */
+    int64_t fsdp_wrap_min_params; /* its min_num_params (3 only) */
     gboolean zero_redundancy;   /* DDP with torch's ZeroRedundancyOptimizer around the optimizer */
     int gpus_per_node;          /* HSDP and link speeds (default 8) */
     /* FSDP (DISTRIBUTED.md §3, §4): the API, its ShardingStrategy, MixedPrecision (an index
@@ -135,6 +137,7 @@ typedef struct {
     int fsdp_version;           /* 0: FSDP1 (FullyShardedDataParallel), 1: FSDP2 (fully_shard) */
     int fsdp_sharding;          /* 0 full, 1 grad-op, 2 hybrid, 3 no-shard (with --method fsdp) */
     int fsdp_param_dtype, fsdp_reduce_dtype;
+    int fsdp_output_dtype;      /* FSDP2 MixedPrecisionPolicy output_dtype (fp32, bf16, fp16) */
     gboolean fsdp_offload;
     gboolean fsdp_limit_all_gathers;
     int fsdp_backward_prefetch; /* 0 BACKWARD_PRE, 1 BACKWARD_POST, 2 none */

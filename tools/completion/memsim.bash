@@ -46,10 +46,10 @@ _memsim_values()
     --pp-schedule | --schedules) echo 1f1b gpipe interleaved ;;
     --methods) echo ddp zero1 zero2 zero3 zero fsdp fsdp-grad-op hsdp tp pp megatron all ;;
     --checkpointing-modes) echo none selective full ;;
-    --fsdp-wrap) echo layer model lora ;;
+    --fsdp-wrap) echo layer model lora size ;;
     --fsdp-version) echo 1 2 ;;
     --fsdp-sharding) echo full grad-op hybrid no-shard ;;
-    --fsdp-param-dtype | --fsdp-reduce-dtype) echo fp32 bf16 fp16 ;;
+    --fsdp-param-dtype | --fsdp-reduce-dtype | --fsdp-output-dtype) echo fp32 bf16 fp16 ;;
     --fsdp-backward-prefetch) echo pre post none ;;
     --fsdp-offload | --fsdp-limit-all-gathers | --fsdp-use-orig-params | --fsdp-reshard-after-forward) echo true false ;;
     --gpu) echo a100-40gb a100-80gb h100-80gb h200 v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;

@@ -180,8 +180,13 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
         flag(s, setting_name(SETTING_DEVICE), "cpu");
     if (r->fsdp_wrap_model &&
         (r->method == MEMSIM_METHOD_FSDP || r->method == MEMSIM_METHOD_FSDP_GRAD_OP ||
-         r->method == MEMSIM_METHOD_HSDP))
-        flag(s, setting_name(SETTING_FSDP_WRAP), "model");
+         r->method == MEMSIM_METHOD_HSDP)) {
+        g_autofree char *w =
+            r->fsdp_wrap_model == 3
+                ? g_strdup_printf("size:%" G_GINT64_FORMAT, r->fsdp_wrap_min_params)
+                : g_strdup(setting_value_name(SETTING_FSDP_WRAP, r->fsdp_wrap_model));
+        flag(s, setting_name(SETTING_FSDP_WRAP), w);
+    }
     if (r->gpus_per_node != d.gpus_per_node)
         flag_int(s, setting_name(SETTING_GPUS_PER_NODE), r->gpus_per_node);
     flag(s, setting_name(SETTING_GPU), r->gpu);
