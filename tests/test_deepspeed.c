@@ -481,3 +481,64 @@ Test(deepspeed, zero3_trace_prefetch_and_reuse, .timeout = 300)
     memsim_report_free(a);
     memsim_report_free(b);
 }
+
+/* `memsim gen` takes a DeepSpeed config and a Megatron launch as estimate does: the trace it
+ * writes replays to the estimate's own peak (the same program, written out). */
+static int64_t json_peak(const char *out)
+{
+    const char *k = strstr(out ? out : "", "\"peak_allocated\"");
+    cr_assert(k, "no peak_allocated in %s", out);
+    return g_ascii_strtoll(strchr(k, ':') + 1, NULL, 10);
+}
+
+Test(deepspeed, gen_takes_the_config_and_the_launch, .timeout = 300)
+{
+    g_autofree char *ds = tu_test_data("deepspeed/hf-trainer-zero2-auto.json");
+    g_autofree char *launch = g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT")
+                                                   ? g_getenv("MEMSIM_SOURCE_ROOT")
+                                                   : "..",
+                                               "tools", "examples", "megatron", "llama3-70b.sh",
+                                               NULL);
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *trace = g_build_filename(dir, "run.mst", NULL);
+    const char *src[][8] = {
+        {"--model", "opt-125m", "--gpus", "2", "--seq", "128", "--deepspeed-config", ds},
+        {"--megatron-args", launch, NULL},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(src); i++) {
+        if (i == 1 && !g_file_test(launch, G_FILE_TEST_EXISTS)) {
+            tu_note_skip("gen --megatron-args", "the source tree's tools/examples not found");
+            continue;
+        }
+        GPtrArray *gen = g_ptr_array_new(), *est = g_ptr_array_new();
+        g_ptr_array_add(gen, "gen");
+        g_ptr_array_add(est, "estimate");
+        for (int k = 0; k < 8 && src[i][k]; k++) {
+            g_ptr_array_add(gen, (gpointer)src[i][k]);
+            g_ptr_array_add(est, (gpointer)src[i][k]);
+        }
+        g_ptr_array_add(gen, "-o");
+        g_ptr_array_add(gen, trace);
+        g_ptr_array_add(gen, NULL);
+        g_ptr_array_add(est, "--alloc-conf");
+        g_ptr_array_add(est, "expandable_segments:False");
+        g_ptr_array_add(est, "--json");
+        g_ptr_array_add(est, NULL);
+        char *out = NULL, *err = NULL;
+        cr_assert_eq(tu_run_memsim((const char *const *)gen->pdata, &out, &err), 0, "%s", err);
+        g_free(out);
+        g_free(err);
+        cr_assert_eq(tu_run_memsim((const char *const *)est->pdata, &out, &err), 0, "%s", err);
+        int64_t want = json_peak(out);
+        g_free(out);
+        g_free(err);
+        const char *rp[] = {"replay", trace, "--json", NULL};
+        cr_assert_eq(tu_run_memsim(rp, &out, &err), 0, "%s", err);
+        cr_expect_eq(json_peak(out), want, "%s: the written trace replays to %" G_GINT64_FORMAT
+                     ", the estimate %" G_GINT64_FORMAT, src[i][0], json_peak(out), want);
+        g_free(out);
+        g_free(err);
+        g_ptr_array_unref(gen);
+        g_ptr_array_unref(est);
+    }
+}

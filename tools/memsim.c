@@ -646,10 +646,15 @@ out:
 
 static int cmd_gen(int argc, char **argv)
 {
-    char *model = NULL, *out_path = NULL;
+    char *model = NULL, *out_path = NULL, *megatron = NULL, *dsconf = NULL;
+    char **dssets = NULL;
     MemsimRun run = memsim_run_defaults();
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "A preset or a config.json", "MODEL"},
+        {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &megatron,
+         "A Megatron-LM launch instead of --model and the run options it sets: a command line, "
+         "a shell script or a test's model_config.yaml", "FILE"},
+        DEEPSPEED_ENTRIES(dsconf, dssets),
         {"output", 'o', 0, G_OPTION_ARG_FILENAME, &out_path,
          "Where to write the trace (.mst, .txt, or .pickle: a PyTorch memory snapshot of "
          "the run through the torch allocator model)", "FILE"},
@@ -662,15 +667,34 @@ static int cmd_gen(int argc, char **argv)
     g_option_context_add_group(ctx, run_group(&run));
     int rc = EXIT_BAD;
     GError *error = NULL;
-    MemsimModel *m = NULL;
+    MemsimModel *owned = NULL;
+    const MemsimModel *m = NULL;
+    MemsimMegatron *mg = NULL;
+    MemsimDeepspeed *ds = NULL;
     MemsimTrace *t = NULL;
     if (!parse(ctx, "gen", &argc, &argv))
         goto out;
-    if (argc != 1 || !model || !out_path) {
-        fprintf(stderr, "memsim gen: --model and -o are required (see memsim gen --help)\n");
+    if (argc != 1 || (!model && !megatron) || !out_path) {
+        fprintf(stderr, "memsim gen: --model (or --megatron-args) and -o are required (see "
+                        "memsim gen --help)\n");
         goto out;
     }
-    if (!(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error)) ||
+    if (megatron) {
+        if (!(mg = megatron_launch("gen", megatron, model, &run)))
+            goto out;
+        m = memsim_megatron_model(mg);
+    }
+    if (!dsconf && dssets) {
+        fprintf(stderr, "memsim gen: --deepspeed-set needs --deepspeed-config\n");
+        goto out;
+    }
+    if (dsconf && (megatron || !(ds = deepspeed_config("gen", dsconf, dssets, &run)))) {
+        if (megatron)
+            fprintf(stderr, "memsim gen: --megatron-args and --deepspeed-config: give one\n");
+        goto out;
+    }
+    if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
+        !(t = memsim_generate(m, &run, &error)) ||
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
         goto out;
@@ -678,10 +702,15 @@ static int cmd_gen(int argc, char **argv)
     rc = EXIT_OK;
 out:
     memsim_trace_free(t);
-    memsim_model_free(m);
+    memsim_model_free(owned);
     memsim_run_clear(&run);
+    memsim_megatron_free(mg);
+    memsim_deepspeed_free(ds);
     g_option_context_free(ctx);
     g_free(model);
+    g_free(megatron);
+    g_free(dsconf);
+    g_strfreev(dssets);
     g_free(out_path);
     return rc;
 }
