@@ -512,6 +512,29 @@ static MemsimDeepspeed *deepspeed_config(const char *cmd, const char *path, char
 
 /* ---- estimate ---- */
 
+/* The run's sources besides --model: a Megatron-LM launch (its model into *m) or a DeepSpeed
+ * config with its overrides, read into the run for `cmd`. FALSE, the message printed, on bad
+ * input. */
+static gboolean run_sources(const char *cmd, const char *model, const char *megatron,
+                            const char *dsconf, char **dssets, MemsimRun *run,
+                            MemsimMegatron **mg, MemsimDeepspeed **ds, const MemsimModel **m)
+{
+    if (megatron) {
+        if (!(*mg = megatron_launch(cmd, megatron, model, run)))
+            return FALSE;
+        *m = memsim_megatron_model(*mg);
+    }
+    if (!dsconf && dssets) {
+        fprintf(stderr, "memsim %s: --deepspeed-set needs --deepspeed-config\n", cmd);
+        return FALSE;
+    }
+    if (dsconf && megatron) {
+        fprintf(stderr, "memsim %s: --megatron-args and --deepspeed-config: give one\n", cmd);
+        return FALSE;
+    }
+    return !dsconf || (*ds = deepspeed_config(cmd, dsconf, dssets, run)) != NULL;
+}
+
 static int cmd_estimate(int argc, char **argv)
 {
     char *model = NULL, *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL,
@@ -573,20 +596,8 @@ static int cmd_estimate(int argc, char **argv)
                         "estimate --help)\n");
         goto out;
     }
-    if (megatron) {
-        if (!(mg = megatron_launch("estimate", megatron, model, &run)))
-            goto out;
-        m = memsim_megatron_model(mg);
-    }
-    if (!dsconf && dssets) {
-        fprintf(stderr, "memsim estimate: --deepspeed-set needs --deepspeed-config\n");
+    if (!run_sources("estimate", model, megatron, dsconf, dssets, &run, &mg, &ds, &m))
         goto out;
-    }
-    if (dsconf && (megatron || !(ds = deepspeed_config("estimate", dsconf, dssets, &run)))) {
-        if (megatron)
-            fprintf(stderr, "memsim estimate: --megatron-args and --deepspeed-config: give one\n");
-        goto out;
-    }
     MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
     eo.allocator = allocator;
     eo.alloc_conf = alloc_conf ? alloc_conf : mg ? memsim_megatron_alloc_conf(mg) : NULL;
@@ -679,20 +690,8 @@ static int cmd_gen(int argc, char **argv)
                         "memsim gen --help)\n");
         goto out;
     }
-    if (megatron) {
-        if (!(mg = megatron_launch("gen", megatron, model, &run)))
-            goto out;
-        m = memsim_megatron_model(mg);
-    }
-    if (!dsconf && dssets) {
-        fprintf(stderr, "memsim gen: --deepspeed-set needs --deepspeed-config\n");
+    if (!run_sources("gen", model, megatron, dsconf, dssets, &run, &mg, &ds, &m))
         goto out;
-    }
-    if (dsconf && (megatron || !(ds = deepspeed_config("gen", dsconf, dssets, &run)))) {
-        if (megatron)
-            fprintf(stderr, "memsim gen: --megatron-args and --deepspeed-config: give one\n");
-        goto out;
-    }
     if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
         !(t = memsim_generate(m, &run, &error)) ||
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
@@ -954,20 +953,8 @@ static int cmd_plan(int argc, char **argv)
                 megatron);
         goto out;
     }
-    if (megatron) {
-        if (!(mg = megatron_launch("plan", megatron, model, &run)))
-            goto out;
-        m = memsim_megatron_model(mg);
-    }
-    if (!dsconf && dssets) {
-        fprintf(stderr, "memsim plan: --deepspeed-set needs --deepspeed-config\n");
+    if (!run_sources("plan", model, megatron, dsconf, dssets, &run, &mg, &ds, &m))
         goto out;
-    }
-    if (dsconf && (megatron || !(ds = deepspeed_config("plan", dsconf, dssets, &run)))) {
-        if (megatron)
-            fprintf(stderr, "memsim plan: --megatron-args and --deepspeed-config: give one\n");
-        goto out;
-    }
     memsim_plan_options_use_run(&o, &run);
     o.global_batch = global_batch;
     o.max_batch = max_batch;

@@ -1576,6 +1576,10 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     gg_ctx(g)->meta_params = units;
     gboolean built = model_build(&d->md, g, m, &eff, error);
     gg_ctx(g)->meta_params = false;
+    d->u_embed = d->u_base = d->u_head = -1;
+    /* FSDP1's size-based wrapping: its units, or a refusal (size_wrap_plan) */
+    if (built && fsdp && run->fsdp_wrap_model == 3)
+        built = size_wrap_plan(d, error);
     if (!built) {
         model_clear(&d->md);
         gg_free(g);
@@ -1585,18 +1589,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         return FALSE;
     }
     d->md.layer_hook = layer_hook;
-    d->u_embed = d->u_base = d->u_head = -1;
-    if (fsdp && run->fsdp_wrap_model == 3) {
-        if (!size_wrap_plan(d, error)) {
-            model_clear(&d->md);
-            gg_free(g);
-            g_queue_free(d->inflight);
-            g_ptr_array_unref(d->buckets);
-            g_free(d);
-            return FALSE;
-        }
+    if (d->layer_unit)
         d->md.module_hook = module_hook;
-    }
     d->lora = run->finetune != MEMSIM_FT_FULL;
     /* LoRA: the FlatParameter is in the frozen base's dtype, which MixedPrecision's
      * param_dtype matches, so there is no _mp_shard (_flat_param.py

@@ -384,6 +384,28 @@ static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, 
     return TRUE;
 }
 
+/* Splits a value NAME[:COUNT] whose COUNT only the name `takes` accepts: the name (to free)
+ * and COUNT (NULL when none; it points into the name's allocation); NULL and an error when
+ * another name has a count. */
+static char *name_and_count(const Setting *s, const char *v, const char *takes,
+                            const char **count, GError **error)
+{
+    char *name = g_strdup(v);
+    char *colon = strchr(name, ':');
+    *count = NULL;
+    if (!colon)
+        return name;
+    *colon = '\0';
+    if (g_ascii_strcasecmp(name, takes) != 0) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s': only %s takes a count (%s:N)", s->info.name, v, takes, takes);
+        g_free(name);
+        return NULL;
+    }
+    *count = colon + 1;
+    return name;
+}
+
 /* none, full, selective, sac-op, or sac-layer[:N]: torchtitan's layer SAC checkpoints every
  * N-th TransformerBlock (torchtitan/distributed/activation_checkpoint.py _apply_layer_sac,
  * selective_ac_option = "N", default "2" in its config). */
@@ -391,17 +413,13 @@ static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v,
 {
     int i;
     int every = 2;
-    g_autofree char *name = g_strdup(v);
-    char *colon = strchr(name, ':');
-    if (colon) {
-        *colon = '\0';
+    const char *count;
+    g_autofree char *name = name_and_count(s, v, "sac-layer", &count, error);
+    if (!name)
+        return FALSE;
+    if (count) {
         int64_t n;
-        if (g_ascii_strcasecmp(name, "sac-layer") != 0) {
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                        "%s: '%s': only sac-layer takes a count (sac-layer:N)", s->info.name, v);
-            return FALSE;
-        }
-        if (!setting_int(s->info.name, colon + 1, 1, 1 << 20, &n, error))
+        if (!setting_int(s->info.name, count, 1, 1 << 20, &n, error))
             return FALSE;
         every = (int)n;
     }
@@ -418,18 +436,13 @@ static gboolean set_fsdp_wrap(MemsimRun *r, const Setting *s, const char *v, GEr
 {
     int i;
     int64_t min_params = 100000000;
-    g_autofree char *name = g_strdup(v);
-    char *colon = strchr(name, ':');
-    if (colon) {
-        *colon = '\0';
-        const char *n = colon + 1;
+    const char *n;
+    g_autofree char *name = name_and_count(s, v, "size", &n, error);
+    if (!name)
+        return FALSE;
+    if (n) {
         char *end = NULL;
         double x = g_ascii_strtod(n, &end);
-        if (g_ascii_strcasecmp(name, "size") != 0) {
-            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                        "%s: '%s': only size takes a count (size:N)", s->info.name, v);
-            return FALSE;
-        }
         if (!*n || *end || !(x >= 1 && x <= 1e15) || x != (double)(int64_t)x) {
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                         "%s: '%s': N is a whole number of parameters from 1 to 1e15 "
