@@ -62,75 +62,6 @@ static const char *str_member(JsonObject *o, const char *k)
                : NULL;
 }
 
-static void set(MemsimRun *run, const char *k, const char *v)
-{
-    GError *e = NULL;
-    gboolean ok = memsim_run_set(run, k, v, &e);
-    cr_assert(ok, "%s=%s: %s", k, v, ok ? "" : e->message);
-}
-
-static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
-{
-    for (guint i = 0; i < r->n_steps; i++)
-        if (r->steps[i].step == step)
-            return &r->steps[i];
-    return NULL;
-}
-
-/* Live requested bytes by category at each (step, phase)'s peak of a trace's rank 0: a step
- * begins where the forward begins again. Activations, temporaries and the KV cache are one
- * bucket (filed as "activation"): the recorder calls activation what a forward leaves alive at
- * its end, the generator what autograd saves, so recomputed and output tensors fall on
- * different sides of that line; parameters, gradients, optimizer state, inputs and buffers
- * are compared each on their own. */
-typedef struct {
-    int64_t total;
-    int64_t cat[MEMSIM_CAT_COUNT];
-} PhasePeak;
-
-#define MAX_STEPS 8
-
-static void category_peaks(MemsimTrace *t, PhasePeak peaks[MAX_STEPS][MEMSIM_PHASE_COUNT])
-{
-    memset(peaks, 0, sizeof(PhasePeak) * MAX_STEPS * MEMSIM_PHASE_COUNT);
-    MemsimTraceHeader *h = memsim_trace_header(t);
-    gsize n;
-    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
-    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
-    PhasePeak now = {0};
-    int step = 0, phase = -1;
-    for (gsize i = 0; i < n; i++) {
-        if (ev[i].kind == MEMSIM_EV_OP && ev[i].id < h->n_ops) {
-            int ph = h->ops[ev[i].id].phase;
-            if (ph == MEMSIM_PHASE_FORWARD && phase != MEMSIM_PHASE_FORWARD)
-                step++;
-            phase = ph;
-        } else if (ev[i].kind == MEMSIM_EV_ALLOC) {
-            int c = ev[i].category == MEMSIM_CAT_KV_CACHE || ev[i].category == MEMSIM_CAT_TEMPORARY
-                        ? MEMSIM_CAT_ACTIVATION
-                        : ev[i].category;
-            int64_t *k = g_new(int64_t, 1), *v = g_new(int64_t, 2);
-            *k = (int64_t)ev[i].id;
-            v[0] = (int64_t)ev[i].size;
-            v[1] = c;
-            g_hash_table_replace(live, k, v);
-            now.total += v[0];
-            now.cat[c] += v[0];
-            if (step > 0 && step < MAX_STEPS && phase >= 0 && now.total > peaks[step][phase].total)
-                peaks[step][phase] = now;
-        } else if (ev[i].kind == MEMSIM_EV_FREE) {
-            int64_t k = (int64_t)ev[i].id;
-            int64_t *v = g_hash_table_lookup(live, &k);
-            if (v) {
-                now.total -= v[0];
-                now.cat[v[1]] -= v[0];
-                g_hash_table_remove(live, &k);
-            }
-        }
-    }
-    g_hash_table_unref(live);
-}
-
 /* Removes one saved activation from a generated trace: the largest forward activation that
  * lives into the backward is freed right after it is made. */
 static void drop_saved_activation(MemsimTrace *t)
@@ -190,31 +121,31 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
     MemsimRun run = memsim_run_defaults();
     char buf[32];
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
-    set(&run, "batch", buf);
+    tu_set(&run, "batch", buf);
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
-    set(&run, "seq", buf);
+    tu_set(&run, "seq", buf);
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
-    set(&run, "steps", buf);
-    set(&run, "precision", "fp32");
-    set(&run, "optimizer", "adamw");
-    set(&run, "optimizer-impl", str_member(run_o, "optimizer_impl"));
-    set(&run, "zero-grad", str_member(run_o, "zero_grad"));
-    set(&run, "attention", str_member(run_o, "attention"));
-    set(&run, "checkpointing", str_member(run_o, "checkpointing"));
-    set(&run, "finetune", str_member(run_o, "finetune"));
-    set(&run, "torch-version", "1.13");
+    tu_set(&run, "steps", buf);
+    tu_set(&run, "precision", "fp32");
+    tu_set(&run, "optimizer", "adamw");
+    tu_set(&run, "optimizer-impl", str_member(run_o, "optimizer_impl"));
+    tu_set(&run, "zero-grad", str_member(run_o, "zero_grad"));
+    tu_set(&run, "attention", str_member(run_o, "attention"));
+    tu_set(&run, "checkpointing", str_member(run_o, "checkpointing"));
+    tu_set(&run, "finetune", str_member(run_o, "finetune"));
+    tu_set(&run, "torch-version", "1.13");
     if (str_member(run_o, "transformers_version"))
-        set(&run, "transformers-version", str_member(run_o, "transformers_version"));
-    set(&run, "device", "cpu");
+        tu_set(&run, "transformers-version", str_member(run_o, "transformers_version"));
+    tu_set(&run, "device", "cpu");
     if (json_object_has_member(run_o, "lora") && !json_object_get_null_member(run_o, "lora")) {
         JsonObject *l = json_object_get_object_member(run_o, "lora");
         g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(l, "r"));
-        set(&run, "lora-rank", buf);
+        tu_set(&run, "lora-rank", buf);
         JsonArray *t = json_object_get_array_member(l, "target_modules");
         GString *ts = g_string_new(NULL);
         for (guint i = 0; i < json_array_get_length(t); i++)
             g_string_append_printf(ts, "%s%s", i ? "," : "", json_array_get_string_element(t, i));
-        set(&run, "lora-targets", ts->str);
+        tu_set(&run, "lora-targets", ts->str);
         g_string_free(ts, TRUE);
     }
     MemsimTrace *t = memsim_generate(m, &run, &error);
@@ -231,11 +162,11 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
 
     const MemsimRankReport *a = &ours->ranks[0], *b = &real->ranks[0];
     int checks = 0, off = 0;
-    static PhasePeak cat_ours[MAX_STEPS][MEMSIM_PHASE_COUNT], cat_real[MAX_STEPS][MEMSIM_PHASE_COUNT];
-    category_peaks(t, cat_ours);
+    static TuPhasePeak cat_ours[TU_MAX_STEPS][MEMSIM_PHASE_COUNT], cat_real[TU_MAX_STEPS][MEMSIM_PHASE_COUNT];
+    tu_category_peaks(t, 0, cat_ours);
     MemsimTrace *rt = memsim_trace_load(trace, &error);
     cr_assert(rt, "%s: %s", trace, error ? error->message : "?");
-    category_peaks(rt, cat_real);
+    tu_category_peaks(rt, 0, cat_real);
     memsim_trace_free(rt);
 #define OFF(cond, ...)                                                                           \
     do {                                                                                         \
@@ -248,7 +179,7 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
         }                                                                                        \
     } while (0)
     for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
-        const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
+        const MemsimStepPeaks *sa = tu_step_of(a, s), *sb = tu_step_of(b, s);
         cr_assert(sa && sb, "%s: step %u missing", name, s);
         double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                    (double)sb->peak_allocated;
@@ -268,7 +199,7 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
                 sb->phase_peak_allocated[ph], 100 * pe);
             /* what is live at that peak, by category: a missing tensor and an extra one of
              * the same size in another category do not cancel */
-            const PhasePeak *ca = &cat_ours[s][ph], *cb = &cat_real[s][ph];
+            const TuPhasePeak *ca = &cat_ours[s][ph], *cb = &cat_real[s][ph];
             for (int k = 0; k < MEMSIM_CAT_COUNT; k++) {
                 double d = (double)(ca->cat[k] - cb->cat[k]) / (double)cb->total;
                 OFF(fabs(d) > PHASE_BOUND,

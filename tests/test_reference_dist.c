@@ -24,78 +24,6 @@
 
 #define BOUND 0.01
 
-static void set(MemsimRun *run, const char *k, const char *v)
-{
-    GError *e = NULL;
-    gboolean ok = memsim_run_set(run, k, v, &e);
-    cr_assert(ok, "%s=%s: %s", k, v, ok ? "" : e->message);
-}
-
-static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
-{
-    for (guint i = 0; i < r->n_steps; i++)
-        if (r->steps[i].step == step)
-            return &r->steps[i];
-    return NULL;
-}
-
-/* Live requested bytes by category at each (step, phase)'s peak of one rank of a trace. The
- * recorder calls activation what a forward leaves alive at its end and temporary the rest of
- * what it does not know; it cannot tell DDP's reducer buckets (allocated by the C++ Reducer)
- * from other tensors, so activations, temporaries, the KV cache and communication buffers are
- * one bucket (filed as "activation"); parameters, gradients, optimizer state, inputs and
- * buffers are compared each on their own. */
-typedef struct {
-    int64_t total;
-    int64_t cat[MEMSIM_CAT_COUNT];
-} PhasePeak;
-
-#define MAX_STEPS 8
-
-static void category_peaks(MemsimTrace *t, guint32 rank,
-                           PhasePeak peaks[MAX_STEPS][MEMSIM_PHASE_COUNT])
-{
-    memset(peaks, 0, sizeof(PhasePeak) * MAX_STEPS * MEMSIM_PHASE_COUNT);
-    MemsimTraceHeader *h = memsim_trace_header(t);
-    gsize n;
-    const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
-    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
-    PhasePeak now = {0};
-    int step = 0, phase = -1;
-    for (gsize i = 0; i < n; i++) {
-        if (ev[i].kind == MEMSIM_EV_OP && ev[i].id < h->n_ops) {
-            int ph = h->ops[ev[i].id].phase;
-            if (ph == MEMSIM_PHASE_FORWARD && phase != MEMSIM_PHASE_FORWARD)
-                step++;
-            phase = ph;
-        } else if (ev[i].kind == MEMSIM_EV_ALLOC) {
-            int c = ev[i].category == MEMSIM_CAT_KV_CACHE ||
-                            ev[i].category == MEMSIM_CAT_TEMPORARY ||
-                            ev[i].category == MEMSIM_CAT_COMM_BUFFER
-                        ? MEMSIM_CAT_ACTIVATION
-                        : ev[i].category;
-            int64_t *k = g_new(int64_t, 1), *v = g_new(int64_t, 2);
-            *k = (int64_t)ev[i].id;
-            v[0] = (int64_t)ev[i].size;
-            v[1] = c;
-            g_hash_table_replace(live, k, v);
-            now.total += v[0];
-            now.cat[c] += v[0];
-            if (step > 0 && step < MAX_STEPS && phase >= 0 && now.total > peaks[step][phase].total)
-                peaks[step][phase] = now;
-        } else if (ev[i].kind == MEMSIM_EV_FREE) {
-            int64_t k = (int64_t)ev[i].id;
-            int64_t *v = g_hash_table_lookup(live, &k);
-            if (v) {
-                now.total -= v[0];
-                now.cat[v[1]] -= v[0];
-                g_hash_table_remove(live, &k);
-            }
-        }
-    }
-    g_hash_table_unref(live);
-}
-
 static char *data_dir(void)
 {
     return g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests", "data", "reference-dist",
@@ -129,27 +57,27 @@ static int compare_case(const char *json_path, int *checks_out, double worst[3])
     MemsimRun run = memsim_run_defaults();
     char buf[32];
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
-    set(&run, "batch", buf);
+    tu_set(&run, "batch", buf);
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
-    set(&run, "seq", buf);
+    tu_set(&run, "seq", buf);
     g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
-    set(&run, "steps", buf);
-    set(&run, "precision", json_object_get_string_member(run_o, "precision"));
-    set(&run, "optimizer", json_object_get_string_member(run_o, "optimizer"));
-    set(&run, "optimizer-impl", json_object_get_string_member(run_o, "optimizer_impl"));
-    set(&run, "zero-grad", json_object_get_string_member(run_o, "zero_grad"));
-    set(&run, "attention", json_object_get_string_member(run_o, "attention"));
-    set(&run, "checkpointing", json_object_get_string_member(run_o, "checkpointing"));
-    set(&run, "finetune", json_object_get_string_member(run_o, "finetune"));
-    set(&run, "torch-version", "1.13");
-    set(&run, "device", "cpu");
+    tu_set(&run, "steps", buf);
+    tu_set(&run, "precision", json_object_get_string_member(run_o, "precision"));
+    tu_set(&run, "optimizer", json_object_get_string_member(run_o, "optimizer"));
+    tu_set(&run, "optimizer-impl", json_object_get_string_member(run_o, "optimizer_impl"));
+    tu_set(&run, "zero-grad", json_object_get_string_member(run_o, "zero_grad"));
+    tu_set(&run, "attention", json_object_get_string_member(run_o, "attention"));
+    tu_set(&run, "checkpointing", json_object_get_string_member(run_o, "checkpointing"));
+    tu_set(&run, "finetune", json_object_get_string_member(run_o, "finetune"));
+    tu_set(&run, "torch-version", "1.13");
+    tu_set(&run, "device", "cpu");
     g_snprintf(buf, sizeof buf, "%d", world);
-    set(&run, "gpus", buf);
-    set(&run, "method", "ddp");
+    tu_set(&run, "gpus", buf);
+    tu_set(&run, "method", "ddp");
     gboolean zr = strcmp(method, "zero-redundancy") == 0;
     cr_assert(zr || strcmp(method, "ddp") == 0, "%s: unknown method %s", name, method);
     if (zr)
-        set(&run, "zero-redundancy", "true");
+        tu_set(&run, "zero-redundancy", "true");
     MemsimTrace *t = memsim_generate(m, &run, &error);
     cr_assert(t, "%s: %s", name, error ? error->message : "?");
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
@@ -195,8 +123,8 @@ static int compare_case(const char *json_path, int *checks_out, double worst[3])
 
     g_autofree char *dir = data_dir();
     int checks = 0, off = 0;
-    static PhasePeak cat_ours[MAX_STEPS][MEMSIM_PHASE_COUNT],
-        cat_real[MAX_STEPS][MEMSIM_PHASE_COUNT];
+    static TuPhasePeak cat_ours[TU_MAX_STEPS][MEMSIM_PHASE_COUNT],
+        cat_real[TU_MAX_STEPS][MEMSIM_PHASE_COUNT];
     for (int r = 0; r < world; r++) {
         JsonObject *ro = json_array_get_object_element(ranks, (guint)r);
         cr_assert_eq(json_object_get_int_member(ro, "rank"), r);
@@ -208,13 +136,13 @@ static int compare_case(const char *json_path, int *checks_out, double worst[3])
         cr_assert(real, "%s: %s", trace, error ? error->message : "?");
         guint32 gr = (guint32)row_of[r];
         const MemsimRankReport *a = &ours->ranks[gr], *b = &real->ranks[0];
-        category_peaks(t, gr, cat_ours);
+        tu_category_peaks(t, gr, cat_ours);
         MemsimTrace *rt = memsim_trace_load(trace, &error);
         cr_assert(rt, "%s: %s", trace, error ? error->message : "?");
-        category_peaks(rt, 0, cat_real);
+        tu_category_peaks(rt, 0, cat_real);
         memsim_trace_free(rt);
         for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
-            const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
+            const MemsimStepPeaks *sa = tu_step_of(a, s), *sb = tu_step_of(b, s);
             cr_assert(sa && sb, "%s rank %d: step %u missing", name, r, s);
             double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                        (double)sb->peak_allocated;
@@ -245,7 +173,7 @@ static int compare_case(const char *json_path, int *checks_out, double worst[3])
                 if (fabs(pe) > fabs(worst[1]))
                     worst[1] = pe;
                 checks++;
-                const PhasePeak *ca = &cat_ours[s][ph], *cb = &cat_real[s][ph];
+                const TuPhasePeak *ca = &cat_ours[s][ph], *cb = &cat_real[s][ph];
                 for (int k = 0; k < MEMSIM_CAT_COUNT; k++) {
                     double d = (double)(ca->cat[k] - cb->cat[k]) / (double)cb->total;
                     if (fabs(d) > BOUND) {
@@ -329,7 +257,7 @@ Test(reference_dist, plain_ddp_does_not_match_zero_redundancy, .timeout = 120)
                         "torch-version", "1.13", "device", "cpu", "gpus", "2", "method", "ddp",
                         NULL};
     for (int i = 0; kv[i]; i += 2)
-        set(&run, kv[i], kv[i + 1]);
+        tu_set(&run, kv[i], kv[i + 1]);
     MemsimTrace *t = memsim_generate(m, &run, &error);
     cr_assert(t);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
@@ -338,7 +266,7 @@ Test(reference_dist, plain_ddp_does_not_match_zero_redundancy, .timeout = 120)
     g_autofree char *trace = g_build_filename(dir, json_object_get_string_member(r0, "trace"), NULL);
     MemsimReport *real = memsim_replay_path(trace, &o, &error);
     cr_assert(ours && real);
-    const MemsimStepPeaks *sa = step_of(&ours->ranks[0], 1), *sb = step_of(&real->ranks[0], 1);
+    const MemsimStepPeaks *sa = tu_step_of(&ours->ranks[0], 1), *sb = tu_step_of(&real->ranks[0], 1);
     cr_assert(sa && sb);
     double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                (double)sb->peak_allocated;
@@ -421,10 +349,10 @@ Test(reference_dist, zero_redundancy_partition_of_gpt2, .timeout = 300)
         MemsimRun run = memsim_run_defaults();
         char buf[8];
         g_snprintf(buf, sizeof buf, "%d", N);
-        set(&run, "seq", "64");
-        set(&run, "gpus", buf);
-        set(&run, "method", "ddp");
-        set(&run, "zero-redundancy", "true");
+        tu_set(&run, "seq", "64");
+        tu_set(&run, "gpus", buf);
+        tu_set(&run, "method", "ddp");
+        tu_set(&run, "zero-redundancy", "true");
         MemsimTrace *t = memsim_generate(m, &run, &error);
         cr_assert(t, "%s", error ? error->message : "?");
         MemsimReport *rep = memsim_replay_trace(t, NULL, &error);

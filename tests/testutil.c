@@ -180,3 +180,65 @@ GByteArray *tu_none_flood_pickle(gsize n, gsize batch)
     g_byte_array_append(b, (const guint8 *)".", 1);
     return b;
 }
+
+/* ---- comparisons with real recordings ---- */
+
+void tu_set(MemsimRun *run, const char *key, const char *value)
+{
+    GError *e = NULL;
+    gboolean ok = memsim_run_set(run, key, value, &e);
+    cr_assert(ok, "%s=%s: %s", key, value, ok ? "" : e->message);
+}
+
+const MemsimStepPeaks *tu_step_of(const MemsimRankReport *r, uint32_t step)
+{
+    for (guint i = 0; i < r->n_steps; i++)
+        if (r->steps[i].step == step)
+            return &r->steps[i];
+    return NULL;
+}
+
+void tu_category_peaks(MemsimTrace *t, guint32 rank,
+                       TuPhasePeak peaks[TU_MAX_STEPS][MEMSIM_PHASE_COUNT])
+{
+    memset(peaks, 0, sizeof(TuPhasePeak) * TU_MAX_STEPS * MEMSIM_PHASE_COUNT);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
+    GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    TuPhasePeak now = {0};
+    int step = 0, phase = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP && ev[i].id < h->n_ops) {
+            int ph = h->ops[ev[i].id].phase;
+            if (ph == MEMSIM_PHASE_FORWARD && phase != MEMSIM_PHASE_FORWARD)
+                step++;
+            phase = ph;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC) {
+            int c = ev[i].category == MEMSIM_CAT_KV_CACHE ||
+                            ev[i].category == MEMSIM_CAT_TEMPORARY ||
+                            ev[i].category == MEMSIM_CAT_COMM_BUFFER
+                        ? MEMSIM_CAT_ACTIVATION
+                        : ev[i].category;
+            int64_t *k = g_new(int64_t, 1), *v = g_new(int64_t, 2);
+            *k = (int64_t)ev[i].id;
+            v[0] = (int64_t)ev[i].size;
+            v[1] = c;
+            g_hash_table_replace(live, k, v);
+            now.total += v[0];
+            now.cat[c] += v[0];
+            if (step > 0 && step < TU_MAX_STEPS && phase >= 0 &&
+                now.total > peaks[step][phase].total)
+                peaks[step][phase] = now;
+        } else if (ev[i].kind == MEMSIM_EV_FREE) {
+            int64_t k = (int64_t)ev[i].id;
+            int64_t *v = g_hash_table_lookup(live, &k);
+            if (v) {
+                now.total -= v[0];
+                now.cat[v[1]] -= v[0];
+                g_hash_table_remove(live, &k);
+            }
+        }
+    }
+    g_hash_table_unref(live);
+}

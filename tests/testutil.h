@@ -3,6 +3,8 @@
 #define MEMSIM_TESTUTIL_H
 
 #include <glib.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
 #include <memsim/trace.h>
 
 /* Folder of the shared real data (../shared/data), or NULL when it is absent. */
@@ -43,5 +45,25 @@ double tu_children_cpu_s(void);
 GByteArray *tu_none_flood_pickle(gsize n, gsize batch);
 /* A fresh temporary directory (removed by the OS's tmp cleaning). Newly allocated. */
 char *tu_tmpdir(void);
+
+/* ---- comparisons with real recordings (test_reference*.c) ---- */
+
+/* Sets a run setting; fails the test naming it when refused. */
+void tu_set(MemsimRun *run, const char *key, const char *value);
+/* The peaks of step `step` of a rank's report, or NULL. */
+const MemsimStepPeaks *tu_step_of(const MemsimRankReport *r, uint32_t step);
+/* Live requested bytes by category at the peak of each (step, phase) of one rank of a trace; a
+ * step begins where the forward begins again (step 0 unused). A recorder calls activation what
+ * a forward leaves alive at its end and cannot tell communication buffers from other tensors,
+ * the generator calls activation what autograd saves: activations, temporaries, the KV cache
+ * and communication buffers are one bucket, filed as activation; parameters, gradients,
+ * optimizer state, inputs and buffers are each their own. */
+typedef struct {
+    int64_t total;
+    int64_t cat[MEMSIM_CAT_COUNT];
+} TuPhasePeak;
+#define TU_MAX_STEPS 8
+void tu_category_peaks(MemsimTrace *t, guint32 rank,
+                       TuPhasePeak peaks[TU_MAX_STEPS][MEMSIM_PHASE_COUNT]);
 
 #endif
