@@ -4,8 +4,10 @@
  * renders the table (tests/test_hf_versions.c compares the two). A difference not in this
  * table is not modelled: every release runs the newest code for it. */
 #include "traces/hf_versions.h"
+#include "traces/model.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static const HfRule rules[N_HF_RULES] = {
     [HF_SDPA_DEFAULT] = {
@@ -21,20 +23,71 @@ static const HfRule rules[N_HF_RULES] = {
         .evidence = "PR #26572 (SDPA for Llama, merged into main for 4.36); PR #27940 "
                     "(SDPA dispatch fix, cherry-picked for the 4.36 release on 2023-12-11)",
     },
+    [HF_SDPA_DEFAULT_MISTRAL] = {
+        .name = "sdpa-default-mistral",
+        .since = 4037,
+        .families = "mistral,mixtral",
+        .before = "MistralModel / MixtralModel: eager (MistralAttention: matmul, softmax in "
+                  "fp32, matmul) or flash_attention_2 when asked; no SDPA class",
+        .after = "MistralSdpaAttention / MixtralSdpaAttention, the default when "
+                 "attn_implementation is left unset",
+        .upstream = "src/transformers/models/mistral/modeling_mistral.py, "
+                    "src/transformers/models/mixtral/modeling_mixtral.py",
+        .evidence = "PR #28133 ([Mixtral & Mistral] Add support for sdpa), opened 2023-12-19, "
+                    "after the 4.36.0 release (2023-12-11, the first with Mixtral); Qwen2, new "
+                    "in 4.37, copies MistralSdpaAttention ('Copied from ... MistralSdpaAttention "
+                    "with Mistral->Qwen2')",
+    },
+    [HF_SDPA_DEFAULT_NEOX] = {
+        .name = "sdpa-default-gpt-neox",
+        .since = 4042,
+        .families = "gpt_neox",
+        .before = "GPTNeoXAttention._attn: eager (scores of q and k, causal where, softmax, "
+                  "matmul); no SDPA class (from_pretrained(attn_implementation='sdpa') raises)",
+        .after = "GPTNeoXSdpaAttention, the default when attn_implementation is left unset",
+        .upstream = "src/transformers/models/gpt_neox/modeling_gpt_neox.py",
+        .evidence = "PR #31031 ([GPT-NeoX] Add SDPA support); its author on EleutherAI/sparsify "
+                    "issue #1 (2024-06-27): 'It has been added now in v4.42.0'; the same issue "
+                    "quotes 4.41's 'GPTNeoXForCausalLM does not support ... "
+                    "scaled_dot_product_attention yet'",
+    },
+    [HF_CAUSAL_MASK_MAX_POS] = {
+        .name = "causal-mask-max-pos",
+        .since = 4038,
+        .until = 4039,
+        .families = "llama",
+        .before = "no such buffer; the mask made at the sequence's size (4.37: "
+                  "_prepare_4d_causal_attention_mask_for_sdpa, None without padding, so SDPA "
+                  "runs is_causal; from 4.39 as memsim's newest code)",
+        .after = "LlamaModel.__init__ registers causal_mask = triu(full((P, P), True)) for "
+                 "P = max_position_embeddings; _update_causal_mask makes causal_mask[None, "
+                 "None].repeat(B, 1, 1, 1).to(dtype) * min_dtype, (B,1,P,P), each forward; "
+                 "every attention indexes it, causal_mask[:, :, cache_position, :S] (a copy), "
+                 "and passes that to SDPA as attn_mask (no flash kernel; the mask saved)",
+        .upstream = "src/transformers/models/llama/modeling_llama.py",
+        .evidence = "InternLM/xtuner PR #531 ('Limit transformers != 4.38', 2024-03-29, citing "
+                    "v4.38.0 modeling_llama.py L921-923, the registered causal mask); issue "
+                    "#29484 (4.37.2 -> 4.38.2 out of memory: 'we had to change how the causal "
+                    "mask was initialized'); PR #29753 ('[BC 4.37 -> 4.38] for Llama family, "
+                    "memory and speed', fixes #29484), merged 2024-03-20 for 4.39",
+    },
     [HF_LOGITS_NOT_UPCAST] = {
         .name = "logits-not-upcast",
         .since = 4046,
-        .families = "llama",
-        .before = "LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, "
-                  "-num_logits_to_keep:, :]).float(); the loss in the forward: shift_logits = "
-                  "logits[..., :-1, :].contiguous(), CrossEntropyLoss on its view",
+        .families = "llama,mistral,qwen2,mixtral",
+        .before = "LlamaForCausalLM.forward (and Mistral's, Qwen2's, Mixtral's, copied from it): "
+                  "logits = self.lm_head(hidden_states[:, -num_logits_to_keep:, :]).float(); the "
+                  "loss in the forward: shift_logits = logits[..., :-1, :].contiguous(), "
+                  "CrossEntropyLoss on its view",
         .after = "logits in the model's dtype; loss = self.loss_function(...) "
                  "(ForCausalLMLoss: logits.float(), the labels padded and shifted)",
-        .upstream = "src/transformers/models/llama/modeling_llama.py, "
+        .upstream = "src/transformers/models/{llama,mistral,qwen2,mixtral}/modeling_*.py, "
                     "src/transformers/loss/loss_utils.py",
-        .evidence = "4.45's code: '# TODO: remove the float() operation in v4.46'; PR #33902 "
-                    "(removes it, 'given that 4.45 has been released and 4.46 is next'); "
-                    "issue #35066 (4.46.1's LlamaForCausalLM without the shift)",
+        .evidence = "4.45's code: '# TODO: remove the float() operation in v4.46' (in the Llama "
+                    "forward and the forwards copied from it); PR #33902 (removes it, 'given that "
+                    "4.45 has been released and 4.46 is next'); PR #34042 (tests follow #33902's "
+                    "removal of logits.float()); issue #35066 (4.46.1's LlamaForCausalLM without "
+                    "the shift)",
     },
 };
 
@@ -48,6 +101,40 @@ bool hf_since(const MemsimRun *run, HfRuleId id)
     g_assert(id < N_HF_RULES);
     int v = run->transformers_version ? run->transformers_version : HF_NEWEST;
     return v >= rules[id].since;
+}
+
+bool hf_applies(const MemsimModel *m, HfRuleId id)
+{
+    g_assert(id < N_HF_RULES);
+    if (!m->model_type)
+        return false;
+    g_auto(GStrv) types = g_strsplit(rules[id].families, ",", -1);
+    return g_strv_contains((const char *const *)types, m->model_type);
+}
+
+bool hf_before(const MemsimRun *run, const MemsimModel *m, HfRuleId id)
+{
+    return hf_applies(m, id) && !hf_since(run, id);
+}
+
+bool hf_within(const MemsimRun *run, const MemsimModel *m, HfRuleId id)
+{
+    int v = run->transformers_version ? run->transformers_version : HF_NEWEST;
+    return hf_applies(m, id) && hf_since(run, id) && (!rules[id].until || v < rules[id].until);
+}
+
+bool hf_any_rule(const MemsimModel *m)
+{
+    for (guint i = 0; i < N_HF_RULES; i++)
+        if (hf_applies(m, i))
+            return true;
+    return false;
+}
+
+bool hf_sdpa_default(const MemsimRun *run, const MemsimModel *m)
+{
+    return !hf_before(run, m, HF_SDPA_DEFAULT) && !hf_before(run, m, HF_SDPA_DEFAULT_MISTRAL) &&
+           !hf_before(run, m, HF_SDPA_DEFAULT_NEOX);
 }
 
 gboolean hf_version_parse(const char *v, int *out)
