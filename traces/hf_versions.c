@@ -74,20 +74,17 @@ static const HfRule rules[N_HF_RULES] = {
     [HF_LOGITS_NOT_UPCAST] = {
         .name = "logits-not-upcast",
         .since = 4046,
-        .families = "llama,mistral,qwen2,mixtral",
-        .before = "LlamaForCausalLM.forward (and Mistral's, Qwen2's, Mixtral's, copied from it): "
-                  "logits = self.lm_head(hidden_states[:, -num_logits_to_keep:, :]).float(); the "
-                  "loss in the forward: shift_logits = logits[..., :-1, :].contiguous(), "
-                  "CrossEntropyLoss on its view",
+        .families = "llama",
+        .before = "LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, "
+                  "-num_logits_to_keep:, :]).float(); the loss in the forward: shift_logits = "
+                  "logits[..., :-1, :].contiguous(), CrossEntropyLoss on its view",
         .after = "logits in the model's dtype; loss = self.loss_function(...) "
                  "(ForCausalLMLoss: logits.float(), the labels padded and shifted)",
-        .upstream = "src/transformers/models/{llama,mistral,qwen2,mixtral}/modeling_*.py, "
+        .upstream = "src/transformers/models/llama/modeling_llama.py, "
                     "src/transformers/loss/loss_utils.py",
-        .evidence = "4.45's code: '# TODO: remove the float() operation in v4.46' (in the Llama "
-                    "forward and the forwards copied from it); PR #33902 (removes it, 'given that "
-                    "4.45 has been released and 4.46 is next'); PR #34042 (tests follow #33902's "
-                    "removal of logits.float()); issue #35066 (4.46.1's LlamaForCausalLM without "
-                    "the shift)",
+        .evidence = "4.45's code: '# TODO: remove the float() operation in v4.46'; PR #33902 "
+                    "(removes it, 'given that 4.45 has been released and 4.46 is next'); "
+                    "issue #35066 (4.46.1's LlamaForCausalLM without the shift)",
     },
 };
 

@@ -1217,9 +1217,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         logits = op_linear(g, hs, w, md->lm_bias);
     }
     U(hs);
-    /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM
-     * (and Mistral's, Qwen2's, Mixtral's) forward returns lm_head(...).float(), the
-     * low-precision logits dropped at once */
+    /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
+     * returns lm_head(...).float(), the low-precision logits dropped at once */
     bool upcast_in_model = hf_before(md->run, m, HF_LOGITS_NOT_UPCAST) && md->tp == 1 && !md->sp;
     if (upcast_in_model) {
         AgTensor *lf = op_to(g, logits, DT_F32);
