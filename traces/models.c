@@ -62,9 +62,9 @@ static AgTensor *llama_attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     AgTensor *cm = NULL;
     if (f->mask_indexed) {
         /* Transformers 4.38 (traces/hf_versions.c causal-mask-max-pos), LlamaSdpaAttention and
-         * LlamaAttention: causal_mask = attention_mask[:, :, cache_position, :S], an
+         * LlamaAttention: causal_mask = attention_mask[:, :, cache_position, :kv_len], an
          * advanced-indexing copy of the model's (B,1,P,P) mask */
-        cm = op_new(md->g, "index", f->mask->dt, SHAPE(md->B, 1, md->S, md->S));
+        cm = op_new(md->g, "index", f->mask->dt, SHAPE(md->B, 1, md->S, ke->shape[2]));
         fa.mask = cm;
         fa.mask_indexed = false;
     }
