@@ -212,7 +212,8 @@ Test(hf_versions, sdpa_default_per_model_type)
 Test(hf_versions, logits_upcast_in_the_model_before_4_46)
 {
     /* LlamaForCausalLM only: Mistral's, Qwen2's and Mixtral's copies of it are not modelled
-     * (their move to loss_function is not pinned to a release) and run the newest code */
+     * (their move to loss_function is not pinned to a release) and run the newest code (Qwen2
+     * is left out: the releases here have it) */
     const char *jsons[] = {LLAMA, MISTRAL, MIXTRAL};
     const char *versions[] = {"4.44", "4.45", "4.45.2", "4.46", "4.57", NULL};
     uint64_t shifted = (uint64_t)B * (S - 1) * V * 4; /* fp32 [B, S-1, V] */
@@ -286,21 +287,36 @@ Test(hf_versions, refusals)
     }
     cr_expect(memsim_run_set(&run, "transformers-version", "5.2", &e));
     memsim_run_clear(&run);
-    /* a model type no row lists (qwen2: SDPA from its first release, its loss's move not
-     * pinned) refuses the setting, naming it */
-    g_autofree char *cfg = config_of(QWEN2);
-    MemsimModel *m = memsim_model_load(cfg, &e);
-    cr_assert(m, "%s", e ? e->message : "");
-    MemsimRun r = memsim_run_defaults();
-    cr_assert(memsim_run_set(&r, "transformers-version", "4.45", &e));
-    MemsimTrace *t = memsim_generate(m, &r, &e);
-    cr_expect_null(t);
-    cr_expect(e && strstr(e->message, "transformers-version") && strstr(e->message, "qwen2"),
-              "%s", e ? e->message : "(no error)");
-    g_clear_error(&e);
-    memsim_trace_free(t);
-    memsim_run_clear(&r);
-    memsim_model_free(m);
+    /* a model type before its first release is refused, naming both; from that release on
+     * it runs (model-type-mistral 4.34, model-type-mixtral 4.36, model-type-qwen2 4.37) */
+    struct {
+        const char *json, *type, *missing, *first;
+    } types[] = {
+        {MISTRAL, "mistral", "4.33", "4.34"},
+        {MIXTRAL, "mixtral", "4.35", "4.36"},
+        {QWEN2, "qwen2", "4.36", "4.37"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(types); i++) {
+        g_autofree char *cfg = config_of(types[i].json);
+        MemsimModel *m = memsim_model_load(cfg, &e);
+        cr_assert(m, "%s", e ? e->message : "");
+        MemsimRun r = memsim_run_defaults();
+        cr_assert(memsim_run_set(&r, "transformers-version", types[i].missing, &e));
+        MemsimTrace *t = memsim_generate(m, &r, &e);
+        cr_expect_null(t, "%s %s", types[i].type, types[i].missing);
+        cr_expect(e && e->code == MEMSIM_ERROR_BAD_INPUT && strstr(e->message, types[i].type) &&
+                      strstr(e->message, types[i].first),
+                  "%s", e ? e->message : "(no error)");
+        g_clear_error(&e);
+        memsim_trace_free(t);
+        cr_assert(memsim_run_set(&r, "transformers-version", types[i].first, &e));
+        t = memsim_generate(m, &r, &e);
+        cr_expect(t, "%s %s: %s", types[i].type, types[i].first, e ? e->message : "");
+        g_clear_error(&e);
+        memsim_trace_free(t);
+        memsim_run_clear(&r);
+        memsim_model_free(m);
+    }
 }
 
 /* The page renders the table: one row per rule, in order, with its name, releases (since,

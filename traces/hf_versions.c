@@ -71,6 +71,39 @@ static const HfRule rules[N_HF_RULES] = {
                     "mask was initialized'); PR #29753 ('[BC 4.37 -> 4.38] for Llama family, "
                     "memory and speed', fixes #29484), merged 2024-03-20 for 4.39",
     },
+    [HF_MODEL_MISTRAL] = {
+        .name = "model-type-mistral",
+        .since = 4034,
+        .families = "mistral",
+        .before = "no MistralConfig: AutoConfig raises KeyError: 'mistral' (memsim refuses the "
+                  "run)",
+        .after = "MistralForCausalLM",
+        .upstream = "src/transformers/models/mistral/modeling_mistral.py",
+        .evidence = "issue #26495 (2023-10-02: 'We'll be releasing v4.34.0 tomorrow. Mistral "
+                    "cannot be added to v4.33 through a patch'; later 'v4.34 with Mistral "
+                    "support was release[d]')",
+    },
+    [HF_MODEL_MIXTRAL] = {
+        .name = "model-type-mixtral",
+        .since = 4036,
+        .families = "mixtral",
+        .before = "no MixtralConfig: KeyError: 'mixtral' (memsim refuses the run)",
+        .after = "MixtralForCausalLM",
+        .upstream = "src/transformers/models/mixtral/modeling_mixtral.py",
+        .evidence = "vllm-project/vllm PR #2046 (2023-12-12: '4.36.0 is required to support "
+                    "Mixtral'); h2oai/h2o-llmstudio issue #536 (2023-12-11: the v4.36.0 release "
+                    "out with it)",
+    },
+    [HF_MODEL_QWEN2] = {
+        .name = "model-type-qwen2",
+        .since = 4037,
+        .families = "qwen2",
+        .before = "no Qwen2Config: KeyError: 'qwen2' (memsim refuses the run)",
+        .after = "Qwen2ForCausalLM",
+        .upstream = "src/transformers/models/qwen2/modeling_qwen2.py",
+        .evidence = "QwenLM/Qwen3 issues #30 and #247 (the Qwen maintainers: 'install "
+                    "transformers>=4.37.0, or you might encounter ... KeyError: 'qwen2'')",
+    },
     [HF_LOGITS_NOT_UPCAST] = {
         .name = "logits-not-upcast",
         .since = 4046,
@@ -126,6 +159,17 @@ bool hf_any_rule(const MemsimModel *m)
         if (hf_applies(m, i))
             return true;
     return false;
+}
+
+bool hf_model_type_exists(const MemsimRun *run, const MemsimModel *m, int *first)
+{
+    const HfRuleId types[] = {HF_MODEL_MISTRAL, HF_MODEL_MIXTRAL, HF_MODEL_QWEN2};
+    for (guint i = 0; i < G_N_ELEMENTS(types); i++)
+        if (hf_before(run, m, types[i])) {
+            *first = rules[types[i]].since;
+            return false;
+        }
+    return true;
 }
 
 bool hf_sdpa_default(const MemsimRun *run, const MemsimModel *m)

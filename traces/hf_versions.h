@@ -14,6 +14,9 @@ typedef enum {
     HF_SDPA_DEFAULT_NEOX,    /* the same for GPT-NeoX */
     HF_CAUSAL_MASK_MAX_POS,  /* 4.38's Llama: a (max_pos, max_pos) causal-mask buffer, the
                               * mask built at that size each forward, indexed per layer */
+    HF_MODEL_MISTRAL,        /* model_type mistral exists (before: refused, KeyError) */
+    HF_MODEL_MIXTRAL,        /* model_type mixtral exists */
+    HF_MODEL_QWEN2,          /* model_type qwen2 exists */
     HF_LOGITS_NOT_UPCAST, /* the forward returns logits in the model's dtype; the loss is
                            * loss_function (ForCausalLMLoss), which upcasts a copy (before:
                            * logits.float() in the forward, the loss shifting a fp32 copy) */
@@ -50,6 +53,9 @@ bool hf_within(const MemsimRun *run, const MemsimModel *m, HfRuleId id);
 /* Whether any rule lists the model's model_type (else --transformers-version changes nothing
  * for it and is refused). */
 bool hf_any_rule(const MemsimModel *m);
+/* Whether the run's release has the model's model_type (the model-type rows); FALSE with
+ * the release that first has it in *first. */
+bool hf_model_type_exists(const MemsimRun *run, const MemsimModel *m, int *first);
 /* Whether the run's release leaves attn_implementation unset at "sdpa" for the model (the
  * sdpa-default rows); TRUE for a model_type no such row lists. */
 bool hf_sdpa_default(const MemsimRun *run, const MemsimModel *m);

@@ -165,6 +165,17 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
                     m->model_type ? m->model_type : memsim_model_family(m));
         return NULL;
     }
+    int first = 0;
+    if (!hf_model_type_exists(run, m, &first)) {
+        /* traces/hf_versions.c, the model-type rows: AutoConfig of that release has no such
+         * model_type */
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "transformers-version: %d.%d has no model_type '%s' (first in %d.%d; "
+                    "traces/transformers_versions.md)",
+                    run->transformers_version / 1000, run->transformers_version % 1000,
+                    m->model_type, first / 1000, first % 1000);
+        return NULL;
+    }
     AgRules rules = run_rules(run);
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
