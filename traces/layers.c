@@ -512,10 +512,14 @@ static void bw_sdpa(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 }
 
 /* F.scaled_dot_product_attention on CUDA, flash or memory-efficient kernel (§7.3, §7.4). */
-static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *v, SdpaKind kind)
+static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *v, AgTensor *bias,
+                                 SdpaKind kind)
 {
     AgGraph *g = md->g;
     AgTensor *qc = op_autocast(g, q), *kc = op_autocast(g, k), *vc = op_autocast(g, v);
+    /* an attn_mask given (bias: Fwd.bias_saved) is cast like q, k, v under autocast and saved:
+     * _efficient_attention_backward takes attn_bias (derivatives.yaml) */
+    AgTensor *bc = bias ? op_autocast(g, bias) : NULL;
     int64_t B = qc->shape[0], nh = qc->shape[1], S = qc->shape[2], hd = qc->shape[3];
     AgTensor *ob, *lse, *rng;
     /* op-level SAC keeps the kernel's whole output tuple (out, logsumexp, RNG state) */
@@ -556,6 +560,8 @@ static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *
         gn_save(g, n, lse);
         if (rng)
             gn_save(g, n, rng);
+        if (bc)
+            gn_save(g, n, bc);
         /* o is a view: the node owns the output through it */
         o->grad_fn = NULL;
         gn_set_output(n, o, 0);
@@ -565,6 +571,7 @@ static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *
     U(qc);
     U(kc);
     U(vc);
+    U(bc);
     AgTensor *ot = op_transpose(g, o, 1, 2);
     U(o);
     AgTensor *oc = op_contiguous(g, ot);
@@ -631,17 +638,18 @@ static AgTensor *attention_core(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgT
                     md->m->attn_pdrop == 0.0;
     if (a == MEMSIM_ATTN_FLASH || (a == MEMSIM_ATTN_SDPA && flash_ok)) {
         /* HF passes enable_gqa (no repeat) when there is no mask */
-        return attn_sdpa_fused(md, q, k, v, SDPA_FLASH);
+        return attn_sdpa_fused(md, q, k, v, NULL, SDPA_FLASH);
     }
+    AgTensor *bias = f->bias_saved ? f->mask : NULL;
     if (q->shape[1] != k->shape[1]) {
         AgTensor *kr = repeat_kv(md, k, q->shape[1] / k->shape[1]);
         AgTensor *vr = repeat_kv(md, v, q->shape[1] / v->shape[1]);
-        AgTensor *o = attn_sdpa_fused(md, q, kr, vr, SDPA_EFFICIENT);
+        AgTensor *o = attn_sdpa_fused(md, q, kr, vr, bias, SDPA_EFFICIENT);
         U(kr);
         U(vr);
         return o;
     }
-    return attn_sdpa_fused(md, q, k, v, SDPA_EFFICIENT);
+    return attn_sdpa_fused(md, q, k, v, bias, SDPA_EFFICIENT);
 }
 
 typedef struct {

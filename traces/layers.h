@@ -11,6 +11,12 @@ typedef struct {
     AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
     AgTensor *cos4, *sin4;
     bool eager;
+    /* Transformers 4.38's Llama (traces/hf_versions.c causal-mask-max-pos): `mask` is the
+     * (B,1,P,P) mask of max_position_embeddings P that each attention indexes
+     * (mask[:, :, cache_position, :S], a copy), and SDPA takes that copy as attn_mask and saves
+     * it for backward (bias_saved) */
+    bool mask_indexed;
+    bool bias_saved;
 } Fwd;
 
 AgTensor *nn_param(Model *md, DType dt, int nd, const int64_t *shape, bool trainable);

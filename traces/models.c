@@ -58,7 +58,18 @@ static AgTensor *llama_attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     U(q);
     U(k);
     nn_cache_update(md, &ke, &v);
-    AgTensor *o = nn_attention(md, f, qe, ke, v, true);
+    Fwd fa = *f;
+    AgTensor *cm = NULL;
+    if (f->mask_indexed) {
+        /* Transformers 4.38 (traces/hf_versions.c causal-mask-max-pos), LlamaSdpaAttention and
+         * LlamaAttention: causal_mask = attention_mask[:, :, cache_position, :kv_len], an
+         * advanced-indexing copy of the model's (B,1,P,P) mask */
+        cm = op_new(md->g, "index", f->mask->dt, SHAPE(md->B, 1, md->S, ke->shape[2]));
+        fa.mask = cm;
+        fa.mask_indexed = false;
+    }
+    AgTensor *o = nn_attention(md, &fa, qe, ke, v, true);
+    U(cm);
     U(qe);
     U(ke);
     U(v);
@@ -917,6 +928,10 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
         m->fam == FAM_FALCON) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
         md->inv_freq = nn_buffer(md, DT_F32, SHAPE(rd / 2));
+        /* Transformers 4.38 (traces/hf_versions.c causal-mask-max-pos): LlamaModel.__init__
+         * registers causal_mask = triu(full((P, P), True), 1), P = max_position_embeddings */
+        if (md->first && hf_within(run, m, HF_CAUSAL_MASK_MAX_POS))
+            nn_buffer(md, DT_BOOL, SHAPE(m->max_pos, m->max_pos));
         if (!gg_rules(g)->v113)
             nn_buffer(md, DT_F32, SHAPE(rd / 2)); /* original_inv_freq clone */
     }
@@ -1030,8 +1045,20 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(ar);
     /* the causal mask: eager materialises an additive (B,1,S,S); SDPA uses is_causal,
      * except Falcon (always a bool mask) */
-    AgTensor *cmask = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
-    if (f.eager || m->fam == FAM_BLOOM) {
+    bool mask_max_pos = hf_within(md->run, m, HF_CAUSAL_MASK_MAX_POS);
+    AgTensor *cmask = mask_max_pos ? NULL : op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
+    if (mask_max_pos) {
+        /* Transformers 4.38's LlamaModel._update_causal_mask: causal_mask[None, None]
+         * .repeat(B, 1, 1, 1).to(dtype) * min_dtype at the buffer's size P (grown to S when
+         * S > P), dtype the embeddings' (traces/hf_versions.c causal-mask-max-pos) */
+        int64_t P = m->max_pos > S ? m->max_pos : S;
+        AgTensor *rep = op_new(g, "repeat", DT_BOOL, SHAPE(B, 1, P, P));
+        AgTensor *cv = op_new(g, "_to_copy", md->adt, SHAPE(B, 1, P, P));
+        U(rep);
+        f.mask = op_new(g, "mul", md->adt, SHAPE(B, 1, P, P));
+        U(cv);
+        f.mask_indexed = f.bias_saved = true;
+    } else if (f.eager || m->fam == FAM_BLOOM) {
         f.mask = op_new(g, "where", c->autocast && md->adt == DT_F32 ? DT_F32 : md->adt,
                         SHAPE(B, 1, S, S));
     } else if (m->fam == FAM_FALCON) {
@@ -1211,8 +1238,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(hs);
     /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
      * returns lm_head(...).float(), the low-precision logits dropped at once */
-    bool upcast_in_model = m->fam == FAM_LLAMA && !hf_since(md->run, HF_LOGITS_NOT_UPCAST) &&
-                           md->tp == 1 && !md->sp;
+    bool upcast_in_model = hf_before(md->run, m, HF_LOGITS_NOT_UPCAST) && md->tp == 1 && !md->sp;
     if (upcast_in_model) {
         AgTensor *lf = op_to(g, logits, DT_F32);
         U(logits);

@@ -79,10 +79,9 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
 {
     if (!memsim_run_given(run, "seq") && learned_positions(m) && run->seq > m->max_pos)
         run->seq = m->max_pos;
-    /* Transformers before 4.36 leaves attn_implementation at eager (traces/hf_versions.c
-     * sdpa-default) */
-    if (!memsim_run_given(run, "attention") && m->fam == FAM_LLAMA &&
-        !hf_since(run, HF_SDPA_DEFAULT))
+    /* a Transformers release before the model's SDPA class leaves attn_implementation at
+     * eager (traces/hf_versions.c, the sdpa-default rows) */
+    if (!memsim_run_given(run, "attention") && !hf_sdpa_default(run, m))
         run->attention = MEMSIM_ATTN_EAGER;
     /* Megatron accumulates over its micro-batches (forward_backward_func runs them, the
      * gradients summed in the grad buffer): --grad-accum N without --microbatches is N
@@ -158,12 +157,23 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     }
     if (!within_bounds(m, run, error))
         return NULL;
-    if (memsim_run_given(run, "transformers-version") && m->fam != FAM_LLAMA) {
+    if (memsim_run_given(run, "transformers-version") && !hf_any_rule(m)) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "transformers-version: memsim models no difference between Transformers "
-                    "releases for the %s family (traces/transformers_versions.md lists those "
+                    "releases for model_type '%s' (traces/transformers_versions.md lists those "
                     "it does)",
-                    memsim_model_family(m));
+                    m->model_type ? m->model_type : memsim_model_family(m));
+        return NULL;
+    }
+    int first = 0;
+    if (!hf_model_type_exists(run, m, &first)) {
+        /* traces/hf_versions.c, the model-type rows: AutoConfig of that release has no such
+         * model_type */
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "transformers-version: %d.%d has no model_type '%s' (first in %d.%d; "
+                    "traces/transformers_versions.md)",
+                    run->transformers_version / 1000, run->transformers_version % 1000,
+                    m->model_type, first / 1000, first % 1000);
         return NULL;
     }
     AgRules rules = run_rules(run);

@@ -55,7 +55,7 @@ _memsim_values()
     --gpu) echo a100-40gb a100-80gb h100-80gb h200 v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
     --sequence-parallel | --inference) echo true false ;;
     --torch-version) echo 1.13 2.0 2.1 2.2 2.3 2.4 2.5 2.6 2.7 2.8 2.9 ;;
-    --transformers-version) echo 4.35 4.36 4.45 4.46 4.57 5.0 ;;
+    --transformers-version) echo 4.35 4.36 4.37 4.38 4.39 4.41 4.42 4.45 4.46 4.57 5.0 ;;
     --use-cache | --keep-outputs | --zero-redundancy) echo true false ;;
     --allocator | --allocators)
         _memsim_query "$1" replay --allocator help | awk '/^[a-z]/ {print $1}'
