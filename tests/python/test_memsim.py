@@ -72,6 +72,26 @@ class Estimate(unittest.TestCase):
                 want = cli_json("estimate", "--model", model, *flags(run))
                 self.assertEqual(got, want)
 
+    def test_launch_and_config(self):
+        """A Megatron-LM launch and a DeepSpeed config, as the command reads them."""
+        root = os.environ["MEMSIM_SOURCE_ROOT"]
+        launch = os.path.join(root, "tools", "examples", "megatron", "llama3-70b.sh")
+        ds = os.path.join(root, "tests", "data", "deepspeed", "hf-trainer-zero2-auto.json")
+        self.assertEqual(memsim.estimate(megatron_args=launch),
+                         cli_json("estimate", "--megatron-args", launch))
+        run = dict(seq=128, gpus=2, deepspeed_config=ds,
+                   deepspeed_set=["zero_optimization.overlap_comm=false"])
+        self.assertEqual(memsim.estimate("opt-125m", **run),
+                         cli_json("estimate", "--model", "opt-125m", "--seq", "128", "--gpus",
+                                  "2", "--deepspeed-config", ds, "--deepspeed-set",
+                                  "zero_optimization.overlap_comm=false"))
+        with self.assertRaises(memsim.Error):
+            memsim.estimate("gpt2", megatron_args=launch)
+        with self.assertRaises(memsim.Error):
+            memsim.estimate("opt-125m", deepspeed_set="a=1")
+        with self.assertRaises(memsim.Error):  # the launch sets the sequence itself
+            memsim.estimate(megatron_args=launch, seq=1024)
+
     def test_run_file(self):
         with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
             f.write("[run]\nbatch=3\nseq=64\noptimizer=sgd\n")

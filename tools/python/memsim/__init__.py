@@ -39,6 +39,7 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 
 __all__ = ["Error", "estimate", "plan", "replay", "compare", "models", "convert", "record",
            "library_path"]
@@ -66,6 +67,11 @@ class _Run(ctypes.Structure):
     struct is returned by value through a hidden pointer to this buffer);
     tests/test_python.c asserts the C struct still fits."""
     _fields_ = [("_opaque", ctypes.c_uint64 * 512)]
+
+
+class _RunSettingName(ctypes.Structure):
+    """The first field of MemsimRunSetting (include/memsim/gen.h): its key."""
+    _fields_ = [("name", ctypes.c_char_p)]
 
 
 class _EstimateOptions(ctypes.Structure):
@@ -179,6 +185,8 @@ def _load_locked():
     fn("memsim_run_clear", None, ctypes.POINTER(_Run))
     fn("memsim_run_set", B, ctypes.POINTER(_Run), S, S, _ERR)
     fn("memsim_run_load_file", B, ctypes.POINTER(_Run), S, _ERR)
+    fn("memsim_run_given", B, ctypes.POINTER(_Run), S)
+    fn("memsim_run_setting_info", ctypes.POINTER(_RunSettingName), ctypes.c_uint)
     fn("memsim_model_load", P, S, _ERR)
     fn("memsim_model_free", None, P)
     fn("memsim_model_presets", ctypes.POINTER(S))
@@ -215,6 +223,21 @@ def _load_locked():
         fn("memsim_plan_to_json", P, P)
         fn("memsim_plan_free", None, P)
         fn("memsim_plan_option_keys", ctypes.POINTER(S))
+    if hasattr(lib, "memsim_deepspeed_load_set"):  # libraries from before the configs lack it
+        fn("memsim_deepspeed_load_set", P, S, ctypes.POINTER(S), _ERR)
+        fn("memsim_deepspeed_sets", B, P, S)
+        fn("memsim_deepspeed_apply", B, P, ctypes.POINTER(_Run), _ERR)
+        fn("memsim_deepspeed_warnings", ctypes.POINTER(S), P)
+        fn("memsim_deepspeed_free", None, P)
+    if hasattr(lib, "memsim_megatron_load"):
+        fn("memsim_megatron_load", P, S, _ERR)
+        fn("memsim_megatron_model", P, P)
+        fn("memsim_megatron_apply", None, P, ctypes.POINTER(_Run))
+        fn("memsim_megatron_sets", B, P, S)
+        fn("memsim_megatron_set_gpus", B, P, B, _ERR)
+        fn("memsim_megatron_warnings", ctypes.POINTER(S), P)
+        fn("memsim_megatron_alloc_conf", S, P)
+        fn("memsim_megatron_free", None, P)
     _glib = glib
     _lib = lib
     return lib
@@ -287,36 +310,115 @@ def _value(v):
 
 # ------------------------------------------------------------------------- the calls ----
 
-def estimate(model, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=None,
-             alloc_conf=None, **run):
+def _warn(lines):
+    i = 0
+    while lines[i]:
+        warnings.warn(lines[i].decode("utf-8", "replace"), stacklevel=3)
+        i += 1
+
+
+class _Sources:
+    """The run's sources besides the model: a Megatron-LM launch (which gives the model) or a
+    DeepSpeed config with overrides, read into the run as the command reads them."""
+
+    def __init__(self, lib, r, gpus, model, megatron_args, deepspeed_config, deepspeed_set):
+        self.lib, self.mg, self.ds, self.model = lib, None, None, None
+        if megatron_args is not None and model is not None:
+            raise Error("--model and --megatron-args: give one (the launch %s describes the "
+                        "model)" % _value(megatron_args))
+        if megatron_args is None and model is None:
+            raise Error("--model (or --megatron-args) is required")
+        if deepspeed_set is not None and deepspeed_config is None:
+            raise Error("--deepspeed-set needs --deepspeed-config")
+        if megatron_args is not None and deepspeed_config is not None:
+            raise Error("--megatron-args and --deepspeed-config: give one")
+        given = lambda k: lib.memsim_run_given(ctypes.byref(r), _b(k))  # noqa: E731
+        if megatron_args is not None:
+            self.mg = _call(lib.memsim_megatron_load, _b(_value(megatron_args)))
+            _warn(lib.memsim_megatron_warnings(self.mg))
+            for k in _setting_names(lib):
+                if given(k) and lib.memsim_megatron_sets(self.mg, _b(k)):
+                    raise Error("--%s and --megatron-args %s: the launch sets %s itself; give "
+                                "one of them" % (k, _value(megatron_args), k))
+            if given("gpus"):
+                if gpus is None:
+                    raise Error("megatron_args with gpus from a run file: give gpus= as a "
+                                "keyword")
+                _call(lib.memsim_megatron_set_gpus, self.mg, int(gpus))
+            lib.memsim_megatron_apply(self.mg, ctypes.byref(r))
+            self.model = lib.memsim_megatron_model(self.mg)
+        if deepspeed_config is not None:
+            sets = [deepspeed_set] if isinstance(deepspeed_set, str) else list(deepspeed_set or [])
+            arr = (ctypes.c_char_p * (len(sets) + 1))(*[_b(x) for x in sets], None)
+            self.ds = _call(lib.memsim_deepspeed_load_set, _b(_value(deepspeed_config)), arr)
+            _warn(lib.memsim_deepspeed_warnings(self.ds))
+            for k in _setting_names(lib):
+                if given(k) and k != "gpus" and lib.memsim_deepspeed_sets(self.ds, _b(k)):
+                    raise Error("--%s and --deepspeed-config %s: the config sets %s itself; give "
+                                "one of them" % (k, _value(deepspeed_config), k))
+            _call(lib.memsim_deepspeed_apply, self.ds, ctypes.byref(r))
+
+    def alloc_conf(self):
+        return self.lib.memsim_megatron_alloc_conf(self.mg) if self.mg else None
+
+    def free(self):
+        if self.mg:
+            self.lib.memsim_megatron_free(self.mg)
+        if self.ds:
+            self.lib.memsim_deepspeed_free(self.ds)
+
+
+def _setting_names(lib):
+    out = []
+    i = 0
+    while True:
+        info = lib.memsim_run_setting_info(i)
+        if not info:
+            return out
+        out.append(info.contents.name.decode("utf-8"))
+        i += 1
+
+
+def estimate(model=None, gpu_mem=None, cuda_context=None, nccl_mem=None, allocator=None,
+             alloc_conf=None, megatron_args=None, deepspeed_config=None, deepspeed_set=None,
+             **run):
     """One run's peak memory on a GPU, as `memsim estimate --json` prints it.
 
     model: a preset name (see models()) or the path of a Hugging Face config.json.
     gpu_mem, cuda_context, nccl_mem: sizes ("80GiB" or bytes); allocator, alloc_conf:
-    strings.
+    strings. megatron_args: a Megatron-LM launch (a command line, shell script or test
+    model_config.yaml) instead of model; deepspeed_config: a ds_config.json, deepspeed_set
+    its KEY=VALUE overrides (a string or a list). Their warnings are Python warnings.
     run: the run settings, named as the command's flags with underscores for dashes.
     Raises Error on bad input."""
     lib = _load()
     r = lib.memsim_run_defaults()
-    m = rep = None
+    m = rep = src = None
     try:
-        # In the command's order: the run flags as given, then the sizes, then the model.
+        # In the command's order: the run flags as given, the launch or config, then the
+        # sizes, then the model.
         _apply_run(lib, r, run)
-        eo = _EstimateOptions(_b(allocator), _b(alloc_conf), 0, _CONTEXT_DEFAULT, 0)
+        src = _Sources(lib, r, run.get("gpus"), model, megatron_args, deepspeed_config,
+                       deepspeed_set)
+        conf = _b(alloc_conf) if alloc_conf is not None else src.alloc_conf()
+        eo = _EstimateOptions(_b(allocator), conf, 0, _CONTEXT_DEFAULT, 0)
         if gpu_mem is not None:
             eo.gpu_mem, eo.device = _gpu_mem(gpu_mem)
         if cuda_context is not None:
             eo.context_bytes = _size("cuda-context", cuda_context)
         if nccl_mem is not None:
             eo.nccl_bytes = _size("nccl-mem", nccl_mem)
-        m = _call(lib.memsim_model_load, _b(_value(model)))
-        rep = _call(lib.memsim_estimate, m, ctypes.byref(r), ctypes.byref(eo))
+        if src.model is None:
+            m = _call(lib.memsim_model_load, _b(_value(model)))
+        rep = _call(lib.memsim_estimate, src.model or m, ctypes.byref(r), ctypes.byref(eo))
         return _report_json(rep)
     finally:
         if rep:
             lib.memsim_report_free(rep)
         if m:
             lib.memsim_model_free(m)
+        if src:
+            src.free()
         lib.memsim_run_clear(ctypes.byref(r))
 
 
@@ -331,7 +433,7 @@ def _plan_keys(lib):
     return out
 
 
-def plan(model, **kwargs):
+def plan(model=None, megatron_args=None, deepspeed_config=None, deepspeed_set=None, **kwargs):
     """The fastest configuration that fits, as `memsim plan --json` prints it: the ranked
     "rows", the closest "misses", the "recommended" one, "mig" slices, "notes" and the
     "sweep" figures (whose elapsed_s is the wall time of this call).
@@ -341,8 +443,9 @@ def plan(model, **kwargs):
     methods (a list or "zero3,fsdp"), schedules, checkpointing_modes, max_batch,
     no_expandable, no_offload, top, misses, exhaustive, threads, cuda_context, nccl_mem,
     efficiency, network_gbs; every other keyword is a run setting as for estimate(), the
-    cluster among them: gpus, gpu, gpus_per_node. The sweep runs on the library's worker
-    threads with the GIL released. Raises Error on bad input."""
+    cluster among them: gpus, gpu, gpus_per_node. megatron_args, deepspeed_config and
+    deepspeed_set as for estimate(). The sweep runs on the library's worker threads with the
+    GIL released. Raises Error on bad input."""
     lib = _load()
     if not hasattr(lib, "memsim_plan_options_new"):
         raise Error("this libmemsim has no planner (memsim_plan_options_new)")
@@ -350,17 +453,24 @@ def plan(model, **kwargs):
     run = {k: v for k, v in kwargs.items() if k.replace("_", "-") not in plan_keys}
     opts = [(k.replace("_", "-"), v) for k, v in kwargs.items()
             if k.replace("_", "-") in plan_keys]
+    if megatron_args is not None and "global_batch" in kwargs:
+        raise Error("--global-batch and --megatron-args %s: the launch sets the global batch "
+                    "itself; give one of them" % _value(megatron_args))
     r = lib.memsim_run_defaults()
     o = lib.memsim_plan_options_new()
-    m = p = None
+    m = p = src = None
     try:
-        # In the command's order: the run flags, the plan options, then the model.
+        # In the command's order: the run flags, the launch or config, the plan options,
+        # then the model.
         _apply_run(lib, r, run)
+        src = _Sources(lib, r, run.get("gpus"), model, megatron_args, deepspeed_config,
+                       deepspeed_set)
         lib.memsim_plan_options_use_run(o, ctypes.byref(r))
         for key, v in opts:
             _call(lib.memsim_plan_options_set, o, _b(key), _b(_value(v)))
-        m = _call(lib.memsim_model_load, _b(_value(model)))
-        p = _call(lib.memsim_plan, m, o)
+        if src.model is None:
+            m = _call(lib.memsim_model_load, _b(_value(model)))
+        p = _call(lib.memsim_plan, src.model or m, o)
         s = lib.memsim_plan_to_json(p)
         try:
             return json.loads(ctypes.string_at(s).decode("utf-8"))
@@ -371,6 +481,8 @@ def plan(model, **kwargs):
             lib.memsim_plan_free(p)
         if m:
             lib.memsim_model_free(m)
+        if src:
+            src.free()
         lib.memsim_plan_options_free(o)
         lib.memsim_run_clear(ctypes.byref(r))
 
