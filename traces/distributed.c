@@ -732,6 +732,30 @@ static int64_t ipg_cap(const Dist *d)
     return d->rb < d->psi_pad ? d->rb : d->psi_pad;
 }
 
+/* Reduces the filled part of the ipg bucket: a flattened copy, reduce-scatter (stage 3) or
+ * all-reduce, copied back; with reduce_scatter off the bucket is all-reduced in place
+ * (stage_1_and_2.py average_tensor: gradient_reduction_w_predivide; stage3.py
+ * __avg_scatter_grads). Without contiguous_gradients the bucket's gradients go once reduced
+ * (buffered_reduce_fallback). */
+static void reduce_ipg(Dist *d)
+{
+    AgGraph *g = d->g;
+    if (d->ipg_fill > 0) {
+        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
+        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
+        MemsimCollectiveKind kind = d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
+                                                                     : MEMSIM_COLL_ALL_REDUCE;
+        uint64_t bytes = (uint64_t)d->ipg_fill * dt_size(d->cdt);
+        gg_collective(g, kind, bytes, 0, coll_us(d, kind, bytes));
+        gt_unref(g, tmp);
+        d->ipg_fill = 0;
+    }
+    for (guint i = 0; d->pending && i < d->pending->len; i++)
+        gt_unref(g, d->pending->pdata[i]);
+    if (d->pending)
+        g_ptr_array_set_size(d->pending, 0);
+}
+
 static void zero_grad_hook(Dist *d, AgTensor *p)
 {
     AgGraph *g = d->g;
@@ -758,25 +782,7 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
         gg_host(g, d->host_accum);
     }
     if (d->ipg_fill + n > cap && d->ipg_fill > 0) {
-        /* reduce the bucket: a flattened copy, reduce-scatter / all-reduce, copy back; with
-         * reduce_scatter off the bucket is all-reduced in place (stage_1_and_2.py
-         * average_tensor: gradient_reduction_w_predivide; stage3.py __avg_scatter_grads) */
-        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
-        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
-        gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
-                                                          : MEMSIM_COLL_ALL_REDUCE,
-                      (uint64_t)d->ipg_fill * 2, 0,
-                      coll_us(d, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
-                                                                  : MEMSIM_COLL_ALL_REDUCE,
-                              (uint64_t)d->ipg_fill * 2));
-        gt_unref(g, tmp);
-        d->ipg_fill = 0;
-        /* without contiguous_gradients the bucket's gradients go once reduced
-         * (buffered_reduce_fallback) */
-        for (guint i = 0; d->pending && i < d->pending->len; i++)
-            gt_unref(g, d->pending->pdata[i]);
-        if (d->pending)
-            g_ptr_array_set_size(d->pending, 0);
+        reduce_ipg(d);
         /* stage 2 copies the owned gradients into grads_in_partition (allocated at the first
          * copy, freed at the step); ZeRO-Offload copies them to the host instead
          * (copy_grads_in_partition); stage 3 has its persistent flat partitions */
@@ -803,22 +809,7 @@ static void zero_grad_hook(Dist *d, AgTensor *p)
 static void zero_flush(Dist *d)
 {
     AgGraph *g = d->g;
-    if (d->ipg_fill > 0) {
-        bool in_place = d->ds && !d->z.reduce_scatter && d->ipg;
-        AgTensor *tmp = in_place ? NULL : alloc_cat(g, MEMSIM_CAT_COMM_BUFFER, d->cdt, d->ipg_fill);
-        gg_collective(g, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
-                                                          : MEMSIM_COLL_ALL_REDUCE,
-                      (uint64_t)d->ipg_fill * 2, 0,
-                      coll_us(d, d->method == MEMSIM_METHOD_ZERO3 ? MEMSIM_COLL_REDUCE_SCATTER
-                                                                  : MEMSIM_COLL_ALL_REDUCE,
-                              (uint64_t)d->ipg_fill * 2));
-        gt_unref(g, tmp);
-        d->ipg_fill = 0;
-    }
-    for (guint i = 0; d->pending && i < d->pending->len; i++)
-        gt_unref(g, d->pending->pdata[i]);
-    if (d->pending)
-        g_ptr_array_set_size(d->pending, 0);
+    reduce_ipg(d);
     if (!d->grad_part && zero_partitions_grads(d) && d->method != MEMSIM_METHOD_ZERO3 &&
         !(d->ds && d->z.offload_optimizer))
         d->grad_part = alloc_cat(g, MEMSIM_CAT_GRADIENT, d->cdt, d->psi_pad / d->N);
