@@ -371,39 +371,6 @@ Test(distributed, korthikanti_table_2, .timeout = 600)
     }
 }
 
-/* The most bytes of category `cat` the program of rank 0 holds at once (between its ALLOC
- * and FREE events, the program's view), over the events of `phase` (or all, with -1). */
-static int64_t peak_live(MemsimTrace *t, uint8_t cat, int phase)
-{
-    gsize n;
-    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
-    MemsimTraceHeader *h = memsim_trace_header(t);
-    GHashTable *size = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
-    int64_t live = 0, best = 0;
-    int cur = -1;
-    for (gsize i = 0; i < n; i++) {
-        if (ev[i].kind == MEMSIM_EV_OP) {
-            cur = h->ops[ev[i].id].phase;
-        } else if (ev[i].kind == MEMSIM_EV_ALLOC && ev[i].category == cat) {
-            int64_t *k = g_new(int64_t, 1);
-            *k = (int64_t)ev[i].id;
-            g_hash_table_insert(size, k, GSIZE_TO_POINTER((gsize)ev[i].size));
-            live += (int64_t)ev[i].size;
-        } else if (ev[i].kind == MEMSIM_EV_FREE) {
-            int64_t k = (int64_t)ev[i].id;
-            gpointer v;
-            if (g_hash_table_lookup_extended(size, &k, NULL, &v)) {
-                live -= (int64_t)GPOINTER_TO_SIZE(v);
-                g_hash_table_remove(size, &k);
-            }
-        }
-        if ((phase < 0 || cur == phase) && live > best)
-            best = live;
-    }
-    g_hash_table_unref(size);
-    return best;
-}
-
 /* ZeRO-3 and FSDP FULL_SHARD gather one decoder layer at a time: besides this rank's
  * partition, at most the layer computing and the one prefetched (DISTRIBUTED.md §2.4.3,
  * §3.5) plus the root unit are gathered — in forward, in backward, and in the recompute
@@ -431,9 +398,9 @@ Test(distributed, sharded_parameters_gathered_per_layer, .timeout = 300)
                                       "checkpointing", ckpts[j], NULL};
             MemsimTrace *t = NULL;
             MemsimReport *rep = run_dist("llama-2-7b", settings, &t);
-            int64_t bw = peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD);
-            int64_t fw = peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_FORWARD);
-            int64_t any = peak_live(t, MEMSIM_CAT_PARAMETER, -1);
+            int64_t bw = tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD);
+            int64_t fw = tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_FORWARD);
+            int64_t any = tu_peak_live(t, MEMSIM_CAT_PARAMETER, -1);
             int64_t bound = part + gr + 2 * gl;
             cr_expect(bw <= bound, "%s %s: backward holds %" G_GINT64_FORMAT " parameter bytes, "
                       "partition + root + 2 layers = %" G_GINT64_FORMAT, methods[i], ckpts[j], bw,

@@ -73,38 +73,6 @@ static const MemsimBreakdown *state_of(const MemsimRankReport *r)
     return NULL;
 }
 
-/* The most parameter bytes rank 0's program holds at once in backward (ALLOC to FREE). */
-static int64_t backward_params(MemsimTrace *t)
-{
-    gsize n;
-    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
-    MemsimTraceHeader *h = memsim_trace_header(t);
-    GHashTable *size = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
-    int64_t live = 0, best = 0;
-    int cur = -1;
-    for (gsize i = 0; i < n; i++) {
-        if (ev[i].kind == MEMSIM_EV_OP) {
-            cur = h->ops[ev[i].id].phase;
-        } else if (ev[i].kind == MEMSIM_EV_ALLOC && ev[i].category == MEMSIM_CAT_PARAMETER) {
-            int64_t *k = g_new(int64_t, 1);
-            *k = (int64_t)ev[i].id;
-            g_hash_table_insert(size, k, GSIZE_TO_POINTER((gsize)ev[i].size));
-            live += (int64_t)ev[i].size;
-        } else if (ev[i].kind == MEMSIM_EV_FREE) {
-            int64_t k = (int64_t)ev[i].id;
-            gpointer v;
-            if (g_hash_table_lookup_extended(size, &k, NULL, &v)) {
-                live -= (int64_t)GPOINTER_TO_SIZE(v);
-                g_hash_table_remove(size, &k);
-            }
-        }
-        if (cur == MEMSIM_PHASE_BACKWARD && live > best)
-            best = live;
-    }
-    g_hash_table_unref(size);
-    return best;
-}
-
 typedef struct {
     const char *version, *sharding, *param, *reduce, *offload;
 } Case;
@@ -159,7 +127,7 @@ static void check_case(const Case *k)
     if (!no_shard && strcmp(k->sharding, "grad-op") != 0) {
         /* backward: the shards, the root and two layers unsharded in param_dtype */
         int64_t want_bw = (off ? 0 : 4 * S) + gp * N * Sr + 2 * gp * N * Sl;
-        int64_t bw = backward_params(t);
+        int64_t bw = tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD);
         cr_expect_eq(bw, want_bw,
                      "FSDP%s %s param %s offload %s: backward holds %" G_GINT64_FORMAT
                      " parameter bytes, want %" G_GINT64_FORMAT,
@@ -388,8 +356,8 @@ Test(fsdp, size_wrap_policy, .timeout = 300)
          * _get_handle_to_prefetch) */
         int64_t Sb = cdiv(E + L * T + H, N), Sr = cdiv(E, N);
         int64_t want_bw = 4 * (Sb + Sr) + 2 * N * (Sb + Sr);
-        cr_expect_eq(backward_params(t), want_bw, "base unit: backward holds %" G_GINT64_FORMAT
-                     " parameter bytes, want %" G_GINT64_FORMAT, backward_params(t), want_bw);
+        cr_expect_eq(tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD), want_bw, "base unit: backward holds %" G_GINT64_FORMAT
+                     " parameter bytes, want %" G_GINT64_FORMAT, tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD), want_bw);
         memsim_trace_free(t);
     }
     /* a vocabulary of 8001 and N in (MLP, T]: units for each layer, the embedding and
@@ -405,9 +373,9 @@ Test(fsdp, size_wrap_policy, .timeout = 300)
         int64_t Sl = cdiv(T, N), Se = cdiv(8001LL * H, N), Sr = cdiv(H, N);
         int64_t S = L * Sl + 2 * Se + Sr;
         int64_t want_bw = 4 * S + 2 * N * (Sr + Se + Sl);
-        cr_expect_eq(backward_params(t), want_bw, "embedding/head units: backward holds %"
+        cr_expect_eq(tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD), want_bw, "embedding/head units: backward holds %"
                      G_GINT64_FORMAT " parameter bytes, want %" G_GINT64_FORMAT,
-                     backward_params(t), want_bw);
+                     tu_peak_live(t, MEMSIM_CAT_PARAMETER, MEMSIM_PHASE_BACKWARD), want_bw);
         memsim_trace_free(t);
     }
     /* refusals, exit 2: units inside a layer (the message gives the range of N with one

@@ -242,3 +242,36 @@ void tu_category_peaks(MemsimTrace *t, guint32 rank,
     }
     g_hash_table_unref(live);
 }
+
+/* The most bytes of category `cat` the program of rank 0 holds at once (between its ALLOC
+ * and FREE events, the program's view), over the events of `phase` (or all, with -1). */
+int64_t tu_peak_live(MemsimTrace *t, uint8_t cat, int phase)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    GHashTable *size = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    int64_t live = 0, best = 0;
+    int cur = -1;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind == MEMSIM_EV_OP) {
+            cur = h->ops[ev[i].id].phase;
+        } else if (ev[i].kind == MEMSIM_EV_ALLOC && ev[i].category == cat) {
+            int64_t *k = g_new(int64_t, 1);
+            *k = (int64_t)ev[i].id;
+            g_hash_table_insert(size, k, GSIZE_TO_POINTER((gsize)ev[i].size));
+            live += (int64_t)ev[i].size;
+        } else if (ev[i].kind == MEMSIM_EV_FREE) {
+            int64_t k = (int64_t)ev[i].id;
+            gpointer v;
+            if (g_hash_table_lookup_extended(size, &k, NULL, &v)) {
+                live -= (int64_t)GPOINTER_TO_SIZE(v);
+                g_hash_table_remove(size, &k);
+            }
+        }
+        if ((phase < 0 || cur == phase) && live > best)
+            best = live;
+    }
+    g_hash_table_unref(size);
+    return best;
+}

@@ -66,4 +66,8 @@ typedef struct {
 void tu_category_peaks(MemsimTrace *t, guint32 rank,
                        TuPhasePeak peaks[TU_MAX_STEPS][MEMSIM_PHASE_COUNT]);
 
+/* The most bytes of category `cat` the program of rank 0 holds at once (between its ALLOC and
+ * FREE events, the program's view), over the events of `phase` (or all, with -1). */
+int64_t tu_peak_live(MemsimTrace *t, uint8_t cat, int phase);
+
 #endif
