@@ -811,7 +811,21 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         r->cur_op = (int64_t)ev->id;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
         if (dur > 0.0) {
-            r->cpu_us += LAUNCH_US;
+            double launch = r->rp->opt.dispatch_us > 0 ? r->rp->opt.dispatch_us : LAUNCH_US;
+            r->cpu_us += launch;
+            if (r->steps->len) {
+                MemsimStepPeaks *cs =
+                    &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+                cs->host_us += launch;
+                if (h->ops[ev->id].phase == MEMSIM_PHASE_COMMUNICATION)
+                    cs->comm_us += dur;
+                else if (h->ops[ev->id].bound == MEMSIM_BOUND_COMPUTE)
+                    cs->compute_us += dur;
+                else if (h->ops[ev->id].bound == MEMSIM_BOUND_LATENCY)
+                    cs->latency_us += dur;
+                else
+                    cs->memory_us += dur;
+            }
             double start = r->cpu_us;
             double *fr = stream_slot(r->gpu_free, ev->stream);
             double *wu = stream_slot(r->wait_until, ev->stream);

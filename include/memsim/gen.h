@@ -265,6 +265,17 @@ typedef struct {
     double compute_efficiency;
     double bandwidth_efficiency;
     double network_gbs;
+    /* The time model's per-kernel and per-op terms (traces/gpus.c gives each its source):
+     * streaming multiprocessors (a GEMM's tiles run in waves of this many), the shortest a
+     * kernel takes on the GPU (launch to completion), the host's time to dispatch one eager
+     * PyTorch op, and NCCL's latencies: a collective's base and each ring step's over the
+     * GPU-to-GPU link and over the network, µs. */
+    int sms;
+    double kernel_us;
+    double dispatch_us;
+    double nccl_base_us;
+    double link_hop_us;
+    double network_hop_us;
 } MemsimGpu;
 
 /* Every profile, ending with an entry whose name is NULL. Static; do not free. */

@@ -71,6 +71,7 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     o.alloc_conf = opt->alloc_conf;
     o.capacity = j.capacity;
     o.timeline = timeline;
+    o.dispatch_us = profile ? profile->dispatch_us : 0.0;
     MemsimReport *rep = memsim_replay_trace(t, &o, error);
     memsim_trace_free(t);
     if (!rep)

@@ -195,6 +195,7 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
     o.allocator = allocator;
     o.alloc_conf = alloc_conf;
     o.capacity = j.capacity;
+    o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
     MemsimReport *rep = memsim_replay_trace(t, &o, &e);
     g_mutex_lock(&sw->lock);
     sw->n_replays++;
