@@ -810,6 +810,15 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
+        /* With a profile's dispatch cost (a generated trace), every op the program runs is
+         * dispatched by the host, kernels or not (views, autograd nodes); without one, the
+         * timed ops are charged LAUNCH_US. */
+        if (dur <= 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed) {
+            r->cpu_us += r->rp->opt.dispatch_us;
+            if (r->steps->len)
+                g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).host_us +=
+                    r->rp->opt.dispatch_us;
+        }
         if (dur > 0.0) {
             double launch = r->rp->opt.dispatch_us > 0 ? r->rp->opt.dispatch_us : LAUNCH_US;
             r->cpu_us += launch;

@@ -225,11 +225,13 @@ char *memsim_report_to_json(const MemsimReport *rep)
                 /* an estimate: the parts as memsim_step_time defines them */
                 json_builder_set_member_name(b, "time_estimate");
                 json_builder_begin_object(b);
-                const char *nm[] = {"step_us", "compute_us", "memory_bound_us", "overhead_us",
-                                    "exposed_comm_and_bubble_us", "communication_us"};
+                const char *nm[] = {"step_us",           "compute_us",
+                                    "memory_bound_us",   "overhead_us",
+                                    "exposed_comm_and_bubble_us", "communication_us",
+                                    "host_dispatch_us"};
                 double v[] = {stt.step_us, stt.compute_us, stt.memory_us, stt.overhead_us,
-                              stt.waiting_us, stt.comm_us};
-                for (int q = 0; q < 6; q++) {
+                              stt.waiting_us, stt.comm_us, r->steps[k].host_us};
+                for (int q = 0; q < 7; q++) {
                     json_builder_set_member_name(b, nm[q]);
                     json_builder_add_double_value(b, v[q]);
                 }

@@ -133,11 +133,6 @@ static double ring_us(CommLink link, MemsimCollectiveKind kind, uint64_t bytes, 
     return comm_link_us(link, kind, bytes, n);
 }
 
-static const GpuProfile *gpu_profile(const char *name)
-{
-    return memsim_gpu_find(name);
-}
-
 /* ---- the per-rank state of a method ---- */
 
 typedef struct {
@@ -2053,7 +2048,8 @@ static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTr
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error)
 {
-    const GpuProfile *gpu = gpu_profile(run->gpu);
+    MemsimGpu gbuf; /* the profile with the run's time-model settings */
+    const GpuProfile *gpu = run_gpu(run, &gbuf);
     if (!gpu) {
         g_autofree char *k = memsim_gpu_names();
         return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);

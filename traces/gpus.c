@@ -49,9 +49,73 @@ static const MemsimGpu gpus[] = {
     {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
+/* ---- MIG slices ----
+ *
+ * Memory: the GiB `nvidia-smi mig -lgip` lists (public listings of A100-SXM4-40GB,
+ * A100-SXM4-80GB and H100-SXM5-80GB). H200: 7g.141gb as a public lgip listing gives it
+ * (140.00 GiB) and 3g/4g.71gb as torch reports a 3g.71gb slice (69.8 GiB); 1g.18gb and
+ * the 35gb profiles are scaled from H100's listing (verify with nvidia-smi mig -lgip).
+ * Instances: the MIG user guide's "number of instances available". SMs: lgip's SM column
+ * (A100: 108 SMs in all, of which 98 in 7g; H100/H200: 132). Memory slices: of 8, the
+ * share of the HBM bandwidth and L2 the slice gets (the MIG user guide's "memory slice").
+ *
+ * A slice is a GPU profile of its own, named GPU:PROFILE (a100-40gb:1g.5gb): its memory,
+ * its SMs (GEMM waves), the tensor-core and vector peaks scaled by its SMs over the GPU's,
+ * its HBM bandwidth by its memory slices over 8; the host terms are the GPU's (each slice's
+ * job has its own process and CPU cores). */
+static const MemsimMigProfile migs[] = {
+    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},    {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
+    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},  {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
+    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},  {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
+    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},  {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
+    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},  {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
+    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},  {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
+    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},  {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
+    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},  {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
+    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1}, {"h200", "1g.18gb", 17536, 16, 1, 7},
+    {"h200", "1g.35gb", 35456, 26, 2, 4},       {"h200", "2g.35gb", 35456, 32, 2, 3},
+    {"h200", "3g.71gb", 71424, 60, 4, 2},       {"h200", "4g.71gb", 71424, 64, 4, 1},
+    {"h200", "7g.141gb", 143360, 132, 8, 1},    {NULL, NULL, 0, 0, 0, 0},
+};
+
+#define N_MIGS (sizeof migs / sizeof migs[0] - 1)
+
+static const MemsimGpu *whole(const char *name)
+{
+    for (const MemsimGpu *g = gpus; g->name; g++)
+        if (strcmp(g->name, name) == 0)
+            return g;
+    return NULL;
+}
+
+static MemsimGpu mig_gpus[N_MIGS];
+
+static gpointer init_migs(gpointer unused)
+{
+    for (gsize i = 0; i < N_MIGS; i++) {
+        const MemsimMigProfile *m = &migs[i];
+        const MemsimGpu *g = whole(m->gpu);
+        double c = (double)m->sms / g->sms, b = m->mem_slices / 8.0;
+        MemsimGpu s = *g;
+        s.name = g_strdup_printf("%s:%s", m->gpu, m->name); /* static: lives as the table */
+        s.memory = (memsim_size_t)m->mem_mib * MiB;
+        s.bf16_tflops = g->bf16_tflops * c;
+        s.fp32_tflops = g->fp32_tflops * c;
+        s.hbm_gbs = g->hbm_gbs * b;
+        s.sms = m->sms;
+        mig_gpus[i] = s;
+    }
+    return NULL;
+}
+
 const MemsimGpu *memsim_gpus(void)
 {
     return gpus;
+}
+
+const MemsimMigProfile *memsim_mig_profiles(void)
+{
+    return migs;
 }
 
 const MemsimGpu *memsim_gpu_find(const char *name)
@@ -60,10 +124,16 @@ const MemsimGpu *memsim_gpu_find(const char *name)
         name = "a100-80gb";
     if (strcmp(name, "h200-141gb") == 0)
         name = "h200";
-    for (const MemsimGpu *g = gpus; g->name; g++)
-        if (strcmp(g->name, name) == 0)
-            return g;
-    return NULL;
+    const char *colon = strchr(name, ':');
+    if (colon) {
+        static GOnce once = G_ONCE_INIT;
+        g_once(&once, init_migs, NULL);
+        for (gsize i = 0; i < N_MIGS; i++)
+            if (strcmp(mig_gpus[i].name, name) == 0)
+                return &mig_gpus[i];
+        return NULL;
+    }
+    return whole(name);
 }
 
 char *memsim_gpu_names(void)

@@ -57,8 +57,15 @@ typedef enum {
     SETTING_GPUS_PER_NODE,
     SETTING_GPU,
     SETTING_CUBLAS_WORKSPACE,
+    SETTING_EFFICIENCY,
+    SETTING_NETWORK_GBS,
     N_SETTINGS
 } SettingId;
+
+/* The GPU profile of a run (run->gpu, NULL: the default) with the run's time-model settings
+ * (--efficiency, --network-gbs) applied: `buf` when they change it, else the profile; NULL
+ * for an unknown name. */
+const MemsimGpu *run_gpu(const MemsimRun *run, MemsimGpu *buf);
 
 /* The key of a setting: "grad-accum" (the command's flag without "--"). */
 const char *setting_name(SettingId id);

@@ -106,8 +106,9 @@ typedef struct {
     gboolean expandable;      /* needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True */
     gboolean offload;         /* optimizer state on the CPU (approximation, see notes) */
     memsim_size_t host_bytes; /* offload: host memory per GPU */
-    /* the cost model (traces/plan/cost.c) */
+    /* the step time (simulated when time_simulated, else the cost model's) */
     double step_s, tokens_per_s;
+    /* the cost model's parts (traces/plan/cost.c) */
     double compute_s, comm_s, bubble_s, optimizer_s;
     /* memory: peak = the largest device total over ranks */
     memsim_size_t peak;
@@ -117,6 +118,11 @@ typedef struct {
     MemsimPlanRank *ranks;
     char *command; /* the `memsim estimate` command that re-estimates it */
     char *recipe;  /* the same settings in DeepSpeed / FSDP / Megatron words */
+    /* The simulated step (memsim_step_time, the slowest rank's last step) when the row was
+     * replayed and fits: step_s is then its time, and these its parts; else FALSE and step_s
+     * is the cost model's. */
+    gboolean time_simulated;
+    double sim_compute_s, sim_memory_s, sim_overhead_s, sim_waiting_s;
 } MemsimPlanRow;
 
 /* A MIG slice profile and what fits in it (MemsimPlanOptions.mig). */

@@ -272,6 +272,19 @@ static void json_row(JsonBuilder *b, const MemsimPlanRow *r)
     jdbl(b, "comm_s", r->comm_s);
     jdbl(b, "bubble_s", r->bubble_s);
     jdbl(b, "optimizer_s", r->optimizer_s);
+    json_builder_set_member_name(b, "time_simulated");
+    json_builder_add_boolean_value(b, r->time_simulated);
+    if (r->time_simulated) {
+        /* an estimate: the simulated step's parts (memsim_step_time) */
+        json_builder_set_member_name(b, "time_estimate");
+        json_builder_begin_object(b);
+        jdbl(b, "step_s", r->step_s);
+        jdbl(b, "compute_s", r->sim_compute_s);
+        jdbl(b, "memory_bound_s", r->sim_memory_s);
+        jdbl(b, "overhead_s", r->sim_overhead_s);
+        jdbl(b, "exposed_comm_and_bubble_s", r->sim_waiting_s);
+        json_builder_end_object(b);
+    }
     jint(b, "peak_bytes", (int64_t)r->peak);
     jint(b, "headroom_bytes", r->headroom);
     jbool(b, "bound_only", r->bound_only);

@@ -77,43 +77,8 @@
 #define DEFAULT_MISSES 5
 #define BATCH_GAIN 1.02 /* a larger micro-batch must be 2% faster to be chosen */
 
-/* ---- MIG profiles ----
- *
- * Memory: the GiB `nvidia-smi mig -lgip` lists (public listings of A100-SXM4-40GB,
- * A100-SXM4-80GB and H100-SXM5-80GB). H200: 7g.141gb as a public lgip listing gives it
- * (140.00 GiB) and 3g/4g.71gb as torch reports a 3g.71gb slice (69.8 GiB); 1g.18gb and
- * the 35gb profiles are scaled from H100's listing (verify with nvidia-smi mig -lgip).
- * Instances: the MIG user guide's "number of instances available". SMs: lgip's SM column
- * (A100: 108 SMs in all, of which 98 in 7g; H100/H200: 132). */
-typedef struct {
-    const char *gpu;
-    const char *name;
-    int mem_mib;
-    int sms;
-    int mem_slices; /* of 8 */
-    int instances;
-} MigProfile;
-
-static const MigProfile mig_profiles[] = {
-    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},    {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
-    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},  {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
-    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},  {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
-    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},  {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
-    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},  {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
-    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},  {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
-    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},  {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
-    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},  {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
-    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1}, {"h200", "1g.18gb", 17536, 16, 1, 7},
-    {"h200", "1g.35gb", 35456, 26, 2, 4},       {"h200", "2g.35gb", 35456, 32, 2, 3},
-    {"h200", "3g.71gb", 71424, 60, 4, 2},       {"h200", "4g.71gb", 71424, 64, 4, 1},
-    {"h200", "7g.141gb", 143360, 132, 8, 1},
-};
-
-static int full_sms(const char *gpu)
-{
-    return g_str_has_prefix(gpu, "a100") ? 108 : 132;
-}
-
+/* MIG slice profiles: traces/gpus.c (memsim_mig_profiles); each slice is a GPU profile of
+ * its own (memsim_gpu_find("a100-40gb:1g.5gb")). */
 
 MemsimPlanOptions memsim_plan_options_defaults(void)
 {
@@ -243,9 +208,16 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
     p->ranks = g_new0(MemsimPlanRank, rep->n_ranks);
     p->peak = 0;
     p->host = 0;
+    p->step_s = 0;
     for (guint i = 0; i < rep->n_ranks; i++) {
         const MemsimRankReport *r = &rep->ranks[i];
         MemsimPlanRank *o = &p->ranks[i];
+        MemsimStepTime st;
+        memsim_step_time(r, r->n_steps ? r->n_steps - 1 : 0, &st);
+        if (!r->oom.happened && st.step_us / 1e6 > p->step_s) {
+            p->step_s = st.step_us / 1e6;
+            p->parts = st;
+        }
         o->rank = r->rank;
         o->multiplicity = r->multiplicity;
         o->role = g_strdup(r->role ? r->role : "");
@@ -369,6 +341,7 @@ static void fill_costs(Sweep *sw, Group *g)
         in.n_micro = g->n_micro[j];
         in.offload = sw->offload || (sw->base.deepspeed && sw->base.deepspeed->z.offload_optimizer);
         cost_step(&in, &g->cost[j]);
+        g->cost[j].model_step_s = g->cost[j].step_s;
         if (g->cost[j].tokens_per_s > g->best_tps)
             g->best_tps = g->cost[j].tokens_per_s;
     }
@@ -748,6 +721,36 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         }
     }
     memsim_report_free(rep);
+    if (p->fits && p->step_s > 0) {
+        /* one time model: a configuration that was simulated takes its step time from the
+         * simulation (what `memsim estimate` prints for its last step); the cost model
+         * (traces/plan/cost.c) only orders the search among those not simulated yet */
+        CostResult *c = &g->cost[j];
+        c->step_s = p->step_s;
+        c->tokens_per_s = c->tokens / c->step_s;
+        c->simulated = TRUE;
+        /* What the cost model leaves out (the host's dispatch of each op, kernels too short
+         * to fill the GPU, collectives' latency) recurs with every micro-batch: the family's
+         * configurations not simulated yet are guessed at their cost-model step plus this
+         * configuration's difference per micro-batch, so that the search goes where the
+         * simulation would (the planner's worker owns the family, so no other thread reads
+         * these costs meanwhile). */
+        double extra = (c->step_s - c->model_step_s) / g->n_micro[j];
+        const Degrees *f = &sw->fams[g->fam];
+        for (int i = f->first; i < f->first + f->n; i++) {
+            Group *y = &sw->groups[i];
+            double best = 0;
+            for (int k = 0; k < y->nb; k++) {
+                CostResult *ck = &y->cost[k];
+                if (!ck->simulated) {
+                    ck->step_s = MAX(ck->model_step_s + extra * y->n_micro[k], 1e-9);
+                    ck->tokens_per_s = ck->tokens / ck->step_s;
+                }
+                best = MAX(best, ck->tokens_per_s);
+            }
+            y->best_tps = best;
+        }
+    }
     if (need && !p->fits && !p->measured) {
         /* how much it needs: the same run without a memory limit */
         MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
@@ -1143,6 +1146,12 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     sw.gpu = gpu;
     sw.gpu_name = gpu->name;
     sw.base = opt->run ? *opt->run : memsim_run_defaults();
+    /* the time model's assumptions as the plan was given them: the simulated candidates
+     * (and the commands that re-estimate them) take them as run settings */
+    if (opt->efficiency > 0 && opt->efficiency != gpu->compute_efficiency)
+        sw.base.compute_efficiency = opt->efficiency;
+    if (opt->network_gbs > 0 && opt->network_gbs != gpu->network_gbs)
+        sw.base.network_gbs = opt->network_gbs;
     if (opt->gpus_per_node > 0)
         sw.base.gpus_per_node = opt->gpus_per_node;
     if (sw.base.deepspeed && !sw.opt.global_batch) {
@@ -1339,18 +1348,22 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     g_ptr_array_add(
         notes,
         g_strdup_printf(
-            "step times come from a simple cost model (traces/plan/cost.c): compute at %.0f%% of the "
-            "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
-            "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
-            "promise",
-            opt.efficiency * 100, opt.network_gbs));
+            "step times are estimates, simulated as memsim estimate simulates them: per op the "
+            "larger of its FLOPs over its GEMM waves at %.0f%% of the tensor-core peak and its "
+            "memory traffic at %.0f%% of the HBM bandwidth, at least %g us a kernel, %g us of "
+            "host dispatch per op, NCCL ring collectives (latency + bytes / bandwidth) on the "
+            "GPU link within a node and %.0f GB/s per GPU between nodes, pipeline bubbles from "
+            "the simulated schedule; a cost model (traces/plan/cost.c) only orders the search",
+            opt.efficiency * 100, gpu->bandwidth_efficiency * 100, gpu->kernel_us,
+            gpu->dispatch_us, opt.network_gbs));
     gboolean offloaded = FALSE;
     if (opt.mig) {
         GArray *mig = g_array_new(FALSE, TRUE, sizeof(MemsimPlanMig));
-        for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++) {
-            const MigProfile *mp = &mig_profiles[i];
+        for (const MemsimMigProfile *mp = memsim_mig_profiles(); mp->gpu; mp++) {
             if (strcmp(mp->gpu, gpu->name) != 0)
                 continue;
+            g_autofree char *slice_name = g_strdup_printf("%s:%s", mp->gpu, mp->name);
+            const MemsimGpu *slice = memsim_gpu_find(slice_name);
             MemsimPlanMig e = {0};
             g_strlcpy(e.name, mp->name, sizeof e.name);
             e.memory = (memsim_size_t)mp->mem_mib << 20;
@@ -1363,8 +1376,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
             MemsimPlanRow *rows = NULL, *misses = NULL;
             guint nr = 0, nm = 0;
             gboolean off = FALSE;
-            if (!sweep_run(model, &o1, gpu, e.memory, (double)mp->sms / full_sms(gpu->name),
-                           mp->mem_slices / 8.0, plan, &rows, &nr, &misses, &nm, &off, error)) {
+            /* the slice's own profile: its SMs and bandwidth (the cost model's fractions 1) */
+            if (!sweep_run(model, &o1, slice, e.memory, 1.0, 1.0, plan, &rows, &nr, &misses,
+                           &nm, &off, error)) {
                 g_array_unref(mig);
                 g_ptr_array_free(notes, TRUE);
                 memsim_plan_free(plan);
@@ -1389,10 +1403,10 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
             g_autofree char *names = NULL;
             GString *s = g_string_new(NULL);
             const char *last = "";
-            for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++)
-                if (strcmp(mig_profiles[i].gpu, last) != 0) {
-                    g_string_append_printf(s, "%s%s", s->len ? ", " : "", mig_profiles[i].gpu);
-                    last = mig_profiles[i].gpu;
+            for (const MemsimMigProfile *mp = memsim_mig_profiles(); mp->gpu; mp++)
+                if (strcmp(mp->gpu, last) != 0) {
+                    g_string_append_printf(s, "%s%s", s->len ? ", " : "", mp->gpu);
+                    last = mp->gpu;
                 }
             names = g_string_free(s, FALSE);
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
@@ -1407,8 +1421,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         g_ptr_array_add(
             notes,
             g_strdup(
-                "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, compute "
-                "scaled by the slice's SMs, memory bandwidth by its memory slices"));
+                "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, its SMs "
+                "(GEMM waves) and peaks scaled by its SMs, memory bandwidth by its memory "
+                "slices; the host's dispatch is each job's own"));
     } else {
         if (!sweep_run(model, &opt, gpu, gpu_mem, 1.0, 1.0, plan, &plan->rows, &plan->n_rows,
                        &plan->misses, &plan->n_misses, &offloaded, error)) {
