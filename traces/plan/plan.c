@@ -217,6 +217,7 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
         if (!r->oom.happened && st.step_us / 1e6 > p->step_s) {
             p->step_s = st.step_us / 1e6;
             p->parts = st;
+            p->host_s = r->steps[r->n_steps - 1].host_us / 1e6;
         }
         o->rank = r->rank;
         o->multiplicity = r->multiplicity;
@@ -729,27 +730,25 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         c->step_s = p->step_s;
         c->tokens_per_s = c->tokens / c->step_s;
         c->simulated = TRUE;
-        /* What the cost model leaves out (the host's dispatch of each op, kernels too short
-         * to fill the GPU, collectives' latency) recurs with every micro-batch: the family's
-         * configurations not simulated yet are guessed at their cost-model step plus this
-         * configuration's difference per micro-batch, so that the search goes where the
-         * simulation would (the planner's worker owns the family, so no other thread reads
-         * these costs meanwhile). */
-        double extra = (c->step_s - c->model_step_s) / g->n_micro[j];
-        const Degrees *f = &sw->fams[g->fam];
-        for (int i = f->first; i < f->first + f->n; i++) {
-            Group *y = &sw->groups[i];
-            double best = 0;
-            for (int k = 0; k < y->nb; k++) {
-                CostResult *ck = &y->cost[k];
-                if (!ck->simulated) {
-                    ck->step_s = MAX(ck->model_step_s + extra * y->n_micro[k], 1e-9);
-                    ck->tokens_per_s = ck->tokens / ck->step_s;
-                }
-                best = MAX(best, ck->tokens_per_s);
-            }
-            y->best_tps = best;
+        /* The cost model leaves out the host's dispatch of every op, and a step cannot end
+         * before its host has issued its ops. The configuration's other micro-batch sizes
+         * run the same ops per micro-batch (shapes change, not the graph): with m' micro-
+         * batches instead of m their host time is at least this one's × min(1, m'/m), so
+         * their cost-model step is raised to that bound. Both stay below what their
+         * simulation can give (the cost model counts the FLOPs at the peak's efficiency,
+         * without waves, launch floors or latency), so the search still only skips what
+         * cannot beat what it found. */
+        for (int k = 0; k < g->nb; k++) {
+            CostResult *ck = &g->cost[k];
+            if (ck->simulated)
+                continue;
+            double host = p->host_s * MIN(1.0, (double)g->n_micro[k] / g->n_micro[j]);
+            ck->step_s = MAX(ck->model_step_s, host);
+            ck->tokens_per_s = ck->tokens / ck->step_s;
         }
+        g->best_tps = 0;
+        for (int k = 0; k < g->nb; k++)
+            g->best_tps = MAX(g->best_tps, g->cost[k].tokens_per_s);
     }
     if (need && !p->fits && !p->measured) {
         /* how much it needs: the same run without a memory limit */
@@ -811,8 +810,14 @@ static void know_family(Sweep *sw, const Group *g)
         const Group *y = &sw->groups[i];
         int lo, hi;
         bounds(y, &lo, &hi);
-        if (lo >= 0)
-            know(sw, y, y->cost[best_known(y, lo, FALSE)].tokens_per_s);
+        /* the simulated ones: whichever b the member ends with, no simulated b that fits
+         * beats it by more than BATCH_GAIN (best_known's rule) */
+        double v = 0;
+        for (int j = 0; j <= lo; j++)
+            if (y->cost[j].simulated && y->probes[j].fits)
+                v = MAX(v, y->cost[j].tokens_per_s);
+        if (v > 0)
+            know(sw, y, v / BATCH_GAIN);
     }
 }
 
@@ -840,6 +845,32 @@ static int best_known(const Group *g, int lo, gboolean need_fit)
             best = j;
     }
     return best;
+}
+
+/* best_known among [0, lo] (assumed to fit) as the simulation would have it: going up,
+ * a b not simulated yet whose guess (a bound: the simulation is never faster) could replace
+ * the choice is simulated first, and the scan starts again. */
+static int best_resolved(Sweep *sw, Group *g, int lo)
+{
+    for (;;) {
+        int best = -1, need = -1;
+        for (int j = 0; j <= lo && j < g->nb; j++) {
+            const Probe *p = &g->probes[j];
+            if (p->done && !p->fits)
+                continue;
+            double v = g->cost[j].tokens_per_s;
+            if (best >= 0 && !(v > BATCH_GAIN * g->cost[best].tokens_per_s))
+                continue;
+            if (!p->done) {
+                need = j;
+                break;
+            }
+            best = j;
+        }
+        if (need < 0)
+            return best;
+        probe_learn(sw, g, need);
+    }
 }
 
 static void search_exhaustive(Sweep *sw, Group *g)
@@ -873,7 +904,8 @@ static void refine(Sweep *sw, Group *g, double cutoff)
     int lo, hi;
     for (;;) {
         bounds(g, &lo, &hi);
-        int bk = lo >= 0 ? best_known(g, lo, FALSE) : -1;
+        int bk = lo >= 0 ? best_resolved(sw, g, lo) : -1;
+        bounds(g, &lo, &hi);
         double have = bk >= 0 ? g->cost[bk].tokens_per_s : 0;
         double cut = MAX(cutoff, threshold(sw));
         int k0 = -1;
@@ -893,14 +925,13 @@ static void refine(Sweep *sw, Group *g, double cutoff)
             return;
         }
     }
-    if (lo < 0 || g->cost[best_known(g, lo, FALSE)].tokens_per_s < MAX(cutoff, threshold(sw))) {
+    /* every b up to lo fits by assumption; the choice among them is simulated */
+    int row = lo >= 0 ? best_resolved(sw, g, lo) : -1;
+    if (lo < 0 || (row >= 0 && g->cost[row].tokens_per_s < MAX(cutoff, threshold(sw)))) {
         g->pruned_cost = TRUE; /* it cannot matter */
         return;
     }
-    /* every b up to lo fits by assumption; the chosen one is simulated for its figures */
-    int row = best_known(g, lo, FALSE);
-    probe_learn(sw, g, row);
-    if (!g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
+    if (row >= 0 && !g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
         row = best_known(g, lo, TRUE);
     if (row < 0) {
         g->miss = TRUE;

@@ -23,6 +23,7 @@ typedef struct {
     char *error;
     double step_s; /* the simulated time of the run's last step (slowest rank); 0: none */
     MemsimStepTime parts; /* that rank's step, its parts */
+    double host_s;        /* that step's host dispatch (a lower bound of its time) */
 } Probe;
 
 typedef struct {
