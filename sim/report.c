@@ -157,6 +157,24 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_add_null_value(b);
     add_int(b, "context_bytes", (int64_t)rep->context_bytes);
     add_int(b, "nccl_bytes", (int64_t)rep->nccl_bytes);
+    if (rep->time_model.gpu[0]) {
+        /* step times are estimates: the assumptions behind them */
+        const MemsimTimeModel *tm = &rep->time_model;
+        json_builder_set_member_name(b, "time_model");
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "gpu");
+        json_builder_add_string_value(b, tm->gpu);
+        const char *nm[] = {"compute_efficiency", "bandwidth_efficiency", "kernel_us",
+                            "dispatch_us", "network_gbs"};
+        double v[] = {tm->compute_efficiency, tm->bandwidth_efficiency, tm->kernel_us,
+                      tm->dispatch_us, tm->network_gbs};
+        for (int q = 0; q < 5; q++) {
+            json_builder_set_member_name(b, nm[q]);
+            json_builder_add_double_value(b, v[q]);
+        }
+        add_int(b, "sms", tm->sms);
+        json_builder_end_object(b);
+    }
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
     for (guint i = 0; i < rep->n_ranks; i++) {

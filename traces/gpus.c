@@ -27,6 +27,7 @@
  *               step, 3.4 µs over NVLink, 5.7 µs over PCIe, 9.6 µs over the network. */
 #include <memsim/alloc.h>
 #include <memsim/gen.h>
+#include <memsim/sim.h>
 
 #include <string.h>
 
@@ -174,4 +175,17 @@ gboolean memsim_parse_gpu_mem(const char *key, const char *text, memsim_size_t *
     if (profile)
         *profile = NULL;
     return TRUE;
+}
+
+void memsim_time_model_of(const MemsimGpu *gpu, MemsimTimeModel *out);
+void memsim_time_model_of(const MemsimGpu *gpu, MemsimTimeModel *out)
+{
+    memset(out, 0, sizeof *out);
+    g_strlcpy(out->gpu, gpu->name, sizeof out->gpu);
+    out->compute_efficiency = gpu->compute_efficiency;
+    out->bandwidth_efficiency = gpu->bandwidth_efficiency;
+    out->sms = gpu->sms;
+    out->kernel_us = gpu->kernel_us;
+    out->dispatch_us = gpu->dispatch_us;
+    out->network_gbs = gpu->network_gbs;
 }

@@ -29,6 +29,7 @@
 #define MEMSIM_PLAN_H
 
 #include <memsim/gen.h>
+#include <memsim/sim.h>
 
 G_BEGIN_DECLS
 
@@ -161,6 +162,7 @@ typedef struct {
     guint n_pruned_cost;  /* configurations that could not reach the top rows */
     int threads;
     double elapsed_s; /* wall-clock seconds */
+    MemsimTimeModel time_model; /* what the simulated step times assumed (the whole GPU's) */
 } MemsimPlan;
 
 /* The defaults: top 5, 5 misses, all methods, the three checkpointing modes, 1F1B and

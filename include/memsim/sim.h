@@ -123,6 +123,17 @@ typedef struct {
     int64_t requested[MEMSIM_CAT_COUNT]; /* the program's bytes */
 } MemsimBreakdown;
 
+/* The time model's assumptions behind a generated trace's durations (traces/gpus.c): the GPU
+ * profile, the fractions of its tensor-core peak and bandwidths reached, its SMs (GEMM
+ * waves), the shortest kernel, the host's dispatch per op, the per-GPU network bandwidth.
+ * gpu[0] == 0: none (a recorded trace). */
+typedef struct {
+    char gpu[40];
+    double compute_efficiency, bandwidth_efficiency;
+    int sms;
+    double kernel_us, dispatch_us, network_gbs;
+} MemsimTimeModel;
+
 typedef struct {
     uint32_t rank;           /* device index */
     uint32_t multiplicity;
@@ -181,6 +192,7 @@ typedef struct MemsimReport {
     gboolean device_assumed;      /* gpu_mem is the run's GPU profile, not given */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
+    MemsimTimeModel time_model; /* what the op durations assumed (generated traces) */
 } MemsimReport;
 
 typedef struct MemsimReplay MemsimReplay;

@@ -315,6 +315,18 @@ char *memsim_plan_to_json(const MemsimPlan *p)
     jstr(b, "model", p->model);
     jstr(b, "run", p->run);
     jstr(b, "gpu", p->gpu);
+    if (p->time_model.gpu[0]) {
+        /* the step times are estimates: what they assumed */
+        json_builder_set_member_name(b, "time_model");
+        json_builder_begin_object(b);
+        jdbl(b, "compute_efficiency", p->time_model.compute_efficiency);
+        jdbl(b, "bandwidth_efficiency", p->time_model.bandwidth_efficiency);
+        jdbl(b, "kernel_us", p->time_model.kernel_us);
+        jdbl(b, "dispatch_us", p->time_model.dispatch_us);
+        jdbl(b, "network_gbs", p->time_model.network_gbs);
+        jint(b, "sms", p->time_model.sms);
+        json_builder_end_object(b);
+    }
     jint(b, "gpu_mem", (int64_t)p->gpu_mem);
     jint(b, "gpus", p->gpus);
     jint(b, "gpus_per_node", p->gpus_per_node);

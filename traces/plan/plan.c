@@ -1365,6 +1365,12 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     plan->model = g_strdup(memsim_model_name(model));
     plan->run = describe_run(model, &base);
     plan->gpu = g_strdup(gpu->name);
+    {
+        MemsimGpu tg = *gpu;
+        tg.compute_efficiency = opt.efficiency;
+        tg.network_gbs = opt.network_gbs;
+        memsim_time_model_of(&tg, &plan->time_model);
+    }
     plan->gpu_mem = gpu_mem;
     plan->gpus = opt.gpus;
     plan->gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : base.gpus_per_node;
