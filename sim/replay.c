@@ -634,6 +634,9 @@ static void recv_done(RankSim *r, const MemsimTraceHeader *h, guint32 rank, doub
                       double dur)
 {
     double end = MAX(r->wait_start, start) + MAX(r->wait_dur, dur);
+    if (start > r->wait_start && r->steps->len) /* idle until the neighbour sent: a bubble */
+        g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).bubble_us +=
+            start - r->wait_start;
     double *fr = stream_slot(r->gpu_free, r->wait_stream);
     double *le = stream_slot(r->last_end, r->wait_stream);
     if (end > *fr)

@@ -80,6 +80,8 @@ void memsim_step_time(const MemsimRankReport *r, guint k, MemsimStepTime *out)
     } else {
         out->waiting_us = out->step_us - busy;
     }
+    out->bubble_us = MIN(sp->bubble_us, out->waiting_us);
+    out->exposed_comm_us = out->waiting_us - out->bubble_us;
 }
 
 static void add_int(JsonBuilder *b, const char *key, int64_t v)
@@ -243,13 +245,19 @@ char *memsim_report_to_json(const MemsimReport *rep)
                 /* an estimate: the parts as memsim_step_time defines them */
                 json_builder_set_member_name(b, "time_estimate");
                 json_builder_begin_object(b);
-                const char *nm[] = {"step_us",           "compute_us",
-                                    "memory_bound_us",   "overhead_us",
-                                    "exposed_comm_and_bubble_us", "communication_us",
+                const char *nm[] = {"step_us",
+                                    "compute_us",
+                                    "memory_bound_us",
+                                    "overhead_us",
+                                    "exposed_comm_and_bubble_us",
+                                    "exposed_communication_us",
+                                    "bubble_us",
+                                    "communication_us",
                                     "host_dispatch_us"};
-                double v[] = {stt.step_us, stt.compute_us, stt.memory_us, stt.overhead_us,
-                              stt.waiting_us, stt.comm_us, r->steps[k].host_us};
-                for (int q = 0; q < 7; q++) {
+                double v[] = {stt.step_us,     stt.compute_us,      stt.memory_us,
+                              stt.overhead_us, stt.waiting_us,      stt.exposed_comm_us,
+                              stt.bubble_us,   stt.comm_us,         r->steps[k].host_us};
+                for (int q = 0; q < 9; q++) {
                     json_builder_set_member_name(b, nm[q]);
                     json_builder_add_double_value(b, v[q]);
                 }

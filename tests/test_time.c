@@ -131,7 +131,44 @@ Test(time, step_parts_add_up)
         double sum = st.compute_us + st.memory_us + st.overhead_us + st.waiting_us;
         cr_expect(fabs(sum - st.step_us) < 1e-6 * st.step_us, "step %u: %.3f != %.3f", k, sum,
                   st.step_us);
+        cr_expect(fabs(st.bubble_us + st.exposed_comm_us - st.waiting_us) < 1e-9 * st.step_us);
+        cr_expect_eq(st.bubble_us, 0, "one GPU has no pipeline");
     }
+    memsim_report_free(rep);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+}
+
+/* A pipeline's stages wait on each other: 1F1B over 4 stages of GPT-2 with 8 micro-batches,
+ * every stage but the slowest spends part of its step waiting for a neighbour (bubble), and
+ * all stages take the same step time (they meet every micro-batch). */
+Test(time, pipeline_bubble_from_the_schedule)
+{
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load("gpt2", &error);
+    cr_assert(m);
+    MemsimRun run = memsim_run_defaults();
+    const char *kv[] = {"gpus", "4", "method", "megatron", "tp", "1", "pp", "4",
+                        "microbatches", "8", "seq", "512", NULL};
+    for (const char *const *s = kv; *s; s += 2)
+        cr_assert(memsim_run_set(&run, s[0], s[1], &error), "%s", s[0]);
+    MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
+    MemsimReport *rep = memsim_estimate(m, &run, &eo, &error);
+    cr_assert(rep, "%s", error ? error->message : "");
+    cr_assert_eq(rep->n_ranks, 4);
+    double step0 = 0;
+    int waited = 0;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        MemsimStepTime st;
+        memsim_step_time(r, r->n_steps - 1, &st);
+        if (i == 0)
+            step0 = st.step_us;
+        cr_expect(fabs(st.step_us - step0) < 1e-6 * step0, "stage %u: %.1f us, stage 0 %.1f", i,
+                  st.step_us, step0);
+        waited += st.bubble_us > 0;
+    }
+    cr_expect_geq(waited, 3, "only %d stages waited on a neighbour", waited);
     memsim_report_free(rep);
     memsim_run_clear(&run);
     memsim_model_free(m);

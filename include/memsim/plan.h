@@ -124,6 +124,7 @@ typedef struct {
      * is the cost model's. */
     gboolean time_simulated;
     double sim_compute_s, sim_memory_s, sim_overhead_s, sim_waiting_s;
+    double sim_bubble_s; /* of the waiting, on a pipeline neighbour */
 } MemsimPlanRow;
 
 /* A MIG slice profile and what fits in it (MemsimPlanOptions.mig). */

@@ -113,6 +113,7 @@ typedef struct {
      * streams: compute-bound, memory-bound and at the shortest kernel; collectives' time; the
      * host's dispatch of the timed ops. */
     double compute_us, memory_us, latency_us, comm_us, host_us;
+    double bubble_us; /* a pipeline stage's recvs waiting for their neighbour's send */
 } MemsimStepPeaks;
 
 /* Live bytes by category at a "breakdown:NAME" mark (e.g. the model state at the
@@ -308,10 +309,13 @@ MEMSIM_API char *memsim_comparison_to_text(const MemsimComparison *c);
  * end of the replay) and its parts, an estimate: compute-bound kernels, memory-bound ones
  * (with those at the shortest kernel time), the host's dispatch beyond the GPU's work
  * (overhead), and the rest, when the streams waited on collectives or a pipeline neighbour
- * (exposed communication and bubble); step = compute + memory + overhead + waiting.
+ * (exposed communication and bubble); step = compute + memory + overhead + waiting, and
+ * waiting = bubble (a stage's recvs waiting for their neighbour's send, at most the
+ * waiting) + exposed communication.
  * comm_us is all collective time, overlapped or not. Zeros without op durations. */
 typedef struct {
     double step_us, compute_us, memory_us, overhead_us, waiting_us, comm_us;
+    double bubble_us, exposed_comm_us; /* waiting_us split: on a pipeline neighbour, else */
 } MemsimStepTime;
 MEMSIM_API void memsim_step_time(const MemsimRankReport *r, guint k, MemsimStepTime *out);
 

@@ -283,6 +283,8 @@ static void json_row(JsonBuilder *b, const MemsimPlanRow *r)
         jdbl(b, "memory_bound_s", r->sim_memory_s);
         jdbl(b, "overhead_s", r->sim_overhead_s);
         jdbl(b, "exposed_comm_and_bubble_s", r->sim_waiting_s);
+        jdbl(b, "exposed_communication_s", r->sim_waiting_s - r->sim_bubble_s);
+        jdbl(b, "bubble_s", r->sim_bubble_s);
         json_builder_end_object(b);
     }
     jint(b, "peak_bytes", (int64_t)r->peak);

@@ -393,6 +393,7 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
         row->sim_memory_s = p->parts.memory_us / 1e6;
         row->sim_overhead_s = p->parts.overhead_us / 1e6;
         row->sim_waiting_s = p->parts.waiting_us / 1e6;
+        row->sim_bubble_s = p->parts.bubble_us / 1e6;
     }
     if (miss && !p->done) {
         /* not simulated: the model-state bound ruled the layout out */
