@@ -634,6 +634,9 @@ static void recv_done(RankSim *r, const MemsimTraceHeader *h, guint32 rank, doub
                       double dur)
 {
     double end = MAX(r->wait_start, start) + MAX(r->wait_dur, dur);
+    if (start > r->wait_start && r->steps->len) /* idle until the neighbour sent: a bubble */
+        g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).bubble_us +=
+            start - r->wait_start;
     double *fr = stream_slot(r->gpu_free, r->wait_stream);
     double *le = stream_slot(r->last_end, r->wait_stream);
     if (end > *fr)
@@ -810,8 +813,31 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
+        /* With a profile's dispatch cost (a generated trace), every op the program runs is
+         * dispatched by the host, kernels or not (views, autograd nodes); without one, the
+         * timed ops are charged LAUNCH_US. */
+        if (dur <= 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed) {
+            r->cpu_us += r->rp->opt.dispatch_us;
+            if (r->steps->len)
+                g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).host_us +=
+                    r->rp->opt.dispatch_us;
+        }
         if (dur > 0.0) {
-            r->cpu_us += LAUNCH_US;
+            double launch = r->rp->opt.dispatch_us > 0 ? r->rp->opt.dispatch_us : LAUNCH_US;
+            r->cpu_us += launch;
+            if (r->steps->len) {
+                MemsimStepPeaks *cs =
+                    &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+                cs->host_us += launch;
+                if (h->ops[ev->id].phase == MEMSIM_PHASE_COMMUNICATION)
+                    cs->comm_us += dur;
+                else if (h->ops[ev->id].bound == MEMSIM_BOUND_COMPUTE)
+                    cs->compute_us += dur;
+                else if (h->ops[ev->id].bound == MEMSIM_BOUND_LATENCY)
+                    cs->latency_us += dur;
+                else
+                    cs->memory_us += dur;
+            }
             double start = r->cpu_us;
             double *fr = stream_slot(r->gpu_free, ev->stream);
             double *wu = stream_slot(r->wait_until, ev->stream);

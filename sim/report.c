@@ -4,6 +4,7 @@
 
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
+#include <string.h>
 
 #include "sim/export/json.h"
 
@@ -49,6 +50,38 @@ gboolean memsim_device_capacity(memsim_size_t gpu_mem, memsim_size_t outside,
     }
     *capacity = gpu_mem ? gpu_mem - outside : 0;
     return TRUE;
+}
+
+void memsim_step_time(const MemsimRankReport *r, guint k, MemsimStepTime *out)
+{
+    memset(out, 0, sizeof *out);
+    if (k >= r->n_steps)
+        return;
+    const MemsimStepPeaks *sp = &r->steps[k];
+    double end = k + 1 < r->n_steps ? r->steps[k + 1].start_us : r->time_us;
+    if (!(end > sp->start_us))
+        return;
+    out->step_us = end - sp->start_us;
+    out->compute_us = sp->compute_us;
+    out->memory_us = sp->memory_us + sp->latency_us;
+    out->comm_us = sp->comm_us;
+    double gpu = out->compute_us + out->memory_us;
+    double busy = gpu;
+    if (sp->host_us > gpu) {
+        out->overhead_us = sp->host_us - gpu;
+        busy = sp->host_us;
+    }
+    if (busy > out->step_us) {
+        /* streams overlapped (a second compute stream): scale the parts to the step */
+        double f = out->step_us / busy;
+        out->compute_us *= f;
+        out->memory_us *= f;
+        out->overhead_us *= f;
+    } else {
+        out->waiting_us = out->step_us - busy;
+    }
+    out->bubble_us = MIN(sp->bubble_us, out->waiting_us);
+    out->exposed_comm_us = out->waiting_us - out->bubble_us;
 }
 
 static void add_int(JsonBuilder *b, const char *key, int64_t v)
@@ -126,6 +159,24 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_add_null_value(b);
     add_int(b, "context_bytes", (int64_t)rep->context_bytes);
     add_int(b, "nccl_bytes", (int64_t)rep->nccl_bytes);
+    if (rep->time_model.gpu[0]) {
+        /* step times are estimates: the assumptions behind them */
+        const MemsimTimeModel *tm = &rep->time_model;
+        json_builder_set_member_name(b, "time_model");
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "gpu");
+        json_builder_add_string_value(b, tm->gpu);
+        const char *nm[] = {"compute_efficiency", "bandwidth_efficiency", "kernel_us",
+                            "dispatch_us", "network_gbs"};
+        double v[] = {tm->compute_efficiency, tm->bandwidth_efficiency, tm->kernel_us,
+                      tm->dispatch_us, tm->network_gbs};
+        for (int q = 0; q < 5; q++) {
+            json_builder_set_member_name(b, nm[q]);
+            json_builder_add_double_value(b, v[q]);
+        }
+        add_int(b, "sms", tm->sms);
+        json_builder_end_object(b);
+    }
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
     for (guint i = 0; i < rep->n_ranks; i++) {
@@ -188,6 +239,30 @@ char *memsim_report_to_json(const MemsimReport *rep)
             add_int(b, "peak_reserved", sp->peak_reserved);
             json_builder_set_member_name(b, "start_us");
             json_builder_add_double_value(b, sp->start_us);
+            MemsimStepTime stt;
+            memsim_step_time(r, k, &stt);
+            if (stt.step_us > 0) {
+                /* an estimate: the parts as memsim_step_time defines them */
+                json_builder_set_member_name(b, "time_estimate");
+                json_builder_begin_object(b);
+                const char *nm[] = {"step_us",
+                                    "compute_us",
+                                    "memory_bound_us",
+                                    "overhead_us",
+                                    "exposed_comm_and_bubble_us",
+                                    "exposed_communication_us",
+                                    "bubble_us",
+                                    "communication_us",
+                                    "host_dispatch_us"};
+                double v[] = {stt.step_us,     stt.compute_us,      stt.memory_us,
+                              stt.overhead_us, stt.waiting_us,      stt.exposed_comm_us,
+                              stt.bubble_us,   stt.comm_us,         r->steps[k].host_us};
+                for (int q = 0; q < 9; q++) {
+                    json_builder_set_member_name(b, nm[q]);
+                    json_builder_add_double_value(b, v[q]);
+                }
+                json_builder_end_object(b);
+            }
             json_builder_set_member_name(b, "phases");
             json_builder_begin_object(b);
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++) {
@@ -398,9 +473,15 @@ char *memsim_report_to_text(const MemsimReport *rep)
                     g_string_append_printf(s, "; %s %s", memsim_phase_name(p),
                                            FB(sp->phase_peak_allocated[p]));
             /* simulated time: to the next step's start, the last step to the end */
-            double end = k + 1 < r->n_steps ? r->steps[k + 1].start_us : r->time_us;
-            if (end > sp->start_us)
-                g_string_append_printf(s, "; simulated time %.1f ms", (end - sp->start_us) / 1e3);
+            MemsimStepTime stt;
+            memsim_step_time(r, k, &stt);
+            if (stt.step_us > 0)
+                g_string_append_printf(s,
+                                       "; simulated time %.1f ms (an estimate: compute %.1f, "
+                                       "memory-bound %.1f, host overhead %.1f, waiting %.1f)",
+                                       stt.step_us / 1e3, stt.compute_us / 1e3,
+                                       stt.memory_us / 1e3, stt.overhead_us / 1e3,
+                                       stt.waiting_us / 1e3);
             g_string_append(s, "\n");
         }
         if (r->host_peak)

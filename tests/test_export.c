@@ -67,7 +67,7 @@ static MemsimTrace *synthetic_timed(guint n_ranks, guint n_ops, double duration_
         char name[32];
         g_snprintf(name, sizeof name, "layers.%d.op", i);
         MemsimOpInfo op = {memsim_trace_intern(t, name), (uint8_t)(1 + i % 3), i, -1,
-                           duration_us};
+                           duration_us, 0};
         ops[i] = memsim_trace_add_op(t, &op);
     }
     for (guint r = 0; r < n_ranks; r++) {

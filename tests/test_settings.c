@@ -29,6 +29,8 @@ static const char *good_value(const MemsimRunSetting *s)
         return strcmp(s->name, "gpu") == 0                          ? "H100-80GB"
                : strcmp(s->name, "transformers-version") == 0       ? "4.45"
                : strcmp(s->name, "fsdp-reshard-after-forward") == 0 ? "2"
+               : strcmp(s->name, "efficiency") == 0                 ? "0.4"
+               : strcmp(s->name, "network-gbs") == 0                ? "50"
                                                                      : "2.1";
     }
     return NULL;

@@ -586,9 +586,12 @@ static void case_measured(JsonObject *c, double *first, double *last, int *n_ste
 
 static int bench_megatron(int argc, char **argv)
 {
-    gboolean json = FALSE;
+    gboolean json = FALSE, time_table = FALSE;
     GOptionEntry entries[] = {
-        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "One JSON object", NULL}, {NULL}};
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "One JSON object", NULL},
+        {"time", 0, 0, G_OPTION_ARG_NONE, &time_table,
+         "The iteration times: measured median, estimated, and the estimate's parts", NULL},
+        {NULL}};
     GOptionContext *ctx = g_option_context_new("megatron [CASES.jsonl]");
     g_option_context_add_main_entries(ctx, entries, NULL);
     GError *error = NULL;
@@ -612,9 +615,13 @@ static int bench_megatron(int argc, char **argv)
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "cases");
     json_builder_begin_array(b);
-    double sum_abs = 0, worst = 0, sum_abs1 = 0;
+    double sum_abs = 0, worst = 0, sum_abs1 = 0, t_sum = 0;
+    int t_n = 0, t_within = 0;
     int n = 0, n_refused = 0, n_cases = 0;
-    if (!json)
+    if (!json && time_table)
+        printf("%-60s %8s %8s %8s %8s %8s %8s %8s\n", "case (logged rank; ms per iteration)",
+               "measured", "estimate", "error", "compute", "memory", "host", "waiting");
+    if (!json && !time_table)
         printf("%-74s %5s %9s %9s %7s %9s %9s %7s %7s\n", "case (logged rank)", "logs",
                "meas s1", "est s1", "err", "meas", "est", "err", "ms");
     for (char **l = lines; *l; l++) {
@@ -685,7 +692,46 @@ static int bench_megatron(int argc, char **argv)
             json_builder_add_double_value(b, err);
             json_builder_set_member_name(b, "ms");
             json_builder_add_double_value(b, ms);
-            if (!json)
+            double tmed = json_object_has_member(c, "iteration_time_median_s") &&
+                                  !JSON_NODE_HOLDS_NULL(json_object_get_member(c, "iteration_time_median_s"))
+                              ? json_object_get_double_member(c, "iteration_time_median_s")
+                              : 0;
+            MemsimStepTime stt;
+            memsim_step_time(rr, rr->n_steps ? rr->n_steps - 1 : 0, &stt);
+            if (time_table) {
+                double test = stt.step_us / 1e6;
+                double terr = tmed > 0 ? 100.0 * (test - tmed) / tmed : 0;
+                if (tmed > 0) {
+                    t_n++;
+                    t_sum += fabs(terr);
+                    if (fabs(terr) <= 25.0)
+                        t_within++;
+                }
+                if (!json) {
+                    if (tmed > 0)
+                        printf("%-60.60s %8.1f %8.1f %+7.1f%%", name, tmed * 1e3, test * 1e3, terr);
+                    else
+                        printf("%-60.60s %8s %8.1f %8s", name, "-", test * 1e3, "");
+                    printf(" %8.1f %8.1f %8.1f %8.1f\n", stt.compute_us / 1e3,
+                           stt.memory_us / 1e3, stt.overhead_us / 1e3, stt.waiting_us / 1e3);
+                }
+            }
+            json_builder_set_member_name(b, "iteration_time_median_s");
+            json_builder_add_double_value(b, tmed);
+            json_builder_set_member_name(b, "estimated_iteration_s");
+            json_builder_add_double_value(b, stt.step_us / 1e6);
+            json_builder_set_member_name(b, "estimated_parts_s");
+            json_builder_begin_object(b);
+            json_builder_set_member_name(b, "compute");
+            json_builder_add_double_value(b, stt.compute_us / 1e6);
+            json_builder_set_member_name(b, "memory_bound");
+            json_builder_add_double_value(b, stt.memory_us / 1e6);
+            json_builder_set_member_name(b, "host_overhead");
+            json_builder_add_double_value(b, stt.overhead_us / 1e6);
+            json_builder_set_member_name(b, "exposed_comm_and_bubble");
+            json_builder_add_double_value(b, stt.waiting_us / 1e6);
+            json_builder_end_object(b);
+            if (!json && !time_table)
                 printf("%-74.74s %5d %8.3fG %8.3fG %+6.2f%% %8.3fG %8.3fG %+6.2f%% %7.1f\n", name,
                        n_steps, m1 / 1073741824.0, e1 / 1073741824.0, err1,
                        mlast / 1073741824.0, elast / 1073741824.0, err, ms);
@@ -702,6 +748,12 @@ static int bench_megatron(int argc, char **argv)
     json_builder_add_double_value(b, n ? sum_abs1 / n : 0);
     json_builder_set_member_name(b, "worst_abs_error_pct");
     json_builder_add_double_value(b, worst);
+    json_builder_set_member_name(b, "time_mean_abs_error_pct");
+    json_builder_add_double_value(b, t_n ? t_sum / t_n : 0);
+    json_builder_set_member_name(b, "time_within_25pct");
+    json_builder_add_int_value(b, t_within);
+    json_builder_set_member_name(b, "time_cases");
+    json_builder_add_int_value(b, t_n);
     json_builder_set_member_name(b, "refused");
     json_builder_add_int_value(b, n_refused);
     json_builder_set_member_name(b, "n_cases");
@@ -716,6 +768,10 @@ static int bench_megatron(int argc, char **argv)
         printf("%s\n", out);
         json_node_unref(root);
         g_object_unref(gen);
+    } else if (time_table) {
+        printf("%d cases: %d estimated, %d refused; iteration time (an estimate) within 25%% of "
+               "the median in %d of %d, mean |error| %.1f%%\n",
+               n_cases, n, n_refused, t_within, t_n, t_n ? t_sum / t_n : 0);
     } else {
         printf("%d cases: %d estimated, %d refused; mean |error| %.2f%% at the last step, "
                "%.2f%% at step 1; worst %.2f%%\n",

@@ -861,7 +861,7 @@ static void plan_progress(guint done, guint total, gpointer user)
 static int cmd_plan(int argc, char **argv)
 {
     char *model = NULL, *gpu_mem = NULL, *context = NULL, *nccl = NULL, *methods = NULL,
-         *schedules = NULL, *ckpts = NULL, *efficiency = NULL, *network = NULL, *megatron = NULL,
+         *schedules = NULL, *ckpts = NULL, *megatron = NULL,
          *dsconf = NULL;
     char **dssets = NULL;
     gint64 global_batch = 0, max_batch = 0;
@@ -906,10 +906,6 @@ static int cmd_plan(int argc, char **argv)
          "Memory outside the allocator: CUDA context, libraries (default 500MiB)", "SIZE"},
         {"nccl-mem", 0, 0, G_OPTION_ARG_STRING, &nccl,
          "NCCL memory per communicator (default 544MB for 2 ranks, 688MB for more)", "SIZE"},
-        {"efficiency", 0, 0, G_OPTION_ARG_STRING, &efficiency,
-         "Fraction of the tensor-core peak the cost model assumes (default 0.5)", "F"},
-        {"network-gbs", 0, 0, G_OPTION_ARG_STRING, &network,
-         "Per-GPU bandwidth between nodes in GB/s for the cost model (default 25)", "GBS"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
         {"csv", 0, 0, G_OPTION_ARG_NONE, &csv, "Print CSV (one line per row)", NULL},
         {NULL}};
@@ -921,8 +917,10 @@ static int cmd_plan(int argc, char **argv)
         "per second; then the closest misses, the recommendation and the command that "
         "re-estimates it.",
         "The run options set what the plan keeps (seq, precision, optimizer, finetune, ...); "
-        "--gpus, --gpu and --gpus-per-node describe the cluster. Step times come from a simple "
-        "cost model: a ranking aid, not a promise. Exit status: 0 something fits, 1 nothing "
+        "--gpus, --gpu and --gpus-per-node describe the cluster. Step times are estimates: each "
+        "configuration shown is simulated as memsim estimate simulates it (op durations by "
+        "roofline and GEMM waves, host dispatch, NCCL collectives), a cost model only orders "
+        "the search. Exit status: 0 something fits, 1 nothing "
         "fits, 2 bad input.\n\n"
         "Examples:\n"
         "  memsim plan --model llama-3-8b --gpus 8 --gpu a100-40gb --seq 4096 --global-batch 64\n"
@@ -972,8 +970,6 @@ static int cmd_plan(int argc, char **argv)
         (methods && !memsim_plan_options_set(&o, "methods", methods, &error)) ||
         (schedules && !memsim_plan_options_set(&o, "schedules", schedules, &error)) ||
         (ckpts && !memsim_plan_options_set(&o, "checkpointing-modes", ckpts, &error)) ||
-        (efficiency && !memsim_plan_options_set(&o, "efficiency", efficiency, &error)) ||
-        (network && !memsim_plan_options_set(&o, "network-gbs", network, &error)) ||
         (!m && !(m = owned = memsim_model_load(model, &error)))) {
         rc = report_error("plan", error);
         goto out;
@@ -1012,8 +1008,6 @@ out:
     g_free(gpu_mem);
     g_free(context);
     g_free(nccl);
-    g_free(efficiency);
-    g_free(network);
     g_free(methods);
     g_free(schedules);
     g_free(ckpts);

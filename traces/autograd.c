@@ -10,6 +10,7 @@
  */
 #include "traces/autograd.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -171,6 +172,8 @@ struct AgGraph {
     Pool tensors, storages, nodes;
     /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
     double flops_per_us, bytes_per_us;
+    double kernel_us; /* the shortest kernel */
+    int sms;          /* 0: no wave quantization */
     OpCost *costs;    /* n_costs of cap_costs */
     guint n_costs, cap_costs;
     bool costing;     /* the last op is the last record's (allocations add to it) */
@@ -308,6 +311,32 @@ void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32)
     /* TFLOP/s = 1e6 FLOP/µs; GB/s = 1e3 B/µs */
     gg_set_rates(g, gpu->compute_efficiency * (fp32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e6,
                  gpu->bandwidth_efficiency * gpu->hbm_gbs * 1e3);
+    g->sms = gpu->sms;
+    g->kernel_us = gpu->kernel_us;
+}
+
+/* Wave quantization (NVIDIA's "Matrix Multiplication Background User's Guide", §"Wave
+ * Quantization"): a GEMM's output is cut into tiles of TILE_M × TILE_N (the guide's 256 × 128
+ * example tile of cuBLAS's tensor-core kernels), one thread block per tile, and the blocks run
+ * in waves of one per SM; a wave that is not full takes as long as a full one. The op is
+ * charged the FLOPs of its waves: ⌈tiles / SMs⌉ · SMs · 2 · TILE_M · TILE_N · K. */
+#define TILE_M 256.0
+#define TILE_N 128.0
+
+void gg_flops_tiles(AgGraph *g, double flops, double batch, double rows, double cols)
+{
+    if (!g->costing)
+        return;
+    double q = flops;
+    if (g->sms > 0 && batch > 0 && rows > 0 && cols > 0) {
+        double k = flops / (2.0 * batch * rows * cols);
+        double tiles = batch * ceil(rows / TILE_M) * ceil(cols / TILE_N);
+        double waves = ceil(tiles / g->sms);
+        double wq = waves * g->sms * 2.0 * TILE_M * TILE_N * k;
+        if (wq > q)
+            q = wq;
+    }
+    g->costs[g->n_costs - 1].flops += q;
 }
 
 void gg_flops(AgGraph *g, double flops)
@@ -365,6 +394,11 @@ static void apply_costs(AgGraph *g)
         double dur = t > m ? t : m;
         if (!(dur > 0.0))
             continue;
+        uint8_t bound = t > m ? MEMSIM_BOUND_COMPUTE : MEMSIM_BOUND_MEMORY;
+        if (dur < g->kernel_us) {
+            dur = g->kernel_us;
+            bound = MEMSIM_BOUND_LATENCY;
+        }
         uint64_t op = c->op, bits;
         memcpy(&bits, &dur, sizeof bits);
         guint32 k = timed_hash(op, bits) & (cap - 1);
@@ -376,6 +410,7 @@ static void apply_costs(AgGraph *g)
         }
         MemsimOpInfo info = h->ops[op];
         info.duration_us = dur;
+        info.bound = bound;
         guint32 idx = memsim_trace_add_op(g->trace, &info);
         h = memsim_trace_header(g->trace);
         timed[k] = (TimedSlot){op, bits, idx + 1};

@@ -311,6 +311,9 @@ void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t grou
 void gg_set_rates(AgGraph *g, double flops_per_us, double bytes_per_us);
 /* Adds `flops` to the op being run (the last gg_op). */
 void gg_flops(AgGraph *g, double flops);
+/* Adds a GEMM's `flops` to the op being run, charged by its waves: `batch` GEMMs whose output
+ * is rows × cols, in tiles over the GPU's SMs (gg_set_gpu; none set: the FLOPs as they are). */
+void gg_flops_tiles(AgGraph *g, double flops, double batch, double rows, double cols);
 /* The rates of a GPU profile: half the tensor-core (fp32: the fp32) peak and 80% of the HBM
  * bandwidth (traces/gpus.c). */
 void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32);

@@ -102,6 +102,7 @@
 #include <string.h>
 
 #include "traces/deepspeed.h"
+#include "traces/layers.h"
 #include "traces/loop.h"
 #include "traces/models.h"
 #include "traces/settings.h"
@@ -114,29 +115,22 @@ enum { S_COMPUTE = 0, S_COMM = 1, S_PRE = 2, S_POST = 3 };
 
 typedef MemsimGpu GpuProfile;
 
-/* Microseconds per byte over a group's links: the profile's GPU-to-GPU link when the group
- * fits in one node, else its network bandwidth per GPU, at the profile's bandwidth
- * efficiency as every derived duration (traces/gpus.c). Compute ops are costed too (gg_set_gpu), so the
- * replay's streams advance and a record_stream'd block is reusable once its stream passed. */
-static double comm_cost(const GpuProfile *gpu, bool intra)
+/* A group's link: the profile's GPU-to-GPU link when the group fits in one node, else its
+ * network bandwidth per GPU, at the profile's bandwidth efficiency as every derived duration
+ * (traces/gpus.c), with NCCL's latencies for that hardware (comm_link_us). Compute ops are
+ * costed too (gg_set_gpu), so the replay's streams advance and a record_stream'd block is
+ * reusable once its stream passed. */
+static CommLink comm_cost(const GpuProfile *gpu, bool intra)
 {
     double gbs = intra ? gpu->link_gbs : gpu->network_gbs;
-    return 1.0 / (gpu->bandwidth_efficiency * gbs * 1e3);
+    return (CommLink){1.0 / (gpu->bandwidth_efficiency * gbs * 1e3), gpu->nccl_base_us,
+                      intra ? gpu->link_hop_us : gpu->network_hop_us};
 }
 
-/* A ring collective among n ranks moving `bytes` (the full, unsharded size): all-reduce
- * 2(n − 1)/n of it per link, all-gather and reduce-scatter (n − 1)/n, send/recv all of it. */
-static double ring_us(double us_per_byte, MemsimCollectiveKind kind, uint64_t bytes, int n)
+/* A ring collective among n ranks moving `bytes` (the full, unsharded size): comm_link_us. */
+static double ring_us(CommLink link, MemsimCollectiveKind kind, uint64_t bytes, int n)
 {
-    double f = kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (n - 1) / n
-               : kind == MEMSIM_COLL_SEND || kind == MEMSIM_COLL_RECV ? 1.0
-                                                                      : (double)(n - 1) / n;
-    return n > 1 || f == 1.0 ? f * (double)bytes * us_per_byte : 0.0;
-}
-
-static const GpuProfile *gpu_profile(const char *name)
-{
-    return memsim_gpu_find(name);
+    return comm_link_us(link, kind, bytes, n);
 }
 
 /* ---- the per-rank state of a method ---- */
@@ -227,7 +221,7 @@ typedef struct {
     AgTensor *ag_prev;     /* FSDP2: the last group's all-gather output (forward) */
     AgTensor *rs_prev;     /* FSDP2: the last group's reduce-scatter input */
     int64_t host_state;    /* offload: the optimizer's host bytes per shard element */
-    double comm_us_per_byte;
+    CommLink comm_us_per_byte;
     /* the optimizer and the parameters it steps (ZeRO: the fp32 partition; FSDP: the units'
      * shards; DDP: the model's) */
     Optimizer opt;
@@ -1808,7 +1802,7 @@ typedef struct {
     GPtrArray *params;   /* { main } */
     int64_t psi;         /* the stage's trainable elements */
     int dp;
-    double dp_cost;
+    CommLink dp_cost;
 } StageOptimizer;
 
 static GPtrArray *stage_before_optimizer(void *user, int step)
@@ -1897,7 +1891,7 @@ typedef struct {
     GPtrArray *model;      /* the model's parameters, in the same order (non-distributed) */
     int64_t psi;
     int dp, shard;
-    double dp_cost;
+    CommLink dp_cost;
 } MgOpt;
 
 static GPtrArray *mg_before_optimizer(void *user, int step)
@@ -2309,7 +2303,8 @@ static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTr
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error)
 {
-    const GpuProfile *gpu = gpu_profile(run->gpu);
+    MemsimGpu gbuf; /* the profile with the run's time-model settings */
+    const GpuProfile *gpu = run_gpu(run, &gbuf);
     if (!gpu) {
         g_autofree char *k = memsim_gpu_names();
         return setting_refuse(error, "gpu: unknown GPU '%s' (known: %s)", run->gpu, k);

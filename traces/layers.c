@@ -84,11 +84,29 @@ void nn_lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t in, b
 /* ---- layers ---- */
 
 /* A tensor-parallel collective of `bytes` (full size) over the tp ranks' ring. */
+double comm_link_latency_us(CommLink link, MemsimCollectiveKind kind, int n)
+{
+    bool p2p = kind == MEMSIM_COLL_SEND || kind == MEMSIM_COLL_RECV;
+    if (n <= 1 && !p2p)
+        return 0.0;
+    double steps = p2p ? 1.0 : kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (n - 1) : (double)(n - 1);
+    return link.base_us + steps * link.hop_us;
+}
+
+double comm_link_us(CommLink link, MemsimCollectiveKind kind, uint64_t bytes, int n)
+{
+    bool p2p = kind == MEMSIM_COLL_SEND || kind == MEMSIM_COLL_RECV;
+    if (n <= 1 && !p2p)
+        return 0.0;
+    double f = p2p                              ? 1.0
+               : kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (n - 1) / n
+                                                : (double)(n - 1) / n;
+    return comm_link_latency_us(link, kind, n) + f * (double)bytes * link.us_per_byte;
+}
+
 double nn_tp_us(const Model *md, MemsimCollectiveKind kind, uint64_t bytes)
 {
-    int t = md->tp;
-    double f = kind == MEMSIM_COLL_ALL_REDUCE ? 2.0 * (t - 1) / t : (double)(t - 1) / t;
-    return t > 1 ? f * (double)bytes * md->comm_us_per_byte : 0.0;
+    return comm_link_us(md->comm_us_per_byte, kind, bytes, md->tp);
 }
 
 static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x);
@@ -128,7 +146,7 @@ static void bw_sp_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
         gg_flops(g, 2.0 * (double)gt_numel(gin[0]) * (double)w->shape[1]);
         AgTensor *full = gt_empty(g, gin[0]->dt, xs->nd, sh);
         gg_collective(g, MEMSIM_COLL_REDUCE_SCATTER, (uint64_t)gt_nbytes(full), 1,
-                      n->farg[0] * (double)gt_nbytes(full) * (tp - 1) / tp);
+                      n->farg[1] + n->farg[0] * (double)gt_nbytes(full) * (tp - 1) / tp);
         gout[0] = gt_empty(g, gin[0]->dt, xs->nd, xs->shape);
         gt_unref(g, full);
     }
@@ -163,7 +181,8 @@ AgTensor *nn_sp_column_linear(Model *md, Lin *l, AgTensor *x)
         for (int i = 0; i < (l->b ? 3 : 2); i++)
             gn_add_input(g, n, xs[i]);
         n->iarg[0] = md->tp;
-        n->farg[0] = md->comm_us_per_byte;
+        n->farg[0] = md->comm_us_per_byte.us_per_byte;
+        n->farg[1] = comm_link_latency_us(md->comm_us_per_byte, MEMSIM_COLL_REDUCE_SCATTER, md->tp);
         gn_save(g, n, x);
         gn_save(g, n, l->w);
         gn_set_output(n, out, 0);
@@ -177,7 +196,7 @@ static void bw_sp_scatter(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout
 {
     /* farg[0]: the ring's µs per byte of the full size */
     gg_collective(g, MEMSIM_COLL_ALL_GATHER, (uint64_t)gt_nbytes(n->in_meta[0]), 1,
-                  n->farg[0] * (double)gt_nbytes(n->in_meta[0]));
+                  n->farg[1] + n->farg[0] * (double)gt_nbytes(n->in_meta[0]));
     gout[0] = gt_empty(g, gin[0]->dt, n->in_meta[0]->nd, n->in_meta[0]->shape);
 }
 
@@ -193,7 +212,8 @@ AgTensor *nn_sp_reduce_scatter(Model *md, AgTensor *full)
     AgNode *n = gg_needs_grad(g, 1, &full) ? gn_new(g, "_ReduceScatterToSequenceParallelRegionBackward", bw_sp_scatter, 1) : NULL;
     if (n) {
         gn_add_input(g, n, full);
-        n->farg[0] = nn_tp_us(md, MEMSIM_COLL_ALL_GATHER, 1000000) / 1e6;
+        n->farg[0] = md->comm_us_per_byte.us_per_byte * (md->tp - 1) / md->tp;
+        n->farg[1] = comm_link_latency_us(md->comm_us_per_byte, MEMSIM_COLL_ALL_GATHER, md->tp);
         gn_set_output(n, out, 0);
     }
     return out;

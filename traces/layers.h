@@ -24,6 +24,15 @@ AgTensor *nn_buffer(Model *md, DType dt, int nd, const int64_t *shape);
 bool nn_full_ft(const Model *md);
 void nn_lin_make(Model *md, Lin *l, const char *name, int64_t out, int64_t in, bool bias,
                      bool conv1d);
+/* A collective among n ranks over `link` moving `bytes` (the full, unsharded size), as NCCL's
+ * Ring algorithm takes it (NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel with
+ * ncclTopoGetAlgoTime): the latency baseLat + nsteps · hwLat, nsteps = 2(n − 1) for an
+ * all-reduce, n − 1 for an all-gather or reduce-scatter, 1 for a send or recv; plus the bytes
+ * at the ring's algorithm bandwidth, busBw · n / nsteps (all-reduce 2(n − 1)/n of the bytes
+ * per link, all-gather and reduce-scatter (n − 1)/n, send/recv all of them). */
+double comm_link_us(CommLink link, MemsimCollectiveKind kind, uint64_t bytes, int n);
+/* Its latency part alone. */
+double comm_link_latency_us(CommLink link, MemsimCollectiveKind kind, int n);
 double nn_tp_us(const Model *md, MemsimCollectiveKind kind, uint64_t bytes);
 AgTensor *nn_sp_column_linear(Model *md, Lin *l, AgTensor *x);
 AgTensor *nn_sp_reduce_scatter(Model *md, AgTensor *full);

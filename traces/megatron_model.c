@@ -272,7 +272,8 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias,
     }
     GemmKind gk = te ? GEMM_TE : GEMM_TORCH;
     gemm(g, gk, st->mgs);
-    gg_flops(g, 2.0 * (double)rows * (double)l->in * (double)l->out);
+    gg_flops_tiles(g, 2.0 * (double)rows * (double)l->in * (double)l->out, 1, (double)rows,
+                   (double)l->out);
     bool bias_in_gemm = te && add_bias && l->b;
     AgTensor *out = t2(g, st->adt, rows, l->out);
     gt_unref(g, gathered);

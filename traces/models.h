@@ -34,6 +34,12 @@ typedef struct {
  * embedding's MODULE_EMBED; the output projection's MODULE_HEAD. */
 enum { MODULE_ROOT = 0, MODULE_BASE = 1, MODULE_EMBED = 2, MODULE_HEAD = 3 };
 
+/* A group's link for collectives' durations (comm_link_us in traces/layers.h): µs per byte at
+ * the link's reached bandwidth, NCCL's base latency and its latency per ring step. */
+typedef struct {
+    double us_per_byte, base_us, hop_us;
+} CommLink;
+
 typedef struct Model {
     AgGraph *g;
     const MemsimModel *m;
@@ -53,7 +59,7 @@ typedef struct Model {
     AgTensor *sp_buf;     /* the global gather buffer (sequence parallelism) */
     int64_t l0, l1;       /* layers [l0, l1) */
     bool first, last;     /* holds the embedding / the head and loss */
-    double comm_us_per_byte;
+    CommLink comm_us_per_byte; /* the tensor-parallel group's link */
     MemsimModel local;    /* the config with heads, widths and vocabulary divided by tp */
     /* (optional) called before and after each layer's forward (distributed methods) */
     void (*layer_hook)(struct Model *md, int32_t layer, bool pre);

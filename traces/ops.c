@@ -773,16 +773,19 @@ static void bw_mm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     /* [M,K] @ [K,N] = [M,N]: each gradient GEMM is 2·M·K·N FLOPs */
     double mkn = (double)gt_numel(gr) * (double)n->in_meta[i2]->shape[0];
     if (needs(n, i1)) {
+        const AgTensor *m1 = n->in_meta[i1];
+        double c1 = (double)m1->shape[m1->nd - 1];
         gg_op(g, "mm");
         gg_gemm(g);
-        gg_flops(g, 2.0 * mkn);
+        gg_flops_tiles(g, 2.0 * mkn, 1, (double)gt_numel(m1) / c1, c1);
         gout[i1] = alloc_like_dt(g, n->in_meta[i1], gr->dt);
     }
     if (needs(n, i2)) {
         const AgTensor *m2 = n->in_meta[i2];
+        double c2 = (double)m2->shape[m2->nd - 1];
         gg_op(g, "mm");
         gg_gemm(g);
-        gg_flops(g, 2.0 * mkn);
+        gg_flops_tiles(g, 2.0 * mkn, 1, (double)gt_numel(m2) / c2, c2);
         AgTensor *t = gt_empty(g, gr->dt, SHAPE(m2->shape[1], m2->shape[0]));
         /* the transpose view of a row-major [N,K]: mat2's layout */
         gout[i2] = gt_view_of(g, t, 2, m2->shape, (int64_t[]){1, m2->shape[0]});
@@ -822,7 +825,7 @@ AgTensor *op_linear(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     } else {
         gg_op(g, addmm ? "addmm" : "mm");
         gg_gemm(g);
-        gg_flops(g, 2.0 * (double)M * (double)H * (double)O);
+        gg_flops_tiles(g, 2.0 * (double)M * (double)H * (double)O, 1, (double)M, (double)O);
         out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, O));
         if (sac == GG_SAC_KEEP)
             gg_sac_keep(g, out2);
@@ -877,7 +880,7 @@ AgTensor *op_conv1d(AgGraph *g, AgTensor *x, AgTensor *w, AgTensor *b)
     } else {
         gg_op(g, "addmm");
         gg_gemm(g);
-        gg_flops(g, 2.0 * (double)M * (double)nx * (double)nf);
+        gg_flops_tiles(g, 2.0 * (double)M * (double)nx * (double)nf, 1, (double)M, (double)nf);
         out2 = gt_empty(g, promote(xc->dt, wc->dt), SHAPE(M, nf));
         if (sac == GG_SAC_KEEP)
             gg_sac_keep(g, out2);
@@ -912,9 +915,11 @@ static void bw_bmm(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     double bnkp = (double)gt_numel(a) * (double)b->shape[b->nd - 1];
     for (int i = 0; i < 2; i++)
         if (needs(n, i)) {
+            const AgTensor *mi = n->in_meta[i];
+            double r = (double)mi->shape[mi->nd - 2], c = (double)mi->shape[mi->nd - 1];
             gg_op(g, "bmm");
             gg_gemm(g);
-            gg_flops(g, 2.0 * bnkp);
+            gg_flops_tiles(g, 2.0 * bnkp, (double)gt_numel(mi) / (r * c), r, c);
             gout[i] = alloc_like_dt(g, n->in_meta[i], gin[0]->dt);
         }
 }
@@ -939,7 +944,8 @@ AgTensor *op_matmul(AgGraph *g, AgTensor *a, AgTensor *b)
     } else {
         gg_op(g, "bmm");
         gg_gemm(g);
-        gg_flops(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_);
+        gg_flops_tiles(g, 2.0 * (double)batch * (double)n_ * (double)k_ * (double)p_, (double)batch,
+                           (double)n_, (double)p_);
         out3 = gt_empty(g, promote(ac->dt, bc->dt), SHAPE(batch, n_, p_));
         if (sac == GG_SAC_KEEP)
             gg_sac_keep(g, out3);

@@ -195,7 +195,8 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     }
     memsim_trace_add_rank(t, 0, 1);
     AgGraph *g = gg_new(t, 0, &rules);
-    gg_set_gpu(g, memsim_gpu_find(run->gpu), run->precision == MEMSIM_PREC_FP32);
+    MemsimGpu gbuf;
+    gg_set_gpu(g, run_gpu(run, &gbuf), run->precision == MEMSIM_PREC_FP32);
     Model md;
     if (!model_build(&md, g, m, &eff, error)) {
         model_clear(&md);

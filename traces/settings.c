@@ -53,6 +53,7 @@ static gboolean set_zero_grad(MemsimRun *r, const Setting *s, const char *v, GEr
 static gboolean set_lora_targets(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_torch_version(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **error);
+static gboolean set_real(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_checkpointing(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_fsdp_wrap(MemsimRun *r, const Setting *s, const char *v, GError **error);
 static gboolean set_transformers_version(MemsimRun *r, const Setting *s, const char *v,
@@ -242,6 +243,12 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_CUBLAS_WORKSPACE] = {KEY("cublas-workspace", "SIZE"), SIZE, FIELD(cublas_workspace),
                                   HELP("cuBLAS workspace per handle and stream, in the allocator "
                                        "(default 8519680 bytes; 32MiB on H100/H200)")},
+    [SETTING_EFFICIENCY] = {KEY("efficiency", "F"), STRING(set_real), FIELD(compute_efficiency),
+                            HELP("Fraction of the tensor-core peak a GEMM's full waves reach in "
+                                 "the time model (default 0.5)")},
+    [SETTING_NETWORK_GBS] = {KEY("network-gbs", "GBS"), STRING(set_real), FIELD(network_gbs),
+                             HELP("Per-GPU bandwidth between nodes in GB/s for the time model "
+                                  "(default 25)")},
 };
 
 const MemsimRunSetting *memsim_run_setting_info(guint i)
@@ -513,6 +520,34 @@ static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **
     g_free(r->gpu);
     r->gpu = g_steal_pointer(&name);
     return TRUE;
+}
+
+/* A real number of the time model: efficiency in (0, 1], network-gbs in (0, 1e6]. */
+static gboolean set_real(MemsimRun *r, const Setting *s, const char *v, GError **error)
+{
+    double hi = s == &settings[SETTING_EFFICIENCY] ? 1.0 : 1e6;
+    char *end = NULL;
+    double d = g_ascii_strtod(v, &end);
+    if (!*v || *end || !(d > 0 && d <= hi)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: '%s' is not a number in (0, %g]", s->info.name, v, hi);
+        return FALSE;
+    }
+    *(double *)((char *)r + s->offset) = d;
+    return TRUE;
+}
+
+const MemsimGpu *run_gpu(const MemsimRun *run, MemsimGpu *buf)
+{
+    const MemsimGpu *g = memsim_gpu_find(run->gpu);
+    if (!g || (run->compute_efficiency <= 0 && run->network_gbs <= 0))
+        return g;
+    *buf = *g;
+    if (run->compute_efficiency > 0)
+        buf->compute_efficiency = run->compute_efficiency;
+    if (run->network_gbs > 0)
+        buf->network_gbs = run->network_gbs;
+    return buf;
 }
 
 /* FSDP2's reshard_after_forward (_fully_shard.py fully_shard, _fsdp_init.py

@@ -6,6 +6,7 @@
 
 #include <glib.h>
 #include <memsim/gen.h>
+#include <memsim/sim.h>
 #include <stdint.h>
 
 /* The run settings, in the order of the table (memsim_run_setting_info) and of the bits of
@@ -58,8 +59,17 @@ typedef enum {
     SETTING_GPUS_PER_NODE,
     SETTING_GPU,
     SETTING_CUBLAS_WORKSPACE,
+    SETTING_EFFICIENCY,
+    SETTING_NETWORK_GBS,
     N_SETTINGS
 } SettingId;
+
+/* The GPU profile of a run (run->gpu, NULL: the default) with the run's time-model settings
+ * (--efficiency, --network-gbs) applied: `buf` when they change it, else the profile; NULL
+ * for an unknown name. */
+const MemsimGpu *run_gpu(const MemsimRun *run, MemsimGpu *buf);
+/* The time model's assumptions of a profile (traces/gpus.c), for reports. */
+void memsim_time_model_of(const MemsimGpu *gpu, MemsimTimeModel *out);
 
 /* The key of a setting: "grad-accum" (the command's flag without "--"). */
 const char *setting_name(SettingId id);

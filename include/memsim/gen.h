@@ -144,6 +144,11 @@ typedef struct {
     gboolean fsdp_use_orig_params;
     int fsdp_reshard_after_forward; /* 1 True, 0 False, k ≥ 2: to groups of k ranks */
     char *gpu;                  /* GPU profile name (default a100-80gb) */
+    /* The time model's assumptions, instead of the GPU profile's: the fraction of the
+     * tensor-core peak a GEMM's waves reach, and the per-GPU bandwidth between nodes (GB/s);
+     * 0 = the profile's (0.5, 25). */
+    double compute_efficiency;
+    double network_gbs;
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
     /* a Megatron-LM launch (include/memsim/megatron.h: memsim_megatron_apply), or NULL */
@@ -268,11 +273,38 @@ typedef struct {
     double compute_efficiency;
     double bandwidth_efficiency;
     double network_gbs;
+    /* The time model's per-kernel and per-op terms (traces/gpus.c gives each its source):
+     * streaming multiprocessors (a GEMM's tiles run in waves of this many), the shortest a
+     * kernel takes on the GPU (launch to completion), the host's time to dispatch one eager
+     * PyTorch op, and NCCL's latencies: a collective's base and each ring step's over the
+     * GPU-to-GPU link and over the network, µs. */
+    int sms;
+    double kernel_us;
+    double dispatch_us;
+    double nccl_base_us;
+    double link_hop_us;
+    double network_hop_us;
 } MemsimGpu;
+
+/* A MIG slice profile of a GPU (traces/gpus.c): `nvidia-smi mig -lgip`'s memory and SMs, its
+ * memory slices of 8 and how many fit on one GPU. memsim_gpu_find("GPU:NAME") gives the
+ * slice as a GPU profile of its own. */
+typedef struct {
+    const char *gpu;
+    const char *name;
+    int mem_mib;
+    int sms;
+    int mem_slices;
+    int instances;
+} MemsimMigProfile;
+
+/* Every MIG slice profile, ending with an entry whose gpu is NULL. Static. */
+MEMSIM_API const MemsimMigProfile *memsim_mig_profiles(void);
 
 /* Every profile, ending with an entry whose name is NULL. Static; do not free. */
 MEMSIM_API const MemsimGpu *memsim_gpus(void);
-/* The profile of a name (NULL = the default, a100-80gb), or NULL if unknown. */
+/* The profile of a name (NULL = the default, a100-80gb; "a100-40gb:1g.5gb" a MIG slice), or
+ * NULL if unknown. */
 MEMSIM_API const MemsimGpu *memsim_gpu_find(const char *name);
 /* "a100-40gb, a100-80gb, ..." — newly allocated, g_free() it. */
 MEMSIM_API char *memsim_gpu_names(void);

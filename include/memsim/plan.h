@@ -29,6 +29,7 @@
 #define MEMSIM_PLAN_H
 
 #include <memsim/gen.h>
+#include <memsim/sim.h>
 
 G_BEGIN_DECLS
 
@@ -106,8 +107,9 @@ typedef struct {
     gboolean expandable;      /* needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True */
     gboolean offload;         /* optimizer state on the CPU (approximation, see notes) */
     memsim_size_t host_bytes; /* offload: host memory per GPU */
-    /* the cost model (traces/plan/cost.c) */
+    /* the step time (simulated when time_simulated, else the cost model's) */
     double step_s, tokens_per_s;
+    /* the cost model's parts (traces/plan/cost.c) */
     double compute_s, comm_s, bubble_s, optimizer_s;
     /* memory: peak = the largest device total over ranks */
     memsim_size_t peak;
@@ -117,6 +119,12 @@ typedef struct {
     MemsimPlanRank *ranks;
     char *command; /* the `memsim estimate` command that re-estimates it */
     char *recipe;  /* the same settings in DeepSpeed / FSDP / Megatron words */
+    /* The simulated step (memsim_step_time, the slowest rank's last step) when the row was
+     * replayed and fits: step_s is then its time, and these its parts; else FALSE and step_s
+     * is the cost model's. */
+    gboolean time_simulated;
+    double sim_compute_s, sim_memory_s, sim_overhead_s, sim_waiting_s;
+    double sim_bubble_s; /* of the waiting, on a pipeline neighbour */
 } MemsimPlanRow;
 
 /* A MIG slice profile and what fits in it (MemsimPlanOptions.mig). */
@@ -155,6 +163,7 @@ typedef struct {
     guint n_pruned_cost;  /* configurations that could not reach the top rows */
     int threads;
     double elapsed_s; /* wall-clock seconds */
+    MemsimTimeModel time_model; /* what the simulated step times assumed (the whole GPU's) */
 } MemsimPlan;
 
 /* The defaults: top 5, 5 misses, all methods, the three checkpointing modes, 1F1B and

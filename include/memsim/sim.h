@@ -45,9 +45,11 @@ typedef struct {
     /* Ignore the ops' durations: every stream's work is done as soon as it is issued, as a
      * recording without timing (a snapshot) shows it. */
     gboolean untimed;
+    /* The host's time to issue one timed op, µs (the GPU profile's dispatch_us); 0 = 10. */
+    double dispatch_us;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, 0.0}
 
 /* A live tensor of a replay: its block's address, the bytes the program asked for, the
  * stream it was allocated on and its category. */
@@ -107,6 +109,11 @@ typedef struct {
     int64_t phase_peak_reserved[MEMSIM_PHASE_COUNT];
     double start_us; /* simulated time when the step began: the host's and every stream's
                       * work so far done (0 without op durations) */
+    /* The step's work by what set each op's duration (MemsimOpBound), µs summed over its
+     * streams: compute-bound, memory-bound and at the shortest kernel; collectives' time; the
+     * host's dispatch of the timed ops. */
+    double compute_us, memory_us, latency_us, comm_us, host_us;
+    double bubble_us; /* a pipeline stage's recvs waiting for their neighbour's send */
 } MemsimStepPeaks;
 
 /* Live bytes by category at a "breakdown:NAME" mark (e.g. the model state at the
@@ -116,6 +123,17 @@ typedef struct {
     int64_t allocated[MEMSIM_CAT_COUNT]; /* block bytes */
     int64_t requested[MEMSIM_CAT_COUNT]; /* the program's bytes */
 } MemsimBreakdown;
+
+/* The time model's assumptions behind a generated trace's durations (traces/gpus.c): the GPU
+ * profile, the fractions of its tensor-core peak and bandwidths reached, its SMs (GEMM
+ * waves), the shortest kernel, the host's dispatch per op, the per-GPU network bandwidth.
+ * gpu[0] == 0: none (a recorded trace). */
+typedef struct {
+    char gpu[40];
+    double compute_efficiency, bandwidth_efficiency;
+    int sms;
+    double kernel_us, dispatch_us, network_gbs;
+} MemsimTimeModel;
 
 typedef struct {
     uint32_t rank;           /* device index */
@@ -175,6 +193,7 @@ typedef struct MemsimReport {
     gboolean device_assumed;      /* gpu_mem is the run's GPU profile, not given */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
+    MemsimTimeModel time_model; /* what the op durations assumed (generated traces) */
 } MemsimReport;
 
 typedef struct MemsimReplay MemsimReplay;
@@ -284,6 +303,21 @@ MEMSIM_API char *memsim_comparison_to_json(const MemsimComparison *c);
 /* One row per policy (and rank): peak reserved and allocated, fragmentation at the peak of
  * reserved, driver calls, the ratio to exact, the OOM point. Newly allocated; g_free() it. */
 MEMSIM_API char *memsim_comparison_to_text(const MemsimComparison *c);
+
+
+/* The simulated time of step k of a rank (to the next step's start, the last step to the
+ * end of the replay) and its parts, an estimate: compute-bound kernels, memory-bound ones
+ * (with those at the shortest kernel time), the host's dispatch beyond the GPU's work
+ * (overhead), and the rest, when the streams waited on collectives or a pipeline neighbour
+ * (exposed communication and bubble); step = compute + memory + overhead + waiting, and
+ * waiting = bubble (a stage's recvs waiting for their neighbour's send, at most the
+ * waiting) + exposed communication.
+ * comm_us is all collective time, overlapped or not. Zeros without op durations. */
+typedef struct {
+    double step_us, compute_us, memory_us, overhead_us, waiting_us, comm_us;
+    double bubble_us, exposed_comm_us; /* waiting_us split: on a pipeline neighbour, else */
+} MemsimStepTime;
+MEMSIM_API void memsim_step_time(const MemsimRankReport *r, guint k, MemsimStepTime *out);
 
 G_END_DECLS
 

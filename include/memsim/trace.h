@@ -125,7 +125,18 @@ typedef struct {
     int32_t layer;       /* -1 when not inside a layer */
     int32_t microbatch;  /* -1 when not applicable */
     double duration_us;  /* estimated duration on its stream; 0 when unknown */
+    uint8_t bound;       /* MemsimOpBound: what sets the duration (generated traces) */
 } MemsimOpInfo;
+
+/* What set a generated op's duration (MemsimOpInfo.bound): its FLOPs at the achievable rate
+ * (over its GEMM's waves), its memory traffic at the HBM bandwidth, or the shortest kernel;
+ * UNKNOWN for recorded traces and untimed ops. */
+typedef enum {
+    MEMSIM_BOUND_UNKNOWN = 0,
+    MEMSIM_BOUND_COMPUTE,
+    MEMSIM_BOUND_MEMORY,
+    MEMSIM_BOUND_LATENCY,
+} MemsimOpBound;
 
 typedef struct {
     uint32_t device;       /* device index (the `rank` of reports) */

@@ -5,6 +5,7 @@
 #include <memsim/estimate.h>
 
 #include "traces/estimate/judge.h"
+#include "traces/settings.h"
 
 memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per)
 {
@@ -71,6 +72,7 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     o.alloc_conf = opt->alloc_conf;
     o.capacity = j.capacity;
     o.timeline = timeline;
+    o.dispatch_us = profile ? profile->dispatch_us : 0.0;
     MemsimReport *rep = memsim_replay_trace(t, &o, error);
     memsim_trace_free(t);
     if (!rep)
@@ -81,6 +83,10 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
     memsim_run_adapt(&adapted, m);
     rep->run = memsim_run_describe(&adapted);
     judge_end(&j, rep);
+    MemsimGpu gbuf;
+    const MemsimGpu *tg = run_gpu(run, &gbuf);
+    if (tg)
+        memsim_time_model_of(tg, &rep->time_model);
     if (!opt->gpu_mem && profile) {
         rep->device = g_strdup(profile->name);
         rep->device_assumed = TRUE;

@@ -1,5 +1,10 @@
-/* The step-time cost model of `memsim plan`: one place, every formula. A ranking aid for
- * configurations that fit, not a prediction — memory is simulated, time is estimated.
+/* The cost model that orders `memsim plan`'s search: one place, every formula. The step
+ * times the plan shows are not these but the simulation's (the generator's op durations,
+ * traces/gpus.c, replayed as `memsim estimate` replays them); this model, meant to stay
+ * below the simulated step (FLOPs at the peak's efficiency without waves, launch floors,
+ * host dispatch or latencies; its collective terms are not guaranteed to), only says which configurations to simulate first and which
+ * cannot reach the top rows (traces/plan/plan.c raises it, per configuration, to the host's
+ * dispatch time the simulation of a sibling micro-batch size showed).
  *
  * Notation: Ψ parameters (memsim_model_n_params), Ψt trainable ones (Ψ for full fine-tuning;
  * LoRA: r · 2H per target × 2 targets (q, v) × L), L layers, H hidden, s sequence length,

@@ -38,6 +38,8 @@ typedef struct {
     double step_s;
     double tokens; /* per step, all replicas */
     double tokens_per_s;
+    gboolean simulated; /* step_s is the simulation's (the configuration was replayed) */
+    double model_step_s; /* the cost model's own step_s */
 } CostResult;
 
 /* Fills `out` for the configuration of `in`. */

@@ -26,6 +26,10 @@ void memsim_plan_options_use_run(MemsimPlanOptions *o, const MemsimRun *run)
         o->gpus = run->gpus;
         o->gpu = run->gpu;
         o->gpus_per_node = run->gpus_per_node;
+        if (run->compute_efficiency > 0)
+            o->efficiency = run->compute_efficiency;
+        if (run->network_gbs > 0)
+            o->network_gbs = run->network_gbs;
     }
 }
 

@@ -272,6 +272,21 @@ static void json_row(JsonBuilder *b, const MemsimPlanRow *r)
     jdbl(b, "comm_s", r->comm_s);
     jdbl(b, "bubble_s", r->bubble_s);
     jdbl(b, "optimizer_s", r->optimizer_s);
+    json_builder_set_member_name(b, "time_simulated");
+    json_builder_add_boolean_value(b, r->time_simulated);
+    if (r->time_simulated) {
+        /* an estimate: the simulated step's parts (memsim_step_time) */
+        json_builder_set_member_name(b, "time_estimate");
+        json_builder_begin_object(b);
+        jdbl(b, "step_s", r->step_s);
+        jdbl(b, "compute_s", r->sim_compute_s);
+        jdbl(b, "memory_bound_s", r->sim_memory_s);
+        jdbl(b, "overhead_s", r->sim_overhead_s);
+        jdbl(b, "exposed_comm_and_bubble_s", r->sim_waiting_s);
+        jdbl(b, "exposed_communication_s", r->sim_waiting_s - r->sim_bubble_s);
+        jdbl(b, "bubble_s", r->sim_bubble_s);
+        json_builder_end_object(b);
+    }
     jint(b, "peak_bytes", (int64_t)r->peak);
     jint(b, "headroom_bytes", r->headroom);
     jbool(b, "bound_only", r->bound_only);
@@ -302,6 +317,18 @@ char *memsim_plan_to_json(const MemsimPlan *p)
     jstr(b, "model", p->model);
     jstr(b, "run", p->run);
     jstr(b, "gpu", p->gpu);
+    if (p->time_model.gpu[0]) {
+        /* the step times are estimates: what they assumed */
+        json_builder_set_member_name(b, "time_model");
+        json_builder_begin_object(b);
+        jdbl(b, "compute_efficiency", p->time_model.compute_efficiency);
+        jdbl(b, "bandwidth_efficiency", p->time_model.bandwidth_efficiency);
+        jdbl(b, "kernel_us", p->time_model.kernel_us);
+        jdbl(b, "dispatch_us", p->time_model.dispatch_us);
+        jdbl(b, "network_gbs", p->time_model.network_gbs);
+        jint(b, "sms", p->time_model.sms);
+        json_builder_end_object(b);
+    }
     jint(b, "gpu_mem", (int64_t)p->gpu_mem);
     jint(b, "gpus", p->gpus);
     jint(b, "gpus_per_node", p->gpus_per_node);

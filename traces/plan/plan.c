@@ -77,43 +77,8 @@
 #define DEFAULT_MISSES 5
 #define BATCH_GAIN 1.02 /* a larger micro-batch must be 2% faster to be chosen */
 
-/* ---- MIG profiles ----
- *
- * Memory: the GiB `nvidia-smi mig -lgip` lists (public listings of A100-SXM4-40GB,
- * A100-SXM4-80GB and H100-SXM5-80GB). H200: 7g.141gb as a public lgip listing gives it
- * (140.00 GiB) and 3g/4g.71gb as torch reports a 3g.71gb slice (69.8 GiB); 1g.18gb and
- * the 35gb profiles are scaled from H100's listing (verify with nvidia-smi mig -lgip).
- * Instances: the MIG user guide's "number of instances available". SMs: lgip's SM column
- * (A100: 108 SMs in all, of which 98 in 7g; H100/H200: 132). */
-typedef struct {
-    const char *gpu;
-    const char *name;
-    int mem_mib;
-    int sms;
-    int mem_slices; /* of 8 */
-    int instances;
-} MigProfile;
-
-static const MigProfile mig_profiles[] = {
-    {"a100-40gb", "1g.5gb", 4864, 14, 1, 7},    {"a100-40gb", "2g.10gb", 9984, 28, 2, 3},
-    {"a100-40gb", "3g.20gb", 20096, 42, 4, 2},  {"a100-40gb", "4g.20gb", 20096, 56, 4, 1},
-    {"a100-40gb", "7g.40gb", 40320, 98, 8, 1},  {"a100-80gb", "1g.10gb", 9728, 14, 1, 7},
-    {"a100-80gb", "1g.20gb", 19968, 14, 2, 4},  {"a100-80gb", "2g.20gb", 19968, 28, 2, 3},
-    {"a100-80gb", "3g.40gb", 40192, 42, 4, 2},  {"a100-80gb", "4g.40gb", 40192, 56, 4, 1},
-    {"a100-80gb", "7g.80gb", 80896, 98, 8, 1},  {"h100-80gb", "1g.10gb", 9984, 16, 1, 7},
-    {"h100-80gb", "1g.20gb", 20096, 26, 2, 4},  {"h100-80gb", "2g.20gb", 20096, 32, 2, 3},
-    {"h100-80gb", "3g.40gb", 40448, 60, 4, 2},  {"h100-80gb", "4g.40gb", 40448, 64, 4, 1},
-    {"h100-80gb", "7g.80gb", 81152, 132, 8, 1}, {"h200", "1g.18gb", 17536, 16, 1, 7},
-    {"h200", "1g.35gb", 35456, 26, 2, 4},       {"h200", "2g.35gb", 35456, 32, 2, 3},
-    {"h200", "3g.71gb", 71424, 60, 4, 2},       {"h200", "4g.71gb", 71424, 64, 4, 1},
-    {"h200", "7g.141gb", 143360, 132, 8, 1},
-};
-
-static int full_sms(const char *gpu)
-{
-    return g_str_has_prefix(gpu, "a100") ? 108 : 132;
-}
-
+/* MIG slice profiles: traces/gpus.c (memsim_mig_profiles); each slice is a GPU profile of
+ * its own (memsim_gpu_find("a100-40gb:1g.5gb")). */
 
 MemsimPlanOptions memsim_plan_options_defaults(void)
 {
@@ -195,6 +160,7 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
     o.allocator = allocator;
     o.alloc_conf = alloc_conf;
     o.capacity = j.capacity;
+    o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
     MemsimReport *rep = memsim_replay_trace(t, &o, &e);
     g_mutex_lock(&sw->lock);
     sw->n_replays++;
@@ -242,9 +208,17 @@ static void probe_take(Probe *p, const MemsimReport *rep, gboolean offload)
     p->ranks = g_new0(MemsimPlanRank, rep->n_ranks);
     p->peak = 0;
     p->host = 0;
+    p->step_s = 0;
     for (guint i = 0; i < rep->n_ranks; i++) {
         const MemsimRankReport *r = &rep->ranks[i];
         MemsimPlanRank *o = &p->ranks[i];
+        MemsimStepTime st;
+        memsim_step_time(r, r->n_steps ? r->n_steps - 1 : 0, &st);
+        if (!r->oom.happened && st.step_us / 1e6 > p->step_s) {
+            p->step_s = st.step_us / 1e6;
+            p->parts = st;
+            p->host_s = r->steps[r->n_steps - 1].host_us / 1e6;
+        }
         o->rank = r->rank;
         o->multiplicity = r->multiplicity;
         o->role = g_strdup(r->role ? r->role : "");
@@ -368,6 +342,7 @@ static void fill_costs(Sweep *sw, Group *g)
         in.n_micro = g->n_micro[j];
         in.offload = sw->offload || (sw->base.deepspeed && sw->base.deepspeed->z.offload_optimizer);
         cost_step(&in, &g->cost[j]);
+        g->cost[j].model_step_s = g->cost[j].step_s;
         if (g->cost[j].tokens_per_s > g->best_tps)
             g->best_tps = g->cost[j].tokens_per_s;
     }
@@ -747,6 +722,34 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         }
     }
     memsim_report_free(rep);
+    if (p->fits && p->step_s > 0) {
+        /* one time model: a configuration that was simulated takes its step time from the
+         * simulation (what `memsim estimate` prints for its last step); the cost model
+         * (traces/plan/cost.c) only orders the search among those not simulated yet */
+        CostResult *c = &g->cost[j];
+        c->step_s = p->step_s;
+        c->tokens_per_s = c->tokens / c->step_s;
+        c->simulated = TRUE;
+        /* The cost model leaves out the host's dispatch of every op, and a step cannot end
+         * before its host has issued its ops. The configuration's other micro-batch sizes
+         * run the same ops per micro-batch (shapes change, not the graph): with m' micro-
+         * batches instead of m their host time is at least this one's × min(1, m'/m), so
+         * their cost-model step is raised to that bound. Both stay below what their
+         * simulation can give (the cost model counts the FLOPs at the peak's efficiency,
+         * without waves, launch floors or latency), so the search still only skips what
+         * cannot beat what it found. */
+        for (int k = 0; k < g->nb; k++) {
+            CostResult *ck = &g->cost[k];
+            if (ck->simulated)
+                continue;
+            double host = p->host_s * MIN(1.0, (double)g->n_micro[k] / g->n_micro[j]);
+            ck->step_s = MAX(ck->model_step_s, host);
+            ck->tokens_per_s = ck->tokens / ck->step_s;
+        }
+        g->best_tps = 0;
+        for (int k = 0; k < g->nb; k++)
+            g->best_tps = MAX(g->best_tps, g->cost[k].tokens_per_s);
+    }
     if (need && !p->fits && !p->measured) {
         /* how much it needs: the same run without a memory limit */
         MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
@@ -807,8 +810,14 @@ static void know_family(Sweep *sw, const Group *g)
         const Group *y = &sw->groups[i];
         int lo, hi;
         bounds(y, &lo, &hi);
-        if (lo >= 0)
-            know(sw, y, y->cost[best_known(y, lo, FALSE)].tokens_per_s);
+        /* the simulated ones: whichever b the member ends with, no simulated b that fits
+         * beats it by more than BATCH_GAIN (best_known's rule) */
+        double v = 0;
+        for (int j = 0; j <= lo; j++)
+            if (y->cost[j].simulated && y->probes[j].fits)
+                v = MAX(v, y->cost[j].tokens_per_s);
+        if (v > 0)
+            know(sw, y, v / BATCH_GAIN);
     }
 }
 
@@ -836,6 +845,32 @@ static int best_known(const Group *g, int lo, gboolean need_fit)
             best = j;
     }
     return best;
+}
+
+/* best_known among [0, lo] (assumed to fit) as the simulation would have it: going up,
+ * a b not simulated yet whose guess (a bound: the simulation is never faster) could replace
+ * the choice is simulated first, and the scan starts again. */
+static int best_resolved(Sweep *sw, Group *g, int lo)
+{
+    for (;;) {
+        int best = -1, need = -1;
+        for (int j = 0; j <= lo && j < g->nb; j++) {
+            const Probe *p = &g->probes[j];
+            if (p->done && !p->fits)
+                continue;
+            double v = g->cost[j].tokens_per_s;
+            if (best >= 0 && !(v > BATCH_GAIN * g->cost[best].tokens_per_s))
+                continue;
+            if (!p->done) {
+                need = j;
+                break;
+            }
+            best = j;
+        }
+        if (need < 0)
+            return best;
+        probe_learn(sw, g, need);
+    }
 }
 
 static void search_exhaustive(Sweep *sw, Group *g)
@@ -869,7 +904,8 @@ static void refine(Sweep *sw, Group *g, double cutoff)
     int lo, hi;
     for (;;) {
         bounds(g, &lo, &hi);
-        int bk = lo >= 0 ? best_known(g, lo, FALSE) : -1;
+        int bk = lo >= 0 ? best_resolved(sw, g, lo) : -1;
+        bounds(g, &lo, &hi);
         double have = bk >= 0 ? g->cost[bk].tokens_per_s : 0;
         double cut = MAX(cutoff, threshold(sw));
         int k0 = -1;
@@ -889,14 +925,13 @@ static void refine(Sweep *sw, Group *g, double cutoff)
             return;
         }
     }
-    if (lo < 0 || g->cost[best_known(g, lo, FALSE)].tokens_per_s < MAX(cutoff, threshold(sw))) {
+    /* every b up to lo fits by assumption; the choice among them is simulated */
+    int row = lo >= 0 ? best_resolved(sw, g, lo) : -1;
+    if (lo < 0 || (row >= 0 && g->cost[row].tokens_per_s < MAX(cutoff, threshold(sw)))) {
         g->pruned_cost = TRUE; /* it cannot matter */
         return;
     }
-    /* every b up to lo fits by assumption; the chosen one is simulated for its figures */
-    int row = best_known(g, lo, FALSE);
-    probe_learn(sw, g, row);
-    if (!g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
+    if (row >= 0 && !g->probes[row].fits) /* the peak did not grow with b here: keep what was seen */
         row = best_known(g, lo, TRUE);
     if (row < 0) {
         g->miss = TRUE;
@@ -1142,6 +1177,12 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     sw.gpu = gpu;
     sw.gpu_name = gpu->name;
     sw.base = opt->run ? *opt->run : memsim_run_defaults();
+    /* the time model's assumptions as the plan was given them: the simulated candidates
+     * (and the commands that re-estimate them) take them as run settings */
+    if (opt->efficiency > 0 && opt->efficiency != gpu->compute_efficiency)
+        sw.base.compute_efficiency = opt->efficiency;
+    if (opt->network_gbs > 0 && opt->network_gbs != gpu->network_gbs)
+        sw.base.network_gbs = opt->network_gbs;
     if (opt->gpus_per_node > 0)
         sw.base.gpus_per_node = opt->gpus_per_node;
     if (sw.base.deepspeed && !sw.opt.global_batch) {
@@ -1324,6 +1365,12 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     plan->model = g_strdup(memsim_model_name(model));
     plan->run = describe_run(model, &base);
     plan->gpu = g_strdup(gpu->name);
+    {
+        MemsimGpu tg = *gpu;
+        tg.compute_efficiency = opt.efficiency;
+        tg.network_gbs = opt.network_gbs;
+        memsim_time_model_of(&tg, &plan->time_model);
+    }
     plan->gpu_mem = gpu_mem;
     plan->gpus = opt.gpus;
     plan->gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : base.gpus_per_node;
@@ -1338,18 +1385,22 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     g_ptr_array_add(
         notes,
         g_strdup_printf(
-            "step times come from a simple cost model (traces/plan/cost.c): compute at %.0f%% of the "
-            "GPU's tensor-core peak (bf16, fp16), ring collectives on the GPU link within a node "
-            "and %.0f GB/s per GPU between nodes, pipeline bubbles (p-1)/m; a ranking aid, not a "
-            "promise",
-            opt.efficiency * 100, opt.network_gbs));
+            "step times are estimates, simulated as memsim estimate simulates them: per op the "
+            "larger of its FLOPs over its GEMM waves at %.0f%% of the tensor-core peak and its "
+            "memory traffic at %.0f%% of the HBM bandwidth, at least %g us a kernel, %g us of "
+            "host dispatch per op, NCCL ring collectives (latency + bytes / bandwidth) on the "
+            "GPU link within a node and %.0f GB/s per GPU between nodes, pipeline bubbles from "
+            "the simulated schedule; a cost model (traces/plan/cost.c) only orders the search",
+            opt.efficiency * 100, gpu->bandwidth_efficiency * 100, gpu->kernel_us,
+            gpu->dispatch_us, opt.network_gbs));
     gboolean offloaded = FALSE;
     if (opt.mig) {
         GArray *mig = g_array_new(FALSE, TRUE, sizeof(MemsimPlanMig));
-        for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++) {
-            const MigProfile *mp = &mig_profiles[i];
+        for (const MemsimMigProfile *mp = memsim_mig_profiles(); mp->gpu; mp++) {
             if (strcmp(mp->gpu, gpu->name) != 0)
                 continue;
+            g_autofree char *slice_name = g_strdup_printf("%s:%s", mp->gpu, mp->name);
+            const MemsimGpu *slice = memsim_gpu_find(slice_name);
             MemsimPlanMig e = {0};
             g_strlcpy(e.name, mp->name, sizeof e.name);
             e.memory = (memsim_size_t)mp->mem_mib << 20;
@@ -1362,8 +1413,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
             MemsimPlanRow *rows = NULL, *misses = NULL;
             guint nr = 0, nm = 0;
             gboolean off = FALSE;
-            if (!sweep_run(model, &o1, gpu, e.memory, (double)mp->sms / full_sms(gpu->name),
-                           mp->mem_slices / 8.0, plan, &rows, &nr, &misses, &nm, &off, error)) {
+            /* the slice's own profile: its SMs and bandwidth (the cost model's fractions 1) */
+            if (!sweep_run(model, &o1, slice, e.memory, 1.0, 1.0, plan, &rows, &nr, &misses,
+                           &nm, &off, error)) {
                 g_array_unref(mig);
                 g_ptr_array_free(notes, TRUE);
                 memsim_plan_free(plan);
@@ -1388,10 +1440,10 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
             g_autofree char *names = NULL;
             GString *s = g_string_new(NULL);
             const char *last = "";
-            for (gsize i = 0; i < G_N_ELEMENTS(mig_profiles); i++)
-                if (strcmp(mig_profiles[i].gpu, last) != 0) {
-                    g_string_append_printf(s, "%s%s", s->len ? ", " : "", mig_profiles[i].gpu);
-                    last = mig_profiles[i].gpu;
+            for (const MemsimMigProfile *mp = memsim_mig_profiles(); mp->gpu; mp++)
+                if (strcmp(mp->gpu, last) != 0) {
+                    g_string_append_printf(s, "%s%s", s->len ? ", " : "", mp->gpu);
+                    last = mp->gpu;
                 }
             names = g_string_free(s, FALSE);
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
@@ -1406,8 +1458,9 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
         g_ptr_array_add(
             notes,
             g_strdup(
-                "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, compute "
-                "scaled by the slice's SMs, memory bandwidth by its memory slices"));
+                "MIG: one job per slice; slice memory as nvidia-smi mig -lgip lists it, its SMs "
+                "(GEMM waves) and peaks scaled by its SMs, memory bandwidth by its memory "
+                "slices; the host's dispatch is each job's own"));
     } else {
         if (!sweep_run(model, &opt, gpu, gpu_mem, 1.0, 1.0, plan, &plan->rows, &plan->n_rows,
                        &plan->misses, &plan->n_misses, &offloaded, error)) {

@@ -81,6 +81,16 @@ static void flag_int(GString *s, const char *name, int64_t v)
     flag(s, name, buf);
 }
 
+/* The time model's settings a run was given (--efficiency, --network-gbs). */
+static void time_flags(GString *s, const MemsimRun *r)
+{
+    char buf[G_ASCII_DTOSTR_BUF_SIZE];
+    if (r->compute_efficiency > 0)
+        flag(s, setting_name(SETTING_EFFICIENCY), g_ascii_formatd(buf, sizeof buf, "%g", r->compute_efficiency));
+    if (r->network_gbs > 0)
+        flag(s, setting_name(SETTING_NETWORK_GBS), g_ascii_formatd(buf, sizeof buf, "%g", r->network_gbs));
+}
+
 /* The `memsim estimate` command of a run: every setting that is not the default. A Megatron
  * launch's run is re-estimated from the launch, its layout set as the recipe says. */
 static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_mem,
@@ -98,6 +108,7 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
         if (r->torch_version)
             flag(s, setting_name(SETTING_TORCH_VERSION), r->torch_version);
         flag(s, setting_name(SETTING_GPU), r->gpu);
+        time_flags(s, r);
         g_autofree char *mem = size_flag(gpu_mem);
         flag(s, "gpu-mem", mem);
         if (sw->ctx != MEMSIM_ESTIMATE_CONTEXT_DEFAULT) {
@@ -190,6 +201,7 @@ static char *command_of(const Sweep *sw, const MemsimRun *r, memsim_size_t gpu_m
     if (r->gpus_per_node != d.gpus_per_node)
         flag_int(s, setting_name(SETTING_GPUS_PER_NODE), r->gpus_per_node);
     flag(s, setting_name(SETTING_GPU), r->gpu);
+    time_flags(s, r);
     if (r->cublas_workspace) {
         g_autofree char *w = size_flag(r->cublas_workspace);
         flag(s, setting_name(SETTING_CUBLAS_WORKSPACE), w);
@@ -380,6 +392,14 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
     row->comm_s = c->comm_s;
     row->bubble_s = c->bubble_s;
     row->optimizer_s = c->optimizer_s + c->other_s;
+    if (c->simulated) {
+        row->time_simulated = TRUE;
+        row->sim_compute_s = p->parts.compute_us / 1e6;
+        row->sim_memory_s = p->parts.memory_us / 1e6;
+        row->sim_overhead_s = p->parts.overhead_us / 1e6;
+        row->sim_waiting_s = p->parts.waiting_us / 1e6;
+        row->sim_bubble_s = p->parts.bubble_us / 1e6;
+    }
     if (miss && !p->done) {
         /* not simulated: the model-state bound ruled the layout out */
         row->peak = g->bound;

@@ -5,6 +5,7 @@
 
 #include <memsim/estimate.h>
 #include <memsim/plan.h>
+#include <memsim/sim.h>
 
 #include "traces/plan/cost.h"
 
@@ -20,6 +21,9 @@ typedef struct {
     uint32_t n_ranks;
     MemsimPlanRank *ranks;
     char *error;
+    double step_s; /* the simulated time of the run's last step (slowest rank); 0: none */
+    MemsimStepTime parts; /* that rank's step, its parts */
+    double host_s;        /* that step's host dispatch (a lower bound of its time) */
 } Probe;
 
 typedef struct {
