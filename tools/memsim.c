@@ -2,6 +2,7 @@
  *
  * Exit status: 0 success; 1 an answer of "does not fit" (a simulated OOM) or, for
  * `replay --verify`, a mismatch; 2 bad input or usage. */
+#include <json-glib/json-glib.h>
 #include <memsim/alloc.h>
 #include <memsim/export.h>
 #include <memsim/formats.h>
@@ -19,6 +20,27 @@
 #include <unistd.h>
 
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
+
+/* A JSON object text (a report, a plan) with the model added under "model"
+ * (memsim_model_to_json): its family, exact parameter count, active parameters per token,
+ * embedding and LM-head counts. */
+static char *json_with_model(char *text, const MemsimModel *m)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(JsonParser) mp = json_parser_new();
+    g_autofree char *mj = memsim_model_to_json(m);
+    if (!json_parser_load_from_data(p, text, -1, NULL) ||
+        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)) ||
+        !json_parser_load_from_data(mp, mj, -1, NULL))
+        return text;
+    JsonObject *o = json_node_get_object(json_parser_get_root(p));
+    json_object_set_member(o, "model", json_node_copy(json_parser_get_root(mp)));
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, json_parser_get_root(p));
+    g_free(text);
+    return json_generator_to_data(gen, NULL);
+}
 
 static int report_error(const char *cmd, GError *error)
 {
@@ -609,7 +631,7 @@ static int cmd_estimate(int argc, char **argv)
             goto out;
     }
     if (json) {
-        g_autofree char *j = memsim_report_to_json(rep);
+        g_autofree char *j = json_with_model(memsim_report_to_json(rep), m);
         printf("%s\n", j);
     } else {
         g_autofree char *txt = memsim_report_to_text(rep);
@@ -647,9 +669,12 @@ out:
 static int cmd_gen(int argc, char **argv)
 {
     char *model = NULL, *out_path = NULL;
+    gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "A preset or a config.json", "MODEL"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json,
+         "Print what was written, with the model (family, parameter counts), as JSON", NULL},
         {"output", 'o', 0, G_OPTION_ARG_FILENAME, &out_path,
          "Where to write the trace (.mst, .txt, or .pickle: a PyTorch memory snapshot of "
          "the run through the torch allocator model)", "FILE"},
@@ -674,6 +699,18 @@ static int cmd_gen(int argc, char **argv)
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
         goto out;
+    }
+    if (json) {
+        g_autoptr(JsonBuilder) b = json_builder_new();
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "output");
+        json_builder_add_string_value(b, out_path);
+        json_builder_end_object(b);
+        g_autoptr(JsonGenerator) gen = json_generator_new();
+        g_autoptr(JsonNode) root = json_builder_get_root(b);
+        json_generator_set_root(gen, root);
+        g_autofree char *j = json_with_model(json_generator_to_data(gen, NULL), m);
+        printf("%s\n", j);
     }
     rc = EXIT_OK;
 out:
@@ -705,9 +742,13 @@ static int cmd_models(int argc, char **argv)
         GError *error = NULL;
         MemsimModel *m = memsim_model_load(*n, &error);
         g_assert(m != NULL);
-        if (json)
-            printf("%s{\"name\": \"%s\", \"family\": \"%s\", \"parameters\": %" G_GINT64_FORMAT "}",
-                   n == names ? "" : ", ", *n, memsim_model_family(m), memsim_model_n_params(m));
+        if (json) {
+            /* the model object of estimate/plan --json, with "parameters" kept for the
+             * readers of the earlier listing */
+            g_autofree char *mj = memsim_model_to_json(m);
+            printf("%s{\"parameters\": %" G_GINT64_FORMAT ", %s", n == names ? "" : ", ",
+                   memsim_model_n_params(m), mj + 1);
+        }
         else
             printf("%-16s %-9s %8.2f B parameters\n", *n, memsim_model_family(m),
                    (double)memsim_model_n_params(m) / 1e9);
@@ -971,7 +1012,7 @@ static int cmd_plan(int argc, char **argv)
         rc = report_error("plan", error);
         goto out;
     }
-    char *text = json ? memsim_plan_to_json(plan)
+    char *text = json ? json_with_model(memsim_plan_to_json(plan), m)
                  : csv ? memsim_plan_to_csv(plan)
                        : memsim_plan_to_text(plan);
     fputs(text, stdout);

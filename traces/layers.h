@@ -7,7 +7,7 @@
 #include "traces/models.h"
 
 /* What one forward pass shares across its layers. */
-typedef struct {
+typedef struct Fwd {
     AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
     AgTensor *cos4, *sin4;
     bool eager;

@@ -158,6 +158,8 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Model *md = la->md;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
+    if (fam_modern(md->m))
+        return fam_layer(md, la->f, ly, x);
     AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
     AgTensor *a = llama_attn(md, la->f, ly, h);
     U(h);
@@ -816,6 +818,10 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     md->layers = g_new0(Layer, L);
     for (int64_t l = l0; l < l1; l++) {
         Layer *ly = &md->layers[l];
+        if (fam_modern(m)) {
+            fam_build_layer(md, ly, l);
+            continue;
+        }
         switch (m->fam) {
         case FAM_LLAMA:
         case FAM_MIXTRAL:
@@ -915,7 +921,9 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
         }
     if (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL || m->fam == FAM_NEOX ||
         m->fam == FAM_FALCON) {
-        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
+        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct)
+                     : fam_modern(m)    ? fam_rotary_dim(m)
+                                        : hd;
         md->inv_freq = nn_buffer(md, DT_F32, SHAPE(rd / 2));
         if (!gg_rules(g)->v113)
             nn_buffer(md, DT_F32, SHAPE(rd / 2)); /* original_inv_freq clone */
@@ -1012,6 +1020,11 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
             gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1,
                           nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
+        if (m->gemma) { /* GemmaTextScaledWordEmbedding (traces/families.c) */
+            AgTensor *t = fam_embed_scale(md, x);
+            U(x);
+            x = t;
+        }
     } else {
         x = gt_ref(x_in);
     }
@@ -1031,7 +1044,9 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(cmask);
     AgTensor *cos = NULL, *sin = NULL;
     if (md->inv_freq) {
-        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct) : m->hd;
+        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct)
+                     : fam_modern(m)    ? fam_rotary_dim(m)
+                                        : m->hd;
         nn_rotary(md, rd, pos, &cos, &sin);
         f.cos4 = op_unsqueeze(g, cos, 1);
         f.sin4 = op_unsqueeze(g, sin, 1);
@@ -1156,7 +1171,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         return NULL;
     }
     if (md->norm_w) {
-        AgTensor *t = (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
+        AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w)
+                      : (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? nn_rmsnorm(md, x, md->norm_w)
                           : nn_layernorm(md, x, md->norm_w, md->norm_b);
         U(x);
@@ -1190,6 +1206,11 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         logits = op_linear(g, hs, w, md->lm_bias);
     }
     U(hs);
+    if (m->final_softcap > 0) { /* Gemma 2's logit soft-capping (traces/families.c) */
+        AgTensor *t = fam_final_softcap(md, logits);
+        U(logits);
+        logits = t;
+    }
     /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
      * returns lm_head(...).float(), the low-precision logits dropped at once */
     bool upcast_in_model = m->fam == FAM_LLAMA && !hf_since(md->run, HF_LOGITS_NOT_UPCAST) &&
