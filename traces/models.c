@@ -1042,6 +1042,14 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         f.mask = op_new(g, "vmap_mask", DT_BOOL, SHAPE(B, 1, S, S));
     }
     U(cmask);
+    /* Gemma 2/3 build the sliding-window mask beside the full one (Gemma2Model.forward's
+     * causal_mask_mapping), both alive for the forward */
+    AgTensor *mask2 = NULL;
+    if (f.mask && m->sandwich && m->sliding_window) {
+        AgTensor *c2 = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
+        mask2 = op_new(g, "where", f.mask->dt, SHAPE(B, 1, S, S));
+        U(c2);
+    }
     AgTensor *cos = NULL, *sin = NULL;
     if (md->inv_freq) {
         int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct)
@@ -1161,6 +1169,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     }
     c->layer = -1;
     if (!md->last) {
+        U(mask2);
         U(f.mask);
         U(f.cos4);
         U(f.sin4);
@@ -1184,6 +1193,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         x = t;
     }
     /* the model's locals (mask, cos/sin, position ids) die when its forward returns */
+    U(mask2);
     U(f.mask);
     U(f.cos4);
     U(f.sin4);

@@ -1122,8 +1122,15 @@ AgTensor *op_index_add(AgGraph *g, DType dt, int64_t rows, int64_t cols, AgTenso
     AgTensor *out = gt_empty(g, dt, SHAPE(rows, cols));
     gg_op(g, "index_add_");
     AgNode *nd = node_for(g, "IndexAddBackward0", bw_index_add, n, srcs, 1);
-    if (nd)
+    if (nd) {
+        /* derivatives.yaml index_add: source's gradient is
+         * grad.index_select(dim, index).expand_as(source), so IndexAddBackward0 keeps source
+         * (a SavedVariable, unpacked in its apply) until the backward */
+        for (int i = 0; i < n; i++)
+            if (needs(nd, i))
+                gn_save(g, nd, srcs[i]);
         gn_set_output(nd, out, 0);
+    }
     return out;
 }
 
