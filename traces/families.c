@@ -26,6 +26,32 @@ int64_t fam_rotary_dim(const MemsimModel *m)
     return (int64_t)((double)m->hd * m->rotary_pct);
 }
 
+/* The Linear modules a LoRA target may name (peft matches module names), and peft's default
+ * targets (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: q_proj,
+ * v_proj for these; qkv_proj for phi3). DeepSeek's attention has no q_proj when q_lora_rank
+ * is set and no v_proj: peft has no default for it, so targets must be given. The routed
+ * experts are parameters, not Linear modules: no LoRA target. */
+const char *fam_module_names(const MemsimModel *m)
+{
+    if (m->kv_lora)
+        return m->q_lora ? "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,"
+                           "up_proj,down_proj"
+                         : "q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,up_proj,"
+                           "down_proj";
+    if (m->fused_qkv)
+        return "qkv_proj,o_proj,gate_up_proj,down_proj";
+    if (m->shared_gate)
+        return "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,shared_expert_gate";
+    return "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+}
+
+const char *fam_lora_default_targets(const MemsimModel *m)
+{
+    if (m->kv_lora)
+        return NULL;
+    return m->fused_qkv ? "qkv_proj" : "q_proj,v_proj";
+}
+
 static AgTensor *vecp(Model *md, int64_t n)
 {
     return nn_param(md, md->pdt, SHAPE(n), nn_full_ft(md));

@@ -737,6 +737,18 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
                     memsim_model_family(full));
         return FALSE;
     }
+    /* tensor parallelism of the Llama-derived families: their experts, latent attention and
+     * projection-wide q/k norms are not split here */
+    if (fam_modern(full) && tp > 1 &&
+        (full->fam == FAM_MIXTRAL || full->kv_lora || full->qk_norm == 2 || md->sp)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                    "tensor parallelism%s of a %s model is not modelled (its %s)",
+                    md->sp ? " with sequence parallelism" : "", memsim_model_family(full),
+                    full->fam == FAM_MIXTRAL ? "experts" : full->kv_lora ? "latent attention"
+                    : full->qk_norm == 2 ? "q/k norms over the whole projection"
+                                         : "layers");
+        return FALSE;
+    }
     /* Megatron splits heads, the MLP width and the (padded) vocabulary over the TP ranks */
     md->local = *full;
     if (tp > 1) {
@@ -774,13 +786,14 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     }
     /* LoRA targets must exist */
     if (run->finetune != MEMSIM_FT_FULL && !run->inference) {
-        g_auto(GStrv) known = g_strsplit(module_names(m->fam), ",", -1);
+        const char *mods = fam_modern(m) ? fam_module_names(m) : module_names(m->fam);
+        g_auto(GStrv) known = g_strsplit(mods, ",", -1);
         for (char **t = run->lora_targets; t && *t; t++) {
             if (!g_strv_contains((const char *const *)known, *t)) {
                 g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                             "lora-targets: module '%s' does not exist in a %s model (modules: "
                             "%s)",
-                            *t, memsim_model_family(m), module_names(m->fam));
+                            *t, memsim_model_family(m), mods);
                 return FALSE;
             }
         }

@@ -125,6 +125,8 @@ AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w);
 AgTensor *fam_embed_scale(Model *md, AgTensor *x);
 AgTensor *fam_final_softcap(Model *md, AgTensor *logits);
 int64_t fam_rotary_dim(const MemsimModel *m);
+const char *fam_module_names(const MemsimModel *m);
+const char *fam_lora_default_targets(const MemsimModel *m); /* NULL: none */
 
 /* peft's default LoRA target modules for a family (comma-separated). */
 const char *model_lora_default_targets(Family f);
