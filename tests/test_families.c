@@ -252,3 +252,40 @@ Test(families, what_is_not_modelled_is_refused)
     cr_expect_eq(run(mo, NULL, &err4), 2, "%s", err4);
     cr_expect(strstr(err4, "mlp_only_layers"), "%s", err4);
 }
+
+static int64_t forward_peak(const char *config, const char *seq)
+{
+    g_autofree char *path = write_config(config);
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(path, &error);
+    cr_assert(m, "%s", error ? error->message : "?");
+    MemsimRun r = memsim_run_defaults();
+    cr_assert(memsim_run_set(&r, "seq", seq, &error));
+    cr_assert(memsim_run_set(&r, "precision", "bf16", &error));
+    MemsimTrace *t = memsim_generate(m, &r, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+    const MemsimRankReport *rk = &rep->ranks[0];
+    int64_t peak = rk->steps[rk->n_steps - 1].phase_peak_allocated[MEMSIM_PHASE_FORWARD];
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_run_clear(&r);
+    memsim_model_free(m);
+    return peak;
+}
+
+/* Mistral's sliding window under SDPA (bf16): once the sequence reaches the window the model
+ * hands SDPA a bool (1,1,S,S) mask (expanded to B), so flash cannot run and the GQA keys and
+ * values are repeated (repeat_kv: enable_gqa only without a mask) and saved, in each of the 2
+ * layers: 2 × 2 × [1, 4, 64, 16] bf16 copies more than the same model without a window. */
+Test(families, sliding_window_mask_from_the_window_on)
+{
+    const char *w = "{\"model_type\": \"mistral\", " SMALL ", \"sliding_window\": 64}";
+    const char *nw = "{\"model_type\": \"mistral\", " SMALL ", \"sliding_window\": null}";
+    cr_expect_eq(forward_peak(w, "63"), forward_peak(nw, "63"), "below the window: no mask");
+    int64_t extra = forward_peak(w, "64") - forward_peak(nw, "64");
+    int64_t kv = (int64_t)1 * 4 * 64 * 16 * 2; /* one repeated K or V, bf16 */
+    /* less the flash kernel's saved RNG state (one 512-byte block a layer) */
+    cr_expect_geq(extra, 2 * 2 * kv - 2 * 512, "%" G_GINT64_FORMAT, extra);
+    cr_expect_leq(extra, 2 * 2 * kv + 64 * 64, "%" G_GINT64_FORMAT, extra);
+}

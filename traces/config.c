@@ -366,6 +366,17 @@ gboolean model_layer_is_moe(const MemsimModel *m, int64_t l)
     return m->moe_every <= 1 || (l + 1) % m->moe_every == 0;
 }
 
+/* The layer types of the configuration classes: Mistral's and Mixtral's layers all slide when
+ * sliding_window is set; Qwen2Config's layer_types slide from max_window_layers on (with
+ * use_sliding_window); Gemma2Config's every even layer, Gemma3TextConfig's all but every
+ * sliding_window_pattern-th. */
+gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l)
+{
+    if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || !m->sliding_window || l < m->sw_from)
+        return FALSE;
+    return m->sw_pattern == 0 || (l + 1) % m->sw_pattern != 0;
+}
+
 static int64_t model_moe_layers(const MemsimModel *m)
 {
     int64_t n = 0;
@@ -663,10 +674,12 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
          !get_softcap(c, "attn_logit_softcapping", 0.0, &m->attn_softcap)))
         return FALSE;
     if (gemma2 || gemma3) {
-        int64_t w = 0;
-        if (!INT(N("sliding_window"), NULL, NULLABLE, 4096, &B_POS, &w))
+        int64_t w = 0, pattern = 2;
+        if (!INT(N("sliding_window"), NULL, NULLABLE, gemma3 ? 4096 : 4096, &B_POS, &w) ||
+            (gemma3 && !INT(N("sliding_window_pattern"), NULL, OPTIONAL, 6, &B_LAYERS, &pattern)))
             return FALSE;
         m->sliding_window = w;
+        m->sw_pattern = (int)pattern;
     }
     if (q2moe || q3moe) {
         int64_t mlp_only = 0;
@@ -787,6 +800,16 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
             if (!BOOL("use_sliding_window", false, &sw))
                 return FALSE;
             m->sliding_window = sw ? window : 0;
+            int64_t from = 28;
+            if (sw && json_object_has_member(c->o, "max_window_layers") &&
+                JSON_NODE_HOLDS_VALUE(json_object_get_member(c->o, "max_window_layers")) &&
+                json_node_get_value_type(json_object_get_member(c->o, "max_window_layers")) ==
+                    G_TYPE_INT64 &&
+                json_object_get_int_member(c->o, "max_window_layers") == 0)
+                from = 0; /* every layer slides */
+            else if (sw && !INT(N("max_window_layers"), NULL, OPTIONAL, 28, &B_LAYERS, &from))
+                return FALSE;
+            m->sw_from = from;
         } else if (mistral || mix) {
             m->sliding_window = window;
         }

@@ -10,6 +10,7 @@
 typedef struct Fwd {
     AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
     AgTensor *cos4, *sin4;
+    AgTensor *mask_sw; /* the sliding-window layers' mask, when it differs from `mask` */
     bool eager;
 } Fwd;
 

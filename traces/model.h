@@ -62,10 +62,15 @@ struct MemsimModel {
                              * (l + 1) % moe_every == 0); 0 or 1 = every layer */
     bool norm_topk;         /* routing weights renormalised over the top k */
     bool router_bias;       /* DeepSeek-V3: e_score_correction_bias [E] */
+    int64_t sw_from;        /* Qwen2: the first sliding layer (max_window_layers) */
+    int sw_pattern;         /* layer l slides when (l + 1) % sw_pattern != 0 (Gemma 2: 2,
+                             * Gemma 3: sliding_window_pattern); 0 = every layer from sw_from */
     /* DeepSeek multi-head latent attention (0 = none) */
     int64_t kv_lora, q_lora, qk_nope, qk_rope, v_hd;
 };
 
+/* Whether layer l attends through the sliding window (traces/config.c). */
+gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l);
 /* Whether layer l has routed experts (traces/config.c). */
 gboolean model_layer_is_moe(const MemsimModel *m, int64_t l);
 

@@ -24,6 +24,7 @@ static void layer_arg_free(AgGraph *g, void *p)
 {
     LayerArg *la = p;
     gt_unref(g, la->own.mask);
+    gt_unref(g, la->own.mask_sw);
     gt_unref(g, la->own.cos4);
     gt_unref(g, la->own.sin4);
     g_free(la);
@@ -158,10 +159,14 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Model *md = la->md;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
+    /* a sliding-window layer attends through its own mask (create_sliding_window_causal_mask) */
+    Fwd lf = *la->f;
+    if (lf.mask_sw && model_layer_is_sliding(md->m, la->layer))
+        lf.mask = lf.mask_sw;
     if (fam_modern(md->m))
-        return fam_layer(md, la->f, ly, x);
+        return fam_layer(md, &lf, ly, x);
     AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
-    AgTensor *a = llama_attn(md, la->f, ly, h);
+    AgTensor *a = llama_attn(md, &lf, ly, h);
     U(h);
     AgTensor *x1 = op_binary(g, BIN_ADD, x, a);
     U(a);
@@ -1055,13 +1060,32 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         f.mask = op_new(g, "vmap_mask", DT_BOOL, SHAPE(B, 1, S, S));
     }
     U(cmask);
-    /* Gemma 2/3 build the sliding-window mask beside the full one (Gemma2Model.forward's
-     * causal_mask_mapping), both alive for the forward */
+    /* Sliding-window layers (model_layer_is_sliding): the model builds their mask with
+     * create_sliding_window_causal_mask beside the full one when both kinds of layer exist
+     * (Gemma2Model.forward's causal_mask_mapping, Qwen2Model's), both alive for the forward;
+     * for SDPA it is a bool (B,1,S,S) once the sequence reaches the window (masking_utils
+     * sdpa_mask: the causal skip needs kv_length < sliding_window), else None. */
     AgTensor *mask2 = NULL;
-    if (f.mask && m->sandwich && m->sliding_window) {
+    bool any_sw = false, any_full = false;
+    for (int64_t l = md->l0; l < md->l1; l++) {
+        if (model_layer_is_sliding(m, l))
+            any_sw = true;
+        else
+            any_full = true;
+    }
+    if (any_sw && f.mask && any_full && m->fam != FAM_FALCON) {
         AgTensor *c2 = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
         mask2 = op_new(g, "where", f.mask->dt, SHAPE(B, 1, S, S));
         U(c2);
+        f.mask_sw = mask2;
+    } else if (any_sw && !f.mask && S >= m->sliding_window) {
+        AgTensor *c2 = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
+        mask2 = op_new(g, "and", DT_BOOL, SHAPE(1, 1, S, S));
+        U(c2);
+        AgTensor *e = op_expand(g, mask2, SHAPE(B, 1, S, S));
+        U(mask2);
+        mask2 = e;
+        f.mask_sw = mask2;
     }
     AgTensor *cos = NULL, *sin = NULL;
     if (md->inv_freq) {
@@ -1168,6 +1192,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             *ca = la;
             ca->own = f;
             gt_ref(f.mask);
+            gt_ref(f.mask_sw);
             gt_ref(f.cos4);
             gt_ref(f.sin4);
             ca->f = &ca->own;
