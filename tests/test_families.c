@@ -40,6 +40,7 @@ Test(families, unknown_model_type_and_architecture_refused_with_the_known_list)
     g_autofree char *err = NULL;
     cr_expect_eq(run(argv, NULL, &err), 2, "%s", err);
     cr_expect(strstr(err, "model_type") && strstr(err, "mamba2") && strstr(err, "qwen3") &&
+                  strstr(err, "starcoder2") &&
                   strstr(err, "deepseek_v3") && strstr(err, "gemma2"),
               "%s", err);
     g_autofree char *b = write_config(
@@ -178,6 +179,8 @@ Test(families, every_family_generates_its_model_state, .timeout = 120)
         "{\"model_type\": \"qwen3\", " SMALL ", \"head_dim\": 16}",
         "{\"model_type\": \"olmo2\", " SMALL "}",
         "{\"model_type\": \"phi3\", " SMALL "}",
+        "{\"model_type\": \"starcoder2\", " SMALL ", \"sliding_window\": 32, "
+        "\"residual_dropout\": 0.1, \"embedding_dropout\": 0.1}",
         "{\"model_type\": \"gemma\", " SMALL ", \"head_dim\": 16}",
         "{\"model_type\": \"gemma2\", " SMALL ", \"head_dim\": 16}",
         "{\"model_type\": \"gemma3_text\", " SMALL ", \"head_dim\": 16}",

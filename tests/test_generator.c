@@ -81,6 +81,7 @@ static const struct {
     {"phi-3-mini-4k", 3.8e9, 0.1e9, 0, 0, false, "Phi-3-mini-4k card: 3.8B"},
     {"phi-3-medium-4k", 14e9, 1e9, 0, 0, false, "Phi-3-medium-4k card: 14B"},
     {"phi-4", 14.7e9, 0.1e9, 0, 0, false, "HF page: 14.7B params (safetensors)"},
+    {"starcoder2-3b", 3.03e9, 0.01e9, 0, 0, false, "HF page: 3.03B params (safetensors)"},
     {"olmo-2-7b", 7.3e9, 0.1e9, 0, 0, false, "HF page: 7.3B params (safetensors)"},
     {"olmo-2-13b", 13.7e9, 0.1e9, 0, 0, false, "HF page: 13.7B params (safetensors)"},
     {"deepseek-v2-lite", 15.7e9, 0.1e9, 2.4e9, 0.1e9, true,

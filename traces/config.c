@@ -410,8 +410,9 @@ static gboolean model_size(const MemsimModel *m, Size *z)
                      m->qkv_bias ? S(P(nh, hd), P(2, nkv, hd)) : 0, m->o_bias ? H : 0,
                      m->qk_norm == 1 ? P(2, hd) : m->qk_norm == 2 ? P(S(nh, nkv), hd) : 0);
         }
-        int64_t dense = S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
-        int64_t norms = P(m->sandwich ? 4 : 2, H);
+        int64_t dense = m->plain_mlp ? S(P(2, H, I), m->mlp_bias ? S(I, H) : 0)
+                                     : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
+        int64_t norms = P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
         int64_t n_moe = m->fam == FAM_MIXTRAL ? model_moe_layers(m) : 0;
         int64_t moe = 0;
         if (n_moe) {
@@ -424,7 +425,7 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         }
         per_layer = 0;
         z->layers = S(P(S(attn, norms), L), P(n_moe, moe), P(L - n_moe, dense));
-        other = S(P(V, H), H, m->tie ? 0 : P(V, H));
+        other = S(P(V, H), m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
         break;
     }
     case FAM_GPT2:
@@ -518,7 +519,7 @@ static const struct {
     {"qwen3", FAM_LLAMA},     {"olmo2", FAM_LLAMA},     {"phi3", FAM_LLAMA},
     {"gemma", FAM_LLAMA},     {"gemma2", FAM_LLAMA},    {"gemma3_text", FAM_LLAMA},
     {"qwen2_moe", FAM_MIXTRAL}, {"qwen3_moe", FAM_MIXTRAL},
-    {"deepseek_v2", FAM_MIXTRAL}, {"deepseek_v3", FAM_MIXTRAL},
+    {"deepseek_v2", FAM_MIXTRAL}, {"deepseek_v3", FAM_MIXTRAL}, {"starcoder2", FAM_LLAMA},
 };
 
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
@@ -609,13 +610,14 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
     bool gemma2 = strcmp(type, "gemma2") == 0, gemma3 = strcmp(type, "gemma3_text") == 0;
     bool q2moe = strcmp(type, "qwen2_moe") == 0, q3moe = strcmp(type, "qwen3_moe") == 0;
     bool ds2 = strcmp(type, "deepseek_v2") == 0, ds3 = strcmp(type, "deepseek_v3") == 0;
+    bool sc2 = strcmp(type, "starcoder2") == 0;
     bool gemma = gemma1 || gemma2 || gemma3, ds = ds2 || ds3;
     g_strlcpy(m->arch, type, sizeof m->arch);
     if (gemma3)
         g_strlcpy(m->arch, "gemma3", sizeof m->arch);
-    int64_t max_pos = qwen3 || q3moe ? 40960 : q2moe ? 8192 : phi3 ? 4096
+    int64_t max_pos = qwen3 || q3moe ? 40960 : q2moe ? 8192 : phi3 || sc2 ? 4096
                       : gemma ? 8192 : ds3 ? 4096 : 2048;
-    bool tie_def = gemma; /* Gemma's classes tie; the others do not */
+    bool tie_def = gemma || sc2; /* Gemma's and StarCoder2's classes tie; the others do not */
     /* num_key_value_heads when absent: GemmaConfig 16, Gemma2Config 4, Gemma3TextConfig 4,
      * Qwen3MoeConfig 4, Qwen3Config 32, Qwen2MoeConfig 16; None (= heads) otherwise */
     int64_t nkv_def = gemma1 ? 16 : gemma2 || gemma3 || q3moe ? 4 : qwen3 ? 32 : q2moe ? 16 : 0;
@@ -641,9 +643,26 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
     /* Gemma's MLP reads hidden_activation (GemmaMLP: ACT2FN[config.hidden_activation]); the
      * others hidden_act */
     ok = gemma ? get_act(c, N("hidden_activation"), "gelu_pytorch_tanh", m->act, sizeof m->act)
-               : get_act(c, N("hidden_act"), "silu", m->act, sizeof m->act);
+               : get_act(c, N("hidden_act"), sc2 ? "gelu_pytorch_tanh" : "silu", m->act,
+                         sizeof m->act);
     if (!ok)
         return FALSE;
+    if (sc2) {
+        /* Starcoder2Config / modular_starcoder2.py: nn.LayerNorm norms, use_bias on every
+         * linear, c_fc/c_proj MLP, residual_dropout after o_proj and c_proj,
+         * embedding_dropout after the embedding, Mistral's sliding window */
+        bool bias = true;
+        int64_t w = 0;
+        ok = BOOL("use_bias", true, &bias) && PROB("residual_dropout", 0.0, &m->resid_pdrop) &&
+             PROB("embedding_dropout", 0.0, &m->embd_pdrop) &&
+             INT(N("sliding_window"), NULL, NULLABLE, 0, &B_POS, &w) &&
+             get_double(c, "norm_epsilon", 1e-5, R_POSITIVE, &(double){0});
+        if (!ok)
+            return FALSE;
+        m->qkv_bias = m->o_bias = m->mlp_bias = bias;
+        m->ln_norms = m->plain_mlp = true;
+        m->sliding_window = w;
+    }
     if (qwen3 || q3moe || gemma3)
         m->qk_norm = 1; /* Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim */
     if (olmo2)
@@ -756,7 +775,7 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     bool ok = true;
     static const char *const modern[] = {"qwen3",     "olmo2",     "phi3",        "gemma",
                                          "gemma2",    "gemma3_text", "qwen2_moe", "qwen3_moe",
-                                         "deepseek_v2", "deepseek_v3", NULL};
+                                         "deepseek_v2", "deepseek_v3", "starcoder2", NULL};
     if (g_strv_contains(modern, type)) {
         if (!read_modern(c, m, type, strict))
             return FALSE;
@@ -1170,7 +1189,7 @@ static const char *const architectures[] = {
     "DeepseekV3ForCausalLM", "MllamaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-    "Gemma3ForConditionalGeneration", NULL};
+    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", NULL};
 
 static gboolean check_architectures(Cfg *c)
 {

@@ -40,6 +40,8 @@ const char *fam_module_names(const MemsimModel *m)
                            "down_proj";
     if (m->fused_qkv)
         return "qkv_proj,o_proj,gate_up_proj,down_proj";
+    if (m->plain_mlp)
+        return "q_proj,k_proj,v_proj,o_proj,c_fc,c_proj";
     if (m->shared_gate)
         return "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,shared_expert_gate";
     return "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
@@ -117,6 +119,9 @@ void fam_build_layer(Model *md, Layer *ly, int64_t l)
         }
         if (m->shared_gate)
             nn_lin_make(md, &ly->sh_g, "shared_expert_gate", 1, H, false, false);
+    } else if (m->plain_mlp) {
+        nn_lin_make(md, &ly->up, "c_fc", I, H, m->mlp_bias, false);
+        nn_lin_make(md, &ly->down, "c_proj", H, I, m->mlp_bias, false);
     } else if (m->fused_gate_up) {
         nn_lin_make(md, &ly->up, "gate_up_proj", 2 * I, H, false, false);
         nn_lin_make(md, &ly->down, "down_proj", H, I, false, false);
@@ -125,9 +130,13 @@ void fam_build_layer(Model *md, Layer *ly, int64_t l)
         nn_lin_make(md, &ly->up, "up_proj", I, H, m->mlp_bias, false);
         nn_lin_make(md, &ly->down, "down_proj", H, I, m->mlp_bias, false);
     }
-    /* norms */
+    /* norms (StarCoder2: nn.LayerNorm, weight then bias) */
     ly->ln1_w = vecp(md, H);
+    if (m->ln_norms)
+        ly->ln1_b = vecp(md, H);
     ly->ln2_w = vecp(md, H);
+    if (m->ln_norms)
+        ly->ln2_b = vecp(md, H);
     if (m->sandwich) {
         ly->ln3_w = vecp(md, H);
         ly->ln4_w = vecp(md, H);
@@ -189,8 +198,10 @@ static AgTensor *olmo2_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
     return out;
 }
 
-AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w)
+AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b)
 {
+    if (md->m->ln_norms)
+        return nn_layernorm(md, x, w, b);
     if (md->m->gemma)
         return gemma_rmsnorm(md, x, w);
     if (md->m->post_norms)
@@ -373,7 +384,7 @@ static AgTensor *attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
             AgTensor *p = nn_lin(md, lin[i], x);
             AgTensor *pv = op_view(g, p, SHAPE(md->B, md->S, n[i], hd));
             U(p);
-            AgTensor *pn = fam_norm(md, pv, nw[i]);
+            AgTensor *pn = fam_norm(md, pv, nw[i], NULL);
             U(pv);
             t[i] = op_transpose(g, pn, 1, 2);
             U(pn);
@@ -429,6 +440,17 @@ static AgTensor *mlp(Model *md, Lin *gate, Lin *up, Lin *down, AgTensor *x)
     U(u);
     AgTensor *out = nn_lin(md, down, h);
     U(h);
+    return out;
+}
+
+/* Starcoder2MLP.forward: c_proj(act(c_fc(x))) */
+static AgTensor *plain_mlp(Model *md, Layer *ly, AgTensor *x)
+{
+    AgTensor *h = nn_lin(md, &ly->up, x);
+    AgTensor *a = nn_act(md, h);
+    U(h);
+    AgTensor *out = nn_lin(md, &ly->down, a);
+    U(a);
     return out;
 }
 
@@ -574,11 +596,11 @@ static AgTensor *add(Model *md, AgTensor *a, AgTensor *b)
 AgTensor *fam_layer(Model *md, Fwd *f, Layer *ly, AgTensor *x)
 {
     const MemsimModel *m = md->m;
-    AgTensor *h = m->post_norms ? gt_ref(x) : fam_norm(md, x, ly->ln1_w);
+    AgTensor *h = m->post_norms ? gt_ref(x) : fam_norm(md, x, ly->ln1_w, ly->ln1_b);
     AgTensor *a = m->kv_lora ? mla_attn(md, f, ly, h) : attn(md, f, ly, h);
     U(h);
     if (m->sandwich || m->post_norms) {
-        AgTensor *t = fam_norm(md, a, m->post_norms ? ly->ln1_w : ly->ln2_w);
+        AgTensor *t = fam_norm(md, a, m->post_norms ? ly->ln1_w : ly->ln2_w, NULL);
         U(a);
         a = t;
     }
@@ -589,13 +611,16 @@ AgTensor *fam_layer(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     }
     AgTensor *x1 = add(md, x, a);
     U(a);
-    AgTensor *h2 = m->post_norms ? gt_ref(x1) : fam_norm(md, x1, m->sandwich ? ly->ln3_w : ly->ln2_w);
+    AgTensor *h2 = m->post_norms ? gt_ref(x1)
+                                 : fam_norm(md, x1, m->sandwich ? ly->ln3_w : ly->ln2_w,
+                                            m->sandwich ? NULL : ly->ln2_b);
     AgTensor *mo = ly->moe            ? moe(md, ly, h2)
+                   : m->plain_mlp     ? plain_mlp(md, ly, h2)
                    : m->fused_gate_up ? phi3_mlp(md, ly, h2)
                                       : mlp(md, &ly->gate, &ly->up, &ly->down, h2);
     U(h2);
     if (m->sandwich || m->post_norms) {
-        AgTensor *t = fam_norm(md, mo, m->post_norms ? ly->ln2_w : ly->ln4_w);
+        AgTensor *t = fam_norm(md, mo, m->post_norms ? ly->ln2_w : ly->ln4_w, NULL);
         U(mo);
         mo = t;
     }

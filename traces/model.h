@@ -52,6 +52,8 @@ struct MemsimModel {
     bool post_norms;        /* OLMo-2: norms after attention and MLP only (no pre-norm) */
     double final_softcap;   /* Gemma 2: tanh soft-capping of the logits (0 = none) */
     double attn_softcap;    /* Gemma 2: of the attention scores (eager only) */
+    bool ln_norms;          /* StarCoder2: nn.LayerNorm (weight and bias) for every norm */
+    bool plain_mlp;         /* StarCoder2: c_proj(act(c_fc(x))), with mlp_bias */
     bool fused_qkv;         /* Phi-3: qkv_proj [(nh + 2 nkv) hd, H] */
     bool fused_gate_up;     /* Phi-3: gate_up_proj [2 I, H] */
     int64_t moe_I;          /* routed experts' width (moe_intermediate_size; 0 = I) */

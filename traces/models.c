@@ -925,7 +925,7 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
         /* no final norm here */
     } else {
         md->norm_w = vec(md, H);
-        if (m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL)
+        if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || m->ln_norms)
             md->norm_b = vec(md, H);
     }
     if (md->last && !m->tie)
@@ -1040,6 +1040,11 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
                           nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
         if (m->gemma) { /* GemmaTextScaledWordEmbedding (traces/families.c) */
             AgTensor *t = fam_embed_scale(md, x);
+            U(x);
+            x = t;
+        }
+        if (fam_modern(m) && m->embd_pdrop > 0) { /* StarCoder2's embedding_dropout */
+            AgTensor *t = op_dropout(g, x, m->embd_pdrop);
             U(x);
             x = t;
         }
@@ -1218,7 +1223,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         return NULL;
     }
     if (md->norm_w) {
-        AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w)
+        AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w, md->norm_b)
                       : (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? nn_rmsnorm(md, x, md->norm_w)
                           : nn_layernorm(md, x, md->norm_w, md->norm_b);

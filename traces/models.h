@@ -121,7 +121,7 @@ struct Fwd;
 bool fam_modern(const MemsimModel *m);
 void fam_build_layer(Model *md, Layer *ly, int64_t l);
 AgTensor *fam_layer(Model *md, struct Fwd *f, Layer *ly, AgTensor *x);
-AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w);
+AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b);
 AgTensor *fam_embed_scale(Model *md, AgTensor *x);
 AgTensor *fam_final_softcap(Model *md, AgTensor *logits);
 int64_t fam_rotary_dim(const MemsimModel *m);
