@@ -44,9 +44,9 @@ static const struct {
  * Face page's safetensors count, where the card gives none), `digit` the unit of its last
  * digit. Cards round (Qwen3-8B: 8.19B is "8.2B") or cut (Qwen3-30B-A3B: 3.35B activated is
  * "3.3B"), so a count agrees when it rounds or cuts to the figure: within
- * [figure - digit/2, figure + digit). `active` likewise for a mixture of experts (0: not stated). Gemma 2's
- * technical report states its non-embedding counts exactly (embedding here: the 256000-row
- * table of the released checkpoints). */
+ * [figure - digit/2, figure + digit). `active` likewise for a mixture of experts (0: not
+ * stated). Gemma 2's technical report states its non-embedding counts exactly (embedding
+ * here: the 256000-row table of the released checkpoints). */
 static const struct {
     const char *preset;
     double params, digit, active, active_digit;

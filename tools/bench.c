@@ -846,8 +846,8 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
         fprintf(stderr,
-                "usage: memsim-bench replay|estimate|compare|export|plan|megatron [OPTIONS] (the file's "
-                "header says what each measures)\n"
+                "usage: memsim-bench replay|estimate|compare|export|plan|megatron|families "
+                "[OPTIONS] (the file's header says what each measures)\n"
                 "       memsim-bench replay [--events N] [--allocator SPEC] [--keep F] "
                 "[--repeat R]\n%s\n",
                 error ? error->message : "");

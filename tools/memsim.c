@@ -21,25 +21,12 @@
 
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
 
-/* A JSON object text (a report, a plan) with the model added under "model"
- * (memsim_model_to_json): its family, exact parameter count, active parameters per token,
- * embedding and LM-head counts. */
+/* A JSON object text (a report, a plan; freed) with the model added under "model". */
 static char *json_with_model(char *text, const MemsimModel *m)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    g_autoptr(JsonParser) mp = json_parser_new();
-    g_autofree char *mj = memsim_model_to_json(m);
-    if (!json_parser_load_from_data(p, text, -1, NULL) ||
-        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)) ||
-        !json_parser_load_from_data(mp, mj, -1, NULL))
-        return text;
-    JsonObject *o = json_node_get_object(json_parser_get_root(p));
-    json_object_set_member(o, "model", json_node_copy(json_parser_get_root(mp)));
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    json_generator_set_pretty(gen, TRUE);
-    json_generator_set_root(gen, json_parser_get_root(p));
+    char *out = memsim_json_with_model(text, m);
     g_free(text);
-    return json_generator_to_data(gen, NULL);
+    return out;
 }
 
 static int report_error(const char *cmd, GError *error)

@@ -1516,6 +1516,23 @@ void memsim_model_counts(const MemsimModel *m, MemsimModelCounts *out)
     out->lm_head = m->tie ? 0 : m->V * E + (m->fam == FAM_CODEGEN ? m->V : 0);
 }
 
+char *memsim_json_with_model(const char *text, const MemsimModel *m)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(JsonParser) mp = json_parser_new();
+    g_autofree char *mj = memsim_model_to_json(m);
+    if (!json_parser_load_from_data(p, text, -1, NULL) ||
+        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)) ||
+        !json_parser_load_from_data(mp, mj, -1, NULL))
+        return g_strdup(text);
+    JsonObject *o = json_node_get_object(json_parser_get_root(p));
+    json_object_set_member(o, "model", json_node_copy(json_parser_get_root(mp)));
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, json_parser_get_root(p));
+    return json_generator_to_data(gen, NULL);
+}
+
 char *memsim_model_to_json(const MemsimModel *m)
 {
     MemsimModelCounts k;

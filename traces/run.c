@@ -118,7 +118,9 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
     }
     /* Megatron's micro-batches are its accumulation (memsim_generate) */
     double micro = (double)run->steps * (run->microbatches ? run->microbatches : run->grad_accum);
-    double per_layer = 600.0 + 150.0 * (double)m->n_experts;
+    /* the Llama-derived families run their routed experts as one grouped computation
+     * (traces/families.c moe): no events per expert */
+    double per_layer = 600.0 + 150.0 * (fam_modern(m) ? 0.0 : (double)m->n_experts);
     double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
                                    : micro * (double)m->L * per_layer;
     if (events > MAX_EVENTS) {
@@ -158,7 +160,10 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     }
     if (!within_bounds(m, run, error))
         return NULL;
-    if (memsim_run_given(run, "transformers-version") && m->fam != FAM_LLAMA) {
+    /* the releases' differences are Llama's own code (traces/hf_versions.c); the families
+     * derived from it are written after the newest code only */
+    if (memsim_run_given(run, "transformers-version") &&
+        (m->fam != FAM_LLAMA || fam_modern(m))) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "transformers-version: memsim models no difference between Transformers "
                     "releases for the %s family (traces/transformers_versions.md lists those "

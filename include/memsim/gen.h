@@ -248,6 +248,10 @@ typedef struct {
 MEMSIM_API void memsim_model_counts(const MemsimModel *model, MemsimModelCounts *out);
 /* The model as a JSON object (name, family, model_type, the counts above), newly allocated. */
 MEMSIM_API char *memsim_model_to_json(const MemsimModel *model);
+/* A JSON object's text (a report's, a plan's) with the model added under "model", as
+ * `memsim estimate --json` and `memsim plan --json` print it; newly allocated (the text
+ * itself, copied, when it is not a JSON object). */
+MEMSIM_API char *memsim_json_with_model(const char *json_object, const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
 MEMSIM_API char **memsim_model_presets(void);
 
