@@ -176,12 +176,12 @@ Test(config, layer_counts_beyond_any_model_are_refused_at_once)
             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
             "\"num_local_experts\": 64}",
             "num_local_experts", "num_hidden_layers");
-    /* the generator's MoE block takes at most 64 experts */
+    /* at most 1024 experts (DeepSeek-V3 has 256) */
     REFUSED("{\"model_type\": \"mixtral\", \"vocab_size\": 1000, \"hidden_size\": 64, "
             "\"intermediate_size\": 128, \"num_hidden_layers\": 2, "
             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-            "\"num_local_experts\": 256}",
-            "num_local_experts", "64");
+            "\"num_local_experts\": 2048}",
+            "num_local_experts", "1024");
 }
 
 /* ---- 3. nesting ---- */

@@ -4,6 +4,7 @@
 #include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
+#include <math.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -31,6 +32,65 @@ static const struct {
     {"opt-13b", 12853473280},       {"pythia-410m", 405334016},
     {"pythia-1.4b", 1414647808},    {"pythia-6.9b", 6857302016},
     {"qwen2-7b", 7615616512},
+    /* model.safetensors.index.json "total_size" / 2 (bf16 checkpoints): Llama 3.1 8B
+     * 16060522496, Llama 3.1 / 3.3 70B 141107412992, Llama 3.1 405B 811706777600, Qwen2.5-7B
+     * 15231233024 */
+    {"llama-3.1-8b", 8030261248},   {"llama-3.1-70b", 70553706496},
+    {"llama-3.3-70b", 70553706496}, {"llama-3.1-405b", 405853388800},
+    {"qwen2.5-7b", 7615616512},
+};
+
+/* Counts published to a stated number of digits: the model card's figure (or the Hugging
+ * Face page's safetensors count, where the card gives none), `digit` the unit of its last
+ * digit. Cards round (Qwen3-8B: 8.19B is "8.2B") or cut (Qwen3-30B-A3B: 3.35B activated is
+ * "3.3B"), so a count agrees when it rounds or cuts to the figure: within
+ * [figure - digit/2, figure + digit). `active` likewise for a mixture of experts (0: not
+ * stated). Gemma 2's technical report states its non-embedding counts exactly (embedding
+ * here: the 256000-row table of the released checkpoints). */
+static const struct {
+    const char *preset;
+    double params, digit, active, active_digit;
+    bool active_without_embedding; /* DeepSeek's cards count the activated parameters
+                                    * without the input embedding */
+    const char *source;
+} published_digits[] = {
+    {"llama-3.2-1b", 1.23e9, 0.01e9, 0, 0, false, "HF page: 1.23B params (safetensors)"},
+    {"llama-3.2-3b", 3.21e9, 0.01e9, 0, 0, false, "HF page: 3.21B params (safetensors)"},
+    {"qwen2.5-0.5b", 0.49e9, 0.01e9, 0, 0, false, "Qwen2.5-0.5B card: 0.49B"},
+    {"qwen2.5-14b", 14.7e9, 0.1e9, 0, 0, false, "Qwen2.5-14B card: 14.7B"},
+    {"qwen2.5-72b", 72.7e9, 0.1e9, 0, 0, false, "Qwen2.5-72B card: 72.7B"},
+    {"qwen3-0.6b", 0.6e9, 0.1e9, 0, 0, false, "Qwen3-0.6B card: 0.6B"},
+    {"qwen3-8b", 8.2e9, 0.1e9, 0, 0, false, "Qwen3-8B card: 8.2B"},
+    {"qwen3-32b", 32.8e9, 0.1e9, 0, 0, false, "Qwen3-32B card: 32.8B"},
+    {"qwen3-30b-a3b", 30.5e9, 0.1e9, 3.3e9, 0.1e9, false,
+     "Qwen3-30B-A3B card: 30.5B total, 3.3B activated"},
+    {"qwen3-235b-a22b", 235e9, 1e9, 22e9, 1e9, false,
+     "Qwen3-235B-A22B card: 235B total, 22B activated"},
+    {"qwen1.5-moe-a2.7b", 14.3e9, 0.1e9, 2.7e9, 0.1e9, false,
+     "Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B activated"},
+    {"mistral-nemo-12b", 12.2e9, 0.1e9, 0, 0, false, "HF page: 12.2B params (safetensors)"},
+    {"gemma-2b", 2.51e9, 0.01e9, 0, 0, false, "HF page: 2.51B params (safetensors)"},
+    {"gemma-7b", 8.54e9, 0.01e9, 0, 0, false, "HF page: 8.54B params (safetensors)"},
+    {"gemma-2-2b", 2614341888, 1, 0, 0, false,
+     "Gemma 2 report: 2,024,517,888 non-embedding + 256000 x 2304 embedding"},
+    {"gemma-2-9b", 9241705984, 1, 0, 0, false,
+     "Gemma 2 report: 8,324,201,984 non-embedding + 256000 x 3584 embedding"},
+    {"gemma-2-27b", 27227128320, 1, 0, 0, false,
+     "Gemma 2 report: 26,047,480,320 non-embedding + 256000 x 4608 embedding"},
+    {"gemma-3-1b", 1.0e9, 0.1e9, 0, 0, false, "HF page: 1B params (safetensors)"},
+    {"phi-3-mini-4k", 3.8e9, 0.1e9, 0, 0, false, "Phi-3-mini-4k card: 3.8B"},
+    {"phi-3-medium-4k", 14e9, 1e9, 0, 0, false, "Phi-3-medium-4k card: 14B"},
+    {"phi-4", 14.7e9, 0.1e9, 0, 0, false, "HF page: 14.7B params (safetensors)"},
+    {"starcoder2-3b", 3.03e9, 0.01e9, 0, 0, false, "HF page: 3.03B params (safetensors)"},
+    {"olmo-2-7b", 7.3e9, 0.1e9, 0, 0, false, "HF page: 7.3B params (safetensors)"},
+    {"olmo-2-13b", 13.7e9, 0.1e9, 0, 0, false, "HF page: 13.7B params (safetensors)"},
+    {"deepseek-v2-lite", 15.7e9, 0.1e9, 2.4e9, 0.1e9, true,
+     "DeepSeek-V2-Lite card: 15.7B total, 2.4B activated"},
+    {"deepseek-v2", 236e9, 1e9, 21e9, 1e9, true,
+     "DeepSeek-V2 card: 236B total, 21B activated"},
+    {"deepseek-v3", 671e9, 1e9, 37e9, 1e9, true,
+     "DeepSeek-V3 card: 671B total (685B with the multi-token prediction module, which "
+     "DeepseekV3ForCausalLM does not build), 37B activated"},
 };
 
 /* CodeGen has no exact published count; its checkpoints are fp16 files of 5.69 GB (2B) and
@@ -43,6 +103,11 @@ static const struct {
     {"codegen-2b", 5.69e9, 32 * 4194304.0, 0.01},
     {"codegen-6b", 14.3e9, 33 * 4194304.0, 0.01},
 };
+
+static bool agrees(int64_t got, double figure, double digit)
+{
+    return (double)got >= figure - digit / 2 && (double)got < figure + digit;
+}
 
 Test(generator, presets_match_published_counts)
 {
@@ -59,6 +124,29 @@ Test(generator, presets_match_published_counts)
                 cr_expect_eq(got, published[i].params, "%s: %" G_GINT64_FORMAT
                              " parameters, published %" G_GINT64_FORMAT,
                              *n, got, published[i].params);
+                known = TRUE;
+                checked++;
+            }
+        for (gsize i = 0; i < G_N_ELEMENTS(published_digits); i++)
+            if (strcmp(published_digits[i].preset, *n) == 0) {
+                MemsimModelCounts k;
+                memsim_model_counts(m, &k);
+                cr_expect_eq(k.params, got);
+                cr_expect(agrees(got, published_digits[i].params, published_digits[i].digit),
+                          "%s: %" G_GINT64_FORMAT " parameters; %s", *n, got,
+                          published_digits[i].source);
+                if (published_digits[i].active > 0) {
+                    int64_t a = k.active - (published_digits[i].active_without_embedding
+                                                ? k.embedding
+                                                : 0);
+                    cr_expect(agrees(a, published_digits[i].active,
+                                     published_digits[i].active_digit),
+                              "%s: %" G_GINT64_FORMAT " active parameters; %s", *n, a,
+                              published_digits[i].source);
+                } else {
+                    cr_expect_eq(k.active, got, "%s: a dense model uses all its parameters",
+                                 *n);
+                }
                 known = TRUE;
                 checked++;
             }
@@ -82,7 +170,8 @@ Test(generator, presets_match_published_counts)
     }
     cr_expect_eq(checked, (int)g_strv_length(names));
     /* every published count above names a preset that exists (an empty list checks nothing) */
-    cr_expect_geq(checked, (int)G_N_ELEMENTS(published) + (int)G_N_ELEMENTS(approx));
+    cr_expect_geq(checked, (int)G_N_ELEMENTS(published) + (int)G_N_ELEMENTS(approx) +
+                               (int)G_N_ELEMENTS(published_digits));
 }
 
 static MemsimReport *estimate(const char *model, const char *const *settings, GError **error)

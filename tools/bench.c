@@ -43,6 +43,12 @@
  *       absolute value, the estimate's time; the cases memsim refuses, with the reason. --json
  *       prints the same as one JSON object (tests/test_megatron_golden.c reads it).
  *
+ *   memsim-bench families [--seq N] [--repeat R] [--limit S]
+ *       For each model family, its largest preset (by parameter count) through `memsim
+ *       estimate` with the run defaults (and --seq if given): generate + replay through torch,
+ *       best of R runs (default 3), CPU time of this process. Exit status 1 if one takes more
+ *       than S seconds (default 0.3).
+ *
  * `estimate --megatron-args FILE` times a Megatron launch instead of a preset.
  *
  * The synthetic program looks like training: activations pile up through a "forward" pass
@@ -293,6 +299,92 @@ static int bench_estimate(int argc, char **argv)
     g_free(model);
     g_free(allocator);
     return 0;
+}
+
+/* ---- families ---- */
+
+static int bench_families(int argc, char **argv)
+{
+    gint64 seq = 0;
+    gint repeat = 3;
+    gdouble limit = 0.3;
+    GOptionEntry entries[] = {
+        {"seq", 0, 0, G_OPTION_ARG_INT64, &seq, "Sequence length (default: the run default)", "N"},
+        {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs; the best is reported (default 3)", "R"},
+        {"limit", 0, 0, G_OPTION_ARG_DOUBLE, &limit, "Seconds allowed (default 0.3)", "S"},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("families");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        fprintf(stderr, "memsim-bench: %s\n", error->message);
+        g_option_context_free(ctx);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    /* the largest preset of each family */
+    g_auto(GStrv) names = memsim_model_presets();
+    g_autoptr(GHashTable) largest = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    g_autoptr(GHashTable) count = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    for (char **n = names; *n; n++) {
+        MemsimModel *m = memsim_model_load(*n, NULL);
+        const char *fam = memsim_model_family(m);
+        int64_t *c = g_hash_table_lookup(count, fam);
+        if (!c || *c < memsim_model_n_params(m)) {
+            int64_t *nc = g_new(int64_t, 1);
+            *nc = memsim_model_n_params(m);
+            g_hash_table_replace(count, g_strdup(fam), nc);
+            g_hash_table_replace(largest, g_strdup(fam), g_strdup(*n));
+        }
+        memsim_model_free(m);
+    }
+    GList *fams = g_list_sort(g_hash_table_get_keys(largest), (GCompareFunc)strcmp);
+    int rc = 0;
+    double worst = 0;
+    for (GList *l = fams; l; l = l->next) {
+        const char *preset = g_hash_table_lookup(largest, l->data);
+        MemsimModel *m = memsim_model_load(preset, &error);
+        MemsimRun run = memsim_run_defaults();
+        if (seq > 0) {
+            char sq[32];
+            g_snprintf(sq, sizeof sq, "%" G_GINT64_FORMAT, seq);
+            memsim_run_set(&run, "seq", sq, NULL);
+        }
+        double best = 1e9;
+        gsize n_events = 0;
+        for (int i = 0; i < repeat; i++) {
+            double t0 = cpu_seconds();
+            MemsimTrace *t = memsim_generate(m, &run, &error);
+            if (!t) {
+                fprintf(stderr, "memsim-bench: %s: %s\n", preset, error->message);
+                return 2;
+            }
+            n_events = 0;
+            for (guint32 k = 0; k < memsim_trace_header(t)->n_ranks; k++) {
+                gsize nk;
+                memsim_trace_events(t, k, &nk);
+                n_events += nk;
+            }
+            MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+            memsim_report_free(rep);
+            memsim_trace_free(t);
+            double dt = cpu_seconds() - t0;
+            if (dt < best)
+                best = dt;
+        }
+        if (best > worst)
+            worst = best;
+        printf("%-12s %-18s %9zu events %8.1f ms%s\n", (const char *)l->data, preset, n_events,
+               best * 1e3, best > limit ? "  (over the limit)" : "");
+        if (best > limit)
+            rc = 1;
+        memsim_run_clear(&run);
+        memsim_model_free(m);
+    }
+    printf("slowest: %.1f ms (limit %.0f ms; best of %d, CPU time of one core)\n", worst * 1e3,
+           limit * 1e3, repeat);
+    g_list_free(fams);
+    return rc;
 }
 
 /* ---- export ---- */
@@ -791,6 +883,8 @@ int main(int argc, char **argv)
         return bench_compare(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "export") == 0)
         return bench_export(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "families") == 0)
+        return bench_families(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "plan") == 0)
         return bench_plan(argc - 1, argv + 1);
     gint64 n_events = 10000000;
@@ -808,8 +902,8 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
         fprintf(stderr,
-                "usage: memsim-bench replay|estimate|compare|export|plan|megatron [OPTIONS] (the file's "
-                "header says what each measures)\n"
+                "usage: memsim-bench replay|estimate|compare|export|plan|megatron|families "
+                "[OPTIONS] (the file's header says what each measures)\n"
                 "       memsim-bench replay [--events N] [--allocator SPEC] [--keep F] "
                 "[--repeat R]\n%s\n",
                 error ? error->message : "");

@@ -2,6 +2,7 @@
  *
  * Exit status: 0 success; 1 an answer of "does not fit" (a simulated OOM) or, for
  * `replay --verify`, a mismatch; 2 bad input or usage. */
+#include <json-glib/json-glib.h>
 #include <memsim/alloc.h>
 #include <memsim/export.h>
 #include <memsim/formats.h>
@@ -19,6 +20,14 @@
 #include <unistd.h>
 
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
+
+/* A JSON object text (a report, a plan; freed) with the model added under "model". */
+static char *json_with_model(char *text, const MemsimModel *m)
+{
+    char *out = memsim_json_with_model(text, m);
+    g_free(text);
+    return out;
+}
 
 static int report_error(const char *cmd, GError *error)
 {
@@ -620,7 +629,7 @@ static int cmd_estimate(int argc, char **argv)
             goto out;
     }
     if (json) {
-        g_autofree char *j = memsim_report_to_json(rep);
+        g_autofree char *j = json_with_model(memsim_report_to_json(rep), m);
         printf("%s\n", j);
     } else {
         g_autofree char *txt = memsim_report_to_text(rep);
@@ -659,6 +668,7 @@ static int cmd_gen(int argc, char **argv)
 {
     char *model = NULL, *out_path = NULL, *megatron = NULL, *dsconf = NULL;
     char **dssets = NULL;
+    gboolean json = FALSE;
     MemsimRun run = memsim_run_defaults();
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "A preset or a config.json", "MODEL"},
@@ -666,6 +676,8 @@ static int cmd_gen(int argc, char **argv)
          "A Megatron-LM launch instead of --model and the run options it sets: a command line, "
          "a shell script or a test's model_config.yaml", "FILE"},
         DEEPSPEED_ENTRIES(dsconf, dssets),
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json,
+         "Print what was written, with the model (family, parameter counts), as JSON", NULL},
         {"output", 'o', 0, G_OPTION_ARG_FILENAME, &out_path,
          "Where to write the trace (.mst, .txt, or .pickle: a PyTorch memory snapshot of "
          "the run through the torch allocator model)", "FILE"},
@@ -697,6 +709,18 @@ static int cmd_gen(int argc, char **argv)
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
         goto out;
+    }
+    if (json) {
+        g_autoptr(JsonBuilder) b = json_builder_new();
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "output");
+        json_builder_add_string_value(b, out_path);
+        json_builder_end_object(b);
+        g_autoptr(JsonGenerator) gen = json_generator_new();
+        g_autoptr(JsonNode) root = json_builder_get_root(b);
+        json_generator_set_root(gen, root);
+        g_autofree char *j = json_with_model(json_generator_to_data(gen, NULL), m);
+        printf("%s\n", j);
     }
     rc = EXIT_OK;
 out:
@@ -733,9 +757,13 @@ static int cmd_models(int argc, char **argv)
         GError *error = NULL;
         MemsimModel *m = memsim_model_load(*n, &error);
         g_assert(m != NULL);
-        if (json)
-            printf("%s{\"name\": \"%s\", \"family\": \"%s\", \"parameters\": %" G_GINT64_FORMAT "}",
-                   n == names ? "" : ", ", *n, memsim_model_family(m), memsim_model_n_params(m));
+        if (json) {
+            /* the model object of estimate/plan --json, with "parameters" kept for the
+             * readers of the earlier listing */
+            g_autofree char *mj = memsim_model_to_json(m);
+            printf("%s{\"parameters\": %" G_GINT64_FORMAT ", %s", n == names ? "" : ", ",
+                   memsim_model_n_params(m), mj + 1);
+        }
         else
             printf("%-16s %-9s %8.2f B parameters\n", *n, memsim_model_family(m),
                    (double)memsim_model_n_params(m) / 1e9);
@@ -983,7 +1011,7 @@ static int cmd_plan(int argc, char **argv)
         rc = report_error("plan", error);
         goto out;
     }
-    char *text = json ? memsim_plan_to_json(plan)
+    char *text = json ? json_with_model(memsim_plan_to_json(plan), m)
                  : csv ? memsim_plan_to_csv(plan)
                        : memsim_plan_to_text(plan);
     fputs(text, stdout);

@@ -42,8 +42,8 @@ static const Bound B_LAYERS = {10000, "published models have at most a few hundr
 static const Bound B_HEADS = {(int64_t)1 << 16, "published models have at most a few hundred "
                                                 "heads of at most 256 dimensions"};
 static const Bound B_POS = {(int64_t)1 << 26, "published contexts reach about 10M positions"};
-static const Bound B_EXPERTS = {64, "the generator's mixture-of-experts block takes at most 64 "
-                                    "experts"};
+static const Bound B_EXPERTS = {1024, "published mixtures of experts have at most a few hundred "
+                                      "experts (DeepSeek-V3: 256)"};
 /* layers × experts of a mixture of experts (Mixtral 8x22B has 56 × 8 = 448) */
 #define MAX_EXPERT_LAYERS 16384
 /* The model's own bytes, its parameters at 2 bytes each and its buffers: beyond 2^50 bytes
@@ -352,7 +352,38 @@ typedef struct {
     int64_t layers;  /* the parameters of the layers */
     int64_t other;   /* embeddings, final norm, head */
     int64_t buffers; /* bytes of the registered buffers that grow with the context */
+    int64_t inactive; /* a mixture of experts: the routed experts a token does not use */
 } Size;
+
+/* The layers with routed experts (the others have the dense MLP): DeepSeek's first
+ * first_k_dense_replace layers are dense (DeepseekV3DecoderLayer: layer_idx >=
+ * first_k_dense_replace); Qwen2-MoE's layer l is sparse when (l + 1) % decoder_sparse_step
+ * == 0 (Qwen2MoeDecoderLayer). */
+gboolean model_layer_is_moe(const MemsimModel *m, int64_t l)
+{
+    if (m->fam != FAM_MIXTRAL || l < m->first_dense)
+        return FALSE;
+    return m->moe_every <= 1 || (l + 1) % m->moe_every == 0;
+}
+
+/* The layer types of the configuration classes: Mistral's and Mixtral's layers all slide when
+ * sliding_window is set; Qwen2Config's layer_types slide from max_window_layers on (with
+ * use_sliding_window); Gemma2Config's every even layer, Gemma3TextConfig's all but every
+ * sliding_window_pattern-th. */
+gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l)
+{
+    if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || !m->sliding_window || l < m->sw_from)
+        return FALSE;
+    return m->sw_pattern == 0 || (l + 1) % m->sw_pattern != 0;
+}
+
+static int64_t model_moe_layers(const MemsimModel *m)
+{
+    int64_t n = 0;
+    for (int64_t l = 0; l < m->L; l++)
+        n += model_layer_is_moe(m, l);
+    return n;
+}
 
 /* FALSE if a count goes past 64 bits (it is then INT64_MAX). */
 static gboolean model_size(const MemsimModel *m, Size *z)
@@ -360,15 +391,41 @@ static gboolean model_size(const MemsimModel *m, Size *z)
     Ck k = {false};
     int64_t H = m->H, V = m->V, I = m->I, L = m->L, nh = m->nh, nkv = m->nkv, hd = m->hd;
     int64_t per_layer = 0, other = 0, buffers = 0;
+    z->inactive = 0;
     switch (m->fam) {
     case FAM_LLAMA:
     case FAM_MIXTRAL: {
-        int64_t attn = S(P(H, nh, hd), P(2, H, nkv, hd), P(nh, hd, H),
-                         m->qkv_bias ? S(P(nh, hd), P(2, nkv, hd)) : 0, m->o_bias ? H : 0);
-        int64_t mlp = m->fam == FAM_MIXTRAL ? S(P(m->n_experts, 3, H, I), P(m->n_experts, H))
-                                            : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
-        per_layer = S(attn, mlp, P(2, H));
-        other = S(P(V, H), H, m->tie ? 0 : P(V, H));
+        int64_t attn;
+        if (m->kv_lora) {
+            /* DeepseekV2Attention / DeepseekV3Attention (multi-head latent attention):
+             * q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
+             * kv_a_layernorm, kv_b_proj, o_proj; attention_bias on q_a, kv_a and o */
+            int64_t q = m->q_lora ? S(P(H, m->q_lora), m->q_lora, P(m->q_lora, nh, hd))
+                                  : P(H, nh, hd);
+            attn = S(q, P(H, S(m->kv_lora, m->qk_rope)), m->kv_lora,
+                     P(m->kv_lora, nh, S(m->qk_nope, m->v_hd)), P(nh, m->v_hd, H),
+                     m->qkv_bias ? S(m->q_lora, m->kv_lora, m->qk_rope, H) : 0);
+        } else {
+            attn = S(P(H, nh, hd), P(2, H, nkv, hd), P(nh, hd, H),
+                     m->qkv_bias ? S(P(nh, hd), P(2, nkv, hd)) : 0, m->o_bias ? H : 0,
+                     m->qk_norm == 1 ? P(2, hd) : m->qk_norm == 2 ? P(S(nh, nkv), hd) : 0);
+        }
+        int64_t dense = m->plain_mlp ? S(P(2, H, I), m->mlp_bias ? S(I, H) : 0)
+                                     : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
+        int64_t norms = P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
+        int64_t n_moe = m->fam == FAM_MIXTRAL ? model_moe_layers(m) : 0;
+        int64_t moe = 0;
+        if (n_moe) {
+            int64_t EI = m->moe_I ? m->moe_I : I;
+            /* DeepSeek-V3's e_score_correction_bias is a buffer, not a parameter (it is in the
+             * checkpoint, not in model.parameters()) */
+            moe = S(P(m->n_experts, 3, H, EI), P(m->n_experts, H), P(3, H, m->shared_I),
+                    m->shared_gate ? H : 0);
+            z->inactive = P(n_moe, m->n_experts - m->top_k, 3, H, EI);
+        }
+        per_layer = 0;
+        z->layers = S(P(S(attn, norms), L), P(n_moe, moe), P(L - n_moe, dense));
+        other = S(P(V, H), m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
         break;
     }
     case FAM_GPT2:
@@ -437,7 +494,8 @@ static gboolean model_size(const MemsimModel *m, Size *z)
     default:
         g_assert_not_reached();
     }
-    z->layers = P(per_layer, L);
+    if (m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL)
+        z->layers = P(per_layer, L);
     z->other = other;
     z->params = S(z->layers, other);
     z->buffers = buffers;
@@ -457,6 +515,11 @@ static const struct {
     {"gpt2", FAM_GPT2},       {"opt", FAM_OPT},         {"bloom", FAM_BLOOM},
     {"gpt_neox", FAM_NEOX},   {"falcon", FAM_FALCON},   {"gpt_neo", FAM_GPTNEO},
     {"codegen", FAM_CODEGEN}, {"mixtral", FAM_MIXTRAL},
+    /* Llama-derived decoders, each read by read_modern */
+    {"qwen3", FAM_LLAMA},     {"olmo2", FAM_LLAMA},     {"phi3", FAM_LLAMA},
+    {"gemma", FAM_LLAMA},     {"gemma2", FAM_LLAMA},    {"gemma3_text", FAM_LLAMA},
+    {"qwen2_moe", FAM_MIXTRAL}, {"qwen3_moe", FAM_MIXTRAL},
+    {"deepseek_v2", FAM_MIXTRAL}, {"deepseek_v3", FAM_MIXTRAL}, {"starcoder2", FAM_LLAMA},
 };
 
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
@@ -481,6 +544,226 @@ static char *known_types(void)
     return g_string_free(k, FALSE);
 }
 
+/* rope_scaling / rope_parameters types Transformers' ROPE_INIT_FUNCTIONS know
+ * (modeling_rope_utils.py): each changes only how inv_freq and attention_scaling are
+ * computed at init (HF_MODELS.md §2.5), not the forward's tensors. */
+static const char *const rope_types[] = {"default", "linear", "dynamic", "yarn", "longrope",
+                                         "llama3",  "mrope",  "su",      "proportional", NULL};
+
+/* A rope_scaling (legacy) or rope_parameters object: a type memsim does not know is said,
+ * with what was assumed. */
+static gboolean check_rope(Cfg *c)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++) {
+        if (!json_object_has_member(c->o, keys[i]))
+            continue;
+        JsonNode *v = json_object_get_member(c->o, keys[i]);
+        if (JSON_NODE_HOLDS_NULL(v))
+            continue;
+        if (!JSON_NODE_HOLDS_OBJECT(v)) {
+            g_autofree char *d = describe(v);
+            return bad(c, keys[i], "expected an object or null, got %s", d);
+        }
+        JsonObject *o = json_node_get_object(v);
+        const char *tk = json_object_has_member(o, "rope_type") ? "rope_type"
+                         : json_object_has_member(o, "type")    ? "type"
+                                                                : NULL;
+        if (!tk)
+            continue;
+        JsonNode *t = json_object_get_member(o, tk);
+        if (!JSON_NODE_HOLDS_VALUE(t) || json_node_get_value_type(t) != G_TYPE_STRING) {
+            g_autofree char *d = describe(t);
+            g_autofree char *f = g_strdup_printf("%s.%s", keys[i], tk);
+            return bad(c, f, "expected a string, got %s", d);
+        }
+        const char *type = json_node_get_string(t);
+        if (!g_strv_contains(rope_types, type)) {
+            g_autofree char *known = g_strjoinv(", ", (char **)rope_types);
+            fprintf(stderr,
+                    "memsim: %s: field '%s%s.%s': rope type '%.40s' is not one memsim knows "
+                    "(%s); assumed, as for those, that it changes only the values of the "
+                    "rotary frequencies (the same tensors: inv_freq, cos and sin)\n",
+                    c->file, c->prefix, keys[i], tk, type, known);
+        }
+    }
+    return TRUE;
+}
+
+/* A nullable softcap (Gemma 2): null or absent as `def` (0 = none). */
+static gboolean get_softcap(Cfg *c, const char *name, double def, double *out)
+{
+    if (json_object_has_member(c->o, name) &&
+        JSON_NODE_HOLDS_NULL(json_object_get_member(c->o, name))) {
+        *out = 0;
+        return TRUE;
+    }
+    return get_double(c, name, def, R_POSITIVE, out);
+}
+
+/* The Llama-derived families read with their own configuration classes' defaults
+ * (transformers models/<type>/configuration_<type>.py); sizes are required as for Llama. */
+static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool strict)
+{
+    bool qwen3 = strcmp(type, "qwen3") == 0, olmo2 = strcmp(type, "olmo2") == 0;
+    bool phi3 = strcmp(type, "phi3") == 0, gemma1 = strcmp(type, "gemma") == 0;
+    bool gemma2 = strcmp(type, "gemma2") == 0, gemma3 = strcmp(type, "gemma3_text") == 0;
+    bool q2moe = strcmp(type, "qwen2_moe") == 0, q3moe = strcmp(type, "qwen3_moe") == 0;
+    bool ds2 = strcmp(type, "deepseek_v2") == 0, ds3 = strcmp(type, "deepseek_v3") == 0;
+    bool sc2 = strcmp(type, "starcoder2") == 0;
+    bool gemma = gemma1 || gemma2 || gemma3, ds = ds2 || ds3;
+    g_strlcpy(m->arch, type, sizeof m->arch);
+    if (gemma3)
+        g_strlcpy(m->arch, "gemma3", sizeof m->arch);
+    int64_t max_pos = qwen3 || q3moe ? 40960 : q2moe ? 8192 : phi3 || sc2 ? 4096
+                      : gemma ? 8192 : ds3 ? 4096 : 2048;
+    bool tie_def = gemma || sc2; /* Gemma's and StarCoder2's classes tie; the others do not */
+    /* num_key_value_heads when absent: GemmaConfig 16, Gemma2Config 4, Gemma3TextConfig 4,
+     * Qwen3MoeConfig 4, Qwen3Config 32, Qwen2MoeConfig 16; None (= heads) otherwise */
+    int64_t nkv_def = gemma1 ? 16 : gemma2 || gemma3 || q3moe ? 4 : qwen3 ? 32 : q2moe ? 16 : 0;
+    /* head_dim: Gemma 256, Qwen3 128 (its class default); the others H / nh */
+    int64_t hd_def = gemma ? 256 : qwen3 || q3moe ? 128 : 0;
+    bool ok = INT(N("vocab_size"), NULL, REQUIRED, 0, &B_VOCAB, &m->V) &&
+              INT(N("hidden_size"), NULL, REQUIRED, 0, &B_HIDDEN, &m->H) &&
+              INT(N("intermediate_size"), NULL, q3moe ? OPTIONAL : REQUIRED,
+                  q3moe ? 6144 : 0, &B_WIDTH, &m->I) &&
+              INT(N("num_hidden_layers"), NULL, REQUIRED, 0, &B_LAYERS, &m->L) &&
+              INT(N("num_attention_heads"), NULL, REQUIRED, 0, &B_HEADS, &m->nh) &&
+              INT(N("num_key_value_heads"), NULL, NULLABLE | (strict ? REQUIRED : 0), nkv_def,
+                  &B_HEADS, &m->nkv) &&
+              INT(N("head_dim"), NULL, NULLABLE, hd_def, &B_HEADS, &m->hd) &&
+              INT(N("max_position_embeddings"), NULL, OPTIONAL, max_pos, &B_POS, &m->max_pos) &&
+              BOOL("tie_word_embeddings", tie_def, &m->tie) &&
+              BOOL("attention_bias", false, &m->qkv_bias) &&
+              PROB("attention_dropout", 0.0, &m->attn_pdrop) &&
+              BOOL("use_cache", true, &m->use_cache) && check_rope(c);
+    if (!ok)
+        return FALSE;
+    m->o_bias = m->qkv_bias;
+    /* Gemma's MLP reads hidden_activation (GemmaMLP: ACT2FN[config.hidden_activation]); the
+     * others hidden_act */
+    ok = gemma ? get_act(c, N("hidden_activation"), "gelu_pytorch_tanh", m->act, sizeof m->act)
+               : get_act(c, N("hidden_act"), sc2 ? "gelu_pytorch_tanh" : "silu", m->act,
+                         sizeof m->act);
+    if (!ok)
+        return FALSE;
+    if (sc2) {
+        /* Starcoder2Config / modular_starcoder2.py: nn.LayerNorm norms, use_bias on every
+         * linear, c_fc/c_proj MLP, residual_dropout after o_proj and c_proj,
+         * embedding_dropout after the embedding, Mistral's sliding window */
+        bool bias = true;
+        int64_t w = 0;
+        ok = BOOL("use_bias", true, &bias) && PROB("residual_dropout", 0.0, &m->resid_pdrop) &&
+             PROB("embedding_dropout", 0.0, &m->embd_pdrop) &&
+             INT(N("sliding_window"), NULL, NULLABLE, 0, &B_POS, &w) &&
+             get_double(c, "norm_epsilon", 1e-5, R_POSITIVE, &(double){0});
+        if (!ok)
+            return FALSE;
+        m->qkv_bias = m->o_bias = m->mlp_bias = bias;
+        m->ln_norms = m->plain_mlp = true;
+        m->sliding_window = w;
+    }
+    if (qwen3 || q3moe || gemma3)
+        m->qk_norm = 1; /* Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim */
+    if (olmo2)
+        m->qk_norm = 2; /* Olmo2Attention q_norm [nh·hd], k_norm [nkv·hd] */
+    m->post_norms = olmo2;
+    m->gemma = gemma;
+    m->sandwich = gemma2 || gemma3;
+    if (q2moe) {
+        m->qkv_bias = true; /* Qwen2MoeAttention: q, k, v with bias, o_proj without */
+        m->o_bias = false;
+    }
+    if (phi3) {
+        m->fused_qkv = m->fused_gate_up = true;
+        ok = PROB("resid_pdrop", 0.0, &m->resid_pdrop) && PROB("embd_pdrop", 0.0, &m->embd_pdrop);
+        if (!ok)
+            return FALSE;
+        double prf = 1.0;
+        if (!get_double(c, "partial_rotary_factor", 1.0, R_FRACTION, &prf))
+            return FALSE;
+        m->rotary_pct = prf;
+    }
+    if (gemma2 &&
+        (!get_softcap(c, "final_logit_softcapping", 30.0, &m->final_softcap) ||
+         !get_softcap(c, "attn_logit_softcapping", 50.0, &m->attn_softcap)))
+        return FALSE;
+    if (gemma3 &&
+        (!get_softcap(c, "final_logit_softcapping", 0.0, &m->final_softcap) ||
+         !get_softcap(c, "attn_logit_softcapping", 0.0, &m->attn_softcap)))
+        return FALSE;
+    if (gemma2 || gemma3) {
+        int64_t w = 0, pattern = 2;
+        if (!INT(N("sliding_window"), NULL, NULLABLE, gemma3 ? 4096 : 4096, &B_POS, &w) ||
+            (gemma3 && !INT(N("sliding_window_pattern"), NULL, OPTIONAL, 6, &B_LAYERS, &pattern)))
+            return FALSE;
+        m->sliding_window = w;
+        m->sw_pattern = (int)pattern;
+    }
+    if (q2moe || q3moe) {
+        int64_t mlp_only = 0;
+        ok = INT(N("num_experts"), NULL, OPTIONAL, q2moe ? 60 : 128, &B_EXPERTS, &m->n_experts) &&
+             INT(N("num_experts_per_tok"), NULL, OPTIONAL, q2moe ? 4 : 8, &B_EXPERTS, &m->top_k) &&
+             INT(N("moe_intermediate_size"), NULL, REQUIRED, 0, &B_WIDTH, &m->moe_I) &&
+             INT(N("decoder_sparse_step"), NULL, OPTIONAL, 1, &B_LAYERS, &m->moe_every) &&
+             BOOL("norm_topk_prob", false, &m->norm_topk);
+        if (ok && q2moe)
+            ok = INT(N("shared_expert_intermediate_size"), NULL, REQUIRED, 0, &B_WIDTH,
+                     &m->shared_I);
+        if (!ok)
+            return FALSE;
+        m->shared_gate = q2moe;
+        if (json_object_has_member(c->o, "mlp_only_layers")) {
+            JsonNode *v = json_object_get_member(c->o, "mlp_only_layers");
+            if (!JSON_NODE_HOLDS_ARRAY(v) || json_array_get_length(json_node_get_array(v)) > 0)
+                mlp_only = 1;
+        }
+        if (mlp_only)
+            return bad(c, "mlp_only_layers",
+                       "dense layers among the sparse ones are not modelled (memsim takes an "
+                       "empty list)");
+    }
+    if (ds) {
+        int64_t shared = 0, freq = 1, q_lora = 0;
+        ok = INT(N("n_routed_experts"), NULL, NULLABLE, ds3 ? 256 : 0, &B_EXPERTS,
+                 &m->n_experts) &&
+             INT(N("num_experts_per_tok"), NULL, NULLABLE, ds3 ? 8 : 0, &B_EXPERTS, &m->top_k) &&
+             INT(N("n_shared_experts"), NULL, NULLABLE, ds3 ? 1 : 0, &B_EXPERTS, &shared) &&
+             INT(N("moe_intermediate_size"), NULL, REQUIRED, 0, &B_WIDTH, &m->moe_I) &&
+             INT(N("moe_layer_freq"), NULL, OPTIONAL, 1, &B_LAYERS, &freq) &&
+             INT(N("kv_lora_rank"), NULL, REQUIRED, 0, &B_WIDTH, &m->kv_lora) &&
+             INT(N("q_lora_rank"), NULL, NULLABLE, 1536, &B_WIDTH, &q_lora) &&
+             INT(N("qk_nope_head_dim"), NULL, REQUIRED, 0, &B_HEADS, &m->qk_nope) &&
+             INT(N("qk_rope_head_dim"), NULL, REQUIRED, 0, &B_HEADS, &m->qk_rope) &&
+             INT(N("v_head_dim"), NULL, REQUIRED, 0, &B_HEADS, &m->v_hd) &&
+             BOOL("norm_topk_prob", ds3, &m->norm_topk);
+        if (!ok)
+            return FALSE;
+        JsonNode *fk = json_object_get_member(c->o, "first_k_dense_replace");
+        if (fk && JSON_NODE_HOLDS_VALUE(fk) && json_node_get_value_type(fk) == G_TYPE_INT64 &&
+            json_node_get_int(fk) == 0)
+            m->first_dense = 0; /* 0 is a meaning here: no dense layer */
+        else if (!INT(N("first_k_dense_replace"), NULL, OPTIONAL, ds3 ? 3 : 0, &B_LAYERS,
+                      &m->first_dense))
+            return FALSE;
+        if (freq != 1)
+            return bad(c, "moe_layer_freq",
+                       "%" G_GINT64_FORMAT ": only every layer after the dense ones being "
+                       "sparse (1) is modelled",
+                       freq);
+        if (!m->n_experts || !m->top_k)
+            return bad(c, m->n_experts ? "num_experts_per_tok" : "n_routed_experts",
+                       "a DeepSeek config without routed experts is not modelled");
+        m->q_lora = q_lora;
+        m->shared_I = shared * m->moe_I;
+        m->router_bias = ds3; /* DeepseekV3TopkRouter.e_score_correction_bias */
+        m->nkv = m->nh;       /* MLA: every head has its own K and V */
+        m->hd = m->qk_nope + m->qk_rope;
+        g_strlcpy(m->arch, ds3 ? "deepseek_v3" : "deepseek_v2", sizeof m->arch);
+    }
+    return TRUE;
+}
+
 /* The fields of family `fam`, with the defaults of model type `type`'s configuration class.
  * `strict`: the config is a text model read as `type` (a multimodal config's text_config of
  * another model type), whose class defaults may differ: num_key_value_heads is required too. */
@@ -490,6 +773,14 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     m->rotary_pct = 1.0;
     m->pre_ln = true;
     bool ok = true;
+    static const char *const modern[] = {"qwen3",     "olmo2",     "phi3",        "gemma",
+                                         "gemma2",    "gemma3_text", "qwen2_moe", "qwen3_moe",
+                                         "deepseek_v2", "deepseek_v3", "starcoder2", NULL};
+    if (g_strv_contains(modern, type)) {
+        if (!read_modern(c, m, type, strict))
+            return FALSE;
+        goto positive;
+    }
     switch (m->fam) {
     case FAM_LLAMA:
     case FAM_MIXTRAL: {
@@ -528,6 +819,16 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
             if (!BOOL("use_sliding_window", false, &sw))
                 return FALSE;
             m->sliding_window = sw ? window : 0;
+            int64_t from = 28;
+            if (sw && json_object_has_member(c->o, "max_window_layers") &&
+                JSON_NODE_HOLDS_VALUE(json_object_get_member(c->o, "max_window_layers")) &&
+                json_node_get_value_type(json_object_get_member(c->o, "max_window_layers")) ==
+                    G_TYPE_INT64 &&
+                json_object_get_int_member(c->o, "max_window_layers") == 0)
+                from = 0; /* every layer slides */
+            else if (sw && !INT(N("max_window_layers"), NULL, OPTIONAL, 28, &B_LAYERS, &from))
+                return FALSE;
+            m->sw_from = from;
         } else if (mistral || mix) {
             m->sliding_window = window;
         }
@@ -699,6 +1000,9 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     default:
         g_assert_not_reached();
     }
+    if ((m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL) && !check_rope(c))
+        return FALSE;
+positive:;
     /* fields no size depends on, checked where given: Transformers fails on these too */
     static const char *const positive[] = {"rope_theta", "rotary_emb_base", "rms_norm_eps",
                                            "layer_norm_eps", "layer_norm_epsilon"};
@@ -871,8 +1175,56 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     return TRUE;
 }
 
+/* The `architectures` classes memsim models: the causal-LM heads of its model types (a
+ * sequence-classification or encoder head computes something else), and the multimodal
+ * classes whose text tower it reads. */
+static const char *const architectures[] = {
+    "LlamaForCausalLM",     "MistralForCausalLM",    "Qwen2ForCausalLM",
+    "GPT2LMHeadModel",      "OPTForCausalLM",        "BloomForCausalLM",
+    "GPTNeoXForCausalLM",   "FalconForCausalLM",     "RWForCausalLM",
+    "GPTNeoForCausalLM",    "CodeGenForCausalLM",    "MixtralForCausalLM",
+    "Qwen3ForCausalLM",     "Olmo2ForCausalLM",      "Phi3ForCausalLM",
+    "GemmaForCausalLM",     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",
+    "Qwen2MoeForCausalLM",  "Qwen3MoeForCausalLM",   "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM", "MllamaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", NULL};
+
+static gboolean check_architectures(Cfg *c)
+{
+    if (!json_object_has_member(c->o, "architectures"))
+        return TRUE;
+    JsonNode *v = json_object_get_member(c->o, "architectures");
+    if (JSON_NODE_HOLDS_NULL(v))
+        return TRUE;
+    if (!JSON_NODE_HOLDS_ARRAY(v)) {
+        g_autofree char *d = describe(v);
+        return bad(c, "architectures", "expected a list of class names, got %s", d);
+    }
+    JsonArray *a = json_node_get_array(v);
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonNode *e = json_array_get_element(a, i);
+        if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_STRING) {
+            g_autofree char *d = describe(e);
+            return bad(c, "architectures", "expected class names, got %s", d);
+        }
+        const char *name = json_node_get_string(e);
+        if (!g_strv_contains(architectures, name)) {
+            g_autofree char *known = g_strjoinv(", ", (char **)architectures);
+            return bad(c, "architectures",
+                       "unknown architecture '%.60s' (memsim models the causal language models "
+                       "%s)",
+                       name, known);
+        }
+    }
+    return TRUE;
+}
+
 static gboolean parse(Cfg *c, MemsimModel *m)
 {
+    if (!check_architectures(c))
+        return FALSE;
     char type[64];
     if (!get_str(c, N("model_type"), "", type, sizeof type))
         return FALSE;
@@ -1137,7 +1489,83 @@ const char *memsim_model_name(const MemsimModel *m)
 
 const char *memsim_model_family(const MemsimModel *m)
 {
-    return family_names[m->fam];
+    return m->arch[0] ? m->arch : family_names[m->fam];
+}
+
+void memsim_model_counts(const MemsimModel *m, MemsimModelCounts *out)
+{
+    Size z;
+    gboolean ok = model_size(m, &z);
+    g_assert(ok && "the loader refuses a model whose parameter count overflows");
+    memset(out, 0, sizeof *out);
+    out->params = z.params;
+    out->active = z.params - z.inactive;
+    out->tied = m->tie;
+    if (m->fam == FAM_MEGATRON) {
+        int64_t Vp = mg_padded_vocab(m->mg, 1);
+        out->embedding = Vp * m->H + (m->mg->pos == MG_POS_LEARNED ? m->max_pos * m->H : 0);
+        out->lm_head = m->tie ? 0 : Vp * m->H;
+        return;
+    }
+    int64_t E = m->fam == FAM_OPT ? m->wep : m->H;
+    out->embedding = m->V * E;
+    if (m->fam == FAM_GPT2 || m->fam == FAM_GPTNEO)
+        out->embedding += m->max_pos * m->H;
+    if (m->fam == FAM_OPT)
+        out->embedding += (m->max_pos + 2) * m->H;
+    out->lm_head = m->tie ? 0 : m->V * E + (m->fam == FAM_CODEGEN ? m->V : 0);
+}
+
+char *memsim_json_with_model(const char *text, const MemsimModel *m)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(JsonParser) mp = json_parser_new();
+    g_autofree char *mj = memsim_model_to_json(m);
+    if (!json_parser_load_from_data(p, text, -1, NULL) ||
+        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)) ||
+        !json_parser_load_from_data(mp, mj, -1, NULL))
+        return g_strdup(text);
+    JsonObject *o = json_node_get_object(json_parser_get_root(p));
+    json_object_set_member(o, "model", json_node_copy(json_parser_get_root(mp)));
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, json_parser_get_root(p));
+    return json_generator_to_data(gen, NULL);
+}
+
+char *memsim_model_to_json(const MemsimModel *m)
+{
+    MemsimModelCounts k;
+    memsim_model_counts(m, &k);
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "name");
+    json_builder_add_string_value(b, m->name ? m->name : "");
+    json_builder_set_member_name(b, "family");
+    json_builder_add_string_value(b, memsim_model_family(m));
+    json_builder_set_member_name(b, "model_type");
+    json_builder_add_string_value(b, m->model_type ? m->model_type : "");
+    json_builder_set_member_name(b, "params");
+    json_builder_add_int_value(b, k.params);
+    json_builder_set_member_name(b, "active_params");
+    json_builder_add_int_value(b, k.active);
+    json_builder_set_member_name(b, "embedding_params");
+    json_builder_add_int_value(b, k.embedding);
+    json_builder_set_member_name(b, "lm_head_params");
+    json_builder_add_int_value(b, k.lm_head);
+    json_builder_set_member_name(b, "tied_embeddings");
+    json_builder_add_boolean_value(b, k.tied);
+    if (m->fam == FAM_MIXTRAL) {
+        json_builder_set_member_name(b, "experts");
+        json_builder_add_int_value(b, m->n_experts);
+        json_builder_set_member_name(b, "experts_per_token");
+        json_builder_add_int_value(b, m->top_k);
+    }
+    json_builder_end_object(b);
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    g_autoptr(JsonNode) root = json_builder_get_root(b);
+    json_generator_set_root(gen, root);
+    return json_generator_to_data(gen, NULL);
 }
 
 int64_t memsim_model_n_params(const MemsimModel *m)

@@ -475,6 +475,15 @@ static AgTensor *attn_eager(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTenso
         U(w);
         w = ws;
     }
+    if (md->m->attn_softcap > 0) {
+        /* Gemma 2's eager_attention_forward: / softcap, tanh, * softcap */
+        AgTensor *d = op_scalar(g, BIN_DIV, w);
+        U(w);
+        AgTensor *t = op_unary(g, UN_TANH, d);
+        U(d);
+        w = op_scalar(g, BIN_MUL, t);
+        U(t);
+    }
     if (f->mask) {
         AgTensor *wm = op_binary(g, BIN_ADD, w, f->mask);
         U(w);
@@ -553,7 +562,7 @@ static AgTensor *attn_sdpa_fused(Model *md, AgTensor *q, AgTensor *k, AgTensor *
                                     : "_scaled_dot_product_efficient_attention");
         gg_flops(g, 2.0 * (double)B * (double)nh * (double)S * (double)S * (double)hd);
         /* output laid out [B,S,nh,hd] and returned as a [B,nh,S,hd] view */
-        ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, hd));
+        ob = gt_empty(g, qc->dt, SHAPE(B, S, nh, vc->shape[3])); /* v's head dim (MLA) */
         int64_t Sl = kind == SDPA_FLASH ? S : (S + 31) / 32 * 32;
         lse = gt_empty(g, DT_F32, SHAPE(B, nh, Sl));
         rng = kind == SDPA_FLASH ? gt_empty(g, DT_I64, SHAPE(2)) : NULL;

@@ -43,6 +43,37 @@ struct MemsimModel {
     bool falcon_new_arch;
     int64_t rotary_dim;     /* CodeGen / GPT-J rotary_dim (0 = none) */
     const MgOptions *mg;    /* FAM_MEGATRON: the launch's options (owned by its MemsimMegatron) */
+    /* Llama-derived families (traces/families.c; FAM_LLAMA, or FAM_MIXTRAL with experts) */
+    char arch[24];          /* the family as reported (qwen3, gemma2, phi3, ...); "" = fam's */
+    int qk_norm;            /* RMSNorm on q and k: 0 none, 1 per head [hd] (Qwen3, Gemma 3),
+                             * 2 over the projection [nh·hd] (OLMo-2) */
+    bool gemma;             /* GemmaRMSNorm (1 + w, in fp32) and the √H-scaled embedding */
+    bool sandwich;          /* Gemma 2/3: norms before and after attention and MLP (4) */
+    bool post_norms;        /* OLMo-2: norms after attention and MLP only (no pre-norm) */
+    double final_softcap;   /* Gemma 2: tanh soft-capping of the logits (0 = none) */
+    double attn_softcap;    /* Gemma 2: of the attention scores (eager only) */
+    bool ln_norms;          /* StarCoder2: nn.LayerNorm (weight and bias) for every norm */
+    bool plain_mlp;         /* StarCoder2: c_proj(act(c_fc(x))), with mlp_bias */
+    bool fused_qkv;         /* Phi-3: qkv_proj [(nh + 2 nkv) hd, H] */
+    bool fused_gate_up;     /* Phi-3: gate_up_proj [2 I, H] */
+    int64_t moe_I;          /* routed experts' width (moe_intermediate_size; 0 = I) */
+    int64_t shared_I;       /* the shared experts' total width (0 = none) */
+    bool shared_gate;       /* Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x) */
+    int64_t first_dense;    /* DeepSeek: first_k_dense_replace layers use the dense MLP */
+    int64_t moe_every;      /* Qwen2-MoE decoder_sparse_step (layer l is MoE when
+                             * (l + 1) % moe_every == 0); 0 or 1 = every layer */
+    bool norm_topk;         /* routing weights renormalised over the top k */
+    bool router_bias;       /* DeepSeek-V3: e_score_correction_bias [E] */
+    int64_t sw_from;        /* Qwen2: the first sliding layer (max_window_layers) */
+    int sw_pattern;         /* layer l slides when (l + 1) % sw_pattern != 0 (Gemma 2: 2,
+                             * Gemma 3: sliding_window_pattern); 0 = every layer from sw_from */
+    /* DeepSeek multi-head latent attention (0 = none) */
+    int64_t kv_lora, q_lora, qk_nope, qk_rope, v_hd;
 };
+
+/* Whether layer l attends through the sliding window (traces/config.c). */
+gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l);
+/* Whether layer l has routed experts (traces/config.c). */
+gboolean model_layer_is_moe(const MemsimModel *m, int64_t l);
 
 #endif

@@ -24,6 +24,7 @@ static void layer_arg_free(AgGraph *g, void *p)
 {
     LayerArg *la = p;
     gt_unref(g, la->own.mask);
+    gt_unref(g, la->own.mask_sw);
     gt_unref(g, la->own.cos4);
     gt_unref(g, la->own.sin4);
     g_free(la);
@@ -169,8 +170,14 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Model *md = la->md;
     Layer *ly = &md->layers[la->layer];
     AgTensor *x = in[0];
+    /* a sliding-window layer attends through its own mask (create_sliding_window_causal_mask) */
+    Fwd lf = *la->f;
+    if (lf.mask_sw && model_layer_is_sliding(md->m, la->layer))
+        lf.mask = lf.mask_sw;
+    if (fam_modern(md->m))
+        return fam_layer(md, &lf, ly, x);
     AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
-    AgTensor *a = llama_attn(md, la->f, ly, h);
+    AgTensor *a = llama_attn(md, &lf, ly, h);
     U(h);
     AgTensor *x1 = op_binary(g, BIN_ADD, x, a);
     U(a);
@@ -746,6 +753,18 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
                     memsim_model_family(full));
         return FALSE;
     }
+    /* tensor parallelism of the Llama-derived families: their experts, latent attention and
+     * projection-wide q/k norms are not split here */
+    if (fam_modern(full) && tp > 1 &&
+        (full->fam == FAM_MIXTRAL || full->kv_lora || full->qk_norm == 2 || md->sp)) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                    "tensor parallelism%s of a %s model is not modelled (its %s)",
+                    md->sp ? " with sequence parallelism" : "", memsim_model_family(full),
+                    full->fam == FAM_MIXTRAL ? "experts" : full->kv_lora ? "latent attention"
+                    : full->qk_norm == 2 ? "q/k norms over the whole projection"
+                                         : "layers");
+        return FALSE;
+    }
     /* Megatron splits heads, the MLP width and the (padded) vocabulary over the TP ranks */
     md->local = *full;
     if (tp > 1) {
@@ -783,13 +802,14 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     }
     /* LoRA targets must exist */
     if (run->finetune != MEMSIM_FT_FULL && !run->inference) {
-        g_auto(GStrv) known = g_strsplit(module_names(m->fam), ",", -1);
+        const char *mods = fam_modern(m) ? fam_module_names(m) : module_names(m->fam);
+        g_auto(GStrv) known = g_strsplit(mods, ",", -1);
         for (char **t = run->lora_targets; t && *t; t++) {
             if (!g_strv_contains((const char *const *)known, *t)) {
                 g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                             "lora-targets: module '%s' does not exist in a %s model (modules: "
                             "%s)",
-                            *t, memsim_model_family(m), module_names(m->fam));
+                            *t, memsim_model_family(m), mods);
                 return FALSE;
             }
         }
@@ -827,6 +847,10 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     md->layers = g_new0(Layer, L);
     for (int64_t l = l0; l < l1; l++) {
         Layer *ly = &md->layers[l];
+        if (fam_modern(m)) {
+            fam_build_layer(md, ly, l);
+            continue;
+        }
         switch (m->fam) {
         case FAM_LLAMA:
         case FAM_MIXTRAL:
@@ -912,7 +936,7 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
         /* no final norm here */
     } else {
         md->norm_w = vec(md, H);
-        if (m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL)
+        if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || m->ln_norms)
             md->norm_b = vec(md, H);
     }
     if (md->last && !m->tie)
@@ -926,7 +950,9 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
         }
     if (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL || m->fam == FAM_NEOX ||
         m->fam == FAM_FALCON) {
-        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct) : hd;
+        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(hd * m->rotary_pct)
+                     : fam_modern(m)    ? fam_rotary_dim(m)
+                                        : hd;
         md->inv_freq = nn_buffer(md, DT_F32, SHAPE(rd / 2));
         /* Transformers 4.38 (traces/hf_versions.c causal-mask-max-pos): LlamaModel.__init__
          * registers causal_mask = triu(full((P, P), True), 1), P = max_position_embeddings */
@@ -1036,6 +1062,16 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         if (md->tp > 1) /* vocab-parallel embedding: masked lookup, then all-reduce */
             gg_collective(g, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x), 1,
                           nn_tp_us(md, MEMSIM_COLL_ALL_REDUCE, (uint64_t)gt_nbytes(x)));
+        if (m->gemma) { /* GemmaTextScaledWordEmbedding (traces/families.c) */
+            AgTensor *t = fam_embed_scale(md, x);
+            U(x);
+            x = t;
+        }
+        if (fam_modern(m) && m->embd_pdrop > 0) { /* StarCoder2's embedding_dropout */
+            AgTensor *t = op_dropout(g, x, m->embd_pdrop);
+            U(x);
+            x = t;
+        }
     } else {
         x = gt_ref(x_in);
     }
@@ -1065,9 +1101,38 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         f.mask = op_new(g, "vmap_mask", DT_BOOL, SHAPE(B, 1, S, S));
     }
     U(cmask);
+    /* Sliding-window layers (model_layer_is_sliding): the model builds their mask with
+     * create_sliding_window_causal_mask beside the full one when both kinds of layer exist
+     * (Gemma2Model.forward's causal_mask_mapping, Qwen2Model's), both alive for the forward;
+     * for SDPA it is a bool (B,1,S,S) once the sequence reaches the window (masking_utils
+     * sdpa_mask: the causal skip needs kv_length < sliding_window), else None. */
+    AgTensor *mask2 = NULL;
+    bool any_sw = false, any_full = false;
+    for (int64_t l = md->l0; l < md->l1; l++) {
+        if (model_layer_is_sliding(m, l))
+            any_sw = true;
+        else
+            any_full = true;
+    }
+    if (any_sw && f.mask && any_full && m->fam != FAM_FALCON) {
+        AgTensor *c2 = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
+        mask2 = op_new(g, "where", f.mask->dt, SHAPE(B, 1, S, S));
+        U(c2);
+        f.mask_sw = mask2;
+    } else if (any_sw && !f.mask && S >= m->sliding_window) {
+        AgTensor *c2 = op_new(g, "le", DT_BOOL, SHAPE(1, 1, S, S));
+        mask2 = op_new(g, "and", DT_BOOL, SHAPE(1, 1, S, S));
+        U(c2);
+        AgTensor *e = op_expand(g, mask2, SHAPE(B, 1, S, S));
+        U(mask2);
+        mask2 = e;
+        f.mask_sw = mask2;
+    }
     AgTensor *cos = NULL, *sin = NULL;
     if (md->inv_freq) {
-        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct) : m->hd;
+        int64_t rd = m->fam == FAM_NEOX ? (int64_t)(m->hd * m->rotary_pct)
+                     : fam_modern(m)    ? fam_rotary_dim(m)
+                                        : m->hd;
         nn_rotary(md, rd, pos, &cos, &sin);
         f.cos4 = op_unsqueeze(g, cos, 1);
         f.sin4 = op_unsqueeze(g, sin, 1);
@@ -1168,6 +1233,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             *ca = la;
             ca->own = f;
             gt_ref(f.mask);
+            gt_ref(f.mask_sw);
             gt_ref(f.cos4);
             gt_ref(f.sin4);
             ca->f = &ca->own;
@@ -1182,6 +1248,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     }
     c->layer = -1;
     if (!md->last) {
+        U(mask2);
         U(f.mask);
         U(f.cos4);
         U(f.sin4);
@@ -1193,7 +1260,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         return NULL;
     }
     if (md->norm_w) {
-        AgTensor *t = (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
+        AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w, md->norm_b)
+                      : (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? nn_rmsnorm(md, x, md->norm_w)
                           : nn_layernorm(md, x, md->norm_w, md->norm_b);
         U(x);
@@ -1205,6 +1273,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         x = t;
     }
     /* the model's locals (mask, cos/sin, position ids) die when its forward returns */
+    U(mask2);
     U(f.mask);
     U(f.cos4);
     U(f.sin4);
@@ -1236,6 +1305,11 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     if (md->module_hook)
         md->module_hook(md, MODULE_HEAD, false);
     U(hs);
+    if (m->final_softcap > 0) { /* Gemma 2's logit soft-capping (traces/families.c) */
+        AgTensor *t = fam_final_softcap(md, logits);
+        U(logits);
+        logits = t;
+    }
     /* Transformers before 4.46 (traces/hf_versions.c logits-not-upcast): LlamaForCausalLM.forward
      * returns lm_head(...).float(), the low-precision logits dropped at once */
     bool upcast_in_model = hf_before(md->run, m, HF_LOGITS_NOT_UPCAST) && md->tp == 1 && !md->sp;

@@ -26,6 +26,14 @@ typedef struct {
     AgTensor *qn_w, *qn_b, *kn_w, *kn_b; /* Megatron --qk-layernorm */
     AgTensor *router;        /* MoE */
     Lin *experts;            /* MoE: 3 per expert (gate, up, down) */
+    /* Llama-derived families (traces/families.c) */
+    AgTensor *ln3_w, *ln4_w; /* Gemma 2/3: pre_feedforward_layernorm, post_feedforward_layernorm */
+    Lin q_a, q_b, kv_a, kv_b; /* DeepSeek MLA: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj */
+    AgTensor *q_a_ln, *kv_a_ln;
+    Lin sh_gate, sh_up, sh_down, sh_g; /* shared experts; Qwen2-MoE's shared_expert_gate */
+    AgTensor *router_b;      /* DeepSeek-V3 e_score_correction_bias */
+    AgTensor *gate_up_w, *down_w; /* the routed experts, fused: [E, 2 I, H], [E, H, I] */
+    bool moe;                /* this layer has routed experts */
 } Layer;
 
 /* The modules of a causal LM outside its layers, as AgContext.module tags: the ops of the
@@ -122,6 +130,19 @@ void model_drop_output(Model *md);
 /* The per-rank programs of a distributed run (traces/distributed.c). */
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
                                      const AgRules *rules, GError **error);
+
+/* The Llama-derived families (traces/families.c): a layer's parameters in registration
+ * order, its forward, and the model's own extras. */
+struct Fwd;
+bool fam_modern(const MemsimModel *m);
+void fam_build_layer(Model *md, Layer *ly, int64_t l);
+AgTensor *fam_layer(Model *md, struct Fwd *f, Layer *ly, AgTensor *x);
+AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b);
+AgTensor *fam_embed_scale(Model *md, AgTensor *x);
+AgTensor *fam_final_softcap(Model *md, AgTensor *logits);
+int64_t fam_rotary_dim(const MemsimModel *m);
+const char *fam_module_names(const MemsimModel *m);
+const char *fam_lora_default_targets(const MemsimModel *m); /* NULL: none */
 
 /* peft's default LoRA target modules for a family (comma-separated). */
 const char *model_lora_default_targets(Family f);

@@ -393,6 +393,23 @@ void op_split(AgGraph *g, AgTensor *x, int dim, int64_t size, AgTensor **out, in
     }
 }
 
+/* torch.split with sizes: views; backward as split's (one cat of the input's size). */
+void op_split_sizes(AgGraph *g, AgTensor *x, int dim, const int64_t *sizes, AgTensor **out,
+                    int nout)
+{
+    if (dim < 0)
+        dim += x->nd;
+    AgNode *n = node_for(g, "SplitWithSizesBackward0", bw_split, 1, &x, nout);
+    for (int k = 0; k < nout; k++) {
+        int64_t sh[GT_MAXDIM];
+        memcpy(sh, x->shape, sizeof sh);
+        sh[dim] = sizes[k];
+        out[k] = gt_view_of(g, x, x->nd, sh, x->stride);
+        if (n)
+            gn_set_output(n, out[k], k);
+    }
+}
+
 /* cat backward: narrow views of the gradient, no allocation (§5). */
 static void bw_cat(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
@@ -1111,8 +1128,15 @@ AgTensor *op_index_add(AgGraph *g, DType dt, int64_t rows, int64_t cols, AgTenso
     AgTensor *out = gt_empty(g, dt, SHAPE(rows, cols));
     gg_op(g, "index_add_");
     AgNode *nd = node_for(g, "IndexAddBackward0", bw_index_add, n, srcs, 1);
-    if (nd)
+    if (nd) {
+        /* derivatives.yaml index_add: source's gradient is
+         * grad.index_select(dim, index).expand_as(source), so IndexAddBackward0 keeps source
+         * (a SavedVariable, unpacked in its apply) until the backward */
+        for (int i = 0; i < n; i++)
+            if (needs(nd, i))
+                gn_save(g, nd, srcs[i]);
         gn_set_output(nd, out, 0);
+    }
     return out;
 }
 

@@ -42,6 +42,8 @@ AgTensor *op_slice(AgGraph *g, AgTensor *x, int dim, int64_t start, int64_t end)
 /* split into equal pieces of `size` along dim: returns n new references in out. */
 void op_split(AgGraph *g, AgTensor *x, int dim, int64_t size, AgTensor **out, int n);
 AgTensor *op_cat(AgGraph *g, AgTensor **xs, int n, int dim);
+void op_split_sizes(AgGraph *g, AgTensor *x, int dim, const int64_t *sizes, AgTensor **out,
+                    int nout);
 
 AgTensor *op_binary(AgGraph *g, BinKind k, AgTensor *a, AgTensor *b);
 AgTensor *op_scalar(AgGraph *g, BinKind k, AgTensor *a); /* a (op) python scalar */

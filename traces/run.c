@@ -117,7 +117,9 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
     }
     /* Megatron's micro-batches are its accumulation (memsim_generate) */
     double micro = (double)run->steps * (run->microbatches ? run->microbatches : run->grad_accum);
-    double per_layer = 600.0 + 150.0 * (double)m->n_experts;
+    /* the Llama-derived families run their routed experts as one grouped computation
+     * (traces/families.c moe): no events per expert */
+    double per_layer = 600.0 + 150.0 * (fam_modern(m) ? 0.0 : (double)m->n_experts);
     double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
                                    : micro * (double)m->L * per_layer;
     if (events > MAX_EVENTS) {
@@ -183,7 +185,17 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     MemsimRun eff = *run;
     g_auto(GStrv) split = NULL;
     if (run->finetune != MEMSIM_FT_FULL && !run->lora_targets) {
-        split = g_strsplit(model_lora_default_targets(m->fam), ",", -1);
+        const char *def = fam_modern(m) ? fam_lora_default_targets(m)
+                                        : model_lora_default_targets(m->fam);
+        if (!def) { /* peft has no default target modules for this family */
+            g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                        "lora-targets: peft has no default target modules for a %s model: "
+                        "name them (modules: %s)",
+                        memsim_model_family(m), fam_module_names(m));
+            memsim_trace_free(t);
+            return NULL;
+        }
+        split = g_strsplit(def, ",", -1);
         eff.lora_targets = split;
     }
     if (memsim_run_resolve(run).distributed) {

@@ -245,6 +245,21 @@ MEMSIM_API const char *memsim_model_name(const MemsimModel *model);
 MEMSIM_API const char *memsim_model_family(const MemsimModel *model);
 /* Parameter count implied by the config (tied weights counted once). */
 MEMSIM_API int64_t memsim_model_n_params(const MemsimModel *model);
+/* The model's parameter counts: all of them (tied weights once), those one token's forward
+ * uses (a mixture of experts: all but the routed experts it is not sent to; else all), the
+ * input embedding tables (tokens, and learned positions where the family has them) and the
+ * separate LM head (0 when tied to the embedding). */
+typedef struct {
+    int64_t params, active, embedding, lm_head;
+    gboolean tied;
+} MemsimModelCounts;
+MEMSIM_API void memsim_model_counts(const MemsimModel *model, MemsimModelCounts *out);
+/* The model as a JSON object (name, family, model_type, the counts above), newly allocated. */
+MEMSIM_API char *memsim_model_to_json(const MemsimModel *model);
+/* A JSON object's text (a report's, a plan's) with the model added under "model", as
+ * `memsim estimate --json` and `memsim plan --json` print it; newly allocated (the text
+ * itself, copied, when it is not a JSON object). */
+MEMSIM_API char *memsim_json_with_model(const char *json_object, const MemsimModel *model);
 /* NULL-terminated list of preset names; free with g_strfreev. */
 MEMSIM_API char **memsim_model_presets(void);
 

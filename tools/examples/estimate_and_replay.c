@@ -66,7 +66,9 @@ static int estimate(const char *model_name, int argc, char **argv)
         !(rep = memsim_estimate(model, &run, &eo, &error))) {
         rc = fail(error);
     } else {
-        g_autofree char *json = memsim_report_to_json(rep);
+        /* the report with the model (family, parameter counts), as the command prints it */
+        g_autofree char *report = memsim_report_to_json(rep);
+        g_autofree char *json = memsim_json_with_model(report, model);
         printf("%s\n", json);
     }
     memsim_report_free(rep);

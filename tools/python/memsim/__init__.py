@@ -194,6 +194,7 @@ def _load_locked():
     fn("memsim_model_name", S, P)
     fn("memsim_model_family", S, P)
     fn("memsim_model_n_params", ctypes.c_int64, P)
+    fn("memsim_model_to_json", P, P)
     fn("memsim_estimate", P, P, ctypes.POINTER(_Run), ctypes.POINTER(_EstimateOptions), _ERR)
     fn("memsim_parse_size_of", B, S, S, ctypes.POINTER(ctypes.c_uint64), _ERR)
     fn("memsim_device_capacity", B, ctypes.c_uint64, ctypes.c_uint64,
@@ -293,6 +294,15 @@ def _gpu_mem(text):
 def _report_json(rep):
     """The report's JSON as a dict; frees the C string, not the report."""
     s = _lib.memsim_report_to_json(rep)
+    try:
+        return json.loads(ctypes.string_at(s).decode("utf-8"))
+    finally:
+        _glib.g_free(s)
+
+
+def _model_json(m):
+    """The model as the command's --json gives it (memsim_model_to_json)."""
+    s = _lib.memsim_model_to_json(m)
     try:
         return json.loads(ctypes.string_at(s).decode("utf-8"))
     finally:
@@ -412,7 +422,9 @@ def estimate(model=None, gpu_mem=None, cuda_context=None, nccl_mem=None, allocat
         if src.model is None:
             m = _call(lib.memsim_model_load, _b(_value(model)))
         rep = _call(lib.memsim_estimate, src.model or m, ctypes.byref(r), ctypes.byref(eo))
-        return _report_json(rep)
+        out = _report_json(rep)
+        out["model"] = _model_json(src.model or m)
+        return out
     finally:
         if rep:
             lib.memsim_report_free(rep)
@@ -474,9 +486,11 @@ def plan(model=None, megatron_args=None, deepspeed_config=None, deepspeed_set=No
         p = _call(lib.memsim_plan, src.model or m, o)
         s = lib.memsim_plan_to_json(p)
         try:
-            return json.loads(ctypes.string_at(s).decode("utf-8"))
+            out = json.loads(ctypes.string_at(s).decode("utf-8"))
         finally:
             _glib.g_free(s)
+        out["model"] = _model_json(src.model or m)
+        return out
     finally:
         if p:
             lib.memsim_plan_free(p)
@@ -585,8 +599,10 @@ def compare(path=None, allocators="all", model=None, gpu_mem=None, cuda_context=
 
 
 def models():
-    """The model presets, as `memsim models --json` prints them: a list of
-    {"name", "family", "parameters"}."""
+    """The model presets, as `memsim models --json` prints them: a list of the model objects
+    of estimate() (name, family, model_type, params, active_params, embedding_params,
+    lm_head_params, tied_embeddings; experts, experts_per_token for a mixture of experts),
+    each with "parameters" (= params)."""
     lib = _load()
     names = lib.memsim_model_presets()
     out = []
@@ -594,9 +610,9 @@ def models():
         i = 0
         while names[i]:
             m = _call(lib.memsim_model_load, names[i])
-            out.append({"name": names[i].decode("utf-8"),
-                        "family": lib.memsim_model_family(m).decode("utf-8"),
-                        "parameters": lib.memsim_model_n_params(m)})
+            d = {"parameters": lib.memsim_model_n_params(m)}
+            d.update(_model_json(m))
+            out.append(d)
             lib.memsim_model_free(m)
             i += 1
     finally:

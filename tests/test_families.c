@@ -1,0 +1,294 @@
+/* The Llama-derived families read from config.json (traces/config.c read_modern,
+ * traces/families.c): refusal of unknown model types and architectures with the known list,
+ * the warning for a rope type memsim does not know, the model in the JSON of estimate, gen,
+ * plan and models, each family's forward generated and its parameters in the model state,
+ * and the combinations refused. Parameter counts against published figures are in
+ * test_generator (presets_match_published_counts); peaks against PyTorch recordings in
+ * test_reference_families. */
+#include <criterion/criterion.h>
+#include <json-glib/json-glib.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static char *write_config(const char *text)
+{
+    static char *dir;
+    static int n;
+    if (!dir)
+        dir = tu_tmpdir();
+    char *path = g_strdup_printf("%s/config%d.json", dir, n++);
+    cr_assert(g_file_set_contents(path, text, -1, NULL));
+    return path;
+}
+
+static int run(const char *const *argv, char **out, char **err)
+{
+    return tu_run_memsim(argv, out, err);
+}
+
+#define SMALL                                                                                  \
+    "\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "                \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2"
+
+Test(families, unknown_model_type_and_architecture_refused_with_the_known_list)
+{
+    g_autofree char *a = write_config("{\"model_type\": \"mamba2\", " SMALL "}");
+    const char *argv[] = {"estimate", "--model", a, "--seq", "64", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(run(argv, NULL, &err), 2, "%s", err);
+    cr_expect(strstr(err, "model_type") && strstr(err, "mamba2") && strstr(err, "qwen3") &&
+                  strstr(err, "starcoder2") &&
+                  strstr(err, "deepseek_v3") && strstr(err, "gemma2"),
+              "%s", err);
+    g_autofree char *b = write_config(
+        "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForSequenceClassification\"], "
+        SMALL "}");
+    const char *argv2[] = {"estimate", "--model", b, "--seq", "64", NULL};
+    g_autofree char *err2 = NULL;
+    cr_expect_eq(run(argv2, NULL, &err2), 2, "%s", err2);
+    cr_expect(strstr(err2, "architectures") && strstr(err2, "Qwen2ForSequenceClassification") &&
+                  strstr(err2, "Qwen2ForCausalLM"),
+              "%s", err2);
+    g_autofree char *c = write_config("{\"model_type\": \"qwen3\", \"architectures\": \"x\", "
+                                      SMALL "}");
+    const char *argv3[] = {"estimate", "--model", c, "--seq", "64", NULL};
+    g_autofree char *err3 = NULL;
+    cr_expect_eq(run(argv3, NULL, &err3), 2, "%s", err3);
+    cr_expect(strstr(err3, "architectures"), "%s", err3);
+}
+
+Test(families, unknown_rope_type_warns_and_says_what_was_assumed)
+{
+    g_autofree char *p = write_config(
+        "{\"model_type\": \"llama\", " SMALL
+        ", \"rope_scaling\": {\"rope_type\": \"banana\", \"factor\": 4.0}}");
+    const char *argv[] = {"estimate", "--model", p, "--seq", "64", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(run(argv, NULL, &err), 0, "%s", err);
+    cr_expect(strstr(err, "rope_scaling.rope_type") && strstr(err, "banana") &&
+                  strstr(err, "assumed") && strstr(err, "llama3"),
+              "%s", err);
+    /* a known one is quiet */
+    g_autofree char *q = write_config(
+        "{\"model_type\": \"llama\", " SMALL
+        ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}");
+    const char *argv2[] = {"estimate", "--model", q, "--seq", "64", NULL};
+    g_autofree char *err2 = NULL;
+    cr_expect_eq(run(argv2, NULL, &err2), 0, "%s", err2);
+    cr_expect(!strstr(err2, "rope"), "%s", err2);
+    g_autofree char *r = write_config("{\"model_type\": \"qwen3\", " SMALL
+                                      ", \"rope_scaling\": [1]}");
+    const char *argv3[] = {"estimate", "--model", r, "--seq", "64", NULL};
+    g_autofree char *err3 = NULL;
+    cr_expect_eq(run(argv3, NULL, &err3), 2, "%s", err3);
+    cr_expect(strstr(err3, "rope_scaling"), "%s", err3);
+}
+
+static JsonObject *model_of(JsonParser *p, const char *text)
+{
+    cr_assert(json_parser_load_from_data(p, text, -1, NULL), "%.300s", text);
+    JsonNode *root = json_parser_get_root(p);
+    if (JSON_NODE_HOLDS_ARRAY(root))
+        return NULL;
+    JsonObject *o = json_node_get_object(root);
+    cr_assert(json_object_has_member(o, "model"), "%.300s", text);
+    return json_object_get_object_member(o, "model");
+}
+
+/* The counts written by hand from the config: Qwen3-30B-A3B's 48 layers of attention
+ * (q 2048x4096, k and v 2048x512, o 4096x2048, q_norm and k_norm 128 each), router 128x2048,
+ * 128 experts of 3 x 2048 x 768, two norms; embedding and head 151936 x 2048 each; final
+ * norm. Active: 8 of the 128 experts. */
+static void expect_qwen3_moe(JsonObject *m)
+{
+    int64_t attn = 2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048 + 256;
+    int64_t experts = (int64_t)128 * 3 * 2048 * 768;
+    int64_t layer = attn + 128 * 2048 + experts + 2 * 2048;
+    int64_t emb = (int64_t)151936 * 2048;
+    int64_t total = 48 * layer + 2 * emb + 2048;
+    int64_t active = total - (int64_t)48 * 120 * 3 * 2048 * 768;
+    cr_expect_str_eq(json_object_get_string_member(m, "family"), "qwen3_moe");
+    cr_expect_eq(json_object_get_int_member(m, "params"), total);
+    cr_expect_eq(json_object_get_int_member(m, "active_params"), active);
+    cr_expect_eq(json_object_get_int_member(m, "embedding_params"), emb);
+    cr_expect_eq(json_object_get_int_member(m, "lm_head_params"), emb);
+    cr_expect_eq(json_object_get_int_member(m, "experts"), 128);
+    cr_expect_eq(json_object_get_int_member(m, "experts_per_token"), 8);
+}
+
+Test(families, json_of_estimate_gen_plan_and_models_carries_the_model, .timeout = 300)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    const char *est[] = {"estimate", "--model", "qwen3-30b-a3b", "--seq", "128", "--json", NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    run(est, &out, &err);
+    expect_qwen3_moe(model_of(p, out));
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *mst = g_build_filename(dir, "t.mst", NULL);
+    const char *gen[] = {"gen", "--model", "qwen3-30b-a3b", "--seq", "128", "-o", mst, "--json",
+                         NULL};
+    g_autofree char *out2 = NULL, *err2 = NULL;
+    cr_expect_eq(run(gen, &out2, &err2), 0, "%s", err2);
+    expect_qwen3_moe(model_of(p, out2));
+    const char *plan[] = {"plan", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "256",
+                          "--json", NULL};
+    g_autofree char *out3 = NULL, *err3 = NULL;
+    run(plan, &out3, &err3);
+    expect_qwen3_moe(model_of(p, out3));
+    /* a dense tied model: all parameters active, no separate head */
+    const char *g3[] = {"estimate", "--model", "gemma-2-2b", "--seq", "64", "--json", NULL};
+    g_autofree char *out4 = NULL;
+    run(g3, &out4, NULL);
+    JsonObject *m = model_of(p, out4);
+    cr_expect_eq(json_object_get_int_member(m, "params"),
+                 json_object_get_int_member(m, "active_params"));
+    cr_expect_eq(json_object_get_int_member(m, "lm_head_params"), 0);
+    cr_expect(json_object_get_boolean_member(m, "tied_embeddings"));
+    cr_expect_eq(json_object_get_int_member(m, "embedding_params"), (int64_t)256000 * 2304);
+    /* models --json: the same object for every preset */
+    const char *models[] = {"models", "--json", NULL};
+    g_autofree char *out5 = NULL;
+    cr_expect_eq(run(models, &out5, NULL), 0);
+    cr_assert(json_parser_load_from_data(p, out5, -1, NULL));
+    JsonArray *a = json_node_get_array(json_parser_get_root(p));
+    int found = 0;
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = json_array_get_object_element(a, i);
+        cr_expect(json_object_has_member(o, "params") && json_object_has_member(o, "family") &&
+                  json_object_has_member(o, "active_params") &&
+                  json_object_has_member(o, "embedding_params") &&
+                  json_object_has_member(o, "lm_head_params"));
+        cr_expect_eq(json_object_get_int_member(o, "params"),
+                     json_object_get_int_member(o, "parameters"));
+        if (strcmp(json_object_get_string_member(o, "name"), "qwen3-30b-a3b") == 0) {
+            expect_qwen3_moe(o);
+            found++;
+        }
+    }
+    cr_expect_eq(found, 1);
+}
+
+/* Each family's forward is generated, and the model state is what its parameter count
+ * implies (fp32 master weights, gradients and two Adam moments: 16 bytes a parameter). */
+Test(families, every_family_generates_its_model_state, .timeout = 120)
+{
+    static const char *configs[] = {
+        "{\"model_type\": \"qwen3\", " SMALL ", \"head_dim\": 16}",
+        "{\"model_type\": \"olmo2\", " SMALL "}",
+        "{\"model_type\": \"phi3\", " SMALL "}",
+        "{\"model_type\": \"starcoder2\", " SMALL ", \"sliding_window\": 32, "
+        "\"residual_dropout\": 0.1, \"embedding_dropout\": 0.1}",
+        "{\"model_type\": \"gemma\", " SMALL ", \"head_dim\": 16}",
+        "{\"model_type\": \"gemma2\", " SMALL ", \"head_dim\": 16}",
+        "{\"model_type\": \"gemma3_text\", " SMALL ", \"head_dim\": 16}",
+        "{\"model_type\": \"qwen2_moe\", " SMALL ", \"moe_intermediate_size\": 32, "
+        "\"shared_expert_intermediate_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 2}",
+        "{\"model_type\": \"qwen3_moe\", " SMALL ", \"head_dim\": 16, "
+        "\"moe_intermediate_size\": 32, \"num_experts\": 8, \"num_experts_per_tok\": 2}",
+        "{\"model_type\": \"deepseek_v2\", " SMALL ", \"moe_intermediate_size\": 32, "
+        "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 2, "
+        "\"first_k_dense_replace\": 1, \"q_lora_rank\": null, \"kv_lora_rank\": 16, "
+        "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16}",
+        "{\"model_type\": \"deepseek_v3\", " SMALL ", \"moe_intermediate_size\": 32, "
+        "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 1, "
+        "\"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 16, "
+        "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16}",
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(configs); i++) {
+        g_autofree char *path = write_config(configs[i]);
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(path, &error);
+        cr_assert(m, "%s: %s", configs[i], error ? error->message : "?");
+        MemsimRun r = memsim_run_defaults();
+        cr_assert(memsim_run_set(&r, "seq", "64", &error));
+        cr_assert(memsim_run_set(&r, "precision", "bf16-mixed", &error));
+        MemsimTrace *t = memsim_generate(m, &r, &error);
+        cr_assert(t, "%s: %s", configs[i], error ? error->message : "?");
+        MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+        cr_assert(rep);
+        const MemsimRankReport *rk = &rep->ranks[0];
+        const MemsimBreakdown *bd = NULL;
+        for (guint k = 0; k < rk->n_breakdowns; k++)
+            if (strstr(rk->breakdowns[k].name, "model state"))
+                bd = &rk->breakdowns[k];
+        cr_assert(bd, "%s", configs[i]);
+        int64_t n = memsim_model_n_params(m);
+        cr_expect_eq(bd->requested[MEMSIM_CAT_PARAMETER], 4 * n, "%s", memsim_model_family(m));
+        cr_expect_eq(bd->requested[MEMSIM_CAT_GRADIENT], 4 * n, "%s", memsim_model_family(m));
+        cr_expect_eq(bd->requested[MEMSIM_CAT_OPTIMIZER_STATE], 8 * n, "%s",
+                     memsim_model_family(m));
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        memsim_run_clear(&r);
+        memsim_model_free(m);
+    }
+}
+
+Test(families, what_is_not_modelled_is_refused)
+{
+    /* DeepSeek: peft has no default LoRA targets */
+    const char *lora[] = {"estimate", "--model", "deepseek-v2-lite", "--finetune", "lora", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(run(lora, NULL, &err), 2, "%s", err);
+    cr_expect(strstr(err, "lora-targets") && strstr(err, "kv_b_proj"), "%s", err);
+    /* Phi-3's default is its fused qkv_proj; q_proj does not exist there */
+    const char *phi[] = {"estimate", "--model", "phi-3-mini-4k", "--finetune", "lora",
+                         "--lora-targets", "q_proj", NULL};
+    g_autofree char *err2 = NULL;
+    cr_expect_eq(run(phi, NULL, &err2), 2, "%s", err2);
+    cr_expect(strstr(err2, "qkv_proj"), "%s", err2);
+    /* tensor parallelism of the experts */
+    const char *tp[] = {"estimate", "--model", "qwen3-30b-a3b", "--gpus", "2", "--method",
+                        "megatron", "--tp", "2", NULL};
+    g_autofree char *err3 = NULL;
+    int rc = run(tp, NULL, &err3);
+    cr_expect(rc == 2 || rc == 3, "exit %d: %s", rc, err3);
+    cr_expect(strstr(err3, "experts"), "%s", err3);
+    /* dense layers among sparse ones (mlp_only_layers) */
+    g_autofree char *p = write_config("{\"model_type\": \"qwen3_moe\", " SMALL
+                                      ", \"moe_intermediate_size\": 32, \"mlp_only_layers\": [1]}");
+    const char *mo[] = {"estimate", "--model", p, "--seq", "64", NULL};
+    g_autofree char *err4 = NULL;
+    cr_expect_eq(run(mo, NULL, &err4), 2, "%s", err4);
+    cr_expect(strstr(err4, "mlp_only_layers"), "%s", err4);
+}
+
+static int64_t forward_peak(const char *config, const char *seq)
+{
+    g_autofree char *path = write_config(config);
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(path, &error);
+    cr_assert(m, "%s", error ? error->message : "?");
+    MemsimRun r = memsim_run_defaults();
+    cr_assert(memsim_run_set(&r, "seq", seq, &error));
+    cr_assert(memsim_run_set(&r, "precision", "bf16", &error));
+    MemsimTrace *t = memsim_generate(m, &r, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    MemsimReport *rep = memsim_replay_trace(t, NULL, &error);
+    const MemsimRankReport *rk = &rep->ranks[0];
+    int64_t peak = rk->steps[rk->n_steps - 1].phase_peak_allocated[MEMSIM_PHASE_FORWARD];
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_run_clear(&r);
+    memsim_model_free(m);
+    return peak;
+}
+
+/* Mistral's sliding window under SDPA (bf16): once the sequence reaches the window the model
+ * hands SDPA a bool (1,1,S,S) mask (expanded to B), so flash cannot run and the GQA keys and
+ * values are repeated (repeat_kv: enable_gqa only without a mask) and saved, in each of the 2
+ * layers: 2 × 2 × [1, 4, 64, 16] bf16 copies more than the same model without a window. */
+Test(families, sliding_window_mask_from_the_window_on)
+{
+    const char *w = "{\"model_type\": \"mistral\", " SMALL ", \"sliding_window\": 64}";
+    const char *nw = "{\"model_type\": \"mistral\", " SMALL ", \"sliding_window\": null}";
+    cr_expect_eq(forward_peak(w, "63"), forward_peak(nw, "63"), "below the window: no mask");
+    int64_t extra = forward_peak(w, "64") - forward_peak(nw, "64");
+    int64_t kv = (int64_t)1 * 4 * 64 * 16 * 2; /* one repeated K or V, bf16 */
+    /* less the flash kernel's saved RNG state (one 512-byte block a layer) */
+    cr_expect_geq(extra, 2 * 2 * kv - 2 * 512, "%" G_GINT64_FORMAT, extra);
+    cr_expect_leq(extra, 2 * 2 * kv + 64 * 64, "%" G_GINT64_FORMAT, extra);
+}

@@ -1,0 +1,165 @@
+/* The Llama-derived families against real PyTorch: training steps of small Qwen2, Gemma-2,
+ * Phi-3 and DeepSeek-V2-style (multi-head latent attention + mixture of experts) models
+ * (tests/reference/hf_families.py, written after the Transformers modeling files) are recorded
+ * at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW,
+ * two steps each; tests/reference/record_families.py). The generator's trace for the same
+ * config and run (--torch-version 1.13, CPU kernels), replayed through `exact`, must match
+ * the recording replayed through `exact`: each step's peak allocated within 1%, each phase's
+ * (forward, backward, optimizer) within 2%. */
+#include <criterion/criterion.h>
+#include <json-glib/json-glib.h>
+#include <memsim/formats.h>
+#include <memsim/gen.h>
+#include <memsim/sim.h>
+#include <math.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define PYTHON "/usr/bin/python3"
+#define STEP_BOUND 0.01
+#define PHASE_BOUND 0.02
+
+static char *record_all(void)
+{
+    if (!g_file_test(PYTHON, G_FILE_TEST_IS_EXECUTABLE)) {
+        cr_skip_test("%s is absent: cannot record the PyTorch reference", PYTHON);
+        return NULL;
+    }
+    const char *probe[] = {PYTHON, "-c", "import torch", NULL};
+    int st = 0;
+    g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL, NULL, NULL,
+                 &st, NULL);
+    if (!g_spawn_check_wait_status(st, NULL)) {
+        cr_skip_test("python3-torch is not installed (apt-get install python3-torch): the "
+                     "PyTorch reference cannot be recorded");
+        return NULL;
+    }
+    char *dir = tu_tmpdir();
+    g_autofree char *script = g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests",
+                                               "reference", "record_families.py", NULL);
+    const char *argv[] = {PYTHON, script, dir, NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    GError *error = NULL;
+    gboolean ok = g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err,
+                               &st, &error);
+    cr_assert(ok && g_spawn_check_wait_status(st, NULL), "recording failed: %s\n%s",
+              error ? error->message : "", err);
+    return dir;
+}
+
+static void set(MemsimRun *run, const char *k, const char *v)
+{
+    GError *e = NULL;
+    gboolean ok = memsim_run_set(run, k, v, &e);
+    cr_assert(ok, "%s=%s: %s", k, v, ok ? "" : e->message);
+}
+
+static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
+{
+    for (guint i = 0; i < r->n_steps; i++)
+        if (r->steps[i].step == step)
+            return &r->steps[i];
+    return NULL;
+}
+
+/* The number of comparisons off by more than the bounds (each reported). */
+static int compare_case(const char *dir, const char *json_path, double *worst)
+{
+    GError *error = NULL;
+    g_autoptr(JsonParser) p = json_parser_new();
+    cr_assert(json_parser_load_from_file(p, json_path, &error), "%s", json_path);
+    JsonObject *c = json_node_get_object(json_parser_get_root(p));
+    const char *name = json_object_get_string_member(c, "case");
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_root(gen, json_object_get_member(c, "config"));
+    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", dir, name);
+    cr_assert(json_generator_to_file(gen, cfg, NULL));
+    MemsimModel *m = memsim_model_load(cfg, &error);
+    cr_assert(m, "%s: %s", name, error ? error->message : "?");
+    MemsimRun run = memsim_run_defaults();
+    char buf[32];
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
+    set(&run, "batch", buf);
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
+    set(&run, "seq", buf);
+    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
+    set(&run, "steps", buf);
+    set(&run, "precision", "fp32");
+    set(&run, "optimizer", "adamw");
+    set(&run, "optimizer-impl", "for-loop");
+    set(&run, "zero-grad", "none");
+    set(&run, "attention", "eager");
+    set(&run, "torch-version", "1.13");
+    set(&run, "device", "cpu");
+    MemsimTrace *t = memsim_generate(m, &run, &error);
+    cr_assert(t, "%s: %s", name, error ? error->message : "?");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.allocator = "exact";
+    MemsimReport *ours = memsim_replay_trace(t, &o, &error);
+    cr_assert(ours, "%s: %s", name, error ? error->message : "?");
+    g_autofree char *trace = g_build_filename(dir, json_object_get_string_member(c, "trace"), NULL);
+    MemsimReport *real = memsim_replay_path(trace, &o, &error);
+    cr_assert(real, "%s: %s", name, error ? error->message : "?");
+    const MemsimRankReport *a = &ours->ranks[0], *b = &real->ranks[0];
+    int off = 0;
+    for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
+        const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
+        cr_assert(sa && sb, "%s: step %u missing", name, s);
+        double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
+                   (double)sb->peak_allocated;
+        *worst = fmax(*worst, fabs(e));
+        if (fabs(e) > STEP_BOUND) {
+            off++;
+            cr_expect_fail("%s step %u: generated %" G_GINT64_FORMAT ", recorded %" G_GINT64_FORMAT
+                           " (%+.2f%%)",
+                           name, s, sa->peak_allocated, sb->peak_allocated, 100 * e);
+        }
+        cr_log_info("%s step %u: %+.3f%%", name, s, 100 * e);
+        for (int ph = MEMSIM_PHASE_FORWARD; ph <= MEMSIM_PHASE_OPTIMIZER; ph++) {
+            double pe = ((double)sa->phase_peak_allocated[ph] -
+                         (double)sb->phase_peak_allocated[ph]) /
+                        (double)sb->phase_peak_allocated[ph];
+            if (fabs(pe) > PHASE_BOUND) {
+                off++;
+                cr_expect_fail("%s step %u %s: generated %" G_GINT64_FORMAT
+                               ", recorded %" G_GINT64_FORMAT " (%+.2f%%)",
+                               name, s, memsim_phase_name(ph), sa->phase_peak_allocated[ph],
+                               sb->phase_peak_allocated[ph], 100 * pe);
+            }
+            cr_log_info("%s step %u %s: %+.3f%%", name, s, memsim_phase_name(ph), 100 * pe);
+        }
+    }
+    memsim_report_free(ours);
+    memsim_report_free(real);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return off;
+}
+
+Test(reference_families, generator_matches_pytorch_1_13, .timeout = 600)
+{
+    g_autofree char *dir = record_all();
+    GDir *d = g_dir_open(dir, 0, NULL);
+    cr_assert(d);
+    const char *f;
+    int cases = 0;
+    double worst = 0;
+    const char *families[] = {"qwen2", "gemma2", "phi3", "deepseek_v2"};
+    gboolean seen[4] = {FALSE};
+    while ((f = g_dir_read_name(d))) {
+        if (!g_str_has_suffix(f, ".json") || g_str_has_suffix(f, ".config.json"))
+            continue;
+        g_autofree char *path = g_build_filename(dir, f, NULL);
+        compare_case(dir, path, &worst);
+        cases++;
+        for (int i = 0; i < 4; i++)
+            seen[i] |= g_str_has_prefix(f, families[i]);
+    }
+    g_dir_close(d);
+    for (int i = 0; i < 4; i++)
+        cr_expect(seen[i], "no recorded %s case", families[i]);
+    cr_expect_geq(cases, 8, "only %d recorded cases", cases);
+    cr_log_info("%d cases, worst step peak %.3f%%", cases, 100 * worst);
+}
