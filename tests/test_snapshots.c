@@ -1,5 +1,7 @@
 /* The torch policy against the 20 real PyTorch snapshots that carry a trace
- * (../shared/data/torch-snapshots, see its README).
+ * (../shared/data/torch-snapshots, see its README), and against their allocator facts
+ * shipped in tests/data/snapshots/ (made by tools/snapshot-fixture.sh, see the README
+ * there), so that a checkout without ../shared runs every exactness test too.
  *
  * Every recorded allocator action must be reproduced: each alloc's address (hence its offset
  * in its segment), each segment_alloc, each segment_free in order, each segment_map/unmap
@@ -11,6 +13,7 @@
  *   reserved = sum of segments' total_size, allocated = sum of allocated_size, per device.
  */
 #include <criterion/criterion.h>
+#include <string.h>
 #include <memsim/formats.h>
 #include <memsim/sim.h>
 
@@ -68,10 +71,23 @@ static const Golden goldens[] = {
      {{0, 610271232, 525286400}}},
 };
 
-static void check_golden(const Golden *g, gboolean invariants)
+/* The fixture's file: the snapshot's name with .mst for its .pickle/.pkl/.json.pickle. */
+static char *fixture_path(const char *file)
+{
+    g_autofree char *base = g_strdup(file);
+    const char *const ends[] = {".pickle", ".pkl", ".json"};
+    for (gsize i = 0; i < G_N_ELEMENTS(ends); i++)
+        if (g_str_has_suffix(base, ends[i]))
+            base[strlen(base) - strlen(ends[i])] = '\0';
+    g_autofree char *rel = g_strconcat("snapshots/", base, ".mst", NULL);
+    return tu_test_data(rel);
+}
+
+/* `original`: the snapshot in ../shared (skipped where absent); else the shipped fixture. */
+static void check_golden_from(const Golden *g, gboolean invariants, gboolean original)
 {
     g_autofree char *rel = g_build_filename("torch-snapshots", g->file, NULL);
-    g_autofree char *path = tu_shared_path_or_skip(rel);
+    g_autofree char *path = original ? tu_shared_path_or_skip(rel) : fixture_path(g->file);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.verify = TRUE;
     o.check_invariants = invariants;
@@ -107,10 +123,19 @@ static void check_golden(const Golden *g, gboolean invariants)
     memsim_report_free(rep);
 }
 
+static void check_golden(const Golden *g, gboolean invariants)
+{
+    check_golden_from(g, invariants, FALSE);
+}
+
 #define GOLDEN_TEST(i, name)                                                                   \
     Test(snapshots, name, .timeout = 120)                                                      \
     {                                                                                          \
-        check_golden(&goldens[i], FALSE);                                                      \
+        check_golden_from(&goldens[i], FALSE, FALSE);                                          \
+    }                                                                                          \
+    Test(snapshots, name##_original, .timeout = 120)                                           \
+    {                                                                                          \
+        check_golden_from(&goldens[i], FALSE, TRUE);                                           \
     }
 
 GOLDEN_TEST(0, constructor_sun_expandable_3gpu)
@@ -146,8 +171,7 @@ Test(snapshots, invariants_hold_throughout, .timeout = 300)
 /* The recorded OOM of the Nesta-gitU trace is reported where it happened. */
 Test(snapshots, recorded_oom_is_reported)
 {
-    g_autofree char *path = tu_shared_path_or_skip(
-        "torch-snapshots/Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle");
+    g_autofree char *path = fixture_path(goldens[5].file);
     GError *error = NULL;
     MemsimReport *rep = memsim_replay_path(path, NULL, &error);
     cr_assert(rep != NULL, "%s", error ? error->message : "?");
@@ -158,7 +182,8 @@ Test(snapshots, recorded_oom_is_reported)
     memsim_report_free(rep);
 }
 
-/* Snapshot → .mst → replay gives the same report as the snapshot itself. */
+/* Snapshot → .mst → replay, and the shipped fixture, give the same report as the snapshot
+ * itself. */
 Test(snapshots, mst_round_trip_same_results, .timeout = 300)
 {
     g_autofree char *dir = tu_tmpdir();
@@ -181,7 +206,17 @@ Test(snapshots, mst_round_trip_same_results, .timeout = 300)
         g_autofree char *ja = memsim_report_to_json(a);
         g_autofree char *jb = memsim_report_to_json(b);
         cr_expect_str_eq(ja, jb, "%s: reports differ after .mst round trip", goldens[i].file);
+        /* The shipped fixture holds the same allocator facts: the same report. */
+        g_autofree char *fx = fixture_path(goldens[i].file);
+        MemsimReport *c = memsim_replay_path(fx, &o, &error);
+        cr_assert(c, "%s", error ? error->message : "?");
+        g_free(c->source);
+        c->source = g_strdup(a->source);
+        g_autofree char *jc = memsim_report_to_json(c);
+        cr_expect_str_eq(ja, jc, "%s: the fixture's report differs (run tools/snapshot-fixture.sh)",
+                         goldens[i].file);
         memsim_report_free(a);
         memsim_report_free(b);
+        memsim_report_free(c);
     }
 }
