@@ -314,7 +314,9 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->breakdowns = g_array_new(FALSE, TRUE, sizeof(MemsimBreakdown));
         MemsimDevice d = MEMSIM_DEVICE_INIT;
         r->dev = d;
-        r->dev.capacity = rp->capacity;
+        /* no capacity given: the rank's own recorded one (a snapshot's OOM), if any */
+        r->dev.capacity = rp->capacity ? rp->capacity : header->ranks[i].capacity;
+        r->rep.capacity = r->dev.capacity == G_MAXUINT64 ? 0 : r->dev.capacity;
         r->dev.user = r;
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
@@ -341,6 +343,14 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->rep.has_recorded_final = header->ranks[i].has_final;
         r->rep.recorded_final_reserved = header->ranks[i].final_reserved;
         r->rep.recorded_final_allocated = header->ranks[i].final_allocated;
+        if (rp->opt.verify && header->ranks[i].n_inconsistent) {
+            /* the recording contradicts itself: it cannot be what an allocator did */
+            r->rep.verify_checked += header->ranks[i].n_inconsistent;
+            r->rep.verify_mismatches += header->ranks[i].n_inconsistent;
+            r->rep.first_mismatch = g_strdup_printf(
+                "the recording contradicts its own state %" PRIu64 " time(s) (see the warnings)",
+                header->ranks[i].n_inconsistent);
+        }
         r->alloc = memsim_alloc_new_from_spec(rp->allocator, &r->dev, error);
         if (!r->alloc) {
             memsim_replay_abort(rp);
@@ -712,6 +722,56 @@ static gboolean meet(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     return TRUE;
 }
 
+/* The first recorded OOM: what the recording says. */
+static void record_oom(RankSim *r, uint64_t index, const MemsimEvent *ev)
+{
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    MemsimOomInfo *o = &r->rep.recorded_oom;
+    o->happened = TRUE;
+    o->event_index = index;
+    o->requested = ev->size;
+    o->rounded = ev->size;
+    o->device_free = ev->addr;
+    o->allocated = (memsim_size_t)st.allocated.current;
+    o->reserved = (memsim_size_t)st.reserved.current;
+    o->stream = ev->stream;
+    o->op = r->cur_op;
+}
+
+/* The recorded OOM's request asked of the policy at the rank's capacity
+ * (MemsimOomVerdict). The record carries the request as the allocator rounded it
+ * (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: record_trace(OOM,
+ * device_free, params.size(), ...)), which torch's rounding leaves as it is. */
+static void replay_recorded_oom(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                                const MemsimEvent *ev)
+{
+    MemsimOomVerdict *v = &r->rep.oom_verdict;
+    v->replayed = TRUE;
+    v->event_index = index;
+    v->rounded = ev->size;
+    v->capacity = r->rep.capacity;
+    memsim_addr_t addr = 0;
+    r->saw_oom = FALSE;
+    gboolean ok = ev->size > 0 &&
+                  memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) == MEMSIM_ALLOC_OK;
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    v->fits = ok;
+    v->allocated = (memsim_size_t)st.allocated.current;
+    v->reserved = (memsim_size_t)st.reserved.current;
+    v->device_free = v->capacity > v->reserved ? v->capacity - v->reserved : 0;
+    v->cached_free = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+    if (ok) {
+        v->margin = v->device_free;
+        track_peaks(r, h, index, &st); /* the block counts while it lives */
+        memsim_alloc_free(r->alloc, addr);
+        r->last_allocated = memsim_alloc_stats(r->alloc).allocated.current;
+    } else {
+        memsim_size_t need = ev->size > 0 ? memsim_alloc_round_size(r->alloc, ev->size) : 0;
+        v->margin = need > v->device_free ? need - v->device_free : 0;
+        v->short_packed = v->margin > v->cached_free ? v->margin - v->cached_free : 0;
+    }
+}
+
 static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                      const MemsimEvent *ev, GError **error)
 {
@@ -844,19 +904,13 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         return TRUE;
     }
     case MEMSIM_EV_OOM:
-        if (!r->rep.recorded_oom.happened) {
-            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-            MemsimOomInfo *o = &r->rep.recorded_oom;
-            o->happened = TRUE;
-            o->event_index = index;
-            o->requested = ev->size;
-            o->rounded = ev->size;
-            o->device_free = ev->addr;
-            o->allocated = (memsim_size_t)st.allocated.current;
-            o->reserved = (memsim_size_t)st.reserved.current;
-            o->stream = ev->stream;
-            o->op = r->cur_op;
+        if (!r->rep.recorded_oom.happened && r->rep.capacity) {
+            record_oom(r, index, ev);
+            replay_recorded_oom(r, h, index, ev);
+            break; /* an action: what the policy did for it is verified */
         }
+        if (!r->rep.recorded_oom.happened)
+            record_oom(r, index, ev);
         return TRUE;
     case MEMSIM_EV_MARK: {
         if (ev->id >= h->n_strings)
@@ -1092,6 +1146,7 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
     rep->allocator = g_strdup(rp->allocator);
     rep->alloc_conf = g_strdup(rp->alloc_conf);
     rep->capacity = rp->capacity;
+    rep->warnings = g_strdupv(rp->header.warnings);
     rep->n_ranks = rp->n_ranks;
     rep->ranks = g_new0(MemsimRankReport, rp->n_ranks ? rp->n_ranks : 1);
     for (guint i = 0; i < rp->n_ranks; i++) {
@@ -1128,7 +1183,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         for (guint k = 0; k < r->last_end->len; k++)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
-        r->rep.fits = !r->rep.oom.happened;
+        r->rep.fits = !r->rep.oom.happened &&
+                      !(r->rep.oom_verdict.replayed && !r->rep.oom_verdict.fits);
         if (rp->opt.hooks && rp->opt.hooks->on_end)
             rp->opt.hooks->on_end(rp->opt.hooks->user, i, r->alloc);
         if (rp->opt.timeline)

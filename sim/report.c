@@ -20,6 +20,7 @@ void memsim_report_free(MemsimReport *rep)
     g_free(rep->run);
     g_free(rep->device);
     g_free(rep->ranks);
+    g_strfreev(rep->warnings);
     g_free(rep->source);
     g_free(rep->allocator);
     g_free(rep->alloc_conf);
@@ -126,6 +127,13 @@ char *memsim_report_to_json(const MemsimReport *rep)
         json_builder_add_null_value(b);
     add_int(b, "context_bytes", (int64_t)rep->context_bytes);
     add_int(b, "nccl_bytes", (int64_t)rep->nccl_bytes);
+    if (rep->warnings) {
+        json_builder_set_member_name(b, "warnings");
+        json_builder_begin_array(b);
+        for (char **w = rep->warnings; *w; w++)
+            json_builder_add_string_value(b, *w);
+        json_builder_end_array(b);
+    }
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
     for (guint i = 0; i < rep->n_ranks; i++) {
@@ -244,6 +252,26 @@ char *memsim_report_to_json(const MemsimReport *rep)
 
         add_oom(b, "oom", &r->oom, TRUE, rep->capacity);
         add_oom(b, "recorded_oom", &r->recorded_oom, FALSE, 0);
+        add_int(b, "capacity", (int64_t)r->capacity);
+        json_builder_set_member_name(b, "recorded_oom_replay");
+        if (r->oom_verdict.replayed) {
+            const MemsimOomVerdict *v = &r->oom_verdict;
+            json_builder_begin_object(b);
+            add_int(b, "event", (int64_t)v->event_index);
+            add_int(b, "capacity", (int64_t)v->capacity);
+            json_builder_set_member_name(b, "fits");
+            json_builder_add_boolean_value(b, v->fits);
+            /* fits: the headroom left with it; else the bytes the device lacked */
+            add_int(b, "margin", (int64_t)v->margin);
+            add_int(b, "device_free", (int64_t)v->device_free);
+            add_int(b, "cached_free", (int64_t)v->cached_free);
+            add_int(b, "short_even_packed", (int64_t)v->short_packed);
+            add_int(b, "allocated", (int64_t)v->allocated);
+            add_int(b, "reserved", (int64_t)v->reserved);
+            json_builder_end_object(b);
+        } else {
+            json_builder_add_null_value(b);
+        }
         if (r->has_recorded_final) {
             json_builder_set_member_name(b, "recorded_final");
             json_builder_begin_object(b);
@@ -456,6 +484,19 @@ char *memsim_report_to_text(const MemsimReport *rep)
                        ? r->recorded_oom.rounded - r->recorded_oom.device_free
                        : 0),
                 FB(r->recorded_oom.allocated), FB(r->recorded_oom.reserved));
+        if (r->oom_verdict.replayed) {
+            const MemsimOomVerdict *v = &r->oom_verdict;
+            if (v->fits)
+                g_string_append_printf(s, "  the recorded OOM's request on %s: FITS, %s left "
+                                       "free on the device with it (%s reserved)\n",
+                                       FB(v->capacity), FB(v->margin), FB(v->reserved));
+            else
+                g_string_append_printf(s, "  the recorded OOM's request on %s: DOES NOT FIT, "
+                                       "short by %s (%s free on the device); %s free in cached "
+                                       "blocks: short by %s even if all of it were usable\n",
+                                       FB(v->capacity), FB(v->margin), FB(v->device_free),
+                                       FB(v->cached_free), FB(v->short_packed));
+        }
         if (r->has_recorded_final)
             g_string_append_printf(s, "  recorded final: %s allocated, %s reserved\n",
                                    FB(r->recorded_final_allocated),

@@ -220,3 +220,119 @@ Test(snapshots, mst_round_trip_same_results, .timeout = 300)
         memsim_report_free(c);
     }
 }
+
+/* The recorded OOM of the Nesta-gitU trace, replayed as the allocation it was.
+ * Figures read with Python's pickle module (a restricted Unpickler) from the source file:
+ * device_traces[0][1117] is {'action': 'oom', 'size': 402653184, 'device_free': 264634368};
+ * the segments held then (Σ segment_alloc − Σ segment_free before it, from an empty start)
+ * are 23297261568 bytes, so the device had 23297261568 + 264634368 = 23561895936 bytes for
+ * the allocator, and the request was 402653184 − 264634368 = 138018816 bytes short. Its event
+ * index in memsim's program is 911 (the 1117 entries less the free_completed ones, plus one
+ * inferred empty_cache per run of segment_free). */
+#define NESTA_CAPACITY ((memsim_size_t)23561895936)
+#define NESTA_SHORT ((memsim_size_t)138018816)
+#define NESTA_EVENT 911
+
+static MemsimReport *nesta(gboolean original, const char *alloc_conf, memsim_size_t capacity)
+{
+    g_autofree char *path = original ? tu_shared_path_or_skip(
+                                           "torch-snapshots/" "Nesta-gitU__discrete_diffusion__"
+                                           "memory_snapshot.json.pickle")
+                                     : fixture_path(goldens[5].file);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.alloc_conf = alloc_conf;
+    o.capacity = capacity;
+    o.verify = alloc_conf == NULL;
+    GError *error = NULL;
+    MemsimReport *rep = memsim_replay_path(path, &o, &error);
+    cr_assert(rep != NULL, "%s", error ? error->message : "?");
+    return rep;
+}
+
+static void check_nesta_oom(gboolean original)
+{
+    /* torch at the recorded capacity (the default): the same event, the same shortfall, and
+     * the replay is still exact (it goes on after the OOM, as the program did). */
+    MemsimReport *rep = nesta(original, NULL, 0);
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_expect_eq(r->capacity, NESTA_CAPACITY, "capacity %" G_GUINT64_FORMAT, r->capacity);
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(!r->oom_verdict.fits);
+    cr_expect_eq(r->oom_verdict.event_index, NESTA_EVENT);
+    cr_expect_eq(r->recorded_oom.event_index, NESTA_EVENT);
+    cr_expect_eq(r->oom_verdict.margin, NESTA_SHORT, "short by %" G_GUINT64_FORMAT,
+                 r->oom_verdict.margin);
+    cr_expect_eq(r->oom_verdict.device_free, r->recorded_oom.device_free);
+    /* what sat in free holes could not have made up the difference */
+    cr_expect(r->oom_verdict.cached_free > 0 && r->oom_verdict.cached_free < NESTA_SHORT);
+    cr_expect_eq(r->oom_verdict.short_packed, NESTA_SHORT - r->oom_verdict.cached_free);
+    cr_expect(!r->oom.happened, "nothing else fails");
+    cr_expect(!r->fits, "the run did not fit its device");
+    cr_expect_eq(r->verify_mismatches, 0, "%s", r->first_mismatch);
+    memsim_report_free(rep);
+
+    /* expandable segments on the same device: still does not fit */
+    rep = nesta(original, "expandable_segments:True", 0);
+    r = &rep->ranks[0];
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(!r->oom_verdict.fits, "expandable segments would not have saved it");
+    cr_expect(r->oom_verdict.short_packed > 0 && r->oom_verdict.margin > 0);
+    cr_expect_eq(r->oom_verdict.capacity, NESTA_CAPACITY);
+    memsim_report_free(rep);
+
+    /* a device with the shortfall and more: it fits, and the margin is what is left */
+    rep = nesta(original, NULL, NESTA_CAPACITY + NESTA_SHORT + ((memsim_size_t)64 << 20));
+    r = &rep->ranks[0];
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(r->oom_verdict.fits);
+    cr_expect_eq(r->oom_verdict.margin, (memsim_size_t)64 << 20, "margin %" G_GUINT64_FORMAT,
+                 r->oom_verdict.margin);
+    cr_expect(r->fits);
+    memsim_report_free(rep);
+}
+
+Test(snapshots, recorded_oom_replayed)
+{
+    check_nesta_oom(FALSE);
+}
+
+Test(snapshots, recorded_oom_replayed_original)
+{
+    check_nesta_oom(TRUE);
+}
+
+/* The CLI says so: replay, its what-if, compare per policy, and the HTML report. */
+Test(snapshots, recorded_oom_in_every_output, .timeout = 120)
+{
+    g_autofree char *path = fixture_path(goldens[5].file);
+    g_autofree char *out = NULL, *err = NULL;
+    const char *replay[] = {"replay", path, NULL};
+    cr_expect_eq(tu_run_memsim(replay, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "the recorded OOM's request on 21.94 GiB: DOES NOT FIT, short by "
+                          "131.62 MiB"), "%s", out);
+    g_free(out);
+    g_free(err);
+    const char *whatif[] = {"replay", path, "--alloc-conf", "expandable_segments:True", NULL};
+    cr_expect_eq(tu_run_memsim(whatif, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "the recorded OOM's request (event 911) on 21.94 GiB: still DOES NOT "
+                          "FIT with the what-if settings"), "%s", out);
+    g_free(out);
+    g_free(err);
+    const char *cmp[] = {"compare", path, "--allocators", "torch,torch:expandable_segments=True",
+                         NULL};
+    cr_expect_eq(tu_run_memsim(cmp, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "event 911 (the recorded OOM): short by 131.62 MiB"), "%s", out);
+    cr_expect(strstr(out, "torch:expandable_segments=True event 911 on 21.94 GiB: does not fit"),
+              "%s", out);
+    g_free(out);
+    g_free(err);
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *html = g_build_filename(dir, "r.html", NULL);
+    const char *rep[] = {"replay", path, "--report", html, NULL};
+    cr_expect_eq(tu_run_memsim(rep, &out, &err), 0, "%s", err);
+    g_autofree char *page = NULL;
+    cr_assert(g_file_get_contents(html, &page, NULL, NULL));
+    cr_expect(strstr(page, "the recorded OOM at event 911 (384.00 MiB requested) does not fit on "
+                           "21.94 GiB: short by 131.62 MiB"));
+    cr_expect(!strstr(page, "no OOM"));
+}

@@ -294,6 +294,8 @@ static int cmd_replay(int argc, char **argv)
         rc = report_error("replay", error);
         goto out;
     }
+    for (char **w = base->warnings; w && *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
     MemsimReport *alt = NULL;
     if (alloc_conf) {
         MemsimReplayOptions o2 = o;
@@ -349,6 +351,33 @@ static int cmd_replay(int argc, char **argv)
                                            32),
                        alt->ranks[i].oom.happened ? "  OOM" : "");
             printf("(peaks; the what-if run replays the same request stream)\n");
+            for (guint i = 0; i < alt->n_ranks; i++) {
+                const MemsimOomVerdict *v = &alt->ranks[i].oom_verdict;
+                if (!v->replayed)
+                    continue;
+                if (v->fits)
+                    printf("rank %u: the recorded OOM's request (event %" G_GUINT64_FORMAT
+                           ") on %s: FITS with the what-if settings, %s left free on the device\n",
+                           alt->ranks[i].rank, v->event_index,
+                           memsim_format_bytes(v->capacity, a, 32),
+                           memsim_format_bytes(v->margin, b, 32));
+                else
+                    printf("rank %u: the recorded OOM's request (event %" G_GUINT64_FORMAT
+                           ") on %s: still DOES NOT FIT with the what-if settings, short by %s; "
+                           "%s free in cached blocks: short by %s even if all of it were usable\n",
+                           alt->ranks[i].rank, v->event_index,
+                           memsim_format_bytes(v->capacity, a, 32),
+                           memsim_format_bytes(v->margin, b, 32),
+                           memsim_format_bytes(v->cached_free, c, 32),
+                           memsim_format_bytes(v->short_packed, d, 32));
+                if (alt->ranks[i].oom.happened)
+                    printf("rank %u: the next failure with the what-if settings: out of memory "
+                           "at event %" G_GUINT64_FORMAT "\n",
+                           alt->ranks[i].rank, alt->ranks[i].oom.event_index);
+                else
+                    printf("rank %u: no further failure with the what-if settings\n",
+                           alt->ranks[i].rank);
+            }
         }
     }
     memsim_report_free(base);
@@ -737,7 +766,8 @@ static int cmd_compare(int argc, char **argv)
          "Compare on the generated trace of a run of this model (a preset or a config.json) "
          "instead of a trace file", "MODEL"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
-         "Device memory, e.g. 80GiB: where each policy runs out (default: unlimited)", "SIZE"},
+         "Device memory, e.g. 80GiB: where each policy runs out (default: the trace's recorded "
+         "capacity, else unlimited)", "SIZE"},
         {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
          "With --model: memory outside the allocator (default 500MiB; a trace file: 0)", "SIZE"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
@@ -795,6 +825,8 @@ static int cmd_compare(int argc, char **argv)
         g_autofree char *desc = memsim_run_describe(&run);
         c->source = g_strdup_printf("%s, %s", memsim_model_name(m), desc);
     }
+    for (char **w = memsim_trace_header(t)->warnings; w && *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
     memsim_comparison_set_device(c, gpu, ctxb);
     text = json ? memsim_comparison_to_json(c) : memsim_comparison_to_text(c);
     fputs(text, stdout);

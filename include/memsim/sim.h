@@ -98,6 +98,27 @@ typedef struct {
     uint32_t step;
 } MemsimOomInfo;
 
+/* A recorded OOM (recorded_oom) replayed as the allocation it was: the failed request is
+ * asked of the policy at the rank's capacity. The replay goes on after it either way (the
+ * recorded program did: it caught the error); a request that is served is freed again at
+ * once, as the program never held it. */
+typedef struct {
+    gboolean replayed;         /* a recorded OOM was replayed on a known capacity */
+    gboolean fits;             /* the policy served the request */
+    uint64_t event_index;
+    memsim_size_t rounded;     /* the recorded (rounded) request */
+    memsim_size_t capacity;    /* the rank's device bytes it was asked on */
+    memsim_size_t allocated;   /* with the request (fits), or when it failed */
+    memsim_size_t reserved;
+    memsim_size_t device_free; /* capacity − reserved then */
+    memsim_size_t cached_free; /* reserved − allocated then: free bytes in cached blocks */
+    /* fits: capacity − reserved with the request placed (the headroom left); else the bytes
+     * the device lacked: the request rounded as the policy rounds it − device_free */
+    memsim_size_t margin;
+    /* not fits: what would still lack if every free cached byte were usable too (0: none) */
+    memsim_size_t short_packed;
+} MemsimOomVerdict;
+
 /* Peaks between two "step N" marks, overall and per phase of the running op. */
 typedef struct {
     uint32_t step;
@@ -141,6 +162,8 @@ typedef struct {
     MemsimAllocShape shape_final;                         /* free-space shape at the end */
     MemsimOomInfo oom;          /* the first simulated OOM (the rank stops there) */
     MemsimOomInfo recorded_oom; /* an OOM the recording itself contains (snapshots) */
+    MemsimOomVerdict oom_verdict; /* that OOM's request replayed at `capacity` */
+    memsim_size_t capacity;     /* this rank's device bytes for the allocator, 0 = unlimited */
     /* --verify */
     gboolean verified;
     uint64_t verify_checked;
@@ -175,6 +198,9 @@ typedef struct MemsimReport {
     gboolean device_assumed;      /* gpu_mem is the run's GPU profile, not given */
     uint32_t n_ranks;
     MemsimRankReport *ranks;
+    /* What the trace's importer found odd but read anyway (MemsimTraceHeader.warnings), one
+     * line each; NULL-terminated, or NULL for none. */
+    char **warnings;
 } MemsimReport;
 
 typedef struct MemsimReplay MemsimReplay;

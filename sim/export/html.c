@@ -123,7 +123,13 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
         row_dl(s, "GPU memory", fb(rep->gpu_mem, a));
     if (rep->context_bytes)
         row_dl(s, "CUDA context and libraries", fb(rep->context_bytes, a));
-    row_dl(s, "allocator capacity", rep->capacity ? fb(rep->capacity, a) : "unlimited");
+    if (rep->capacity || rep->n_ranks == 0 || !rep->ranks[0].capacity)
+        row_dl(s, "allocator capacity", rep->capacity ? fb(rep->capacity, a) : "unlimited");
+    else {
+        g_autofree char *cap = g_strdup_printf("%s, as recorded at its OOM",
+                                               fb(rep->ranks[0].capacity, a));
+        row_dl(s, "allocator capacity", cap);
+    }
     g_string_append(s, "</dl>\n");
 
     /* Peaks. */
@@ -146,6 +152,15 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
             g_string_append_printf(s, "<td class='l nofit'>OUT OF MEMORY at event %" PRIu64
                                       " (%s requested)</td></tr>\n",
                                    r->oom.event_index, fb(r->oom.requested, a));
+        else if (r->oom_verdict.replayed)
+            g_string_append_printf(s, "<td class='l %s'>the recorded OOM at event %" PRIu64
+                                      " (%s requested) %s on %s: %s %s</td></tr>\n",
+                                   r->oom_verdict.fits ? "fit" : "nofit",
+                                   r->oom_verdict.event_index, fb(r->oom_verdict.rounded, a),
+                                   r->oom_verdict.fits ? "fits" : "does not fit",
+                                   fb(r->oom_verdict.capacity, b),
+                                   r->oom_verdict.fits ? "margin" : "short by",
+                                   fb(r->oom_verdict.margin, c));
         else if (rep->gpu_mem)
             g_string_append_printf(s, "<td class='l %s'>%s in %s</td></tr>\n",
                                    r->fits ? "fit" : "nofit", r->fits ? "fits" : "does not fit",
