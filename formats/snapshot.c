@@ -58,6 +58,7 @@ typedef struct {
     GArray *odd;          /* Odd, in the order first met */
     GHashTable *by_kind;  /* kind → index in odd */
     GHashTable *per_dev;  /* device → inconsistencies (uint64_t*) */
+    MemsimTrace *t;       /* where stacks are interned */
 } Ctx;
 
 static void odd_clear(gpointer p)
@@ -356,7 +357,60 @@ typedef enum {
 typedef struct {
     Action action;
     uint64_t addr, size, stream;
+    uint32_t stack;   /* alloc: its Python stack's string index + 1, 0 = none */
+    uint8_t category; /* alloc: what its frames say it is */
 } Entry;
+
+/* An alloc's frames (innermost first): its Python frames as one interned string, one
+ * "FILE:LINE NAME" a line (a stack is stored once however many allocs share it; the replay
+ * picks the allocation site from it), and the category they show: optimizer state when a
+ * frame under torch/optim/ comes before any of the program's own, a gradient made by
+ * autograd's AccumulateGrad
+ * (torch/csrc/autograd/functions/accumulate_grad.h). */
+static void read_frames(Ctx *c, const MemsimPyValue *e, Entry *en)
+{
+    const MemsimPyValue *fr = memsim_py_dict_get(e, "frames");
+    if (!fr || fr->type != MEMSIM_PY_LIST)
+        return; /* recorded without stacks: no sites */
+    GString *s = NULL;
+    gboolean user = FALSE; /* a frame of the program's own code was met */
+    for (gsize i = 0; i < fr->v.seq.n; i++) {
+        const MemsimPyValue *f = fr->v.seq.items[i];
+        if (f->type != MEMSIM_PY_DICT)
+            continue;
+        const char *file = get_str(f, "filename"), *name = get_str(f, "name");
+        const MemsimPyValue *line = memsim_py_dict_get(f, "line");
+        if (name && (strstr(name, "AccumulateGrad") || strstr(name, "accumulate_grad")) &&
+            en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_GRADIENT;
+        if (!file || !g_str_has_suffix(file, ".py"))
+            continue; /* C++ frames are never the program's own */
+        /* the optimizer's own allocation, not the program's code that an optimizer's
+         * closure runs (Lightning's training step runs inside optimizer.step) */
+        if (!user && strstr(file, "/torch/optim/") && en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_OPTIMIZER_STATE;
+        /* torch/nn/modules/module.py Module._apply: a module's parameters and buffers moved
+         * or cast (model.to(device), .half()) */
+        if (!user && strstr(file, "/torch/nn/modules/module.py") && name &&
+            strcmp(name, "_apply") == 0 && en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_PARAMETER;
+        if (!strstr(file, "/torch/") && !strstr(file, "/site-packages/") &&
+            !strstr(file, "/dist-packages/") && !strstr(file, "/lib/python3"))
+            user = TRUE;
+        if (!s)
+            s = g_string_new(NULL);
+        else if (s->len > 65536)
+            break; /* deep enough */
+        g_string_append_printf(s, "%s%s:%" G_GINT64_FORMAT " %s", s->len ? "\n" : "", file,
+                               line && line->type == MEMSIM_PY_INT ? line->v.i : 0,
+                               name ? name : "?");
+    }
+    /* an alloc without Python frames (the backward pass's, made by autograd's threads)
+     * still has a site */
+    en->stack = memsim_trace_intern(c->t, s ? s->str : "(no frames)") + 1;
+    if (s)
+        g_string_free(s, TRUE);
+}
 
 static Action parse_action(const char *a)
 {
@@ -395,7 +449,7 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         const char *action = get_str(e, "action");
         if (!action)
             return fail(c, where, "missing or non-string 'action'");
-        Entry en = {parse_action(action), 0, 0, 0};
+        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER};
         if (en.action == A_OTHER) {
             /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
              * (annotations) carry no allocator action; anything else is unknown here */
@@ -422,6 +476,8 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         if (en.size >= ((uint64_t)1 << 60) && en.action != A_SNAPSHOT)
             return fail(c, where, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)",
                         en.size);
+        if (en.action == A_ALLOC && c->t)
+            read_frames(c, e, &en);
         g_array_append_val(out, en);
     }
     return TRUE;
@@ -661,7 +717,9 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                     g_array_unref(addrs);
                     goto out;
                 }
+                /* live before the trace: the model's parameters, as far as can be told */
                 MemsimEvent b = {.kind = MEMSIM_EV_INIT_BLOCK,
+                                 .category = MEMSIM_CAT_PARAMETER,
                                  .stream = stream_index(handles, s->stream),
                                  .id = next_id,
                                  .addr = a,
@@ -702,6 +760,8 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                 ev.size = e->size;
                 ev.addr = e->addr;
                 ev.flags = MEMSIM_EVF_ADDR;
+                ev.aux = e->stack;        /* the replay's allocation site */
+                ev.category = e->category;
                 g_hash_table_insert(ids, g_memdup2(&e->addr, 8), g_memdup2(&next_id, 8));
                 next_id++;
                 break;
@@ -805,6 +865,7 @@ static void odd_finish(Ctx *c, MemsimTrace *t)
 static MemsimTrace *from_pickle(Ctx *cp, MemsimPyDoc *doc, const char *name)
 {
     Ctx c = *cp; /* (its tables are shared) */
+    (void)name;
     const MemsimPyValue *root = memsim_pickle_root(doc);
     const MemsimPyValue *segs = NULL, *traces = NULL, *settings = NULL;
     if (root->type == MEMSIM_PY_LIST) {
@@ -823,7 +884,8 @@ static MemsimTrace *from_pickle(Ctx *cp, MemsimPyDoc *doc, const char *name)
         return NULL;
     }
 
-    MemsimTrace *t = memsim_trace_new(name);
+    MemsimTrace *t = c.t;
+    memsim_trace_intern(t, "snapshot"); /* string 0, before the stacks */
     GArray *seg_list = g_array_new(FALSE, FALSE, sizeof(Segment));
     g_array_set_clear_func(seg_list, segment_clear);
     GPtrArray *per_dev = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
@@ -930,7 +992,8 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
 {
     Ctx c = {name, error, g_array_new(FALSE, FALSE, sizeof(Odd)),
              g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-             g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free)};
+             g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free),
+             memsim_trace_new(name)};
     g_array_set_clear_func(c.odd, odd_clear);
     MemsimTrace *t = from_pickle(&c, doc, name);
     if (t)

@@ -25,7 +25,8 @@ G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, verify) == 24);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, timeline) == 32);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, hooks) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, untimed) == 48);
-G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 56);
+G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, frames_skip) == 56);
+G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 64);
 
 Test(python, module_matches_command, .timeout = 600)
 {

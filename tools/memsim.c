@@ -226,7 +226,7 @@ static void exports_clear(Exports *x)
 static int cmd_replay(int argc, char **argv)
 {
     gboolean verify = FALSE, json = FALSE, check = FALSE;
-    char *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL;
+    char *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL, *frames_skip = NULL;
     Exports ex = {0};
     MemsimTimeline *tl = NULL;
     GOptionEntry entries[] = {
@@ -241,6 +241,11 @@ static int cmd_replay(int argc, char **argv)
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
          "Device memory available to the allocator, a size (80GiB) or a GPU name (default: the "
          "trace's recorded capacity, else unlimited)", "SIZE|GPU"},
+        {"frames-skip", 0, 0, G_OPTION_ARG_STRING, &frames_skip,
+         "Snapshots: who holds the memory is the first frame of each allocation in a file "
+         "whose name contains none of these comma-separated texts, nor /torch/, "
+         "/site-packages/, /dist-packages/, /lib/python3 or <frozen",
+         "TEXT,..."},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON instead of a table", NULL},
         EXPORT_ENTRIES(ex),
         {"check", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &check,
@@ -283,6 +288,7 @@ static int cmd_replay(int argc, char **argv)
     o.allocator = allocator;
     o.verify = verify;
     o.check_invariants = check;
+    o.frames_skip = frames_skip;
     if (gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &o.capacity, NULL, &error)) {
         rc = report_error("replay", error);
         goto out;
@@ -386,6 +392,7 @@ static int cmd_replay(int argc, char **argv)
 out:
     g_option_context_free(ctx);
     g_free(allocator);
+    g_free(frames_skip);
     g_free(alloc_conf);
     g_free(gpu_mem);
     exports_clear(&ex);

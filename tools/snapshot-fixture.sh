@@ -3,8 +3,9 @@
 # ../shared/data/torch-snapshots/ (see its README): for each snapshot that carries a trace,
 # the allocator's facts only — every alloc and free with its size, stream and recorded
 # address, every segment_alloc/free/map/unmap, empty_cache, the recorded OOM (its rounded
-# request and the device's free bytes), the segments and blocks live before the trace, the
-# allocator settings and the final reserved and allocated bytes — as a memsim .mst trace
+# request and the device's free bytes) and the device's capacity it implies, the segments
+# and blocks live before the trace, the allocator settings and the final reserved and
+# allocated bytes — as a memsim .mst trace
 # (zstd). No Python frame, file name or path of the source is kept: the trace's name is
 # set to the source repository, path and commit.
 #
@@ -23,10 +24,12 @@ while IFS='|' read -r file repo path commit; do
     base=${file%.pickle}
     base=${base%.pkl}
     base=${base%.json}
-    "$memsim" convert "$src/$file" "$tmp/t.txt"
-    # Only the allocator's facts: the name becomes the provenance; a string table beyond
-    # the importer's one phase name, or any op, would be something of the source's own.
-    if grep -E '^(op |string [1-9])' "$tmp/t.txt" >/dev/null; then
+    "$memsim" convert "$src/$file" "$tmp/s.txt"
+    # Only the allocator's facts: the allocs' Python stacks (strings 1.., named by each
+    # alloc's aux=) go; the name becomes the provenance; a string table beyond the
+    # importer's one mark name, or any op, would be something of the source's own.
+    grep -v '^string [1-9]' "$tmp/s.txt" | sed 's/^\(alloc .*\) aux=[0-9a-fx]*/\1/' >"$tmp/t.txt"
+    if grep -E '^(op |string [1-9])|aux=' "$tmp/t.txt" >/dev/null; then
         echo "$file: holds strings or ops beyond the allocator's facts" >&2
         exit 1
     fi

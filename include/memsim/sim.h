@@ -45,9 +45,26 @@ typedef struct {
     /* Ignore the ops' durations: every stream's work is done as soon as it is issued, as a
      * recording without timing (a snapshot) shows it. */
     gboolean untimed;
+    /* Allocation sites (snapshots, whose allocs carry their Python stacks): the site is the
+     * first frame whose file name contains none of these comma-separated texts, beside
+     * those always skipped (/torch/, /site-packages/, /dist-packages/, /lib/python3,
+     * <frozen); NULL = those alone. */
+    const char *frames_skip;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, NULL}
+
+/* Live bytes of one allocation site (MemsimRankReport.sites_at_peak). */
+typedef struct {
+    char *site;           /* "FILE:LINE FUNCTION", or "(before the trace)" */
+    memsim_size_t bytes;  /* block bytes live */
+    uint64_t count;       /* live blocks */
+    uint8_t category;     /* MemsimCategory of its first allocation */
+    uint8_t phase;        /* MemsimPhase running at its first allocation */
+} MemsimSite;
+
+/* How many sites a report keeps, the largest first. */
+#define MEMSIM_TOP_SITES 10
 
 /* A live tensor of a replay: its block's address, the bytes the program asked for, the
  * stream it was allocated on and its category. */
@@ -183,6 +200,14 @@ typedef struct {
     memsim_size_t recorded_final_allocated;
     /* The program's host (CPU) memory at its most, from the trace (offload); 0 = none. */
     memsim_size_t host_peak;
+    /* Who holds the memory (traces whose allocs name their site: snapshots): the largest
+     * sites at the peak of allocated bytes, and at the first OOM (simulated, or the recorded
+     * one that does not fit). */
+    uint32_t n_sites_at_peak;
+    MemsimSite *sites_at_peak;
+    uint32_t n_sites_at_oom;
+    MemsimSite *sites_at_oom;
+    uint64_t sites_oom_event;
 } MemsimRankReport;
 
 typedef struct MemsimReport {

@@ -34,7 +34,9 @@ typedef uint64_t memsim_size_t;
 
 typedef enum {
     MEMSIM_EV_ALLOC = 1,     /* id=tensor, size=requested bytes, stream, category; addr=recorded
-                                address when flags has MEMSIM_EVF_ADDR */
+                                address when flags has MEMSIM_EVF_ADDR; aux (snapshots) = the
+                                string index + 1 of its Python stack ("FILE:LINE NAME" lines,
+                                innermost first; the replay's allocation site), 0 = none */
     MEMSIM_EV_FREE = 2,      /* id=tensor: the program drops it (free_requested) */
     MEMSIM_EV_USE = 3,       /* id=tensor used on `stream` too (record_stream) */
     MEMSIM_EV_OP = 4,        /* id=op index into the header's op table; stream */

@@ -174,6 +174,30 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
     g_string_append(s, "<h2>At the peak</h2>\n");
     for (guint i = 0; i < rep->n_ranks && i < 16; i++)
         breakdown(s, &rep->ranks[i]);
+    /* Who holds the memory (allocation sites), at the peak and at the OOM. */
+    for (guint i = 0; i < rep->n_ranks && i < 16; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        for (int which = 0; which < 2; which++) {
+            const MemsimSite *x = which ? r->sites_at_oom : r->sites_at_peak;
+            uint32_t n = which ? r->n_sites_at_oom : r->n_sites_at_peak;
+            if (!n)
+                continue;
+            g_string_append_printf(s, "<h3>Who holds the memory at the %s (rank %u, event %"
+                                      PRIu64 ")</h3>\n<table class=sites><tr><th>bytes</th>"
+                                      "<th>blocks</th><th class=l>allocation site</th>"
+                                      "<th class=l>category</th></tr>\n",
+                                   which ? "OOM" : "peak", r->rank,
+                                   which ? r->sites_oom_event : r->peak_allocated_event);
+            for (uint32_t k = 0; k < n; k++) {
+                g_string_append_printf(s, "<tr><td>%s</td><td>%" PRIu64 "</td><td class=l>",
+                                       fb(x[k].bytes, a), x[k].count);
+                esc(s, x[k].site);
+                g_string_append_printf(s, "</td><td class=l>%s</td></tr>\n",
+                                       memsim_category_name(x[k].category));
+            }
+            g_string_append(s, "</table>\n");
+        }
+    }
     gboolean any_steps = FALSE;
     for (guint i = 0; i < rep->n_ranks; i++)
         any_steps |= rep->ranks[i].n_steps > 0;

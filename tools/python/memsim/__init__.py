@@ -80,7 +80,8 @@ class _ReplayOptions(ctypes.Structure):
     _fields_ = [("allocator", ctypes.c_char_p), ("alloc_conf", ctypes.c_char_p),
                 ("capacity", ctypes.c_uint64), ("verify", ctypes.c_int),
                 ("check_invariants", ctypes.c_int), ("timeline", ctypes.c_void_p),
-                ("hooks", ctypes.c_void_p), ("untimed", ctypes.c_int)]
+                ("hooks", ctypes.c_void_p), ("untimed", ctypes.c_int),
+                ("frames_skip", ctypes.c_char_p)]
 
 
 _CONTEXT_DEFAULT = 500 << 20  # MEMSIM_ESTIMATE_CONTEXT_DEFAULT
