@@ -981,11 +981,7 @@ out:
     g_free(dev_segs);
     g_array_unref(seg_list);
     g_ptr_array_unref(per_dev);
-    if (!ok) {
-        memsim_trace_free(t);
-        return NULL;
-    }
-    return t;
+    return ok ? t : NULL; /* the caller frees c.t on a failure */
 }
 
 MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error)
@@ -998,6 +994,8 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     MemsimTrace *t = from_pickle(&c, doc, name);
     if (t)
         odd_finish(&c, t);
+    else
+        memsim_trace_free(c.t);
     g_array_unref(c.odd);
     g_hash_table_unref(c.by_kind);
     g_hash_table_unref(c.per_dev);
