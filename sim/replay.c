@@ -346,18 +346,14 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->emitted = g_array_new(FALSE, FALSE, sizeof(MemsimAllocEvent));
         r->segments = g_tree_new_full(range_cmp, NULL, g_free, NULL);
         r->steps = g_array_new(FALSE, TRUE, sizeof(MemsimStepPeaks));
-        r->stack_site = g_hash_table_new(g_direct_hash, g_direct_equal);
-        r->site_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-        r->site_names = g_ptr_array_new_with_free_func(g_free);
-        r->site_cur = g_array_new(FALSE, TRUE, sizeof(SiteLive));
-        r->site_peak = g_array_new(FALSE, TRUE, sizeof(SiteLive));
-        r->site_stamp = g_array_new(FALSE, TRUE, sizeof(uint64_t));
         r->breakdowns = g_array_new(FALSE, TRUE, sizeof(MemsimBreakdown));
         MemsimDevice d = MEMSIM_DEVICE_INIT;
         r->dev = d;
         /* no capacity given: the rank's own recorded one (a snapshot's OOM), if any */
-        r->dev.capacity = rp->capacity ? rp->capacity : header->ranks[i].capacity;
-        r->rep.capacity = r->dev.capacity == G_MAXUINT64 ? 0 : r->dev.capacity;
+        /* (G_MAXUINT64: unlimited, even where the trace records a capacity) */
+        memsim_size_t cap = rp->capacity ? rp->capacity : header->ranks[i].capacity;
+        r->dev.capacity = cap == G_MAXUINT64 ? 0 : cap;
+        r->rep.capacity = r->dev.capacity;
         r->dev.user = r;
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
@@ -572,9 +568,23 @@ static inline void note_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t i
         r->last_allocated = st->allocated.current;
 }
 
+/* The site tables, made when a trace first names a site (most traces never do). */
+static void sites_init(RankSim *r)
+{
+    if (r->site_cur)
+        return;
+    r->stack_site = g_hash_table_new(g_direct_hash, g_direct_equal);
+    r->site_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    r->site_names = g_ptr_array_new_with_free_func(g_free);
+    r->site_cur = g_array_new(FALSE, TRUE, sizeof(SiteLive));
+    r->site_peak = g_array_new(FALSE, TRUE, sizeof(SiteLive));
+    r->site_stamp = g_array_new(FALSE, TRUE, sizeof(uint64_t));
+}
+
 /* The site called `name`. */
 static uint32_t site_named(RankSim *r, const char *name)
 {
+    sites_init(r);
     gpointer id = g_hash_table_lookup(r->site_index, name);
     if (!id) {
         g_ptr_array_add(r->site_names, g_strdup(name));
@@ -590,6 +600,7 @@ static uint32_t site_of(RankSim *r, const MemsimTraceHeader *h, uint64_t aux)
 {
     if (aux == 0 || aux > h->n_strings)
         return SITE_NONE;
+    sites_init(r);
     gpointer v = g_hash_table_lookup(r->stack_site, GSIZE_TO_POINTER((gsize)aux));
     if (v)
         return (uint32_t)(GPOINTER_TO_SIZE(v) - 1);
@@ -677,7 +688,7 @@ static MemsimSite *top_sites(RankSim *r, gboolean at_peak, uint32_t *n)
 /* The sites at the first OOM, once. */
 static void note_oom_sites(RankSim *r, uint64_t index)
 {
-    if (r->rep.sites_at_oom || !r->site_cur->len)
+    if (r->rep.sites_at_oom || !r->site_cur || !r->site_cur->len)
         return;
     r->rep.sites_at_oom = top_sites(r, FALSE, &r->rep.n_sites_at_oom);
     r->rep.sites_oom_event = index;
@@ -1336,7 +1347,7 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         }
         if (r->tl_held)
             timeline_flush_op(r, &rp->header, i);
-        if (r->site_cur->len)
+        if (r->site_cur && r->site_cur->len)
             r->rep.sites_at_peak = top_sites(r, TRUE, &r->rep.n_sites_at_peak);
         r->rep.n_steps = r->steps->len;
         r->rep.steps = (MemsimStepPeaks *)g_array_free(r->steps, FALSE);

@@ -32,7 +32,9 @@ typedef struct {
     /* PYTORCH_CUDA_ALLOC_CONF string for the torch policy; NULL = the trace's recorded
      * settings (if any). Ignored by other policies. */
     const char *alloc_conf;
-    /* Device bytes available to the allocator; 0 = the trace's capacity, else unlimited. */
+    /* Device bytes available to the allocator; 0 = the trace's capacity (a snapshot's: each
+     * rank's recorded at its OOM), else unlimited; G_MAXUINT64 = unlimited whatever the
+     * trace records. */
     memsim_size_t capacity;
     /* Check each recorded allocator action against the model. */
     gboolean verify;
