@@ -19,7 +19,7 @@
 
 #define MST_MAGIC "MEMSIMTR"
 #define MST_MAJOR 1
-#define MST_MINOR 0
+#define MST_MINOR 1
 #define MST_PREAMBLE 12
 #define MST_MAX_RECORD (64u << 20) /* bytes in one record: above any chunk of valid size */
 

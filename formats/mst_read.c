@@ -328,6 +328,7 @@ static gboolean read_header(MstReader *r, GError **error)
         ri->has_final = pr->has_final;
         ri->final_reserved = pr->final_reserved;
         ri->final_allocated = pr->final_allocated;
+        ri->capacity = pr->capacity;
         char *why = memsim_rank_check(ri);
         if (!why && pr->n_stream_handles && pr->n_stream_handles != pr->n_streams)
             why = g_strdup_printf("%" G_GSIZE_FORMAT " stream handles for %" PRIu32

@@ -156,6 +156,10 @@ static gboolean write_header(MstWriter *w, GError **error)
             pr->final_reserved = r->final_reserved;
             pr->final_allocated = r->final_allocated;
         }
+        if (r->capacity) {
+            pr->has_capacity = TRUE;
+            pr->capacity = r->capacity;
+        }
         rank_ptrs[i] = pr;
     }
     m.n_ranks = h->n_ranks;

@@ -220,7 +220,10 @@ MemsimTrace *memsim_trace_load(const char *path, GError **error)
         d->has_final = s->has_final;
         d->final_reserved = s->final_reserved;
         d->final_allocated = s->final_allocated;
+        d->capacity = s->capacity;
+        d->n_inconsistent = s->n_inconsistent;
     }
+    h->warnings = g_strdupv(src->warnings);
     guint32 rank;
     const MemsimEvent *ev;
     gsize n;

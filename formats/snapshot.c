@@ -15,6 +15,14 @@
  *                    EMPTY_CACHE (the OOM path releases exactly what empty_cache releases, so
  *                    both readings of such a run leave the same state)
  *   oom            → OOM record; snapshot → MARK
+ *   user_defined   → nothing (annotations); any other action → skipped, with one warning
+ *                    per action and its count (MemsimTraceHeader.warnings)
+ *
+ * What contradicts the recording's own state — a free of an address no segment holds, a
+ * block state torch does not have, a segment's allocated_size beyond its size — is read
+ * anyway with a warning, and counted (MemsimRankInfo.n_inconsistent) for --verify to report
+ * as mismatches; a recorded OOM gives the rank its capacity (what the allocator held then
+ * plus the driver's device_free).
  *
  * Ring buffers make many traces begin mid-run. The starting state is rebuilt by walking the
  * trace backwards from the final segments: segments freed in the trace existed at the start
@@ -37,10 +45,58 @@
  * becomes a rank, and a rank costs the replay tens of KiB however small its trace. */
 #define MAX_DEVICES 4096u
 
+/* Something odd the importer reads anyway: one line per kind with its count. */
+typedef struct {
+    char *kind;  /* e.g. "entries of the unknown action 'foo' skipped" */
+    char *first; /* where the first one is, and what it says */
+    uint64_t count;
+} Odd;
+
 typedef struct {
     const char *file;
     GError **error;
+    GArray *odd;          /* Odd, in the order first met */
+    GHashTable *by_kind;  /* kind → index in odd */
+    GHashTable *per_dev;  /* device → inconsistencies (uint64_t*) */
+    MemsimTrace *t;       /* where stacks are interned */
 } Ctx;
+
+static void odd_clear(gpointer p)
+{
+    Odd *o = p;
+    g_free(o->kind);
+    g_free(o->first);
+}
+
+/* Notes an odd fact of kind `kind` at `where`; `device` >= 0 counts it as an inconsistency of
+ * that device's recording (--verify then reports a mismatch). */
+static void odd(Ctx *c, int64_t device, const char *kind, const char *where, const char *fmt,
+                ...) G_GNUC_PRINTF(5, 6);
+
+static void odd(Ctx *c, int64_t device, const char *kind, const char *where, const char *fmt,
+                ...)
+{
+    gpointer idx;
+    if (g_hash_table_lookup_extended(c->by_kind, kind, NULL, &idx)) {
+        g_array_index(c->odd, Odd, GPOINTER_TO_UINT(idx)).count++;
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+        va_end(ap);
+        Odd o = {g_strdup(kind), g_strdup_printf("%s: %s", where, msg), 1};
+        g_hash_table_insert(c->by_kind, g_strdup(kind), GUINT_TO_POINTER(c->odd->len));
+        g_array_append_val(c->odd, o);
+    }
+    if (device >= 0) {
+        uint64_t *n = g_hash_table_lookup(c->per_dev, &device);
+        if (!n) {
+            n = g_new0(uint64_t, 1);
+            g_hash_table_insert(c->per_dev, g_memdup2(&device, sizeof device), n);
+        }
+        (*n)++;
+    }
+}
 
 static gboolean fail(Ctx *c, const char *where, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
 
@@ -218,6 +274,10 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
         if (seg.size == 0 || seg.addr + seg.size < seg.addr)
             return fail(c, where, "segment of %" G_GUINT64_FORMAT " bytes at 0x%" G_GINT64_MODIFIER
                         "x is empty or wraps around", seg.size, seg.addr);
+        if (seg.allocated_size > seg.size)
+            odd(c, (int64_t)seg.device, "segments whose allocated_size exceeds their size", where,
+                "allocated_size %" G_GUINT64_FORMAT " > total_size %" G_GUINT64_FORMAT,
+                seg.allocated_size, seg.size);
         const char *type = get_str(s, "segment_type");
         seg.small = type ? strcmp(type, "small") == 0 : seg.size == SMALL_SEGMENT;
         const MemsimPyValue *e = memsim_py_dict_get(s, "is_expandable");
@@ -251,6 +311,13 @@ static gboolean read_segments(Ctx *c, const MemsimPyValue *segs, GArray *out)
             }
             blk.allocated = strcmp(state, "inactive") != 0;
             blk.pending = strcmp(state, "active_pending_free") == 0;
+            /* c10/cuda/CUDACachingAllocator.h BlockInfo and torch/csrc/cuda/Module.cpp
+             * _cuda_memorySnapshot: a block is active_allocated, active_pending_free or
+             * inactive */
+            if (blk.allocated && !blk.pending && strcmp(state, "active_allocated") != 0)
+                odd(c, (int64_t)seg.device, "blocks in a state that does not exist", bwhere,
+                    "state '%.64s' (expected active_allocated, active_pending_free or "
+                    "inactive), read as allocated", state);
             if (blk.addr != at || blk.size == 0 || blk.addr + blk.size > seg.addr + seg.size) {
                 g_array_unref(seg.blocks);
                 return fail(c, bwhere,
@@ -290,7 +357,60 @@ typedef enum {
 typedef struct {
     Action action;
     uint64_t addr, size, stream;
+    uint32_t stack;   /* alloc: its Python stack's string index + 1, 0 = none */
+    uint8_t category; /* alloc: what its frames say it is */
 } Entry;
+
+/* An alloc's frames (innermost first): its Python frames as one interned string, one
+ * "FILE:LINE NAME" a line (a stack is stored once however many allocs share it; the replay
+ * picks the allocation site from it), and the category they show: optimizer state when a
+ * frame under torch/optim/ comes before any of the program's own, a gradient made by
+ * autograd's AccumulateGrad
+ * (torch/csrc/autograd/functions/accumulate_grad.h). */
+static void read_frames(Ctx *c, const MemsimPyValue *e, Entry *en)
+{
+    const MemsimPyValue *fr = memsim_py_dict_get(e, "frames");
+    if (!fr || fr->type != MEMSIM_PY_LIST)
+        return; /* recorded without stacks: no sites */
+    GString *s = NULL;
+    gboolean user = FALSE; /* a frame of the program's own code was met */
+    for (gsize i = 0; i < fr->v.seq.n; i++) {
+        const MemsimPyValue *f = fr->v.seq.items[i];
+        if (f->type != MEMSIM_PY_DICT)
+            continue;
+        const char *file = get_str(f, "filename"), *name = get_str(f, "name");
+        const MemsimPyValue *line = memsim_py_dict_get(f, "line");
+        if (name && (strstr(name, "AccumulateGrad") || strstr(name, "accumulate_grad")) &&
+            en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_GRADIENT;
+        if (!file || !g_str_has_suffix(file, ".py"))
+            continue; /* C++ frames are never the program's own */
+        /* the optimizer's own allocation, not the program's code that an optimizer's
+         * closure runs (Lightning's training step runs inside optimizer.step) */
+        if (!user && strstr(file, "/torch/optim/") && en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_OPTIMIZER_STATE;
+        /* torch/nn/modules/module.py Module._apply: a module's parameters and buffers moved
+         * or cast (model.to(device), .half()) */
+        if (!user && strstr(file, "/torch/nn/modules/module.py") && name &&
+            strcmp(name, "_apply") == 0 && en->category == MEMSIM_CAT_OTHER)
+            en->category = MEMSIM_CAT_PARAMETER;
+        if (!strstr(file, "/torch/") && !strstr(file, "/site-packages/") &&
+            !strstr(file, "/dist-packages/") && !strstr(file, "/lib/python3"))
+            user = TRUE;
+        if (!s)
+            s = g_string_new(NULL);
+        else if (s->len > 65536)
+            break; /* deep enough */
+        g_string_append_printf(s, "%s%s:%" G_GINT64_FORMAT " %s", s->len ? "\n" : "", file,
+                               line && line->type == MEMSIM_PY_INT ? line->v.i : 0,
+                               name ? name : "?");
+    }
+    /* an alloc without Python frames (the backward pass's, made by autograd's threads)
+     * still has a site */
+    en->stack = memsim_trace_intern(c->t, s ? s->str : "(no frames)") + 1;
+    if (s)
+        g_string_free(s, TRUE);
+}
 
 static Action parse_action(const char *a)
 {
@@ -329,9 +449,17 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         const char *action = get_str(e, "action");
         if (!action)
             return fail(c, where, "missing or non-string 'action'");
-        Entry en = {parse_action(action), 0, 0, 0};
-        if (en.action == A_OTHER)
-            continue; /* e.g. newer "annotate" entries carry no allocator action */
+        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER};
+        if (en.action == A_OTHER) {
+            /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
+             * (annotations) carry no allocator action; anything else is unknown here */
+            if (strcmp(action, "user_defined") != 0) {
+                g_autofree char *kind =
+                    g_strdup_printf("trace entries of the unknown action '%.64s' skipped", action);
+                odd(c, -1, kind, where, "action '%.64s'", action);
+            }
+            continue;
+        }
         if (!get_u64(c, e, "size", where, en.action != A_SNAPSHOT, &en.size) ||
             !get_u64(c, e, "stream", where, FALSE, &en.stream))
             return FALSE;
@@ -348,6 +476,8 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         if (en.size >= ((uint64_t)1 << 60) && en.action != A_SNAPSHOT)
             return fail(c, where, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)",
                         en.size);
+        if (en.action == A_ALLOC && c->t)
+            read_frames(c, e, &en);
         g_array_append_val(out, en);
     }
     return TRUE;
@@ -435,6 +565,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
     GArray *events = g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
     GArray *start = g_array_new(FALSE, FALSE, sizeof(StartSeg));
     int64_t mapped = 0;
+    uint64_t capacity = 0; /* recorded at the first OOM, see below */
     gboolean any_expandable = FALSE;
 
     /* Final state. */
@@ -560,13 +691,10 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                                      (s->expandable ? MEMSIM_SEGF_EXPANDABLE : 0)};
             g_array_append_val(events, ev);
             uint64_t end = s->addr + s->size;
-            if (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < s->addr) {
-                fail(c, "device_traces", "device %u: block at 0x%" G_GINT64_MODIFIER
-                     "x, live at the start, lies in no segment", device,
-                     g_array_index(addrs, uint64_t, bi));
-                g_array_unref(addrs);
-                goto out;
-            }
+            /* A block freed in the trace that no segment holds (a free of an address
+             * nothing holds): left out, its free skipped with a warning below. */
+            while (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < s->addr)
+                bi++;
             while (bi < addrs->len && g_array_index(addrs, uint64_t, bi) < end) {
                 uint64_t a = g_array_index(addrs, uint64_t, bi);
                 Live *l = g_hash_table_lookup(live, &a);
@@ -589,7 +717,9 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                     g_array_unref(addrs);
                     goto out;
                 }
+                /* live before the trace: the model's parameters, as far as can be told */
                 MemsimEvent b = {.kind = MEMSIM_EV_INIT_BLOCK,
+                                 .category = MEMSIM_CAT_PARAMETER,
                                  .stream = stream_index(handles, s->stream),
                                  .id = next_id,
                                  .addr = a,
@@ -601,16 +731,13 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                 bi++;
             }
         }
-        if (bi < addrs->len) {
-            fail(c, "device_traces", "device %u: block at 0x%" G_GINT64_MODIFIER
-                 "x, live at the start, lies in no segment", device,
-                 g_array_index(addrs, uint64_t, bi));
-            g_array_unref(addrs);
-            goto out;
-        }
         g_array_unref(addrs);
 
-        /* Forward: the events. */
+        /* Forward: the events. `held`: the bytes the allocator holds from the driver as the
+         * trace goes, for the capacity of a recorded OOM. */
+        uint64_t held = 0;
+        for (guint i = 0; i < start->len; i++)
+            held += g_array_index(start, StartSeg, i).size;
         guint32 snapshot_mark = memsim_trace_intern(t, "snapshot");
         for (guint k = 0; k < entries->len; k++) {
             Entry *e = &g_array_index(entries, Entry, k);
@@ -633,15 +760,17 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
                 ev.size = e->size;
                 ev.addr = e->addr;
                 ev.flags = MEMSIM_EVF_ADDR;
+                ev.aux = e->stack;        /* the replay's allocation site */
+                ev.category = e->category;
                 g_hash_table_insert(ids, g_memdup2(&e->addr, 8), g_memdup2(&next_id, 8));
                 next_id++;
                 break;
             case A_FREE_REQUESTED: {
                 uint64_t *id = g_hash_table_lookup(ids, &e->addr);
                 if (!id) {
-                    fail(c, where, "free of 0x%" G_GINT64_MODIFIER "x, which is not allocated",
-                         e->addr);
-                    goto out;
+                    odd(c, device, "frees of an address no segment holds, skipped", where,
+                        "free of 0x%" G_GINT64_MODIFIER "x", e->addr);
+                    continue;
                 }
                 ev.kind = MEMSIM_EV_FREE;
                 ev.id = *id;
@@ -650,18 +779,27 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
             }
             case A_SEGMENT_ALLOC:
                 ev.kind = MEMSIM_EV_SEG_ALLOC;
+                held += e->size;
                 break;
             case A_SEGMENT_FREE:
                 ev.kind = MEMSIM_EV_SEG_FREE;
+                held -= MIN(held, e->size);
                 break;
             case A_SEGMENT_MAP:
                 ev.kind = MEMSIM_EV_SEG_MAP;
+                held += e->size;
                 break;
             case A_SEGMENT_UNMAP:
                 ev.kind = MEMSIM_EV_SEG_UNMAP;
+                held -= MIN(held, e->size);
                 break;
             case A_OOM:
                 ev.kind = MEMSIM_EV_OOM;
+                /* c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc records
+                 * the OOM with cudaMemGetInfo's device_free after releasing its cached
+                 * blocks: the allocator could have had what it held then plus that. */
+                if (!capacity && held + e->addr >= held)
+                    capacity = held + e->addr;
                 break;
             case A_SNAPSHOT:
                 ev.kind = MEMSIM_EV_MARK;
@@ -691,6 +829,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
             }
         }
     }
+    memsim_trace_header(t)->ranks[rank].capacity = capacity;
     memsim_trace_append(t, rank, (MemsimEvent *)events->data, events->len);
     ok = TRUE;
 out:
@@ -704,9 +843,29 @@ out:
     return ok;
 }
 
-MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error)
+/* The odd facts as the header's warnings, and each rank's count of inconsistencies. */
+static void odd_finish(Ctx *c, MemsimTrace *t)
 {
-    Ctx c = {name, error};
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    if (c->odd->len) {
+        h->warnings = g_new0(char *, c->odd->len + 1);
+        for (guint i = 0; i < c->odd->len; i++) {
+            const Odd *o = &g_array_index(c->odd, Odd, i);
+            h->warnings[i] = g_strdup_printf("%s: %" G_GUINT64_FORMAT " %s (first: %s)", c->file,
+                                             o->count, o->kind, o->first);
+        }
+    }
+    for (guint32 i = 0; i < h->n_ranks; i++) {
+        int64_t d = h->ranks[i].device;
+        uint64_t *n = g_hash_table_lookup(c->per_dev, &d);
+        h->ranks[i].n_inconsistent = n ? *n : 0;
+    }
+}
+
+static MemsimTrace *from_pickle(Ctx *cp, MemsimPyDoc *doc, const char *name)
+{
+    Ctx c = *cp; /* (its tables are shared) */
+    (void)name;
     const MemsimPyValue *root = memsim_pickle_root(doc);
     const MemsimPyValue *segs = NULL, *traces = NULL, *settings = NULL;
     if (root->type == MEMSIM_PY_LIST) {
@@ -725,7 +884,8 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
         return NULL;
     }
 
-    MemsimTrace *t = memsim_trace_new(name);
+    MemsimTrace *t = c.t;
+    memsim_trace_intern(t, "snapshot"); /* string 0, before the stacks */
     GArray *seg_list = g_array_new(FALSE, FALSE, sizeof(Segment));
     g_array_set_clear_func(seg_list, segment_clear);
     GPtrArray *per_dev = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
@@ -821,10 +981,24 @@ out:
     g_free(dev_segs);
     g_array_unref(seg_list);
     g_ptr_array_unref(per_dev);
-    if (!ok) {
-        memsim_trace_free(t);
-        return NULL;
-    }
+    return ok ? t : NULL; /* the caller frees c.t on a failure */
+}
+
+MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error)
+{
+    Ctx c = {name, error, g_array_new(FALSE, FALSE, sizeof(Odd)),
+             g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+             g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free),
+             memsim_trace_new(name)};
+    g_array_set_clear_func(c.odd, odd_clear);
+    MemsimTrace *t = from_pickle(&c, doc, name);
+    if (t)
+        odd_finish(&c, t);
+    else
+        memsim_trace_free(c.t);
+    g_array_unref(c.odd);
+    g_hash_table_unref(c.by_kind);
+    g_hash_table_unref(c.per_dev);
     return t;
 }
 

@@ -579,7 +579,7 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
     if (r->n_items < 2 || r->items[1].key) {
         text_fail(r, error,
                   "expected rank INDEX device=D multiplicity=M streams=S [role=\"..\"] "
-                  "[handles=H,H,..] [final_reserved=B final_allocated=B]");
+                  "[handles=H,H,..] [final_reserved=B final_allocated=B] [capacity=B]");
         return FALSE;
     }
     if (!parse_u64(r, &r->items[1], "rank", UINT64_MAX, &idx, error))
@@ -598,7 +598,8 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
     gboolean has_res = FALSE, has_alloc = FALSE;
     unsigned given = 0;
     static const char *const keys[] = {"device",  "multiplicity",   "streams",        "role",
-                                       "handles", "final_reserved", "final_allocated"};
+                                       "handles", "final_reserved", "final_allocated",
+                                       "capacity"};
     for (gsize i = 2; i < r->n_items; i++) {
         const Item *it = &r->items[i];
         unsigned k;
@@ -609,7 +610,7 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
             text_fail(r, error,
                       "unexpected '%.*s' in a rank line (expected device=, "
                       "multiplicity=, streams=, role=, handles=, final_reserved=, "
-                      "final_allocated=)",
+                      "final_allocated=, capacity=)",
                       (int)MIN(it->key ? it->key_len : it->val_len, (gsize)64),
                       it->key ? it->key : it->val);
             g_free(ri.role);
@@ -646,9 +647,12 @@ static gboolean parse_rank_line(TextReader *r, GError **error)
             ok = parse_u64(r, it, "final_reserved=", UINT64_MAX, &ri.final_reserved, error);
             has_res = TRUE;
             break;
-        default:
+        case 6:
             ok = parse_u64(r, it, "final_allocated=", UINT64_MAX, &ri.final_allocated, error);
             has_alloc = TRUE;
+            break;
+        default:
+            ok = parse_u64(r, it, "capacity=", UINT64_MAX, &ri.capacity, error);
             break;
         }
         if (!ok) {

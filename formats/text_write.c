@@ -137,6 +137,8 @@ static void put_header(TextWriter *w)
         if (r->has_final)
             g_string_append_printf(g, " final_reserved=%" PRIu64 " final_allocated=%" PRIu64,
                                    r->final_reserved, r->final_allocated);
+        if (r->capacity)
+            g_string_append_printf(g, " capacity=%" PRIu64, r->capacity);
         g_string_append_c(g, '\n');
     }
     w->base.header_written = TRUE;

@@ -41,6 +41,7 @@ void memsim_trace_header_clear(MemsimTraceHeader *h)
         g_free(h->strings[i]);
     g_free(h->strings);
     g_free(h->ops);
+    g_strfreev(h->warnings);
     memset(h, 0, sizeof *h);
 }
 
@@ -63,6 +64,7 @@ void memsim_trace_header_copy(MemsimTraceHeader *dst, const MemsimTraceHeader *s
     for (guint32 i = 0; i < src->n_strings; i++)
         dst->strings[i] = g_strdup(src->strings[i]);
     dst->ops = src->n_ops ? g_memdup2(src->ops, sizeof(MemsimOpInfo) * src->n_ops) : NULL;
+    dst->warnings = g_strdupv(src->warnings);
 }
 
 void memsim_trace_free(MemsimTrace *t)

@@ -261,11 +261,27 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
     GString *s = g_string_new(NULL);
     char b1[32], b2[32], b3[32], b4[32];
     g_string_append_printf(s, "source:    %s\n", c->source);
+    /* without --gpu-mem, a rank's recorded capacity (a snapshot's OOM) is its device */
+    GString *recorded = g_string_new(NULL);
+    for (guint k = 0; !c->capacity && c->n_runs && k < c->baseline->n_ranks; k++)
+        for (guint i = 0; i < c->n_runs; i++)
+            if (c->runs[i].report && k < c->runs[i].report->n_ranks &&
+                c->runs[i].report->ranks[k].capacity) {
+                g_string_append_printf(
+                    recorded, "%srank %u: %s", recorded->len ? ", " : "",
+                    c->runs[i].report->ranks[k].rank,
+                    memsim_format_bytes(c->runs[i].report->ranks[k].capacity, b1, sizeof b1));
+                break;
+            }
     if (c->capacity)
         g_string_append_printf(s, "device:    %s for the allocator\n",
                                memsim_format_bytes(c->capacity, b1, sizeof b1));
+    else if (recorded->len)
+        g_string_append_printf(s, "device:    as recorded at its OOM (%s), other ranks "
+                                  "unlimited\n", recorded->str);
     else
         g_string_append(s, "device:    unlimited (give --gpu-mem to see who runs out)\n");
+    g_string_free(recorded, TRUE);
     int width = 10;
     gboolean multi = c->baseline->n_ranks > 1;
     for (guint i = 0; i < c->n_runs; i++) {
@@ -301,6 +317,11 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
                                       x->oom.event_index,
                                       memsim_format_bytes(x->oom.rounded, b1, sizeof b1),
                                       memsim_format_bytes(x->oom.device_free, b2, sizeof b2));
+            else if (x->oom_verdict.replayed && !x->oom_verdict.fits)
+                oom = g_strdup_printf("event %" G_GUINT64_FORMAT " (the recorded OOM): short "
+                                      "by %s",
+                                      x->oom_verdict.event_index,
+                                      memsim_format_bytes(x->oom_verdict.margin, b1, sizeof b1));
             else if (!x->fits)
                 oom = g_strdup("no, but the device total exceeds --gpu-mem");
             else
@@ -312,6 +333,45 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
                 memsim_format_bytes(alloc_at > req_at ? alloc_at - req_at : 0, b3, sizeof b3),
                 memsim_format_bytes(reserved > alloc_at ? reserved - alloc_at : 0, b4, sizeof b4),
                 drv, rs, oom);
+        }
+    }
+    /* The recording's own OOM, replayed under each policy. */
+    gboolean any = FALSE;
+    for (guint i = 0; i < c->n_runs; i++) {
+        const MemsimReport *rep = c->runs[i].report;
+        for (guint k = 0; rep && k < rep->n_ranks; k++) {
+            const MemsimRankReport *x = &rep->ranks[k];
+            const MemsimOomVerdict *v = &x->oom_verdict;
+            if (!v->replayed)
+                continue;
+            if (!any)
+                g_string_append_printf(s, "\nThe recorded OOM (%s requested) replayed as the "
+                                          "allocation it was, per policy:\n",
+                                       memsim_format_bytes(v->rounded, b1, sizeof b1));
+            any = TRUE;
+            g_autofree char *label = multi ? g_strdup_printf("%s [rank %u]", c->runs[i].spec,
+                                                             x->rank)
+                                           : g_strdup(c->runs[i].spec);
+            if (v->fits)
+                g_string_append_printf(s, "%-*s event %" G_GUINT64_FORMAT " on %s: fits, %s "
+                                          "left free on the device",
+                                       width, label, v->event_index,
+                                       memsim_format_bytes(v->capacity, b1, sizeof b1),
+                                       memsim_format_bytes(v->margin, b2, sizeof b2));
+            else
+                g_string_append_printf(s, "%-*s event %" G_GUINT64_FORMAT " on %s: does not fit, "
+                                          "short by %s; %s free in cached blocks, short by %s "
+                                          "even if all were usable",
+                                       width, label, v->event_index,
+                                       memsim_format_bytes(v->capacity, b1, sizeof b1),
+                                       memsim_format_bytes(v->margin, b2, sizeof b2),
+                                       memsim_format_bytes(v->cached_free, b3, sizeof b3),
+                                       memsim_format_bytes(v->short_packed, b4, sizeof b4));
+            if (x->oom.happened)
+                g_string_append_printf(s, "; next failure at event %" G_GUINT64_FORMAT "\n",
+                                       x->oom.event_index);
+            else
+                g_string_append(s, "; no further failure\n");
         }
     }
     g_string_append(s, "\nAt the moment of peak reserved: rounding = allocated - requested "

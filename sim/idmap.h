@@ -15,6 +15,7 @@ typedef struct {
     uint64_t req;  /* bytes the program asked for */
     uint8_t category;
     uint16_t stream;
+    uint32_t site; /* allocation site (replay.c), SITE_NONE without one */
 } IdVal;
 
 typedef struct {

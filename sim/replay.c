@@ -46,6 +46,15 @@ typedef struct {
     memsim_addr_t addr, end;
 } Range;
 
+/* An allocation site's live blocks. */
+typedef struct {
+    int64_t bytes;
+    int64_t count;
+    uint8_t category, phase;
+} SiteLive;
+
+#define SITE_NONE UINT32_MAX
+
 typedef struct {
     MemsimReplay *rp;
     MemsimAlloc *alloc;
@@ -77,6 +86,14 @@ typedef struct {
     MemsimAllocEvent last_oom;
     gboolean saw_oom;
     GArray *steps;      /* MemsimStepPeaks */
+    /* allocation sites: site_cur the live blocks now; site_peak[s] what site s held at the
+     * latest peak of allocated bytes when s changed since (site_stamp[s] == epoch), else it
+     * is site_cur[s]; each peak only bumps the epoch */
+    GHashTable *stack_site; /* string index + 1 → site + 1 */
+    GHashTable *site_index; /* site name → site + 1 */
+    GPtrArray *site_names;
+    GArray *site_cur, *site_peak, *site_stamp; /* SiteLive, SiteLive, uint64_t */
+    uint64_t epoch;
     uint8_t cur_phase;
     uint16_t cur_stream; /* the stream of the event being applied */
     /* meetings with other ranks */
@@ -248,6 +265,24 @@ static void rank_clear(RankSim *r)
         g_tree_unref(r->segments);
     if (r->steps)
         g_array_unref(r->steps);
+    if (r->stack_site)
+        g_hash_table_unref(r->stack_site);
+    if (r->site_index)
+        g_hash_table_unref(r->site_index);
+    if (r->site_names)
+        g_ptr_array_unref(r->site_names);
+    if (r->site_cur)
+        g_array_unref(r->site_cur);
+    if (r->site_peak)
+        g_array_unref(r->site_peak);
+    if (r->site_stamp)
+        g_array_unref(r->site_stamp);
+    for (guint k = 0; k < r->rep.n_sites_at_peak; k++)
+        g_free(r->rep.sites_at_peak[k].site);
+    g_free(r->rep.sites_at_peak);
+    for (guint k = 0; k < r->rep.n_sites_at_oom; k++)
+        g_free(r->rep.sites_at_oom[k].site);
+    g_free(r->rep.sites_at_oom);
     if (r->breakdowns)
         g_array_unref(r->breakdowns);
     g_free(r->rep.role);
@@ -314,7 +349,11 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->breakdowns = g_array_new(FALSE, TRUE, sizeof(MemsimBreakdown));
         MemsimDevice d = MEMSIM_DEVICE_INIT;
         r->dev = d;
-        r->dev.capacity = rp->capacity;
+        /* no capacity given: the rank's own recorded one (a snapshot's OOM), if any */
+        /* (G_MAXUINT64: unlimited, even where the trace records a capacity) */
+        memsim_size_t cap = rp->capacity ? rp->capacity : header->ranks[i].capacity;
+        r->dev.capacity = cap == G_MAXUINT64 ? 0 : cap;
+        r->rep.capacity = r->dev.capacity;
         r->dev.user = r;
         r->dev.on_event = on_event;
         r->dev.segment_addr = segment_addr;
@@ -341,6 +380,14 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->rep.has_recorded_final = header->ranks[i].has_final;
         r->rep.recorded_final_reserved = header->ranks[i].final_reserved;
         r->rep.recorded_final_allocated = header->ranks[i].final_allocated;
+        if (rp->opt.verify && header->ranks[i].n_inconsistent) {
+            /* the recording contradicts itself: it cannot be what an allocator did */
+            r->rep.verify_checked += header->ranks[i].n_inconsistent;
+            r->rep.verify_mismatches += header->ranks[i].n_inconsistent;
+            r->rep.first_mismatch = g_strdup_printf(
+                "the recording contradicts its own state %" PRIu64 " time(s) (see the warnings)",
+                header->ranks[i].n_inconsistent);
+        }
         r->alloc = memsim_alloc_new_from_spec(rp->allocator, &r->dev, error);
         if (!r->alloc) {
             memsim_replay_abort(rp);
@@ -473,6 +520,7 @@ static void track_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
 {
     if (st->allocated.current > r->best_allocated) {
         r->best_allocated = st->allocated.current;
+        r->epoch++; /* the sites' peak is now */
         memcpy(r->rep.peak_by_category, r->live_cat, sizeof r->live_cat);
         memcpy(r->rep.peak_by_category_requested, r->live_req, sizeof r->live_req);
         r->rep.peak_allocated_event = index;
@@ -520,6 +568,132 @@ static inline void note_peaks(RankSim *r, const MemsimTraceHeader *h, uint64_t i
         r->last_allocated = st->allocated.current;
 }
 
+/* The site tables, made when a trace first names a site (most traces never do). */
+static void sites_init(RankSim *r)
+{
+    if (r->site_cur)
+        return;
+    r->stack_site = g_hash_table_new(g_direct_hash, g_direct_equal);
+    r->site_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    r->site_names = g_ptr_array_new_with_free_func(g_free);
+    r->site_cur = g_array_new(FALSE, TRUE, sizeof(SiteLive));
+    r->site_peak = g_array_new(FALSE, TRUE, sizeof(SiteLive));
+    r->site_stamp = g_array_new(FALSE, TRUE, sizeof(uint64_t));
+}
+
+/* The site called `name`. */
+static uint32_t site_named(RankSim *r, const char *name)
+{
+    sites_init(r);
+    gpointer id = g_hash_table_lookup(r->site_index, name);
+    if (!id) {
+        g_ptr_array_add(r->site_names, g_strdup(name));
+        id = GSIZE_TO_POINTER((gsize)r->site_names->len);
+        g_hash_table_insert(r->site_index, g_strdup(name), id);
+    }
+    return (uint32_t)(GPOINTER_TO_SIZE(id) - 1);
+}
+
+/* The site of a stack (the string `aux` − 1 of the header): its first frame in no file
+ * the skip lists name. */
+static uint32_t site_of(RankSim *r, const MemsimTraceHeader *h, uint64_t aux)
+{
+    if (aux == 0 || aux > h->n_strings)
+        return SITE_NONE;
+    sites_init(r);
+    gpointer v = g_hash_table_lookup(r->stack_site, GSIZE_TO_POINTER((gsize)aux));
+    if (v)
+        return (uint32_t)(GPOINTER_TO_SIZE(v) - 1);
+    static const char *const always[] = {"/torch/", "/site-packages/", "/dist-packages/",
+                                         "/lib/python3", "<frozen"};
+    g_auto(GStrv) extra =
+        r->rp->opt.frames_skip ? g_strsplit(r->rp->opt.frames_skip, ",", -1) : NULL;
+    g_auto(GStrv) lines = g_strsplit(h->strings[aux - 1], "\n", -1);
+    const char *site = "(library code only)";
+    for (char **l = lines; *l && site[0] == '('; l++) {
+        const char *colon = strrchr(*l, ':');
+        g_autofree char *file = g_strndup(*l, colon ? (gsize)(colon - *l) : strlen(*l));
+        gboolean skip = FALSE;
+        for (gsize k = 0; k < G_N_ELEMENTS(always) && !skip; k++)
+            skip = strstr(file, always[k]) != NULL;
+        for (char **x = extra; x && *x && !skip; x++)
+            skip = **x && strstr(file, *x) != NULL;
+        if (!skip)
+            site = *l;
+    }
+    uint32_t id = site_named(r, site);
+    g_hash_table_insert(r->stack_site, GSIZE_TO_POINTER((gsize)aux),
+                        GSIZE_TO_POINTER((gsize)id + 1));
+    return id;
+}
+
+/* Site `s` gains (sign 1) or loses (-1) a block of `bytes`. */
+static void site_move(RankSim *r, uint32_t s, uint64_t bytes, int sign, uint8_t category)
+{
+    if (s >= r->site_cur->len) {
+        guint old = r->site_cur->len;
+        g_array_set_size(r->site_cur, s + 1);
+        g_array_set_size(r->site_peak, s + 1);
+        g_array_set_size(r->site_stamp, s + 1);
+        for (guint k = old; k <= s; k++) {
+            SiteLive *c = &g_array_index(r->site_cur, SiteLive, k);
+            c->category = category;
+            c->phase = r->cur_phase;
+        }
+    }
+    SiteLive *c = &g_array_index(r->site_cur, SiteLive, s);
+    uint64_t *stamp = &g_array_index(r->site_stamp, uint64_t, s);
+    if (*stamp < r->epoch) {
+        g_array_index(r->site_peak, SiteLive, s) = *c; /* as it was at the latest peak */
+        *stamp = r->epoch;
+    }
+    c->bytes += sign * (int64_t)bytes;
+    c->count += sign;
+}
+
+static int cmp_site_bytes(const void *a, const void *b)
+{
+    const MemsimSite *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return strcmp(x->site, y->site);
+}
+
+/* The largest sites of `live` (SiteLive per site; at the peak, `peak` for those changed
+ * since), MEMSIM_TOP_SITES at most. */
+static MemsimSite *top_sites(RankSim *r, gboolean at_peak, uint32_t *n)
+{
+    GArray *all = g_array_new(FALSE, FALSE, sizeof(MemsimSite));
+    for (guint s = 0; s < r->site_cur->len; s++) {
+        const SiteLive *l = &g_array_index(r->site_cur, SiteLive, s);
+        if (at_peak && g_array_index(r->site_stamp, uint64_t, s) == r->epoch && r->epoch)
+            l = &g_array_index(r->site_peak, SiteLive, s);
+        if (l->bytes <= 0)
+            continue;
+        MemsimSite x = {g_ptr_array_index(r->site_names, s), (memsim_size_t)l->bytes,
+                        (uint64_t)l->count, l->category, l->phase};
+        g_array_append_val(all, x);
+    }
+    g_array_sort(all, cmp_site_bytes);
+    *n = MIN(all->len, MEMSIM_TOP_SITES);
+    MemsimSite *out = g_new0(MemsimSite, *n ? *n : 1);
+    for (guint k = 0; k < *n; k++) {
+        out[k] = g_array_index(all, MemsimSite, k);
+        out[k].site = g_strdup(out[k].site);
+    }
+    g_array_unref(all);
+    return out;
+}
+
+/* The sites at the first OOM, once. */
+static void note_oom_sites(RankSim *r, uint64_t index)
+{
+    if (r->rep.sites_at_oom || !r->site_cur || !r->site_cur->len)
+        return;
+    r->rep.sites_at_oom = top_sites(r, FALSE, &r->rep.n_sites_at_oom);
+    r->rep.sites_oom_event = index;
+}
+
 /* A successful ALLOC: the tensor enters the id map at `slot` (from idmap_slot, after
  * idmap_reserve) charged with the change in allocated bytes. */
 static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
@@ -528,7 +702,12 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
     const MemsimAllocStats *st =
         G_LIKELY(r->stats_fixed) ? r->stats_fixed : memsim_alloc_stats_live(r->alloc);
     IdVal v = {addr, (uint64_t)(st->allocated.current - r->last_allocated), ev->size,
-               ev->category, ev->stream};
+               ev->category, ev->stream, SITE_NONE};
+    if (G_UNLIKELY(ev->aux)) {
+        v.site = site_of(r, h, ev->aux);
+        if (v.site != SITE_NONE)
+            site_move(r, v.site, v.size, 1, ev->category);
+    }
     idmap_fill(&r->tensors, slot, ev->id, &v);
     r->live_cat[ev->category] += (int64_t)v.size;
     r->live_req[ev->category] += (int64_t)v.req;
@@ -560,6 +739,7 @@ static void out_of_memory(RankSim *r, const MemsimTraceHeader *h, uint64_t index
     }
     if (r->steps->len)
         o->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).step;
+    note_oom_sites(r, index);
     r->stopped = TRUE;
 }
 
@@ -570,6 +750,8 @@ static inline void free_done(RankSim *r, const IdVal *v)
     r->live_cat[v->category] -= (int64_t)v->size;
     r->live_req[v->category] -= (int64_t)v->req;
     r->last_allocated -= (int64_t)v->size;
+    if (G_UNLIKELY(v->site != SITE_NONE))
+        site_move(r, v->site, v->size, -1, 0);
 }
 
 static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
@@ -715,6 +897,57 @@ static gboolean meet(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     return TRUE;
 }
 
+/* The first recorded OOM: what the recording says. */
+static void record_oom(RankSim *r, uint64_t index, const MemsimEvent *ev)
+{
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    MemsimOomInfo *o = &r->rep.recorded_oom;
+    o->happened = TRUE;
+    o->event_index = index;
+    o->requested = ev->size;
+    o->rounded = ev->size;
+    o->device_free = ev->addr;
+    o->allocated = (memsim_size_t)st.allocated.current;
+    o->reserved = (memsim_size_t)st.reserved.current;
+    o->stream = ev->stream;
+    o->op = r->cur_op;
+}
+
+/* The recorded OOM's request asked of the policy at the rank's capacity
+ * (MemsimOomVerdict). The record carries the request as the allocator rounded it
+ * (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: record_trace(OOM,
+ * device_free, params.size(), ...)), which torch's rounding leaves as it is. */
+static void replay_recorded_oom(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                                const MemsimEvent *ev)
+{
+    MemsimOomVerdict *v = &r->rep.oom_verdict;
+    v->replayed = TRUE;
+    v->event_index = index;
+    v->rounded = ev->size;
+    v->capacity = r->rep.capacity;
+    memsim_addr_t addr = 0;
+    r->saw_oom = FALSE;
+    gboolean ok = ev->size > 0 &&
+                  memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) == MEMSIM_ALLOC_OK;
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    v->fits = ok;
+    v->allocated = (memsim_size_t)st.allocated.current;
+    v->reserved = (memsim_size_t)st.reserved.current;
+    v->device_free = v->capacity > v->reserved ? v->capacity - v->reserved : 0;
+    v->cached_free = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+    if (ok) {
+        v->margin = v->device_free;
+        track_peaks(r, h, index, &st); /* the block counts while it lives */
+        memsim_alloc_free(r->alloc, addr);
+        r->last_allocated = memsim_alloc_stats(r->alloc).allocated.current;
+    } else {
+        note_oom_sites(r, index);
+        memsim_size_t need = ev->size > 0 ? memsim_alloc_round_size(r->alloc, ev->size) : 0;
+        v->margin = need > v->device_free ? need - v->device_free : 0;
+        v->short_packed = v->margin > v->cached_free ? v->margin - v->cached_free : 0;
+    }
+}
+
 static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                      const MemsimEvent *ev, GError **error)
 {
@@ -799,7 +1032,9 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return FALSE;
         MemsimAllocStats st = memsim_alloc_stats(r->alloc);
         IdVal v = {ev->addr, (uint64_t)(st.allocated.current - before), ev->size, ev->category,
-                   ev->stream};
+                   ev->stream, SITE_NONE};
+        v.site = site_named(r, "(before the trace)");
+        site_move(r, v.site, v.size, 1, ev->category);
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
         r->live_req[ev->category] += (int64_t)v.req;
@@ -870,19 +1105,13 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         return TRUE;
     }
     case MEMSIM_EV_OOM:
-        if (!r->rep.recorded_oom.happened) {
-            MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-            MemsimOomInfo *o = &r->rep.recorded_oom;
-            o->happened = TRUE;
-            o->event_index = index;
-            o->requested = ev->size;
-            o->rounded = ev->size;
-            o->device_free = ev->addr;
-            o->allocated = (memsim_size_t)st.allocated.current;
-            o->reserved = (memsim_size_t)st.reserved.current;
-            o->stream = ev->stream;
-            o->op = r->cur_op;
+        if (!r->rep.recorded_oom.happened && r->rep.capacity) {
+            record_oom(r, index, ev);
+            replay_recorded_oom(r, h, index, ev);
+            break; /* an action: what the policy did for it is verified */
         }
+        if (!r->rep.recorded_oom.happened)
+            record_oom(r, index, ev);
         return TRUE;
     case MEMSIM_EV_MARK: {
         if (ev->id >= h->n_strings)
@@ -1118,6 +1347,7 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
     rep->allocator = g_strdup(rp->allocator);
     rep->alloc_conf = g_strdup(rp->alloc_conf);
     rep->capacity = rp->capacity;
+    rep->warnings = g_strdupv(rp->header.warnings);
     rep->n_ranks = rp->n_ranks;
     rep->ranks = g_new0(MemsimRankReport, rp->n_ranks ? rp->n_ranks : 1);
     for (guint i = 0; i < rp->n_ranks; i++) {
@@ -1143,6 +1373,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         }
         if (r->tl_held)
             timeline_flush_op(r, &rp->header, i);
+        if (r->site_cur && r->site_cur->len)
+            r->rep.sites_at_peak = top_sites(r, TRUE, &r->rep.n_sites_at_peak);
         r->rep.n_steps = r->steps->len;
         r->rep.steps = (MemsimStepPeaks *)g_array_free(r->steps, FALSE);
         r->steps = NULL;
@@ -1154,7 +1386,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         for (guint k = 0; k < r->last_end->len; k++)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
-        r->rep.fits = !r->rep.oom.happened;
+        r->rep.fits = !r->rep.oom.happened &&
+                      !(r->rep.oom_verdict.replayed && !r->rep.oom_verdict.fits);
         if (rp->opt.hooks && rp->opt.hooks->on_end)
             rp->opt.hooks->on_end(rp->opt.hooks->user, i, r->alloc);
         if (rp->opt.timeline)

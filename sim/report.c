@@ -3,8 +3,8 @@
 #include <memsim/sim.h>
 
 #include <inttypes.h>
-#include <json-glib/json-glib.h>
 #include <string.h>
+#include <json-glib/json-glib.h>
 
 #include "sim/export/json.h"
 
@@ -17,10 +17,17 @@ void memsim_report_free(MemsimReport *rep)
         g_free(rep->ranks[i].first_mismatch);
         g_free(rep->ranks[i].steps);
         g_free(rep->ranks[i].breakdowns);
+        for (guint k = 0; k < rep->ranks[i].n_sites_at_peak; k++)
+            g_free(rep->ranks[i].sites_at_peak[k].site);
+        g_free(rep->ranks[i].sites_at_peak);
+        for (guint k = 0; k < rep->ranks[i].n_sites_at_oom; k++)
+            g_free(rep->ranks[i].sites_at_oom[k].site);
+        g_free(rep->ranks[i].sites_at_oom);
     }
     g_free(rep->run);
     g_free(rep->device);
     g_free(rep->ranks);
+    g_strfreev(rep->warnings);
     g_free(rep->source);
     g_free(rep->allocator);
     g_free(rep->alloc_conf);
@@ -88,6 +95,47 @@ static void add_int(JsonBuilder *b, const char *key, int64_t v)
 {
     json_builder_set_member_name(b, key);
     json_builder_add_int_value(b, v);
+}
+
+static void add_sites(JsonBuilder *b, const MemsimSite *s, uint32_t n)
+{
+    json_builder_begin_array(b);
+    for (uint32_t i = 0; i < n; i++) {
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "site");
+        json_builder_add_string_value(b, s[i].site);
+        add_int(b, "bytes", (int64_t)s[i].bytes);
+        add_int(b, "count", (int64_t)s[i].count);
+        json_builder_set_member_name(b, "category");
+        json_builder_add_string_value(b, memsim_category_name(s[i].category));
+        json_builder_set_member_name(b, "phase");
+        json_builder_add_string_value(b, memsim_phase_name(s[i].phase));
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+}
+
+/* A site as the text report shows it: the file's base name, its line and function. */
+static const char *site_short(const char *site)
+{
+    const char *colon = strrchr(site, ':');
+    const char *slash = NULL;
+    for (const char *p = site; *p && (!colon || p < colon); p++)
+        if (*p == '/')
+            slash = p;
+    return slash ? slash + 1 : site;
+}
+
+static void text_sites(GString *s, const char *what, const MemsimSite *x, uint32_t n)
+{
+    if (!n)
+        return;
+    char b[32];
+    g_string_append_printf(s, "  who holds the memory %s:\n", what);
+    for (uint32_t i = 0; i < n; i++)
+        g_string_append_printf(s, "    %12s in %6" PRIu64 " blocks  %s  (%s)\n",
+                               memsim_format_bytes(x[i].bytes, b, sizeof b), x[i].count,
+                               site_short(x[i].site), memsim_category_name(x[i].category));
 }
 
 static void add_oom(JsonBuilder *b, const char *key, const MemsimOomInfo *o, gboolean simulated,
@@ -176,6 +224,13 @@ char *memsim_report_to_json(const MemsimReport *rep)
         }
         add_int(b, "sms", tm->sms);
         json_builder_end_object(b);
+    }
+    if (rep->warnings) {
+        json_builder_set_member_name(b, "warnings");
+        json_builder_begin_array(b);
+        for (char **w = rep->warnings; *w; w++)
+            json_builder_add_string_value(b, *w);
+        json_builder_end_array(b);
     }
     json_builder_set_member_name(b, "ranks");
     json_builder_begin_array(b);
@@ -319,6 +374,38 @@ char *memsim_report_to_json(const MemsimReport *rep)
 
         add_oom(b, "oom", &r->oom, TRUE, rep->capacity);
         add_oom(b, "recorded_oom", &r->recorded_oom, FALSE, 0);
+        add_int(b, "capacity", (int64_t)r->capacity);
+        if (r->n_sites_at_peak) {
+            json_builder_set_member_name(b, "sites_at_peak");
+            add_sites(b, r->sites_at_peak, r->n_sites_at_peak);
+        }
+        if (r->n_sites_at_oom) {
+            json_builder_set_member_name(b, "sites_at_oom");
+            json_builder_begin_object(b);
+            add_int(b, "event", (int64_t)r->sites_oom_event);
+            json_builder_set_member_name(b, "sites");
+            add_sites(b, r->sites_at_oom, r->n_sites_at_oom);
+            json_builder_end_object(b);
+        }
+        json_builder_set_member_name(b, "recorded_oom_replay");
+        if (r->oom_verdict.replayed) {
+            const MemsimOomVerdict *v = &r->oom_verdict;
+            json_builder_begin_object(b);
+            add_int(b, "event", (int64_t)v->event_index);
+            add_int(b, "capacity", (int64_t)v->capacity);
+            json_builder_set_member_name(b, "fits");
+            json_builder_add_boolean_value(b, v->fits);
+            /* fits: the headroom left with it; else the bytes the device lacked */
+            add_int(b, "margin", (int64_t)v->margin);
+            add_int(b, "device_free", (int64_t)v->device_free);
+            add_int(b, "cached_free", (int64_t)v->cached_free);
+            add_int(b, "short_even_packed", (int64_t)v->short_packed);
+            add_int(b, "allocated", (int64_t)v->allocated);
+            add_int(b, "reserved", (int64_t)v->reserved);
+            json_builder_end_object(b);
+        } else {
+            json_builder_add_null_value(b);
+        }
         if (r->has_recorded_final) {
             json_builder_set_member_name(b, "recorded_final");
             json_builder_begin_object(b);
@@ -537,6 +624,29 @@ char *memsim_report_to_text(const MemsimReport *rep)
                        ? r->recorded_oom.rounded - r->recorded_oom.device_free
                        : 0),
                 FB(r->recorded_oom.allocated), FB(r->recorded_oom.reserved));
+        if (r->oom_verdict.replayed) {
+            const MemsimOomVerdict *v = &r->oom_verdict;
+            if (v->fits)
+                g_string_append_printf(s, "  the recorded OOM's request on %s: FITS, %s left "
+                                       "free on the device with it (%s reserved)\n",
+                                       FB(v->capacity), FB(v->margin), FB(v->reserved));
+            else
+                g_string_append_printf(s, "  the recorded OOM's request on %s: DOES NOT FIT, "
+                                       "short by %s (%s free on the device); %s free in cached "
+                                       "blocks: short by %s even if all of it were usable\n",
+                                       FB(v->capacity), FB(v->margin), FB(v->device_free),
+                                       FB(v->cached_free), FB(v->short_packed));
+        }
+        if (r->n_sites_at_peak) {
+            g_autofree char *what =
+                g_strdup_printf("at the peak (event %" PRIu64 ")", r->peak_allocated_event);
+            text_sites(s, what, r->sites_at_peak, r->n_sites_at_peak);
+        }
+        if (r->n_sites_at_oom) {
+            g_autofree char *what =
+                g_strdup_printf("at the OOM (event %" PRIu64 ")", r->sites_oom_event);
+            text_sites(s, what, r->sites_at_oom, r->n_sites_at_oom);
+        }
         if (r->has_recorded_final)
             g_string_append_printf(s, "  recorded final: %s allocated, %s reserved\n",
                                    FB(r->recorded_final_allocated),

@@ -75,3 +75,58 @@ Test(badinput, none_flood_pickle_batched, .timeout = 120)
 {
     none_flood(20000000, 1000);
 }
+
+/* Snapshots that contradict themselves (tests/data/bad/inconsistent-*, written by
+ * make_bad_pickles.py): read with a warning naming the file and the record, and under
+ * --verify a mismatch (exit 1); unknown trace actions: one warning line per kind with its
+ * count, and the replay goes on (exit 0 even under --verify; "user_defined" annotations are
+ * no allocator action and pass silently). */
+static int run_verify(const char *file, char **out, char **err)
+{
+    g_autofree char *path = tu_test_data(file);
+    const char *argv[] = {"replay", path, "--verify", NULL};
+    return tu_run_memsim(argv, out, err);
+}
+
+Test(badinput, inconsistent_snapshots_warn_and_fail_verify)
+{
+    static const struct {
+        const char *file, *warning;
+    } cases[] = {
+        {"bad/inconsistent-free-unknown-address.exit0.pickle",
+         "1 frees of an address no segment holds, skipped (first: device_traces[0][5]: free of "
+         "0x1000)"},
+        {"bad/inconsistent-block-state.exit0.pickle",
+         "1 blocks in a state that does not exist (first: segments[0].blocks[0]: state "
+         "'active_awaiting_godot'"},
+        {"bad/inconsistent-allocated-size.exit0.pickle",
+         "1 segments whose allocated_size exceeds their size (first: segments[0]: allocated_size "
+         "4194304 > total_size 2097152)"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *out = NULL, *err = NULL;
+        int rc = run_verify(cases[i].file, &out, &err);
+        cr_expect_eq(rc, 1, "%s: exit %d, expected 1; %s", cases[i].file, rc, err);
+        cr_expect(strstr(err, "memsim: warning: ") && strstr(err, cases[i].file) &&
+                      strstr(err, cases[i].warning),
+                  "%s: %s", cases[i].file, err);
+        cr_expect(strstr(out, "1 mismatches; first: the recording contradicts its own state"),
+                  "%s: %s", cases[i].file, out);
+    }
+}
+
+Test(badinput, unknown_actions_one_warning_per_kind)
+{
+    g_autofree char *out = NULL, *err = NULL;
+    int rc = run_verify("bad/inconsistent-unknown-actions.exit0.pickle", &out, &err);
+    cr_expect_eq(rc, 0, "%s", err);
+    g_auto(GStrv) lines = g_strsplit(err, "\n", -1);
+    int n = 0;
+    for (char **l = lines; *l; l++)
+        n += g_str_has_prefix(*l, "memsim: warning: ");
+    cr_expect_eq(n, 2, "one line per unknown action: %s", err);
+    cr_expect(strstr(err, "3 trace entries of the unknown action 'frobnicate' skipped"), "%s", err);
+    cr_expect(strstr(err, "1 trace entries of the unknown action 'alloc_v2' skipped"), "%s", err);
+    cr_expect(!strstr(err, "user_defined"), "%s", err);
+    cr_expect(strstr(out, " 0 mismatches"), "%s", out);
+}

@@ -648,7 +648,7 @@ Test(mst, chunks_conform_to_schema_and_spec)
         gsize n, len;
         char *mst = tg_save_memory(t, MEMSIM_FORMAT_MST, &n);
         guint8 *raw = decompress_all(mst, n, &len);
-        cr_assert(len >= 12 && memcmp(raw, "MEMSIMTR\x01\x00\x00\x00", 12) == 0);
+        cr_assert(len >= 12 && memcmp(raw, "MEMSIMTR\x01\x00\x01\x00", 12) == 0);
         gsize pos = 12, cursor[8] = {0}, n_chunks = 0, n_events = 0;
         gboolean ended = FALSE;
         while (pos < len) {

@@ -846,6 +846,7 @@ Test(policies, real_snapshots, .timeout = 600)
         const char *path = files->pdata[i];
         MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
         o.allocator = "exact";
+        o.capacity = G_MAXUINT64; /* unlimited, even where a snapshot records its device */
         GError *error = NULL;
         /* read once, replayed through every policy (memsim_replay_path would read it again) */
         MemsimTrace *trace = memsim_trace_load(path, &error);

@@ -26,7 +26,8 @@ G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, timeline) == 32);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, hooks) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, untimed) == 48);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, dispatch_us) == 56);
-G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 64);
+G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, frames_skip) == 64);
+G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 72);
 
 Test(python, module_matches_command, .timeout = 600)
 {

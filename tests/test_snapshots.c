@@ -1,5 +1,7 @@
 /* The torch policy against the 20 real PyTorch snapshots that carry a trace
- * (../shared/data/torch-snapshots, see its README).
+ * (../shared/data/torch-snapshots, see its README), and against their allocator facts
+ * shipped in tests/data/snapshots/ (made by tools/snapshot-fixture.sh, see the README
+ * there), so that a checkout without ../shared runs every exactness test too.
  *
  * Every recorded allocator action must be reproduced: each alloc's address (hence its offset
  * in its segment), each segment_alloc, each segment_free in order, each segment_map/unmap
@@ -11,6 +13,7 @@
  *   reserved = sum of segments' total_size, allocated = sum of allocated_size, per device.
  */
 #include <criterion/criterion.h>
+#include <string.h>
 #include <memsim/formats.h>
 #include <memsim/sim.h>
 
@@ -68,10 +71,23 @@ static const Golden goldens[] = {
      {{0, 610271232, 525286400}}},
 };
 
-static void check_golden(const Golden *g, gboolean invariants)
+/* The fixture's file: the snapshot's name with .mst for its .pickle/.pkl/.json.pickle. */
+static char *fixture_path(const char *file)
+{
+    g_autofree char *base = g_strdup(file);
+    const char *const ends[] = {".pickle", ".pkl", ".json"};
+    for (gsize i = 0; i < G_N_ELEMENTS(ends); i++)
+        if (g_str_has_suffix(base, ends[i]))
+            base[strlen(base) - strlen(ends[i])] = '\0';
+    g_autofree char *rel = g_strconcat("snapshots/", base, ".mst", NULL);
+    return tu_test_data(rel);
+}
+
+/* `original`: the snapshot in ../shared (skipped where absent); else the shipped fixture. */
+static void check_golden_from(const Golden *g, gboolean invariants, gboolean original)
 {
     g_autofree char *rel = g_build_filename("torch-snapshots", g->file, NULL);
-    g_autofree char *path = tu_shared_path_or_skip(rel);
+    g_autofree char *path = original ? tu_shared_path_or_skip(rel) : fixture_path(g->file);
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
     o.verify = TRUE;
     o.check_invariants = invariants;
@@ -107,10 +123,19 @@ static void check_golden(const Golden *g, gboolean invariants)
     memsim_report_free(rep);
 }
 
+static void check_golden(const Golden *g, gboolean invariants)
+{
+    check_golden_from(g, invariants, FALSE);
+}
+
 #define GOLDEN_TEST(i, name)                                                                   \
     Test(snapshots, name, .timeout = 120)                                                      \
     {                                                                                          \
-        check_golden(&goldens[i], FALSE);                                                      \
+        check_golden_from(&goldens[i], FALSE, FALSE);                                          \
+    }                                                                                          \
+    Test(snapshots, name##_original, .timeout = 120)                                           \
+    {                                                                                          \
+        check_golden_from(&goldens[i], FALSE, TRUE);                                           \
     }
 
 GOLDEN_TEST(0, constructor_sun_expandable_3gpu)
@@ -146,8 +171,7 @@ Test(snapshots, invariants_hold_throughout, .timeout = 300)
 /* The recorded OOM of the Nesta-gitU trace is reported where it happened. */
 Test(snapshots, recorded_oom_is_reported)
 {
-    g_autofree char *path = tu_shared_path_or_skip(
-        "torch-snapshots/Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle");
+    g_autofree char *path = fixture_path(goldens[5].file);
     GError *error = NULL;
     MemsimReport *rep = memsim_replay_path(path, NULL, &error);
     cr_assert(rep != NULL, "%s", error ? error->message : "?");
@@ -158,7 +182,23 @@ Test(snapshots, recorded_oom_is_reported)
     memsim_report_free(rep);
 }
 
-/* Snapshot → .mst → replay gives the same report as the snapshot itself. */
+static void drop_sites(MemsimReport *rep)
+{
+    for (guint k = 0; k < rep->n_ranks; k++) {
+        MemsimRankReport *r = &rep->ranks[k];
+        for (guint j = 0; j < r->n_sites_at_peak; j++)
+            g_free(r->sites_at_peak[j].site);
+        for (guint j = 0; j < r->n_sites_at_oom; j++)
+            g_free(r->sites_at_oom[j].site);
+        g_clear_pointer(&r->sites_at_peak, g_free);
+        g_clear_pointer(&r->sites_at_oom, g_free);
+        r->n_sites_at_peak = r->n_sites_at_oom = 0;
+        r->sites_oom_event = 0;
+    }
+}
+
+/* Snapshot → .mst → replay, and the shipped fixture, give the same report as the snapshot
+ * itself. */
 Test(snapshots, mst_round_trip_same_results, .timeout = 300)
 {
     g_autofree char *dir = tu_tmpdir();
@@ -178,10 +218,216 @@ Test(snapshots, mst_round_trip_same_results, .timeout = 300)
         /* The source name differs; everything else must be identical. */
         g_free(b->source);
         b->source = g_strdup(a->source);
-        g_autofree char *ja = memsim_report_to_json(a);
+        char *ja = memsim_report_to_json(a);
         g_autofree char *jb = memsim_report_to_json(b);
         cr_expect_str_eq(ja, jb, "%s: reports differ after .mst round trip", goldens[i].file);
+        /* The shipped fixture holds the same allocator facts: the same report, but for the
+         * allocation sites (it keeps no frames). */
+        drop_sites(a);
+        g_free(ja);
+        ja = memsim_report_to_json(a);
+        g_autofree char *fx = fixture_path(goldens[i].file);
+        MemsimReport *c = memsim_replay_path(fx, &o, &error);
+        cr_assert(c, "%s", error ? error->message : "?");
+        g_free(c->source);
+        c->source = g_strdup(a->source);
+        drop_sites(c);
+        g_autofree char *jc = memsim_report_to_json(c);
+        cr_expect_str_eq(ja, jc, "%s: the fixture's report differs (run tools/snapshot-fixture.sh)",
+                         goldens[i].file);
+        g_free(ja);
         memsim_report_free(a);
         memsim_report_free(b);
+        memsim_report_free(c);
     }
+}
+
+/* The recorded OOM of the Nesta-gitU trace, replayed as the allocation it was.
+ * Figures read with Python's pickle module (a restricted Unpickler) from the source file:
+ * device_traces[0][1117] is {'action': 'oom', 'size': 402653184, 'device_free': 264634368};
+ * the segments held then (Σ segment_alloc − Σ segment_free before it, from an empty start)
+ * are 23297261568 bytes, so the device had 23297261568 + 264634368 = 23561895936 bytes for
+ * the allocator, and the request was 402653184 − 264634368 = 138018816 bytes short. Its event
+ * index in memsim's program is 911 (the 1117 entries less the free_completed ones, plus one
+ * inferred empty_cache per run of segment_free). */
+#define NESTA_CAPACITY ((memsim_size_t)23561895936)
+#define NESTA_SHORT ((memsim_size_t)138018816)
+#define NESTA_EVENT 911
+
+static MemsimReport *nesta(gboolean original, const char *alloc_conf, memsim_size_t capacity)
+{
+    g_autofree char *path = original ? tu_shared_path_or_skip(
+                                           "torch-snapshots/" "Nesta-gitU__discrete_diffusion__"
+                                           "memory_snapshot.json.pickle")
+                                     : fixture_path(goldens[5].file);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.alloc_conf = alloc_conf;
+    o.capacity = capacity;
+    o.verify = alloc_conf == NULL;
+    GError *error = NULL;
+    MemsimReport *rep = memsim_replay_path(path, &o, &error);
+    cr_assert(rep != NULL, "%s", error ? error->message : "?");
+    return rep;
+}
+
+static void check_nesta_oom(gboolean original)
+{
+    /* torch at the recorded capacity (the default): the same event, the same shortfall, and
+     * the replay is still exact (it goes on after the OOM, as the program did). */
+    MemsimReport *rep = nesta(original, NULL, 0);
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_expect_eq(r->capacity, NESTA_CAPACITY, "capacity %" G_GUINT64_FORMAT, r->capacity);
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(!r->oom_verdict.fits);
+    cr_expect_eq(r->oom_verdict.event_index, NESTA_EVENT);
+    cr_expect_eq(r->recorded_oom.event_index, NESTA_EVENT);
+    cr_expect_eq(r->oom_verdict.margin, NESTA_SHORT, "short by %" G_GUINT64_FORMAT,
+                 r->oom_verdict.margin);
+    cr_expect_eq(r->oom_verdict.device_free, r->recorded_oom.device_free);
+    /* what sat in free holes could not have made up the difference */
+    cr_expect(r->oom_verdict.cached_free > 0 && r->oom_verdict.cached_free < NESTA_SHORT);
+    cr_expect_eq(r->oom_verdict.short_packed, NESTA_SHORT - r->oom_verdict.cached_free);
+    cr_expect(!r->oom.happened, "nothing else fails");
+    cr_expect(!r->fits, "the run did not fit its device");
+    cr_expect_eq(r->verify_mismatches, 0, "%s", r->first_mismatch);
+    memsim_report_free(rep);
+
+    /* expandable segments on the same device: still does not fit */
+    rep = nesta(original, "expandable_segments:True", 0);
+    r = &rep->ranks[0];
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(!r->oom_verdict.fits, "expandable segments would not have saved it");
+    cr_expect(r->oom_verdict.short_packed > 0 && r->oom_verdict.margin > 0);
+    cr_expect_eq(r->oom_verdict.capacity, NESTA_CAPACITY);
+    memsim_report_free(rep);
+
+    /* a device with the shortfall and more: it fits, and the margin is what is left */
+    rep = nesta(original, NULL, NESTA_CAPACITY + NESTA_SHORT + ((memsim_size_t)64 << 20));
+    r = &rep->ranks[0];
+    cr_assert(r->oom_verdict.replayed);
+    cr_expect(r->oom_verdict.fits);
+    cr_expect_eq(r->oom_verdict.margin, (memsim_size_t)64 << 20, "margin %" G_GUINT64_FORMAT,
+                 r->oom_verdict.margin);
+    cr_expect(r->fits);
+    memsim_report_free(rep);
+}
+
+Test(snapshots, recorded_oom_replayed)
+{
+    check_nesta_oom(FALSE);
+}
+
+Test(snapshots, recorded_oom_replayed_original)
+{
+    check_nesta_oom(TRUE);
+}
+
+/* The CLI says so: replay, its what-if, compare per policy, and the HTML report. */
+Test(snapshots, recorded_oom_in_every_output, .timeout = 120)
+{
+    g_autofree char *path = fixture_path(goldens[5].file);
+    g_autofree char *out = NULL, *err = NULL;
+    const char *replay[] = {"replay", path, NULL};
+    cr_expect_eq(tu_run_memsim(replay, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "the recorded OOM's request on 21.94 GiB: DOES NOT FIT, short by "
+                          "131.62 MiB"), "%s", out);
+    g_free(out);
+    g_free(err);
+    const char *whatif[] = {"replay", path, "--alloc-conf", "expandable_segments:True", NULL};
+    cr_expect_eq(tu_run_memsim(whatif, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "the recorded OOM's request (event 911) on 21.94 GiB: still DOES NOT "
+                          "FIT with the what-if settings"), "%s", out);
+    g_free(out);
+    g_free(err);
+    const char *cmp[] = {"compare", path, "--allocators", "torch,torch:expandable_segments=True",
+                         NULL};
+    cr_expect_eq(tu_run_memsim(cmp, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "event 911 (the recorded OOM): short by 131.62 MiB"), "%s", out);
+    cr_expect(strstr(out, "torch:expandable_segments=True event 911 on 21.94 GiB: does not fit"),
+              "%s", out);
+    g_free(out);
+    g_free(err);
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *html = g_build_filename(dir, "r.html", NULL);
+    const char *rep[] = {"replay", path, "--report", html, NULL};
+    cr_expect_eq(tu_run_memsim(rep, &out, &err), 0, "%s", err);
+    g_autofree char *page = NULL;
+    cr_assert(g_file_get_contents(html, &page, NULL, NULL));
+    cr_expect(strstr(page, "the recorded OOM at event 911 (384.00 MiB requested) does not fit on "
+                           "21.94 GiB: short by 131.62 MiB"));
+    cr_expect(!strstr(page, "no OOM"));
+}
+
+/* Who holds the memory: the top allocation site at the peak of two real snapshots that start
+ * from an empty allocator, against an independent reader in Python (Debian's python3, its
+ * pickle module with every global refused): it follows the trace's alloc and free_requested
+ * entries, takes the moment the live requested bytes are at their most, and groups the live
+ * allocations by their first Python frame outside torch and installed packages ("(no
+ * frames)" for an allocation without any Python frame, as autograd's own). */
+static const char site_reader[] =
+    "import pickle, sys\n"
+    "class U(pickle.Unpickler):\n"
+    "    def find_class(self, m, n): raise pickle.UnpicklingError('global')\n"
+    "d = U(open(sys.argv[1], 'rb')).load()\n"
+    "SKIP = ('/torch/', '/site-packages/', '/dist-packages/', '/lib/python3', '<frozen')\n"
+    "def site(e):\n"
+    "    if not any(f['filename'].endswith('.py') for f in e['frames']):\n"
+    "        return '(no frames)'\n"
+    "    for f in e['frames']:\n"
+    "        fn = f['filename']\n"
+    "        if fn.endswith('.py') and not any(k in fn for k in SKIP):\n"
+    "            return '%s:%d %s' % (fn, f['line'], f['name'])\n"
+    "    return '(library code only)'\n"
+    "live, total, best, at = {}, 0, -1, None\n"
+    "for e in d['device_traces'][0]:\n"
+    "    if e['action'] == 'alloc':\n"
+    "        live[e['addr']] = (e['size'], site(e)); total += e['size']\n"
+    "        if total > best:\n"
+    "            best = total; at = dict(live)\n"
+    "    elif e['action'] == 'free_requested' and e['addr'] in live:\n"
+    "        total -= live.pop(e['addr'])[0]\n"
+    "by = {}\n"
+    "for size, s in at.values(): by[s] = by.get(s, 0) + size\n"
+    "print(max(by.items(), key=lambda kv: kv[1])[0])\n";
+
+static void check_top_site(const char *file, gboolean user_code)
+{
+    g_autofree char *rel = g_build_filename("torch-snapshots", file, NULL);
+    g_autofree char *path = tu_shared_path_or_skip(rel);
+    if (!g_file_test("/usr/bin/python3", G_FILE_TEST_IS_EXECUTABLE))
+        cr_skip_test("/usr/bin/python3 absent: the independent reader cannot run");
+    const char *argv[] = {"/usr/bin/python3", "-c", site_reader, path, NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    gint status = 0;
+    GError *error = NULL;
+    cr_assert(g_spawn_sync(NULL, (char **)argv, NULL, 0, NULL, NULL, &out, &err, &status, &error),
+              "%s", error ? error->message : "?");
+    cr_assert(g_spawn_check_wait_status(status, NULL), "python: %s", err);
+    g_strchomp(out);
+    MemsimReport *rep = memsim_replay_path(path, NULL, &error);
+    cr_assert(rep, "%s", error ? error->message : "?");
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_assert_gt(r->n_sites_at_peak, 0);
+    if (user_code)
+        cr_expect(out[0] == '/' && strstr(out, ".py:"),
+                  "%s: the top site is no frame of the program's: %s", file, out);
+    cr_expect_str_eq(r->sites_at_peak[0].site, out, "%s: memsim's top site %s, Python's %s", file,
+                     r->sites_at_peak[0].site, out);
+    memsim_report_free(rep);
+}
+
+Test(snapshots, top_site_at_peak_nesta, .timeout = 120)
+{
+    check_top_site("Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle", TRUE);
+}
+
+Test(snapshots, top_site_at_peak_shreyansh, .timeout = 120)
+{
+    check_top_site("shreyansh26__MLSys-Experiments__profile_grad.pkl", TRUE);
+}
+
+Test(snapshots, top_site_at_peak_silmont, .timeout = 120)
+{
+    /* its peak is in the backward pass: autograd's allocations, without Python frames */
+    check_top_site("silmont2000__assignment2-systems__mem_snapshot.pickle", FALSE);
 }

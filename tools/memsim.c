@@ -235,7 +235,7 @@ static void exports_clear(Exports *x)
 static int cmd_replay(int argc, char **argv)
 {
     gboolean verify = FALSE, json = FALSE, check = FALSE;
-    char *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL;
+    char *allocator = NULL, *alloc_conf = NULL, *gpu_mem = NULL, *frames_skip = NULL;
     Exports ex = {0};
     MemsimTimeline *tl = NULL;
     GOptionEntry entries[] = {
@@ -250,6 +250,11 @@ static int cmd_replay(int argc, char **argv)
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
          "Device memory available to the allocator, a size (80GiB) or a GPU name (default: the "
          "trace's recorded capacity, else unlimited)", "SIZE|GPU"},
+        {"frames-skip", 0, 0, G_OPTION_ARG_STRING, &frames_skip,
+         "Snapshots: who holds the memory is the first frame of each allocation in a file "
+         "whose name contains none of these comma-separated texts, nor /torch/, "
+         "/site-packages/, /dist-packages/, /lib/python3 or <frozen",
+         "TEXT,..."},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON instead of a table", NULL},
         EXPORT_ENTRIES(ex),
         {"check", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &check,
@@ -292,6 +297,7 @@ static int cmd_replay(int argc, char **argv)
     o.allocator = allocator;
     o.verify = verify;
     o.check_invariants = check;
+    o.frames_skip = frames_skip;
     if (gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &o.capacity, NULL, &error)) {
         rc = report_error("replay", error);
         goto out;
@@ -303,6 +309,8 @@ static int cmd_replay(int argc, char **argv)
         rc = report_error("replay", error);
         goto out;
     }
+    for (char **w = base->warnings; w && *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
     MemsimReport *alt = NULL;
     if (alloc_conf) {
         MemsimReplayOptions o2 = o;
@@ -358,6 +366,33 @@ static int cmd_replay(int argc, char **argv)
                                            32),
                        alt->ranks[i].oom.happened ? "  OOM" : "");
             printf("(peaks; the what-if run replays the same request stream)\n");
+            for (guint i = 0; i < alt->n_ranks; i++) {
+                const MemsimOomVerdict *v = &alt->ranks[i].oom_verdict;
+                if (!v->replayed)
+                    continue;
+                if (v->fits)
+                    printf("rank %u: the recorded OOM's request (event %" G_GUINT64_FORMAT
+                           ") on %s: FITS with the what-if settings, %s left free on the device\n",
+                           alt->ranks[i].rank, v->event_index,
+                           memsim_format_bytes(v->capacity, a, 32),
+                           memsim_format_bytes(v->margin, b, 32));
+                else
+                    printf("rank %u: the recorded OOM's request (event %" G_GUINT64_FORMAT
+                           ") on %s: still DOES NOT FIT with the what-if settings, short by %s; "
+                           "%s free in cached blocks: short by %s even if all of it were usable\n",
+                           alt->ranks[i].rank, v->event_index,
+                           memsim_format_bytes(v->capacity, a, 32),
+                           memsim_format_bytes(v->margin, b, 32),
+                           memsim_format_bytes(v->cached_free, c, 32),
+                           memsim_format_bytes(v->short_packed, d, 32));
+                if (alt->ranks[i].oom.happened)
+                    printf("rank %u: the next failure with the what-if settings: out of memory "
+                           "at event %" G_GUINT64_FORMAT "\n",
+                           alt->ranks[i].rank, alt->ranks[i].oom.event_index);
+                else
+                    printf("rank %u: no further failure with the what-if settings\n",
+                           alt->ranks[i].rank);
+            }
         }
     }
     memsim_report_free(base);
@@ -366,6 +401,7 @@ static int cmd_replay(int argc, char **argv)
 out:
     g_option_context_free(ctx);
     g_free(allocator);
+    g_free(frames_skip);
     g_free(alloc_conf);
     g_free(gpu_mem);
     exports_clear(&ex);
@@ -793,7 +829,8 @@ static int cmd_compare(int argc, char **argv)
          "Compare on the generated trace of a run of this model (a preset or a config.json) "
          "instead of a trace file", "MODEL"},
         {"gpu-mem", 0, 0, G_OPTION_ARG_STRING, &gpu_mem,
-         "Device memory, e.g. 80GiB: where each policy runs out (default: unlimited)", "SIZE"},
+         "Device memory, e.g. 80GiB: where each policy runs out (default: the trace's recorded "
+         "capacity, else unlimited)", "SIZE"},
         {"cuda-context", 0, 0, G_OPTION_ARG_STRING, &context,
          "With --model: memory outside the allocator (default 500MiB; a trace file: 0)", "SIZE"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
@@ -851,6 +888,8 @@ static int cmd_compare(int argc, char **argv)
         g_autofree char *desc = memsim_run_describe(&run);
         c->source = g_strdup_printf("%s, %s", memsim_model_name(m), desc);
     }
+    for (char **w = memsim_trace_header(t)->warnings; w && *w; w++)
+        fprintf(stderr, "memsim: warning: %s\n", *w);
     memsim_comparison_set_device(c, gpu, ctxb);
     text = json ? memsim_comparison_to_json(c) : memsim_comparison_to_text(c);
     fputs(text, stdout);

@@ -32,7 +32,9 @@ typedef struct {
     /* PYTORCH_CUDA_ALLOC_CONF string for the torch policy; NULL = the trace's recorded
      * settings (if any). Ignored by other policies. */
     const char *alloc_conf;
-    /* Device bytes available to the allocator; 0 = the trace's capacity, else unlimited. */
+    /* Device bytes available to the allocator; 0 = the trace's capacity (a snapshot's: each
+     * rank's recorded at its OOM), else unlimited; G_MAXUINT64 = unlimited whatever the
+     * trace records. */
     memsim_size_t capacity;
     /* Check each recorded allocator action against the model. */
     gboolean verify;
@@ -47,9 +49,26 @@ typedef struct {
     gboolean untimed;
     /* The host's time to issue one timed op, µs (the GPU profile's dispatch_us); 0 = 10. */
     double dispatch_us;
+    /* Allocation sites (snapshots, whose allocs carry their Python stacks): the site is the
+     * first frame whose file name contains none of these comma-separated texts, beside
+     * those always skipped (/torch/, /site-packages/, /dist-packages/, /lib/python3,
+     * <frozen); NULL = those alone. */
+    const char *frames_skip;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, 0.0}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, 0.0, NULL}
+
+/* Live bytes of one allocation site (MemsimRankReport.sites_at_peak). */
+typedef struct {
+    char *site;           /* "FILE:LINE FUNCTION", or "(before the trace)" */
+    memsim_size_t bytes;  /* block bytes live */
+    uint64_t count;       /* live blocks */
+    uint8_t category;     /* MemsimCategory of its first allocation */
+    uint8_t phase;        /* MemsimPhase running at its first allocation */
+} MemsimSite;
+
+/* How many sites a report keeps, the largest first. */
+#define MEMSIM_TOP_SITES 10
 
 /* A live tensor of a replay: its block's address, the bytes the program asked for, the
  * stream it was allocated on and its category. */
@@ -99,6 +118,27 @@ typedef struct {
     uint8_t phase;
     uint32_t step;
 } MemsimOomInfo;
+
+/* A recorded OOM (recorded_oom) replayed as the allocation it was: the failed request is
+ * asked of the policy at the rank's capacity. The replay goes on after it either way (the
+ * recorded program did: it caught the error); a request that is served is freed again at
+ * once, as the program never held it. */
+typedef struct {
+    gboolean replayed;         /* a recorded OOM was replayed on a known capacity */
+    gboolean fits;             /* the policy served the request */
+    uint64_t event_index;
+    memsim_size_t rounded;     /* the recorded (rounded) request */
+    memsim_size_t capacity;    /* the rank's device bytes it was asked on */
+    memsim_size_t allocated;   /* with the request (fits), or when it failed */
+    memsim_size_t reserved;
+    memsim_size_t device_free; /* capacity − reserved then */
+    memsim_size_t cached_free; /* reserved − allocated then: free bytes in cached blocks */
+    /* fits: capacity − reserved with the request placed (the headroom left); else the bytes
+     * the device lacked: the request rounded as the policy rounds it − device_free */
+    memsim_size_t margin;
+    /* not fits: what would still lack if every free cached byte were usable too (0: none) */
+    memsim_size_t short_packed;
+} MemsimOomVerdict;
 
 /* Peaks between two "step N" marks, overall and per phase of the running op. */
 typedef struct {
@@ -159,6 +199,8 @@ typedef struct {
     MemsimAllocShape shape_final;                         /* free-space shape at the end */
     MemsimOomInfo oom;          /* the first simulated OOM (the rank stops there) */
     MemsimOomInfo recorded_oom; /* an OOM the recording itself contains (snapshots) */
+    MemsimOomVerdict oom_verdict; /* that OOM's request replayed at `capacity` */
+    memsim_size_t capacity;     /* this rank's device bytes for the allocator, 0 = unlimited */
     /* --verify */
     gboolean verified;
     uint64_t verify_checked;
@@ -178,6 +220,14 @@ typedef struct {
     memsim_size_t recorded_final_allocated;
     /* The program's host (CPU) memory at its most, from the trace (offload); 0 = none. */
     memsim_size_t host_peak;
+    /* Who holds the memory (traces whose allocs name their site: snapshots): the largest
+     * sites at the peak of allocated bytes, and at the first OOM (simulated, or the recorded
+     * one that does not fit). */
+    uint32_t n_sites_at_peak;
+    MemsimSite *sites_at_peak;
+    uint32_t n_sites_at_oom;
+    MemsimSite *sites_at_oom;
+    uint64_t sites_oom_event;
 } MemsimRankReport;
 
 typedef struct MemsimReport {
@@ -194,6 +244,9 @@ typedef struct MemsimReport {
     uint32_t n_ranks;
     MemsimRankReport *ranks;
     MemsimTimeModel time_model; /* what the op durations assumed (generated traces) */
+    /* What the trace's importer found odd but read anyway (MemsimTraceHeader.warnings), one
+     * line each; NULL-terminated, or NULL for none. */
+    char **warnings;
 } MemsimReport;
 
 typedef struct MemsimReplay MemsimReplay;

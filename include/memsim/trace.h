@@ -34,7 +34,9 @@ typedef uint64_t memsim_size_t;
 
 typedef enum {
     MEMSIM_EV_ALLOC = 1,     /* id=tensor, size=requested bytes, stream, category; addr=recorded
-                                address when flags has MEMSIM_EVF_ADDR */
+                                address when flags has MEMSIM_EVF_ADDR; aux (snapshots) = the
+                                string index + 1 of its Python stack ("FILE:LINE NAME" lines,
+                                innermost first; the replay's allocation site), 0 = none */
     MEMSIM_EV_FREE = 2,      /* id=tensor: the program drops it (free_requested) */
     MEMSIM_EV_USE = 3,       /* id=tensor used on `stream` too (record_stream) */
     MEMSIM_EV_OP = 4,        /* id=op index into the header's op table; stream */
@@ -152,6 +154,15 @@ typedef struct {
     /* Generated traces: the most host (CPU) memory the rank's program holds at once —
      * parameters, gradients, optimizer state offloaded to the CPU (0 = none, or unknown). */
     uint64_t host_peak;
+    /* Snapshots with a recorded OOM: the device bytes the allocator could have had — what it
+     * held then plus what the driver reported free (the OOM record's device_free); 0 =
+     * unknown. The replay's capacity for this rank when none is given. */
+    uint64_t capacity;
+    /* Snapshots: recorded facts that contradict the recording's own state (a free of an
+     * address nothing holds, a block state that does not exist, a segment's allocated_size
+     * beyond its size), imported anyway, each with a warning (MemsimTraceHeader.warnings);
+     * --verify counts each as a mismatch. Not carried by the trace formats. */
+    uint64_t n_inconsistent;
 } MemsimRankInfo;
 
 typedef struct {
@@ -164,6 +175,10 @@ typedef struct {
     char **strings;     /* op names, MARK texts */
     uint32_t n_ops;
     MemsimOpInfo *ops;
+    /* What an importer found odd but read anyway (unknown trace actions, inconsistent
+     * recorded state), one line each naming the file and the record; NULL-terminated, or
+     * NULL for none. Not carried by the trace formats. */
+    char **warnings;
 } MemsimTraceHeader;
 
 /* An in-memory trace: a header plus one event array per rank. */

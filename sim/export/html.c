@@ -123,7 +123,13 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
         row_dl(s, "GPU memory", fb(rep->gpu_mem, a));
     if (rep->context_bytes)
         row_dl(s, "CUDA context and libraries", fb(rep->context_bytes, a));
-    row_dl(s, "allocator capacity", rep->capacity ? fb(rep->capacity, a) : "unlimited");
+    if (rep->capacity || rep->n_ranks == 0 || !rep->ranks[0].capacity)
+        row_dl(s, "allocator capacity", rep->capacity ? fb(rep->capacity, a) : "unlimited");
+    else {
+        g_autofree char *cap = g_strdup_printf("%s, as recorded at its OOM",
+                                               fb(rep->ranks[0].capacity, a));
+        row_dl(s, "allocator capacity", cap);
+    }
     g_string_append(s, "</dl>\n");
 
     /* Peaks. */
@@ -146,6 +152,15 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
             g_string_append_printf(s, "<td class='l nofit'>OUT OF MEMORY at event %" PRIu64
                                       " (%s requested)</td></tr>\n",
                                    r->oom.event_index, fb(r->oom.requested, a));
+        else if (r->oom_verdict.replayed)
+            g_string_append_printf(s, "<td class='l %s'>the recorded OOM at event %" PRIu64
+                                      " (%s requested) %s on %s: %s %s</td></tr>\n",
+                                   r->oom_verdict.fits ? "fit" : "nofit",
+                                   r->oom_verdict.event_index, fb(r->oom_verdict.rounded, a),
+                                   r->oom_verdict.fits ? "fits" : "does not fit",
+                                   fb(r->oom_verdict.capacity, b),
+                                   r->oom_verdict.fits ? "margin" : "short by",
+                                   fb(r->oom_verdict.margin, c));
         else if (rep->gpu_mem)
             g_string_append_printf(s, "<td class='l %s'>%s in %s</td></tr>\n",
                                    r->fits ? "fit" : "nofit", r->fits ? "fits" : "does not fit",
@@ -159,6 +174,30 @@ static char *render(const MemsimReport *rep, const MemsimTimeline *tl, const cha
     g_string_append(s, "<h2>At the peak</h2>\n");
     for (guint i = 0; i < rep->n_ranks && i < 16; i++)
         breakdown(s, &rep->ranks[i]);
+    /* Who holds the memory (allocation sites), at the peak and at the OOM. */
+    for (guint i = 0; i < rep->n_ranks && i < 16; i++) {
+        const MemsimRankReport *r = &rep->ranks[i];
+        for (int which = 0; which < 2; which++) {
+            const MemsimSite *x = which ? r->sites_at_oom : r->sites_at_peak;
+            uint32_t n = which ? r->n_sites_at_oom : r->n_sites_at_peak;
+            if (!n)
+                continue;
+            g_string_append_printf(s, "<h3>Who holds the memory at the %s (rank %u, event %"
+                                      PRIu64 ")</h3>\n<table class=sites><tr><th>bytes</th>"
+                                      "<th>blocks</th><th class=l>allocation site</th>"
+                                      "<th class=l>category</th></tr>\n",
+                                   which ? "OOM" : "peak", r->rank,
+                                   which ? r->sites_oom_event : r->peak_allocated_event);
+            for (uint32_t k = 0; k < n; k++) {
+                g_string_append_printf(s, "<tr><td>%s</td><td>%" PRIu64 "</td><td class=l>",
+                                       fb(x[k].bytes, a), x[k].count);
+                esc(s, x[k].site);
+                g_string_append_printf(s, "</td><td class=l>%s</td></tr>\n",
+                                       memsim_category_name(x[k].category));
+            }
+            g_string_append(s, "</table>\n");
+        }
+    }
     gboolean any_steps = FALSE;
     for (guint i = 0; i < rep->n_ranks; i++)
         any_steps |= rep->ranks[i].n_steps > 0;

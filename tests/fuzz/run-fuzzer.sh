@@ -1,12 +1,12 @@
 #!/bin/sh
 # Builds (when needed) and runs one libFuzzer target of tests/fuzz for a while.
 #
-#     tests/fuzz/run-fuzzer.sh NAME SECONDS        NAME: pickle | mst | text
+#     tests/fuzz/run-fuzzer.sh NAME SECONDS        NAME: pickle | snapshot | mst | text
 #
 # The build lives in build-fuzz/ (clang, ASan + UBSan, every file instrumented for coverage:
 # tools/meson.build gives -fsanitize=fuzzer to the target's own file only, so the library is
 # compiled with -fsanitize=fuzzer-no-link here). The seeds are tests/data/good/*.EXT and
-# tests/data/bad/*.EXT (EXT: pickle, mst, txt), plus, for pickle, the small real snapshots of
+# tests/data/bad/*.EXT (EXT: pickle, mst, txt), plus, for pickles, the small real snapshots of
 # ../shared/data/torch-snapshots (or $MEMSIM_SHARED_DATA/torch-snapshots). The corpus grows
 # in build-fuzz/corpus-NAME/ from run to run.
 #
@@ -16,14 +16,14 @@
 set -eu
 
 usage() {
-    echo "usage: $0 pickle|mst|text SECONDS" >&2
+    echo "usage: $0 pickle|snapshot|mst|text SECONDS" >&2
     exit 2
 }
 [ $# -eq 2 ] || usage
 name=$1
 seconds=$2
 case $name in
-pickle) ext=pickle ;;
+pickle | snapshot) ext=pickle ;;
 mst) ext=mst ;;
 text) ext=txt ;;
 *) usage ;;
@@ -53,7 +53,7 @@ mkdir -p "$seeds" "$corpus" "$artifacts"
 for f in "$root"/tests/data/good/*."$ext" "$root"/tests/data/bad/*."$ext"; do
     [ -f "$f" ] && cp "$f" "$seeds/"
 done
-if [ "$name" = pickle ]; then
+if [ "$ext" = pickle ]; then
     shared=${MEMSIM_SHARED_DATA:-$root/../shared/data}/torch-snapshots
     if [ -d "$shared" ]; then
         # Small ones only: big inputs slow every execution down.

@@ -64,6 +64,7 @@ _memsim_values()
         echo expandable_segments:True max_split_size_mb: roundup_power2_divisions: \
             garbage_collection_threshold: ;;
     -o | --output | --run | --megatron-args | --deepspeed-config) echo __file__ ;;
+    --frames-skip) echo /lib/ /venv/ /opt/ ;;
     --gpu-mem) echo 16GiB 24GiB 40GiB 48GiB 80GiB 141GiB a100-40gb a100-80gb h100-80gb h200 \
         v100-16gb v100-32gb a10g l4 rtx4090 rtx3090 ;;
     *)

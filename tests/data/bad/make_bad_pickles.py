@@ -163,6 +163,33 @@ def bad_files():
     return out
 
 
+def inconsistent_files():
+    """Snapshots that contradict themselves or hold what memsim does not know: read with one
+    warning line per kind (naming the file), exit 0; under --verify each is a mismatch."""
+    out = {}
+    s = snapshot()
+    for k in range(3):  # three entries of one unknown action, one of another
+        s['device_traces'][0].insert(1, {'action': 'frobnicate', 'addr': 0, 'size': 0,
+                                         'stream': 0, 'time_us': 1, 'frames': []})
+    s['device_traces'][0].insert(1, {'action': 'alloc_v2', 'addr': 0, 'size': 0, 'stream': 0,
+                                     'time_us': 1, 'frames': []})
+    s['device_traces'][0].insert(1, {'action': 'user_defined', 'addr': 0, 'size': 0,
+                                     'stream': 0, 'time_us': 1, 'frames': []})
+    out['inconsistent-unknown-actions'] = dumps(s)
+    s = snapshot()
+    # a free of an address no segment holds (far below the only segment)
+    s['device_traces'][0].append({'action': 'free_requested', 'addr': 4096, 'size': 512,
+                                  'stream': 0, 'time_us': 2, 'frames': []})
+    out['inconsistent-free-unknown-address'] = dumps(s)
+    s = snapshot()
+    s['segments'][0]['blocks'][0]['state'] = 'active_awaiting_godot'
+    out['inconsistent-block-state'] = dumps(s)
+    s = snapshot()
+    s['segments'][0]['allocated_size'] = 2097152 * 2
+    out['inconsistent-allocated-size'] = dumps(s)
+    return out
+
+
 # Python's own unpickler (with globals refused) accepts these; memsim must still refuse them.
 PYTHON_LOADS = {'pickle-cycle'}
 
@@ -182,6 +209,12 @@ def main():
             loads = False
         assert loads == (name.startswith('snapshot-') or name in PYTHON_LOADS), name
         path = os.path.join(HERE, name + '.exit2.pickle')
+        with open(path, 'wb') as f:
+            f.write(data)
+        print('%-40s %6d bytes' % (os.path.basename(path), len(data)))
+    for name, data in sorted(inconsistent_files().items()):
+        Restricted(io.BytesIO(data)).load()
+        path = os.path.join(HERE, name + '.exit0.pickle')
         with open(path, 'wb') as f:
             f.write(data)
         print('%-40s %6d bytes' % (os.path.basename(path), len(data)))
