@@ -75,7 +75,7 @@ class Estimate(unittest.TestCase):
     def test_launch_and_config(self):
         """A Megatron-LM launch and a DeepSpeed config, as the command reads them."""
         root = os.environ["MEMSIM_SOURCE_ROOT"]
-        launch = os.path.join(root, "tools", "examples", "megatron", "llama3-70b.sh")
+        launch = os.path.join(root, "tests", "data", "megatron", "run.txt")
         ds = os.path.join(root, "tests", "data", "deepspeed", "hf-trainer-zero2-auto.json")
         self.assertEqual(memsim.estimate(megatron_args=launch),
                          cli_json("estimate", "--megatron-args", launch))
