@@ -362,6 +362,10 @@ Test(config, multimodal_text_tower_not_modelled_is_refused)
             "\"num_hidden_layers\": 34, \"sliding_window\": 1024}, "
             "\"vision_config\": {\"hidden_size\": 1152}}",
             "text_config", "gemma3_text");
+    /* Llama 3.2 Vision as published: cross-attention layers among the text layers */
+    REFUSED("{\"model_type\": \"mllama\", \"text_config\": {\"model_type\": "
+            "\"mllama_text_model\", " TOWER_FIELDS ", \"cross_attention_layers\": [1]}}",
+            "text_config.cross_attention_layers", "cross-attention");
     /* a known family's tower still gives its sizes: never the top level's defaults */
     REFUSED("{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"llama\"}}",
             "text_config.vocab_size", "text_config.hidden_size");

@@ -1108,7 +1108,7 @@ static gboolean finish(Cfg *c, MemsimModel *m, const char *type)
 static const struct {
     const char *type, *as;
 } towers[] = {
-    {"mllama_text_model", "llama"}, /* Llama 3.2 Vision: cross-attention layers as Llama's */
+    {"mllama_text_model", "llama"}, /* Llama 3.2 Vision (without cross-attention layers) */
     {"qwen2_vl_text", "qwen2"},     /* Qwen2-VL, Qwen2.5-VL: Qwen2 with multimodal rotary */
     {"qwen2_5_vl_text", "qwen2"},
 };
@@ -1140,6 +1140,19 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     char type[64];
     if (!get_str(&t, N("model_type"), "", type, sizeof type))
         return FALSE;
+    /* Llama 3.2 Vision's text model interleaves cross-attention layers (MllamaCrossAttention-
+     * DecoderLayer: gated cross-attention on the image states, with q/k norms), which a
+     * text-only forward skips (modeling_mllama.py MllamaTextModel.forward) while their
+     * parameters stay: neither is a Llama layer */
+    if (strcmp(type, "mllama_text_model") == 0 &&
+        json_object_has_member(t.o, "cross_attention_layers")) {
+        JsonNode *x = json_object_get_member(t.o, "cross_attention_layers");
+        if (!JSON_NODE_HOLDS_ARRAY(x) || json_array_get_length(json_node_get_array(x)) > 0)
+            return bad(&t, "cross_attention_layers",
+                       "Llama 3.2 Vision's cross-attention layers (skipped by a text-only "
+                       "forward, their parameters kept) are not modelled: read as Llama layers "
+                       "they would be counted and run as self-attention");
+    }
     const char *as = NULL;
     bool strict = false;
     Family fam;
