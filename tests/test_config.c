@@ -563,7 +563,9 @@ Test(config, every_field_refuses_bad_values, .timeout = 240)
                     continue;
                 g_autofree char *json = with_value(b, f->name, v);
                 load_refused(json, f->name);
-                if (k == 0 || every) {
+                /* (the sanitised build, 40 times slower per process, takes the command's
+                 * path for llama's and gpt_neox's fields only; the library's for all) */
+                if ((k == 0 && !tu_sanitized()) || every) {
                     REFUSED(json, f->name);
                     commands++;
                 }
@@ -577,6 +579,7 @@ Test(config, every_field_refuses_bad_values, .timeout = 240)
     cr_expect_eq(all_kinds, (1u << N_KINDS) - 1,
                  "the command takes every bad value of each kind (%#x)", all_kinds);
     cr_expect_geq(cases, 1500, "bad-configs.txt gives %d cases", cases);
-    cr_expect_geq(commands, 300, "%d cases through the command", commands);
+    cr_expect_geq(commands, tu_sanitized() ? 100 : 300, "%d cases through the command",
+                  commands);
     table_free(t);
 }
