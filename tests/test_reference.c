@@ -20,7 +20,6 @@
 
 #include "testutil.h"
 
-#define PYTHON "/usr/bin/python3"
 /* What README.md claims: each step's peak allocated within 0.1% of the recording, each
  * phase's (forward, backward, optimizer) within 0.5%. */
 #define STEP_BOUND 0.001
@@ -28,31 +27,7 @@
 
 static char *record_all(void)
 {
-    if (!g_file_test(PYTHON, G_FILE_TEST_IS_EXECUTABLE)) {
-        cr_skip_test("%s is absent: cannot record the PyTorch reference", PYTHON);
-        return NULL;
-    }
-    const char *probe[] = {PYTHON, "-c", "import torch", NULL};
-    int st = 0;
-    g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL, NULL, NULL,
-                 &st, NULL);
-    if (!g_spawn_check_wait_status(st, NULL)) {
-        cr_skip_test("python3-torch is not installed (apt-get install python3-torch): the "
-                     "PyTorch reference cannot be recorded");
-        return NULL;
-    }
-    char *dir = tu_tmpdir();
-    g_autofree char *script =
-        g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests", "reference",
-                         "record_reference.py", NULL);
-    const char *argv[] = {PYTHON, script, dir, NULL};
-    g_autofree char *out = NULL, *err = NULL;
-    GError *error = NULL;
-    gboolean ok = g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err,
-                               &st, &error);
-    cr_assert(ok && g_spawn_check_wait_status(st, NULL), "recording failed: %s\n%s",
-              error ? error->message : "", err);
-    return dir;
+    return tu_record_reference("record_reference.py");
 }
 
 static const char *str_member(JsonObject *o, const char *k)
@@ -111,21 +86,9 @@ static int compare_case(const char *dir, const char *json_path, void (*mutate)(M
     JsonObject *run_o = json_object_get_object_member(c, "run");
 
     /* the model's config.json, as the generator reads it */
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    json_generator_set_root(gen, json_object_get_member(c, "config"));
-    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", dir, name);
-    cr_assert(json_generator_to_file(gen, cfg, NULL));
-
-    MemsimModel *m = memsim_model_load(cfg, &error);
-    cr_assert(m, "%s: %s", name, error ? error->message : "?");
     MemsimRun run = memsim_run_defaults();
+    MemsimModel *m = tu_case_load(c, dir, &run);
     char buf[32];
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
-    tu_set(&run, "batch", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
-    tu_set(&run, "seq", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
-    tu_set(&run, "steps", buf);
     tu_set(&run, "precision", "fp32");
     tu_set(&run, "optimizer", "adamw");
     tu_set(&run, "optimizer-impl", str_member(run_o, "optimizer_impl"));

@@ -47,21 +47,9 @@ static int compare_case(const char *json_path, int *checks_out, double worst[3])
                  json_array_get_length(ranks));
 
     g_autofree char *tmp = tu_tmpdir();
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    json_generator_set_root(gen, json_object_get_member(c, "config"));
-    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", tmp, name);
-    cr_assert(json_generator_to_file(gen, cfg, NULL));
-
-    MemsimModel *m = memsim_model_load(cfg, &error);
-    cr_assert(m, "%s: %s", name, error ? error->message : "?");
     MemsimRun run = memsim_run_defaults();
+    MemsimModel *m = tu_case_load(c, tmp, &run);
     char buf[32];
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
-    tu_set(&run, "batch", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
-    tu_set(&run, "seq", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
-    tu_set(&run, "steps", buf);
     tu_set(&run, "precision", json_object_get_string_member(run_o, "precision"));
     tu_set(&run, "optimizer", json_object_get_string_member(run_o, "optimizer"));
     tu_set(&run, "optimizer-impl", json_object_get_string_member(run_o, "optimizer_impl"));

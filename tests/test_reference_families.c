@@ -16,51 +16,12 @@
 
 #include "testutil.h"
 
-#define PYTHON "/usr/bin/python3"
 #define STEP_BOUND 0.01
 #define PHASE_BOUND 0.02
 
 static char *record_all(void)
 {
-    if (!g_file_test(PYTHON, G_FILE_TEST_IS_EXECUTABLE)) {
-        cr_skip_test("%s is absent: cannot record the PyTorch reference", PYTHON);
-        return NULL;
-    }
-    const char *probe[] = {PYTHON, "-c", "import torch", NULL};
-    int st = 0;
-    g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL, NULL, NULL,
-                 &st, NULL);
-    if (!g_spawn_check_wait_status(st, NULL)) {
-        cr_skip_test("python3-torch is not installed (apt-get install python3-torch): the "
-                     "PyTorch reference cannot be recorded");
-        return NULL;
-    }
-    char *dir = tu_tmpdir();
-    g_autofree char *script = g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests",
-                                               "reference", "record_families.py", NULL);
-    const char *argv[] = {PYTHON, script, dir, NULL};
-    g_autofree char *out = NULL, *err = NULL;
-    GError *error = NULL;
-    gboolean ok = g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err,
-                               &st, &error);
-    cr_assert(ok && g_spawn_check_wait_status(st, NULL), "recording failed: %s\n%s",
-              error ? error->message : "", err);
-    return dir;
-}
-
-static void set(MemsimRun *run, const char *k, const char *v)
-{
-    GError *e = NULL;
-    gboolean ok = memsim_run_set(run, k, v, &e);
-    cr_assert(ok, "%s=%s: %s", k, v, ok ? "" : e->message);
-}
-
-static const MemsimStepPeaks *step_of(const MemsimRankReport *r, uint32_t step)
-{
-    for (guint i = 0; i < r->n_steps; i++)
-        if (r->steps[i].step == step)
-            return &r->steps[i];
-    return NULL;
+    return tu_record_reference("record_families.py");
 }
 
 /* The number of comparisons off by more than the bounds (each reported). */
@@ -71,27 +32,15 @@ static int compare_case(const char *dir, const char *json_path, double *worst)
     cr_assert(json_parser_load_from_file(p, json_path, &error), "%s", json_path);
     JsonObject *c = json_node_get_object(json_parser_get_root(p));
     const char *name = json_object_get_string_member(c, "case");
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    json_generator_set_root(gen, json_object_get_member(c, "config"));
-    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", dir, name);
-    cr_assert(json_generator_to_file(gen, cfg, NULL));
-    MemsimModel *m = memsim_model_load(cfg, &error);
-    cr_assert(m, "%s: %s", name, error ? error->message : "?");
     MemsimRun run = memsim_run_defaults();
-    char buf[32];
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "batch"));
-    set(&run, "batch", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "seq"));
-    set(&run, "seq", buf);
-    g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, "steps"));
-    set(&run, "steps", buf);
-    set(&run, "precision", "fp32");
-    set(&run, "optimizer", "adamw");
-    set(&run, "optimizer-impl", "for-loop");
-    set(&run, "zero-grad", "none");
-    set(&run, "attention", "eager");
-    set(&run, "torch-version", "1.13");
-    set(&run, "device", "cpu");
+    MemsimModel *m = tu_case_load(c, dir, &run);
+    tu_set(&run, "precision", "fp32");
+    tu_set(&run, "optimizer", "adamw");
+    tu_set(&run, "optimizer-impl", "for-loop");
+    tu_set(&run, "zero-grad", "none");
+    tu_set(&run, "attention", "eager");
+    tu_set(&run, "torch-version", "1.13");
+    tu_set(&run, "device", "cpu");
     MemsimTrace *t = memsim_generate(m, &run, &error);
     cr_assert(t, "%s: %s", name, error ? error->message : "?");
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
@@ -104,7 +53,7 @@ static int compare_case(const char *dir, const char *json_path, double *worst)
     const MemsimRankReport *a = &ours->ranks[0], *b = &real->ranks[0];
     int off = 0;
     for (uint32_t s = 1; s <= (uint32_t)run.steps; s++) {
-        const MemsimStepPeaks *sa = step_of(a, s), *sb = step_of(b, s);
+        const MemsimStepPeaks *sa = tu_step_of(a, s), *sb = tu_step_of(b, s);
         cr_assert(sa && sb, "%s: step %u missing", name, s);
         double e = ((double)sa->peak_allocated - (double)sb->peak_allocated) /
                    (double)sb->peak_allocated;

@@ -183,6 +183,55 @@ GByteArray *tu_none_flood_pickle(gsize n, gsize batch)
 
 /* ---- comparisons with real recordings ---- */
 
+#define REFERENCE_PYTHON "/usr/bin/python3"
+
+char *tu_record_reference(const char *script)
+{
+    if (!g_file_test(REFERENCE_PYTHON, G_FILE_TEST_IS_EXECUTABLE)) {
+        cr_skip_test("%s is absent: cannot record the PyTorch reference", REFERENCE_PYTHON);
+        return NULL;
+    }
+    const char *probe[] = {REFERENCE_PYTHON, "-c", "import torch", NULL};
+    int st = 0;
+    g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL, NULL, NULL,
+                 &st, NULL);
+    if (!g_spawn_check_wait_status(st, NULL)) {
+        cr_skip_test("python3-torch is not installed (apt-get install python3-torch): the "
+                     "PyTorch reference cannot be recorded");
+        return NULL;
+    }
+    char *dir = tu_tmpdir();
+    g_autofree char *path =
+        g_build_filename(g_getenv("MEMSIM_SOURCE_ROOT"), "tests", "reference", script, NULL);
+    const char *argv[] = {REFERENCE_PYTHON, path, dir, NULL};
+    g_autofree char *out = NULL, *err = NULL;
+    GError *error = NULL;
+    gboolean ok = g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err,
+                               &st, &error);
+    cr_assert(ok && g_spawn_check_wait_status(st, NULL), "recording failed: %s\n%s",
+              error ? error->message : "", err);
+    return dir;
+}
+
+MemsimModel *tu_case_load(JsonObject *c, const char *dir, MemsimRun *run)
+{
+    const char *name = json_object_get_string_member(c, "case");
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_root(gen, json_object_get_member(c, "config"));
+    g_autofree char *cfg = g_strdup_printf("%s/%s.config.json", dir, name);
+    cr_assert(json_generator_to_file(gen, cfg, NULL));
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(cfg, &error);
+    cr_assert(m, "%s: %s", name, error ? error->message : "?");
+    static const char *const sizes[] = {"batch", "seq", "steps"};
+    for (gsize i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        char buf[32];
+        g_snprintf(buf, sizeof buf, "%" G_GINT64_FORMAT, json_object_get_int_member(c, sizes[i]));
+        tu_set(run, sizes[i], buf);
+    }
+    return m;
+}
+
 void tu_set(MemsimRun *run, const char *key, const char *value)
 {
     GError *e = NULL;

@@ -3,6 +3,7 @@
 #define MEMSIM_TESTUTIL_H
 
 #include <glib.h>
+#include <json-glib/json-glib.h>
 #include <memsim/gen.h>
 #include <memsim/sim.h>
 #include <memsim/trace.h>
@@ -48,6 +49,12 @@ char *tu_tmpdir(void);
 
 /* ---- comparisons with real recordings (test_reference*.c) ---- */
 
+/* Runs tests/reference/SCRIPT with Debian's python3 (torch 1.13) into a new temporary folder
+ * and returns it; skips the test, saying why, when python3 or its torch is absent. */
+char *tu_record_reference(const char *script);
+/* A recorded case (its JSON object: "case", "config", "batch", "seq", "steps"): its config
+ * written into `dir` and loaded, and its batch, sequence and steps set on `run`. */
+MemsimModel *tu_case_load(JsonObject *c, const char *dir, MemsimRun *run);
 /* Sets a run setting; fails the test naming it when refused. */
 void tu_set(MemsimRun *run, const char *key, const char *value);
 /* The peaks of step `step` of a rank's report, or NULL. */
