@@ -152,17 +152,7 @@ static AgTensor *gemma_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
 {
     AgGraph *g = md->g;
     DType in_dt = x->dt;
-    AgTensor *x32 = op_to(g, x, DT_F32);
-    AgTensor *p = op_unary(g, UN_SQUARE, x32);
-    AgTensor *var = op_mean_lastdim(g, p);
-    U(p);
-    AgTensor *ve = op_scalar(g, BIN_ADD, var);
-    U(var);
-    AgTensor *r = op_unary(g, UN_RSQRT, ve);
-    U(ve);
-    AgTensor *y = op_binary(g, BIN_MUL, x32, r);
-    U(r);
-    U(x32);
+    AgTensor *y = nn_rms_normalize(md, x);
     AgTensor *w32 = op_to(g, w, DT_F32);
     AgTensor *w1 = op_scalar(g, BIN_ADD, w32);
     U(w32);
@@ -180,17 +170,7 @@ static AgTensor *olmo2_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
 {
     AgGraph *g = md->g;
     DType in_dt = x->dt;
-    AgTensor *x32 = op_to(g, x, DT_F32);
-    AgTensor *p = op_unary(g, UN_SQUARE, x32);
-    AgTensor *var = op_mean_lastdim(g, p);
-    U(p);
-    AgTensor *ve = op_scalar(g, BIN_ADD, var);
-    U(var);
-    AgTensor *r = op_unary(g, UN_RSQRT, ve);
-    U(ve);
-    AgTensor *y = op_binary(g, BIN_MUL, x32, r);
-    U(r);
-    U(x32);
+    AgTensor *y = nn_rms_normalize(md, x);
     AgTensor *o = op_binary(g, BIN_MUL, w, y);
     U(y);
     AgTensor *out = op_to(g, o, in_dt);

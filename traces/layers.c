@@ -275,11 +275,9 @@ static AgTensor *lin_local(Model *md, Lin *l, AgTensor *x)
     return out;
 }
 
-/* HF LlamaRMSNorm (§2.6): x.to(f32), pow, mean, +eps, rsqrt, mul, .to(dt), weight * y */
-AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
+AgTensor *nn_rms_normalize(Model *md, AgTensor *x)
 {
     AgGraph *g = md->g;
-    DType in_dt = x->dt;
     AgTensor *x32 = op_to(g, x, DT_F32);
     AgTensor *p = op_unary(g, UN_SQUARE, x32);
     AgTensor *var = op_mean_lastdim(g, p);
@@ -291,6 +289,15 @@ AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
     AgTensor *y = op_binary(g, BIN_MUL, x32, r);
     U(r);
     U(x32);
+    return y;
+}
+
+/* HF LlamaRMSNorm (§2.6): x.to(f32), pow, mean, +eps, rsqrt, mul, .to(dt), weight * y */
+AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
+{
+    AgGraph *g = md->g;
+    DType in_dt = x->dt;
+    AgTensor *y = nn_rms_normalize(md, x);
     AgTensor *yb = op_to(g, y, in_dt);
     U(y);
     AgTensor *out = op_binary(g, BIN_MUL, w, yb);

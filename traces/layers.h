@@ -38,6 +38,9 @@ double nn_tp_us(const Model *md, MemsimCollectiveKind kind, uint64_t bytes);
 AgTensor *nn_sp_column_linear(Model *md, Lin *l, AgTensor *x);
 AgTensor *nn_sp_reduce_scatter(Model *md, AgTensor *full);
 AgTensor *nn_lin(Model *md, Lin *l, AgTensor *x);
+/* The part every RMSNorm shares: x.to(f32), pow, mean, + eps, rsqrt, x * rsqrt (fp32; the
+ * variants differ in how the weight is applied and where they cast back). */
+AgTensor *nn_rms_normalize(Model *md, AgTensor *x);
 AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w);
 AgTensor *nn_layernorm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b);
 AgTensor *nn_act(Model *md, AgTensor *x);
