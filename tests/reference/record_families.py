@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 import time
-import types
 
 import torch
 
@@ -78,15 +77,13 @@ def main(argv=None):
         p.error("OUTDIR is required")
     torch.set_num_threads(1)
     os.makedirs(args.outdir, exist_ok=True)
-    # record_reference.record_case builds its model through hf_models.build_model
-    record_reference.hf_models = types.SimpleNamespace(
-        build_model=lambda config, **kw: hf_families.build_model(config))
     status = 0
     for name, config, batch, seq, ckpt, lora in CASES:
         if args.case and name not in args.case:
             continue
         t0 = time.time()
-        case = record_reference.record_case(args.outdir, name, config, batch, seq, ckpt, lora)
+        case = record_reference.record_case(args.outdir, name, config, batch, seq, ckpt, lora,
+                                            build=hf_families.build_model)
         steps = case["measured"]["steps"]
         print("%-24s %12d %12d %10d %6.2f" % (name, steps["1"]["peak"], steps["2"]["peak"],
                                              case["n_params"], time.time() - t0))

@@ -163,17 +163,18 @@ CASES = _cases()
 STEPS = 2
 
 
-def record_case(outdir, name, config, batch, seq, checkpointing, lora):
+def record_case(outdir, name, config, batch, seq, checkpointing, lora, build=None):
+    """Records one case; `build(config)` makes its model instead of hf_models.build_model
+    (the other families' recorder, record_families.py)."""
     # Garbage of the previous case must not be collected while this one records: its frees
     # would be reported (they would be dropped, but with a warning).
     gc.collect()
     torch.manual_seed(0)
     # a case named *_hf445_* runs Transformers 4.45's LlamaForCausalLM.forward
     hf_version = (4, 45) if "_hf445_" in name else None
-    model = hf_models.build_model(config, gradient_checkpointing=checkpointing,
-                                  transformers_version=hf_version,
-                                  lora=dict(lora, target_modules=tuple(lora["target_modules"]))
-                                  if lora else None)
+    model = build(config) if build else hf_models.build_model(
+        config, gradient_checkpointing=checkpointing, transformers_version=hf_version,
+        lora=dict(lora, target_modules=tuple(lora["target_modules"])) if lora else None)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=False)
