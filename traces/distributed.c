@@ -1892,7 +1892,142 @@ typedef struct {
     int64_t psi;
     int dp, shard;
     CommLink dp_cost;
+    /* the step's bookkeeping (mg_step_bookkeeping) */
+    int n_params;          /* the rank's trainable parameter tensors */
+    int world, mp;         /* all ranks; the model-parallel group (tp × pp × cp) */
+    CommLink world_cost, mp_cost;
+    bool last;             /* the stage holds the loss */
+    uint64_t emb_bytes;    /* pp > 1, tied: the word embedding's grad the embedding group
+                            * all-reduces on the first and last stage (0: none) */
+    uint64_t emb_group;    /* that group's id */
+    CommLink emb_cost;
 } MgOpt;
+
+/* A small tensor all-reduced from Python (a flag, a norm, a count: 4 to 8 bytes) over a group
+ * of n ranks; NCCL's latency (traces/gpus.c). */
+static void mg_small_allreduce(AgGraph *g, CommLink link, int n)
+{
+    gg_collective(g, MEMSIM_COLL_ALL_REDUCE, 8, 3, ring_us(link, MEMSIM_COLL_ALL_REDUCE, 8, n));
+}
+
+/* `.item()` on a CUDA tensor (aten _local_scalar_dense): a copy to the host, which waits for
+ * the stream's work so far (a synchronization). */
+static void mg_item(AgGraph *g)
+{
+    gg_op(g, "_local_scalar_dense");
+    gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* torch.distributed.barrier() under NCCL: a one-element all-reduce over the world, waited on
+ * by the host (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp barrier: the work's
+ * synchronize). Then megatron/core/timers.py Timer.start/stop's torch.cuda.synchronize(). */
+static void mg_barrier(AgGraph *g, const MgOpt *mo)
+{
+    mg_small_allreduce(g, mo->world_cost, mo->world);
+    gg_host_wait(g, gg_ctx(g)->stream);
+    gg_op(g, "cudaDeviceSynchronize");
+    gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* What one training iteration of Megatron-LM runs beyond the model's forward and backward and
+ * the optimizer's update (megatron/training/training.py train_step and the train loop's
+ * training_log, at Megatron-LM d98e8a64dd): kernels, collectives and the host's
+ * synchronizations on `.item()`, each at the per-op dispatch and NCCL latency of the GPU
+ * profile (traces/gpus.c). Allocates nothing the memory report sees (these are 1-element
+ * tensors the caching allocator serves from its cached 512-byte blocks). `before`: between the
+ * gradient reduction and the update (finalize_model_grads, the loss reduction, the
+ * optimizer's checks); else after the update (train_step's statistics, training_log). */
+static void mg_step_bookkeeping(MgOpt *mo, bool before)
+{
+    AgGraph *g = mo->g;
+    const MgOptions *o = mo->o;
+    int dpcp = mo->dp * (o->cp > 1 ? o->cp : 1);
+    if (before) {
+        /* finalize_model_grads (core/distributed/finalize_model_grads.py): the tied word
+         * embedding's gradient all-reduced between the first and the last stage
+         * (_allreduce_word_embedding_grads) */
+        if (mo->emb_bytes)
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, mo->emb_bytes, mo->emb_group,
+                          ring_us(mo->emb_cost, MEMSIM_COLL_ALL_REDUCE, mo->emb_bytes, 2));
+        /* train_step, last stage: each reported loss all-reduced over the data-parallel ×
+         * context-parallel group (torch.distributed.all_reduce of the [sum, count] pair) */
+        if (mo->last) {
+            gg_op(g, "stack");
+            mg_small_allreduce(g, mo->dp_cost, dpcp);
+        }
+        /* MixedPrecisionOptimizer.step (core/optimizer/optimizer.py): fp16's loss scaler
+         * unscales the main grads and checks them for inf/nan
+         * (_unscale_main_grads_and_check_for_nan: torch._amp_foreach_non_finite_check_and_unscale_,
+         * all_reduce(found_inf, MAX) over the model-parallel group, found_inf.item()) */
+        if (o->fp16) {
+            gg_op(g, "fill_");
+            gg_op(g, "_amp_foreach_non_finite_check_and_unscale_");
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+        }
+        /* clip_grad_norm (core/optimizer/clip_grads.py get_grad_norm_fp32: one
+         * multi_tensor_applier l2norm over the grads, all_reduce over the model-parallel group,
+         * .item(); then clip_grads_with_norm_fp32's multi_tensor_scale) */
+        if (o->clip_grad > 0) {
+            gg_op(g, "zeros");
+            gg_op(g, "multi_tensor_l2norm");
+            gg_op(g, "pow");
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+            gg_op(g, "multi_tensor_scale");
+        }
+        /* --log-num-zeros-in-grad: count_zeros_fp32, per gradient
+         * `grad.numel() - torch.count_nonzero(grad)` added to the total (three ops), then an
+         * all_reduce over the model-parallel group and .item() */
+        if (o->log_num_zeros) {
+            gg_op(g, "zeros");
+            for (int i = 0; i < mo->n_params; i++) {
+                gg_op(g, "count_nonzero");
+                gg_op(g, "rsub");
+                gg_op(g, "add");
+            }
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+        }
+        return;
+    }
+    /* after the update: MixedPrecisionOptimizer._copy_main_params_to_model_params (one
+     * multi_tensor_scale over the pairs) */
+    gg_op(g, "multi_tensor_scale");
+    /* train_step: reduce_max_stat_across_model_parallel_group for grad_norm and (when logged)
+     * num_zeros_in_grad (training/utils/common_utils.py): a tensor made from the float, an
+     * all_reduce(MAX) over the model-parallel group, .item() twice */
+    for (int k = 0; k < (o->log_num_zeros ? 2 : 1); k++) {
+        gg_op(g, "tensor");
+        mg_small_allreduce(g, mo->mp_cost, mo->mp);
+        mg_item(g);
+        mg_item(g);
+    }
+    /* the train loop: optimizer.get_loss_scale().item() */
+    mg_item(g);
+    /* --log-params-norm: calc_params_l2_norm (training/utils/common_utils.py): eight buckets'
+     * norms (_compute_norm_2: a multi_tensor l2norm, or a zero tensor when empty), the
+     * sharded buckets' four all_reduces over the data-parallel groups, the sum, the
+     * model-parallel all_reduce, .item() */
+    if (o->log_params_norm) {
+        for (int k = 0; k < 8; k++)
+            gg_op(g, "multi_tensor_l2norm");
+        for (int k = 0; k < 4; k++)
+            mg_small_allreduce(g, mo->dp_cost, dpcp);
+        for (int k = 0; k < 3; k++)
+            gg_op(g, "add");
+        mg_small_allreduce(g, mo->mp_cost, mo->mp);
+        mg_item(g);
+    }
+    /* training_log at every --log-interval (1 in the development set): the reported losses'
+     * .item() on the last stage; timers('interval-time').elapsed(barrier=True) stops and
+     * restarts the timer, each with a barrier and a torch.cuda.synchronize()
+     * (core/timers.py Timer.elapsed, stop, start) */
+    if (mo->last)
+        mg_item(g);
+    mg_barrier(g, mo);
+    mg_barrier(g, mo);
+}
 
 static GPtrArray *mg_before_optimizer(void *user, int step)
 {
@@ -1909,6 +2044,7 @@ static GPtrArray *mg_before_optimizer(void *user, int step)
                                                ? MEMSIM_COLL_REDUCE_SCATTER
                                                : MEMSIM_COLL_ALL_REDUCE,
                               gbytes, mo->dp));
+    mg_step_bookkeeping(mo, true);
     /* main_param.grad: a view of main_grad (fp32), or an fp32 copy (fp16 grads: .float()) */
     for (guint i = 0; i < mo->mains->len; i++) {
         AgTensor *mp = mo->mains->pdata[i];
@@ -1928,6 +2064,18 @@ static void mg_after_optimizer(void *user, int step)
         gg_collective(mo->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2, 3,
                       ring_us(mo->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2,
                               mo->dp));
+    mg_step_bookkeeping(mo, false);
+}
+
+/* After a pipeline exchange: with batched p2p, torch.cuda.synchronize()
+ * (core/pipeline_parallel/p2p_communication.py P2PCommunicator._communicate; MgOptions
+ * p2p_sync): the host waits for the stream. */
+static void mg_p2p_sync(AgGraph *g, const MgOptions *o)
+{
+    if (!o->p2p_sync)
+        return;
+    gg_op(g, "cudaDeviceSynchronize");
+    gg_host_wait(g, gg_ctx(g)->stream);
 }
 
 static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
@@ -1998,8 +2146,22 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, o->grads_fp32 ? DT_F32 : adt, psi_pad);
     /* fp32 main parameters, made when the optimizer is built: a copy of each parameter
      * (Float16OptimizerWithFloat16Params), or of this rank's shard (DistributedOptimizer) */
-    MgOpt mo = {g, o, main_grad, g_ptr_array_new(), NULL, psi_pad, dp, dpo,
-                comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
+    MgOpt mo = {.g = g, .o = o, .main_grad = main_grad, .mains = g_ptr_array_new(),
+                .psi = psi_pad, .dp = dp, .shard = dpo,
+                .dp_cost = comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
+    for (int k = 0; k < v; k++)
+        mo.n_params += (int)chunks[k].trainable->len;
+    mo.world = tp * cp * dp * pp;
+    mo.mp = tp * cp * pp;
+    mo.world_cost = comm_cost(gpu, mo.world <= run->gpus_per_node);
+    mo.mp_cost = comm_cost(gpu, mo.mp <= run->gpus_per_node);
+    mo.last = chunks[v - 1].last;
+    if (pp > 1 && m->tie && (chunks[0].first || chunks[v - 1].last)) {
+        mo.emb_bytes = (uint64_t)(mg_padded_vocab(o, tp) / tp) * (uint64_t)m->H *
+                       (uint64_t)dt_size(main_grad->dt);
+        mo.emb_group = 3;
+        mo.emb_cost = comm_cost(gpu, mo.world <= run->gpus_per_node);
+    }
     if (o->distributed_optimizer) {
         g_ptr_array_add(mo.mains, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, psi_pad / dpo));
     } else {
@@ -2059,6 +2221,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 c->phase = MEMSIM_PHASE_FORWARD;
                 if (!md->first) {
                     gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, prev, p2p_us);
+                    mg_p2p_sync(g, o);
                     f->in = gg_leaf(g, adt, 3, (int64_t[]){sq, run->batch, H}, true,
                                     MEMSIM_CAT_ACTIVATION);
                 }
@@ -2070,6 +2233,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                     f->out = loss;
                 } else {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, next, p2p_us);
+                    mg_p2p_sync(g, o);
                     gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
                     f->out = hidden;
                 }
@@ -2078,6 +2242,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 AgTensor *grad = NULL;
                 if (!md->last) {
                     gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, next, p2p_us);
+                    mg_p2p_sync(g, o);
                     grad = op_new(g, "empty", adt, 3, (int64_t[]){sq, run->batch, H});
                 }
                 gg_backward_with(g, f->out, grad);
@@ -2085,6 +2250,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 f->out = NULL;
                 if (f->in) {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, prev, p2p_us);
+                    mg_p2p_sync(g, o);
                     gt_unref(g, f->in);
                     f->in = NULL;
                 }

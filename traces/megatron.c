@@ -1183,6 +1183,11 @@ static gboolean resolve(MemsimMegatron *mg, Launch *l, Parsed *p, GError **error
     if (mg->virtual_stages == 1) /* arguments.py:976-977, 1010-1013 */
         a->overlap_p2p_comm = false;
     mg->overlap_p2p_comm = a->overlap_p2p_comm;
+    /* batched p2p, then a device synchronize after each exchange: batch_p2p_comm = not
+     * overlap_p2p_comm (training/argument_utils.py:307), batch_p2p_sync True (no flag sets it;
+     * core/model_parallel_config.py:395); pipeline_parallel/p2p_communication.py
+     * P2PCommunicator._communicate calls torch.cuda.synchronize() when both hold */
+    mg->o.p2p_sync = !a->overlap_p2p_comm;
     if (a->warmup_flush && !a->overlap_p2p_comm)
         return bad(error, w,
                    "--overlap-p2p-communication-warmup-flush needs the interleaved "

@@ -48,6 +48,8 @@ typedef struct {
     double clip_grad;                /* --clip-grad (default 1.0) */
     bool log_params_norm;            /* --log-params-norm */
     bool log_num_zeros;              /* --log-num-zeros-in-grad */
+    bool p2p_sync;                   /* the pipeline's p2p exchanges end in a device synchronize
+                                      * (batched p2p: no interleaved p2p overlap) */
     /* layers */
     MgImpl impl;                     /* --transformer-impl */
     MgAttn attention;                /* --attention-backend, resolved */
