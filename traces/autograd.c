@@ -342,6 +342,12 @@ void gg_flops_tiles(AgGraph *g, double flops, double batch, double rows, double 
     g->costs[g->n_costs - 1].flops += q;
 }
 
+void gg_bytes(AgGraph *g, double traffic)
+{
+    if (g->costing)
+        g->costs[g->n_costs - 1].bytes += traffic / 2.0; /* apply_costs counts 2 × bytes */
+}
+
 void gg_flops(AgGraph *g, double flops)
 {
     if (g->costing)

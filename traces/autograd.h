@@ -318,6 +318,9 @@ void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t grou
  * inputs of the same order read). Ops named "empty" and ops that allocate nothing and do no
  * FLOPs stay untimed (views, in-place bookkeeping). Rates of 0: no durations. */
 void gg_set_rates(AgGraph *g, double flops_per_us, double bytes_per_us);
+/* Adds `traffic` bytes read and written by the last op (gg_op) to its memory-bound time: an
+ * in-place op, whose output allocates nothing. */
+void gg_bytes(AgGraph *g, double traffic);
 /* Adds `flops` to the op being run (the last gg_op). */
 void gg_flops(AgGraph *g, double flops);
 /* Adds a GEMM's `flops` to the op being run, charged by its waves: `batch` GEMMs whose output

@@ -1871,11 +1871,15 @@ static void mg_layout(const MemsimModel *m, int pp, int v, int vs, int64_t *l0, 
     *l1 = u1 < 0 ? 0 : u1 > m->L ? m->L : u1;
 }
 
+typedef struct MgOpt MgOpt;
+static void mg_grad_add(MgOpt *mo, AgTensor *p);
+
 static void mg_post_accumulate(AgGraph *g, void *user, AgTensor *p)
 {
     /* the DDP hook (megatron/core/distributed/distributed_data_parallel.py
      * _make_backward_post_hook): param.main_grad.add_(param.grad), param.grad = None */
-    (void)user;
+    if (user)
+        mg_grad_add(user, p);
     if (p->grad) {
         AgTensor *gr = p->grad;
         p->grad = NULL;
@@ -1883,7 +1887,7 @@ static void mg_post_accumulate(AgGraph *g, void *user, AgTensor *p)
     }
 }
 
-typedef struct {
+struct MgOpt {
     AgGraph *g;
     const MgOptions *o;
     AgTensor *main_grad;   /* the DDP grad buffer */
@@ -1901,7 +1905,26 @@ typedef struct {
                             * all-reduces on the first and last stage (0: none) */
     uint64_t emb_group;    /* that group's id */
     CommLink emb_cost;
-} MgOpt;
+    const AgTensor *embeddings[2]; /* the first stage's word and position tables */
+    int n_buckets;         /* the DDP buffer's buckets */
+};
+
+/* The DDP hook's accumulation (_make_backward_post_hook): `if param.grad is not None and not
+ * param.grad_added_to_main_grad: param.main_grad.add_(param.grad.data)` — every parameter
+ * without gradient-accumulation fusion; with it, the linears' weights accumulate inside their
+ * wgrad GEMM (grad_added_to_main_grad) and the rest (norms, biases, the embedding tables) take
+ * the add_. An in-place op over the parameter's main_grad: read both, write one. */
+static void mg_grad_add(MgOpt *mo, AgTensor *p)
+{
+    if (!p->grad)
+        return;
+    if (mo->o->grad_accum_fusion && p->nd >= 2 && p != mo->embeddings[0] &&
+        p != mo->embeddings[1])
+        return;
+    double n = (double)gt_numel(p);
+    gg_op(mo->g, "add_");
+    gg_bytes(mo->g, n * (2.0 * dt_size(mo->main_grad->dt) + dt_size(p->grad->dt)));
+}
 
 /* A small tensor all-reduced from Python (a flag, a norm, a count: 4 to 8 bytes) over a group
  * of n ranks; NCCL's latency (traces/gpus.c). */
@@ -2036,6 +2059,27 @@ static GPtrArray *mg_before_optimizer(void *user, int step)
     (void)step;
     DType gdt = mo->main_grad->dt;
     uint64_t gbytes = (uint64_t)mo->psi * (uint64_t)dt_size(gdt);
+    /* _ParamAndGradBucketGroup.start_grad_sync (core/distributed/param_and_grad_buffer.py):
+     * with check_for_nan_in_grad (DDP config from check_for_nan_in_loss_and_grad,
+     * training.py), check_grads per bucket: grad_data.norm(p=2) and validate_result's
+     * torch.isnan and torch.isinf, each read as a bool on the host; then each bucket's
+     * `grad_data *= gradient_scaling_factor` (1 / dp·cp, distributed_data_parallel.py) */
+    int dpcp = mo->dp * (mo->o->cp > 1 ? mo->o->cp : 1);
+    for (int k = 0; k < mo->n_buckets; k++) {
+        double bb = (double)gbytes / mo->n_buckets;
+        if (mo->o->check_nan) {
+            gg_op(g, "linalg_vector_norm");
+            gg_bytes(g, bb);
+            gg_op(g, "isnan");
+            mg_item(g);
+            gg_op(g, "isinf");
+            mg_item(g);
+        }
+        if (dpcp > 1) {
+            gg_op(g, "mul_");
+            gg_bytes(g, 2.0 * bb);
+        }
+    }
     if (mo->dp > 1)
         gg_collective(g, mo->o->distributed_optimizer ? MEMSIM_COLL_REDUCE_SCATTER
                                                       : MEMSIM_COLL_ALL_REDUCE,
@@ -2076,6 +2120,59 @@ static void mg_p2p_sync(AgGraph *g, const MgOptions *o)
         return;
     gg_op(g, "cudaDeviceSynchronize");
     gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* pretrain_gpt.py get_batch on a stage that holds the embedding or the loss: on TP rank 0
+ * the next batch from the data loader copied to the device (`.cuda(non_blocking=True)` of
+ * each of BATCH_KEYS: tokens, labels, loss_mask, attention_mask, position_ids), then
+ * core/utils.py get_batch_on_this_tp_rank's torch.distributed.broadcast over the TP group
+ * of the tensors the stage needs (one stage: tokens, labels, loss_mask, position_ids and the
+ * mask; the first: tokens, position_ids, mask; the last: labels, loss_mask, mask), into the
+ * buffers the other TP ranks hold (the inputs the stage's program already has). */
+static void mg_get_batch(AgGraph *g, const Model *md, const MemsimRun *run)
+{
+    const MgOptions *o = md->m->mg;
+    if (!md->first && !md->last)
+        return;
+    int64_t b = run->batch, sq = run->seq;
+    uint64_t tok = (uint64_t)(b * sq * 8), mask = o->attention_mask ? (uint64_t)(b * sq * sq) : 0;
+    for (int k = 0; k < 5; k++)
+        gg_op(g, "_to_copy");
+    uint64_t sizes[5];
+    int n = 0;
+    if (md->first) {
+        sizes[n++] = tok; /* tokens */
+        sizes[n++] = tok; /* position_ids */
+    }
+    if (md->last) {
+        sizes[n++] = tok;                       /* labels */
+        sizes[n++] = (uint64_t)(b * sq * 4);    /* loss_mask */
+    }
+    if (mask)
+        sizes[n++] = mask;
+    for (int k = 0; k < n; k++)
+        gg_collective(g, MEMSIM_COLL_BROADCAST, sizes[k], 1,
+                      nn_tp_us(md, MEMSIM_COLL_BROADCAST, sizes[k]));
+}
+
+/* The loss of a micro-batch on the last stage: pretrain_gpt.py loss_func beyond the
+ * masked sum the model's forward has (loss_mask.sum(), .clone().detach().to(int), the
+ * report's torch.cat of two clones), the schedule's forward_step scaling and accumulating it
+ * (pipeline_parallel/schedules.py: output_tensor /= num_tokens or num_microbatches,
+ * total_num_tokens += num_tokens); with check_for_nan_in_loss_and_grad,
+ * rerun_state_machine.validate_result with torch.isnan and torch.isinf, each result read as
+ * a bool on the host (core/rerun_state_machine.py validate_result: rejection_func(result)). */
+static void mg_loss_func(AgGraph *g, const MgOptions *o)
+{
+    static const char *const ops[] = {"sum", "clone", "_to_copy", "clone", "cat", "div_", "add_"};
+    for (gsize k = 0; k < G_N_ELEMENTS(ops); k++)
+        gg_op(g, ops[k]);
+    if (o->check_nan) {
+        gg_op(g, "isnan");
+        mg_item(g);
+        gg_op(g, "isinf");
+        mg_item(g);
+    }
 }
 
 static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
@@ -2156,6 +2253,18 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     mo.world_cost = comm_cost(gpu, mo.world <= run->gpus_per_node);
     mo.mp_cost = comm_cost(gpu, mo.mp <= run->gpus_per_node);
     mo.last = chunks[v - 1].last;
+    mo.embeddings[0] = chunks[0].first ? chunks[0].wte : NULL;
+    mo.embeddings[1] = chunks[0].first ? chunks[0].wpe : NULL;
+    {
+        /* DDP buckets (distributed_data_parallel.py:131-137): --ddp-bucket-size, else with
+         * --overlap-grad-reduce max(40M, 1M × dp) elements, else one bucket */
+        int64_t be = o->bucket_size ? o->bucket_size
+                     : o->overlap_grad_reduce ? MAX((int64_t)40000000, (int64_t)1000000 * dp)
+                                              : psi_pad;
+        mo.n_buckets = (int)((psi_pad + be - 1) / MAX(be, (int64_t)1));
+        if (mo.n_buckets < 1)
+            mo.n_buckets = 1;
+    }
     if (pp > 1 && m->tie && (chunks[0].first || chunks[v - 1].last)) {
         mo.emb_bytes = (uint64_t)(mg_padded_vocab(o, tp) / tp) * (uint64_t)m->H *
                        (uint64_t)dt_size(main_grad->dt);
@@ -2189,7 +2298,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             g_ptr_array_add(small, op_new(g, "tensor", DT_F32, 1, (int64_t[]){1}));
         c->category = cat;
     }
-    AgHooks ah = {.post_accumulate = mg_post_accumulate};
+    AgHooks ah = {.post_accumulate = mg_post_accumulate, .user = &mo};
     gg_set_hooks(g, &ah);
     LoopHooks hooks = {.before_optimizer = mg_before_optimizer,
                        .after_optimizer = mg_after_optimizer,
@@ -2219,6 +2328,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             c->category = MEMSIM_CAT_TEMPORARY;
             if (sl2.fwd) {
                 c->phase = MEMSIM_PHASE_FORWARD;
+                mg_get_batch(g, md, run);
                 if (!md->first) {
                     gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, prev, p2p_us);
                     mg_p2p_sync(g, o);
@@ -2230,10 +2340,14 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 if (step == 1 && i == 0)
                     gg_mark_breakdown(g, MEMSIM_BREAKDOWN_FIRST_FORWARD);
                 if (loss) {
+                    mg_loss_func(g, o);
                     f->out = loss;
                 } else {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, next, p2p_us);
-                    mg_p2p_sync(g, o);
+                    /* send_forward_recv_backward: one exchange with the backward's recv
+                     * that follows in the steady state (schedules.py), one synchronize */
+                    if (!(i + 1 < sched->len && !g_array_index(sched, Slot, i + 1).fwd))
+                        mg_p2p_sync(g, o);
                     gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
                     f->out = hidden;
                 }
@@ -2250,7 +2364,10 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 f->out = NULL;
                 if (f->in) {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, prev, p2p_us);
-                    mg_p2p_sync(g, o);
+                    /* send_backward_recv_forward: one exchange with the next forward's recv */
+                    if (!(i + 1 < sched->len && g_array_index(sched, Slot, i + 1).fwd &&
+                          !chunks[g_array_index(sched, Slot, i + 1).chunk].first))
+                        mg_p2p_sync(g, o);
                     gt_unref(g, f->in);
                     f->in = NULL;
                 }
