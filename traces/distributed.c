@@ -2118,7 +2118,7 @@ static void mg_p2p_sync(AgGraph *g, const MgOptions *o)
 {
     if (!o->p2p_sync)
         return;
-    gg_op(g, "cudaDeviceSynchronize");
+    gg_op(g, "torch.cuda.synchronize (p2p)");
     gg_host_wait(g, gg_ctx(g)->stream);
 }
 
