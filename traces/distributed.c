@@ -2195,7 +2195,8 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     if (run->precision != MEMSIM_PREC_FP32)
         eff.precision = o->fp16 ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
     MgShared shared = {.dummy = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-                       .defer_in = g_ptr_array_new(), .defer_grad = g_ptr_array_new()};
+                       .defer_in = g_ptr_array_new(), .defer_grad = g_ptr_array_new(),
+                       .dp = dp, .dp_cost = comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
     Model *chunks = g_new0(Model, v);
     for (int k = 0; k < v; k++) {
         int64_t l0, l1;

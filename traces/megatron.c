@@ -1334,6 +1334,9 @@ static gboolean resolve(MemsimMegatron *mg, Launch *l, Parsed *p, GError **error
     o->log_num_zeros = a->log_num_zeros;
     /* off with fp16's dynamic loss scaling, whose NaNs signal the scaler (arguments.py:1199-1203) */
     o->check_nan = a->check_nan && !o->loss_scaling_dynamic;
+    /* --test-mode: Attention.run_realtime_tests in every forward (transformer/attention.py);
+     * its tensors are 1-element blocks, the memory of which stays unmodelled (the warning) */
+    o->test_mode = given(p, "test-mode");
     o->ce_fusion = a->ce_fusion;
     o->defer_embedding_wgrad = a->defer_embedding_wgrad;
     o->wgrad_deferral_limit = (int)a->wgrad_deferral_limit;

@@ -50,6 +50,7 @@ typedef struct {
     bool log_num_zeros;              /* --log-num-zeros-in-grad */
     bool check_nan;                  /* check_for_nan_in_loss_and_grad: the loss and each grad
                                       * bucket's norm checked for NaN and Inf */
+    bool test_mode;                  /* --test-mode */
     bool p2p_sync;                   /* the pipeline's p2p exchanges end in a device synchronize
                                       * (batched p2p: no interleaved p2p overlap) */
     /* layers */

@@ -650,6 +650,40 @@ static AgTensor *attn_region(AgGraph *g, void *user, AgTensor **inp, int nin)
     return out;
 }
 
+/* --test-mode with --qk-layernorm: Attention.run_realtime_tests (transformer/attention.py),
+ * run by get_query_key_value_tensors in every forward: the four q/k norm parameters stacked,
+ * all-gathered over the data-parallel group, then over the tensor-parallel group; for each
+ * rank's copy an unbind and, per parameter, `assert torch.all(src == tgt)` (eq, all, and the
+ * bool the assert reads: a host synchronization). Its 1-element-sized tensors are not
+ * allocated here (the launch's warning says so). */
+static void realtime_tests(St *st)
+{
+    Model *md = st->md;
+    AgGraph *g = md->g;
+    int dp = st->mgs && st->mgs->dp > 0 ? st->mgs->dp : 1;
+    uint64_t bytes = (uint64_t)(4 * st->hd * dt_size(st->adt));
+    gg_op(g, "stack");
+    for (int grp = 0; grp < 2; grp++) {
+        int n = grp == 0 ? dp : md->tp;
+        for (int r = 0; r < n; r++)
+            gg_op(g, "empty_like");
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, bytes * (uint64_t)n, grp == 0 ? 3 : 1,
+                      grp == 0 ? (st->mgs ? comm_link_us(st->mgs->dp_cost, MEMSIM_COLL_ALL_GATHER,
+                                                         bytes * (uint64_t)n, n)
+                                          : 0.0)
+                               : nn_tp_us(md, MEMSIM_COLL_ALL_GATHER, bytes * (uint64_t)n));
+        for (int r = 0; r < n; r++) {
+            gg_op(g, "unbind");
+            for (int k = 0; k < 4; k++) {
+                gg_op(g, "eq");
+                gg_op(g, "all");
+                gg_op(g, "_local_scalar_dense");
+                gg_host_wait(g, gg_ctx(g)->stream);
+            }
+        }
+    }
+}
+
 static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
 {
     MgLayerArg *la = user;
@@ -680,6 +714,8 @@ static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
         U(k);
         q = qn;
         k = kn;
+        if (o->test_mode)
+            realtime_tests(st);
     }
     if (o->pos == MG_POS_ROPE) {
         AgTensor *qr = rope(st, q), *kr = rope(st, k);
