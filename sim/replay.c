@@ -777,7 +777,8 @@ static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, 
     if (ev->kind == MEMSIM_EV_OP) {
         /* a timed op just ended its stream's work; an untimed one runs at the host's time.
          * Noted with the next event: a recv right after it may end it later. */
-        double dur = h->ops[r->cur_op].duration_us;
+        double dur = h->ops[r->cur_op].bound == MEMSIM_BOUND_HOST ? 0.0
+                                                                   : h->ops[r->cur_op].duration_us;
         double end = dur > 0.0 ? *stream_slot(r->last_end, ev->stream) : r->cpu_us;
         r->tl_held = TRUE;
         r->tl_event = index;
@@ -1048,10 +1049,17 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
+        if (h->ops[ev->id].bound == MEMSIM_BOUND_HOST) {
+            /* host time without a kernel: the host's clock moves, no stream's */
+            r->cpu_us += dur;
+            if (r->steps->len)
+                g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).host_us += dur;
+            dur = -1.0; /* neither dispatched nor run on a stream */
+        }
         /* With a profile's dispatch cost (a generated trace), every op the program runs is
          * dispatched by the host, kernels or not (views, autograd nodes); without one, the
          * timed ops are charged LAUNCH_US. */
-        if (dur <= 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed) {
+        if (dur == 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed) {
             r->cpu_us += r->rp->opt.dispatch_us;
             if (r->steps->len)
                 g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).host_us +=

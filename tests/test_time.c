@@ -9,6 +9,7 @@
 #include <math.h>
 #include <memsim/estimate.h>
 #include <memsim/gen.h>
+#include <memsim/megatron.h>
 #include <memsim/sim.h>
 #include <string.h>
 
@@ -186,4 +187,102 @@ Test(time, mig_slice_profile)
     cr_expect(fabs(s->hbm_gbs - 1555.0 / 8) < 1e-9);
     cr_expect_null(memsim_gpu_find("a100-40gb:9g.99gb"));
     cr_expect_null(memsim_gpu_find("h100-80gb:1g.5gb"));
+}
+
+/* A Megatron launch's module calls carry their published host time (Transformer Engine pull
+ * request #1191: 115 µs per TE module forward): one TE linear-module forward per linear
+ * Megatron's TransformerLayer runs (megatron/core/transformer/attention.py linear_qkv,
+ * linear_proj; mlp.py linear_fc1, linear_fc2: four per layer) per micro-batch, and the output
+ * layer's (Megatron's own ColumnParallelLinear, gpt_model.py output_layer) once per
+ * micro-batch; each is host time only, which the replay puts on the host's clock. */
+Test(time, megatron_module_host_time)
+{
+    GError *error = NULL;
+    const char *cmd = "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
+                      "--max-position-embeddings 256 --micro-batch-size 2 "
+                      "--global-batch-size 4 --bf16 --vocab-file v.json --merge-file m.txt";
+    MemsimMegatron *mg = memsim_megatron_parse(cmd, "test", &error);
+    cr_assert(mg, "%s", error ? error->message : "");
+    MemsimRun run = memsim_run_defaults();
+    memsim_megatron_apply(mg, &run);
+    memsim_run_set(&run, "steps", "1", NULL);
+    memsim_run_set(&run, "gpu", "h100-80gb", NULL);
+    MemsimTrace *t = memsim_generate(memsim_megatron_model(mg), &run, &error);
+    cr_assert(t, "%s", error ? error->message : "");
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    gsize n = 0;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    int fwd = 0, bwd = 0;
+    double host = 0;
+    for (gsize i = 0; i < n; i++) {
+        if (ev[i].kind != MEMSIM_EV_OP || h->ops[ev[i].id].bound != MEMSIM_BOUND_HOST)
+            continue;
+        const MemsimOpInfo *op = &h->ops[ev[i].id];
+        cr_expect_gt(op->duration_us, 0);
+        cr_expect_leq(op->duration_us, 115.0, "%s: %.1f us", h->strings[op->name],
+                      op->duration_us);
+        host += op->duration_us;
+        fwd += strcmp(h->strings[op->name], "host:linear forward") == 0;
+        bwd += strcmp(h->strings[op->name], "host:linear backward") == 0;
+    }
+    int micro = 2; /* global 4 / (micro-batch 2 × one rank) */
+    cr_expect_eq(fwd, micro * (2 * 4 + 1), "linear forwards: %d", fwd);
+    cr_expect_eq(bwd, micro * (2 * 4 + 1), "linear backwards: %d", bwd);
+    MemsimEstimateOptions eo = MEMSIM_ESTIMATE_OPTIONS_INIT;
+    MemsimReport *rep = memsim_estimate(memsim_megatron_model(mg), &run, &eo, &error);
+    cr_assert(rep, "%s", error ? error->message : "");
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_assert_eq(r->n_steps, 1);
+    cr_expect_geq(r->steps[0].host_us, host, "the step's host time %.1f us lacks the modules' %.1f",
+                  r->steps[0].host_us, host);
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_megatron_free(mg);
+}
+
+/* The host's synchronizations of a 1F1B pipeline (core/pipeline_parallel/schedules.py
+ * forward_backward_pipelining_without_interleaving, with batched p2p: p2p_communication.py
+ * _communicate ends in torch.cuda.synchronize()), counted from the schedule for pp = 2 and
+ * m = 4 micro-batches. Stage 0: one warm-up forward and its send_forward (1), three steady
+ * send_forward_recv_backward (3; its send_backward_recv_forward are no-ops on the first
+ * stage), one cool-down recv_backward (1): m + 1 = 5. Stage 1 (last): the recv_forward
+ * before the steady loop (1), three send_backward_recv_forward and the last send_backward
+ * (4; its send_forward_recv_backward are no-ops on the last stage): m + 1 = 5. */
+Test(time, megatron_p2p_synchronize)
+{
+    GError *error = NULL;
+    const char *cmd = "torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 2 "
+                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
+                      "--max-position-embeddings 256 --micro-batch-size 1 "
+                      "--global-batch-size 4 --pipeline-model-parallel-size 2 --bf16 "
+                      "--vocab-file v.json --merge-file m.txt";
+    MemsimMegatron *mg = memsim_megatron_parse(cmd, "test", &error);
+    cr_assert(mg, "%s", error ? error->message : "");
+    MemsimRun run = memsim_run_defaults();
+    memsim_megatron_apply(mg, &run);
+    memsim_run_set(&run, "steps", "1", NULL);
+    memsim_run_set(&run, "gpu", "h100-80gb", NULL);
+    MemsimTrace *t = memsim_generate(memsim_megatron_model(mg), &run, &error);
+    cr_assert(t, "%s", error ? error->message : "");
+    MemsimTraceHeader *h = memsim_trace_header(t);
+    cr_assert_eq(h->n_ranks, 2);
+    for (guint32 r = 0; r < 2; r++) {
+        gsize n = 0;
+        const MemsimEvent *ev = memsim_trace_events(t, r, &n);
+        int syncs = 0;
+        for (gsize i = 0; i < n; i++)
+            if (ev[i].kind == MEMSIM_EV_OP &&
+                strcmp(h->strings[h->ops[ev[i].id].name], "torch.cuda.synchronize (p2p)") == 0) {
+                syncs++;
+                cr_expect(i + 1 < n && ev[i + 1].kind == MEMSIM_EV_WAIT &&
+                              (ev[i + 1].flags & MEMSIM_EVF_HOST),
+                          "stage %u: a synchronize the host does not wait on", r);
+            }
+        cr_expect_eq(syncs, 4 + 1, "stage %u: %d synchronizes", r, syncs);
+    }
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_megatron_free(mg);
 }

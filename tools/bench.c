@@ -34,14 +34,18 @@
  *       With --exhaustive also the sweep without pruning or bisection (minutes), the speed-up
  *       and whether both rank the same rows.
  *
- *   memsim-bench megatron [CASES.jsonl] [--json]
+ *   memsim-bench megatron [CASES.jsonl] [--json] [--time]
  *       The Megatron-LM development set (default ../shared/data/megatron-golden/cases.jsonl
  *       beside the source tree): each case's launch flags and environment, as a command line,
  *       through memsim_megatron_parse; the estimated peak allocated of the rank Megatron logs
  *       (global rank world_size − 1: the last pipeline stage) at step 1 and at the last step
  *       measured, against the `mem-max-allocated-bytes` Megatron logged; the errors, their mean
  *       absolute value, the estimate's time; the cases memsim refuses, with the reason. --json
- *       prints the same as one JSON object (tests/test_megatron_golden.c reads it).
+ *       prints the same as one JSON object (tests/test_megatron_golden.c reads it). --time
+ *       prints the iteration times instead: the measured median (iteration_time_median_s), the
+ *       simulated step of the slowest rank (Megatron's interval timer ends at a barrier), the
+ *       error, and that step's parts: compute, memory-bound, exposed host time, waiting
+ *       (collectives, pipeline), and the host's time in all.
  *
  *   memsim-bench families [--seq N] [--repeat R] [--limit S]
  *       For each model family, its largest preset (by parameter count) through `memsim
@@ -690,7 +694,7 @@ static int bench_megatron(int argc, char **argv)
     gboolean ok = g_option_context_parse(ctx, &argc, &argv, &error);
     g_option_context_free(ctx);
     if (!ok || argc > 2) {
-        fprintf(stderr, "usage: memsim-bench megatron [CASES.jsonl] [--json]\n%s\n",
+        fprintf(stderr, "usage: memsim-bench megatron [CASES.jsonl] [--json] [--time]\n%s\n",
                 error ? error->message : "");
         return 2;
     }
@@ -711,8 +715,9 @@ static int bench_megatron(int argc, char **argv)
     int t_n = 0, t_within = 0;
     int n = 0, n_refused = 0, n_cases = 0;
     if (!json && time_table)
-        printf("%-60s %8s %8s %8s %8s %8s %8s %8s\n", "case (logged rank; ms per iteration)",
-               "measured", "estimate", "error", "compute", "memory", "host", "waiting");
+        printf("%-60s %8s %8s %8s %8s %8s %8s %8s %8s\n", "case (slowest rank; ms per iteration)",
+               "measured", "estimate", "error", "compute", "memory", "host", "waiting",
+               "host all");
     if (!json && !time_table)
         printf("%-74s %5s %9s %9s %7s %9s %9s %7s %7s\n", "case (logged rank)", "logs",
                "meas s1", "est s1", "err", "meas", "est", "err", "ms");
@@ -788,8 +793,21 @@ static int bench_megatron(int argc, char **argv)
                                   !JSON_NODE_HOLDS_NULL(json_object_get_member(c, "iteration_time_median_s"))
                               ? json_object_get_double_member(c, "iteration_time_median_s")
                               : 0;
+            /* Megatron's iteration time is the interval timer's, stopped and restarted with a
+             * barrier (training.py training_log: timers('interval-time').elapsed(barrier=True)):
+             * the slowest rank's step. Its parts are that rank's. */
             MemsimStepTime stt;
             memsim_step_time(rr, rr->n_steps ? rr->n_steps - 1 : 0, &stt);
+            double host_us = rr->n_steps ? rr->steps[rr->n_steps - 1].host_us : 0;
+            for (guint q = 0; q < rep->n_ranks; q++) {
+                const MemsimRankReport *rq = &rep->ranks[q];
+                MemsimStepTime sq;
+                memsim_step_time(rq, rq->n_steps ? rq->n_steps - 1 : 0, &sq);
+                if (sq.step_us > stt.step_us) {
+                    stt = sq;
+                    host_us = rq->steps[rq->n_steps - 1].host_us;
+                }
+            }
             if (time_table) {
                 double test = stt.step_us / 1e6;
                 double terr = tmed > 0 ? 100.0 * (test - tmed) / tmed : 0;
@@ -804,8 +822,9 @@ static int bench_megatron(int argc, char **argv)
                         printf("%-60.60s %8.1f %8.1f %+7.1f%%", name, tmed * 1e3, test * 1e3, terr);
                     else
                         printf("%-60.60s %8s %8.1f %8s", name, "-", test * 1e3, "");
-                    printf(" %8.1f %8.1f %8.1f %8.1f\n", stt.compute_us / 1e3,
-                           stt.memory_us / 1e3, stt.overhead_us / 1e3, stt.waiting_us / 1e3);
+                    printf(" %8.1f %8.1f %8.1f %8.1f %8.1f\n", stt.compute_us / 1e3,
+                           stt.memory_us / 1e3, stt.overhead_us / 1e3, stt.waiting_us / 1e3,
+                           host_us / 1e3);
                 }
             }
             json_builder_set_member_name(b, "iteration_time_median_s");
@@ -822,6 +841,8 @@ static int bench_megatron(int argc, char **argv)
             json_builder_add_double_value(b, stt.overhead_us / 1e6);
             json_builder_set_member_name(b, "exposed_comm_and_bubble");
             json_builder_add_double_value(b, stt.waiting_us / 1e6);
+            json_builder_set_member_name(b, "host_total");
+            json_builder_add_double_value(b, host_us / 1e6);
             json_builder_end_object(b);
             if (!json && !time_table)
                 printf("%-74.74s %5d %8.3fG %8.3fG %+6.2f%% %8.3fG %8.3fG %+6.2f%% %7.1f\n", name,

@@ -173,6 +173,8 @@ struct AgGraph {
     /* op durations (gg_set_rates): one record per op of gg_op, costed at gg_free */
     double flops_per_us, bytes_per_us;
     double kernel_us; /* the shortest kernel */
+    double dispatch_us; /* the host's dispatch of one op (the replay's; gg_host_module) */
+    uint64_t n_ops;     /* OP events so far (gg_op_count) */
     int sms;          /* 0: no wave quantization */
     OpCost *costs;    /* n_costs of cap_costs */
     guint n_costs, cap_costs;
@@ -313,6 +315,7 @@ void gg_set_gpu(AgGraph *g, const MemsimGpu *gpu, bool fp32)
                  gpu->bandwidth_efficiency * gpu->hbm_gbs * 1e3);
     g->sms = gpu->sms;
     g->kernel_us = gpu->kernel_us;
+    g->dispatch_us = gpu->dispatch_us;
 }
 
 /* Wave quantization (NVIDIA's "Matrix Multiplication Background User's Guide", §"Wave
@@ -337,6 +340,12 @@ void gg_flops_tiles(AgGraph *g, double flops, double batch, double rows, double 
             q = wq;
     }
     g->costs[g->n_costs - 1].flops += q;
+}
+
+void gg_bytes(AgGraph *g, double traffic)
+{
+    if (g->costing)
+        g->costs[g->n_costs - 1].bytes += traffic / 2.0; /* apply_costs counts 2 × bytes */
 }
 
 void gg_flops(AgGraph *g, double flops)
@@ -502,6 +511,7 @@ void gg_op(AgGraph *g, const char *name)
     }
     MemsimEvent ev = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     emit(g, &ev);
+    g->n_ops++;
     g->costing = g->flops_per_us > 0.0 && (name[0] != 'e' || strcmp(name, "empty") != 0);
     if (g->costing) {
         if (g->n_costs == g->cap_costs) {
@@ -1290,6 +1300,7 @@ void gg_collective(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     g->costing = false;
     emit(g, &oe);
+    g->n_ops++;
     MemsimEvent ev = {.kind = MEMSIM_EV_COLLECTIVE, .stream = g->ctx.stream, .size = bytes,
                       .id = group, .aux = kind};
     emit(g, &ev);
@@ -1360,6 +1371,34 @@ void gg_op_timed(AgGraph *g, const char *name, double duration_us)
     MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
     g->costing = false;
     emit(g, &oe);
+    g->n_ops++;
+}
+
+uint64_t gg_op_count(const AgGraph *g)
+{
+    return g->n_ops;
+}
+
+void gg_host_us(AgGraph *g, const char *name, double us)
+{
+    if (!(us > 0.0) || !(g->flops_per_us > 0.0))
+        return; /* untimed traces carry no host time */
+    MemsimOpInfo op = {.name = memsim_trace_intern(g->trace, name),
+                       .phase = (uint8_t)g->ctx.phase,
+                       .layer = g->ctx.layer,
+                       .microbatch = g->ctx.microbatch,
+                       .duration_us = us,
+                       .bound = MEMSIM_BOUND_HOST};
+    guint32 idx = memsim_trace_add_op(g->trace, &op);
+    MemsimEvent oe = {.kind = MEMSIM_EV_OP, .id = idx, .stream = g->ctx.stream};
+    g->costing = false;
+    emit(g, &oe);
+}
+
+void gg_host_module(AgGraph *g, const char *name, uint64_t ops_before, double module_us)
+{
+    double inner = (double)(g->n_ops - ops_before) * g->dispatch_us;
+    gg_host_us(g, name, module_us - inner);
 }
 
 void gg_host(AgGraph *g, int64_t delta)

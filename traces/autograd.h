@@ -250,6 +250,15 @@ void gg_host(AgGraph *g, int64_t delta);
 
 /* An op with an estimated duration on the current stream. */
 void gg_op_timed(AgGraph *g, const char *name, double duration_us);
+/* OP events emitted so far (ops, timed ops, collectives; not gg_host_us). */
+uint64_t gg_op_count(const AgGraph *g);
+/* Host time with no kernel (MEMSIM_BOUND_HOST): `us` on the host's clock (nothing in untimed
+ * traces or for us <= 0). */
+void gg_host_us(AgGraph *g, const char *name, double us);
+/* A framework module whose measured host time per call is `module_us` (dispatch of the ops it
+ * runs included): the host time beyond the dispatch the replay already charges for the ops
+ * emitted since gg_op_count gave `ops_before`. */
+void gg_host_module(AgGraph *g, const char *name, uint64_t ops_before, double module_us);
 
 /* Runs fn(inputs) as a checkpointed region; returns its output (a new reference). The
  * region keeps references to the inputs, and `user` (the rest of the closure: masks,
@@ -309,6 +318,9 @@ void gg_p2p(AgGraph *g, MemsimCollectiveKind kind, uint64_t bytes, uint64_t grou
  * inputs of the same order read). Ops named "empty" and ops that allocate nothing and do no
  * FLOPs stay untimed (views, in-place bookkeeping). Rates of 0: no durations. */
 void gg_set_rates(AgGraph *g, double flops_per_us, double bytes_per_us);
+/* Adds `traffic` bytes read and written by the last op (gg_op) to its memory-bound time: an
+ * in-place op, whose output allocates nothing. */
+void gg_bytes(AgGraph *g, double traffic);
 /* Adds `flops` to the op being run (the last gg_op). */
 void gg_flops(AgGraph *g, double flops);
 /* Adds a GEMM's `flops` to the op being run, charged by its waves: `batch` GEMMs whose output

@@ -1871,11 +1871,15 @@ static void mg_layout(const MemsimModel *m, int pp, int v, int vs, int64_t *l0, 
     *l1 = u1 < 0 ? 0 : u1 > m->L ? m->L : u1;
 }
 
+typedef struct MgOpt MgOpt;
+static void mg_grad_add(MgOpt *mo, AgTensor *p);
+
 static void mg_post_accumulate(AgGraph *g, void *user, AgTensor *p)
 {
     /* the DDP hook (megatron/core/distributed/distributed_data_parallel.py
      * _make_backward_post_hook): param.main_grad.add_(param.grad), param.grad = None */
-    (void)user;
+    if (user)
+        mg_grad_add(user, p);
     if (p->grad) {
         AgTensor *gr = p->grad;
         p->grad = NULL;
@@ -1883,7 +1887,7 @@ static void mg_post_accumulate(AgGraph *g, void *user, AgTensor *p)
     }
 }
 
-typedef struct {
+struct MgOpt {
     AgGraph *g;
     const MgOptions *o;
     AgTensor *main_grad;   /* the DDP grad buffer */
@@ -1892,7 +1896,161 @@ typedef struct {
     int64_t psi;
     int dp, shard;
     CommLink dp_cost;
-} MgOpt;
+    /* the step's bookkeeping (mg_step_bookkeeping) */
+    int n_params;          /* the rank's trainable parameter tensors */
+    int world, mp;         /* all ranks; the model-parallel group (tp × pp × cp) */
+    CommLink world_cost, mp_cost;
+    bool last;             /* the stage holds the loss */
+    uint64_t emb_bytes;    /* pp > 1, tied: the word embedding's grad the embedding group
+                            * all-reduces on the first and last stage (0: none) */
+    uint64_t emb_group;    /* that group's id */
+    CommLink emb_cost;
+    const AgTensor *embeddings[2]; /* the first stage's word and position tables */
+    int n_buckets;         /* the DDP buffer's buckets */
+};
+
+/* The DDP hook's accumulation (_make_backward_post_hook): `if param.grad is not None and not
+ * param.grad_added_to_main_grad: param.main_grad.add_(param.grad.data)` — every parameter
+ * without gradient-accumulation fusion; with it, the linears' weights accumulate inside their
+ * wgrad GEMM (grad_added_to_main_grad) and the rest (norms, biases, the embedding tables) take
+ * the add_. An in-place op over the parameter's main_grad: read both, write one. */
+static void mg_grad_add(MgOpt *mo, AgTensor *p)
+{
+    if (!p->grad)
+        return;
+    if (mo->o->grad_accum_fusion && p->nd >= 2 && p != mo->embeddings[0] &&
+        p != mo->embeddings[1])
+        return;
+    double n = (double)gt_numel(p);
+    gg_op(mo->g, "add_");
+    gg_bytes(mo->g, n * (2.0 * dt_size(mo->main_grad->dt) + dt_size(p->grad->dt)));
+}
+
+/* A small tensor all-reduced from Python (a flag, a norm, a count: 4 to 8 bytes) over a group
+ * of n ranks; NCCL's latency (traces/gpus.c). */
+static void mg_small_allreduce(AgGraph *g, CommLink link, int n)
+{
+    gg_collective(g, MEMSIM_COLL_ALL_REDUCE, 8, 3, ring_us(link, MEMSIM_COLL_ALL_REDUCE, 8, n));
+}
+
+/* `.item()` on a CUDA tensor (aten _local_scalar_dense): a copy to the host, which waits for
+ * the stream's work so far (a synchronization). */
+static void mg_item(AgGraph *g)
+{
+    gg_op(g, "_local_scalar_dense");
+    gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* torch.distributed.barrier() under NCCL: a one-element all-reduce over the world, waited on
+ * by the host (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp barrier: the work's
+ * synchronize). Then megatron/core/timers.py Timer.start/stop's torch.cuda.synchronize(). */
+static void mg_barrier(AgGraph *g, const MgOpt *mo)
+{
+    mg_small_allreduce(g, mo->world_cost, mo->world);
+    gg_host_wait(g, gg_ctx(g)->stream);
+    gg_op(g, "cudaDeviceSynchronize");
+    gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* What one training iteration of Megatron-LM runs beyond the model's forward and backward and
+ * the optimizer's update (megatron/training/training.py train_step and the train loop's
+ * training_log, at Megatron-LM d98e8a64dd): kernels, collectives and the host's
+ * synchronizations on `.item()`, each at the per-op dispatch and NCCL latency of the GPU
+ * profile (traces/gpus.c). Allocates nothing the memory report sees (these are 1-element
+ * tensors the caching allocator serves from its cached 512-byte blocks). `before`: between the
+ * gradient reduction and the update (finalize_model_grads, the loss reduction, the
+ * optimizer's checks); else after the update (train_step's statistics, training_log). */
+static void mg_step_bookkeeping(MgOpt *mo, bool before)
+{
+    AgGraph *g = mo->g;
+    const MgOptions *o = mo->o;
+    int dpcp = mo->dp * (o->cp > 1 ? o->cp : 1);
+    if (before) {
+        /* finalize_model_grads (core/distributed/finalize_model_grads.py): the tied word
+         * embedding's gradient all-reduced between the first and the last stage
+         * (_allreduce_word_embedding_grads) */
+        if (mo->emb_bytes)
+            gg_collective(g, MEMSIM_COLL_ALL_REDUCE, mo->emb_bytes, mo->emb_group,
+                          ring_us(mo->emb_cost, MEMSIM_COLL_ALL_REDUCE, mo->emb_bytes, 2));
+        /* train_step, last stage: each reported loss all-reduced over the data-parallel ×
+         * context-parallel group (torch.distributed.all_reduce of the [sum, count] pair) */
+        if (mo->last) {
+            gg_op(g, "stack");
+            mg_small_allreduce(g, mo->dp_cost, dpcp);
+        }
+        /* MixedPrecisionOptimizer.step (core/optimizer/optimizer.py): fp16's loss scaler
+         * unscales the main grads and checks them for inf/nan
+         * (_unscale_main_grads_and_check_for_nan: torch._amp_foreach_non_finite_check_and_unscale_,
+         * all_reduce(found_inf, MAX) over the model-parallel group, found_inf.item()) */
+        if (o->fp16) {
+            gg_op(g, "fill_");
+            gg_op(g, "_amp_foreach_non_finite_check_and_unscale_");
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+        }
+        /* clip_grad_norm (core/optimizer/clip_grads.py get_grad_norm_fp32: one
+         * multi_tensor_applier l2norm over the grads, all_reduce over the model-parallel group,
+         * .item(); then clip_grads_with_norm_fp32's multi_tensor_scale) */
+        if (o->clip_grad > 0) {
+            gg_op(g, "zeros");
+            gg_op(g, "multi_tensor_l2norm");
+            gg_op(g, "pow");
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+            gg_op(g, "multi_tensor_scale");
+        }
+        /* --log-num-zeros-in-grad: count_zeros_fp32, per gradient
+         * `grad.numel() - torch.count_nonzero(grad)` added to the total (three ops), then an
+         * all_reduce over the model-parallel group and .item() */
+        if (o->log_num_zeros) {
+            gg_op(g, "zeros");
+            for (int i = 0; i < mo->n_params; i++) {
+                gg_op(g, "count_nonzero");
+                gg_op(g, "rsub");
+                gg_op(g, "add");
+            }
+            mg_small_allreduce(g, mo->mp_cost, mo->mp);
+            mg_item(g);
+        }
+        return;
+    }
+    /* after the update: MixedPrecisionOptimizer._copy_main_params_to_model_params (one
+     * multi_tensor_scale over the pairs) */
+    gg_op(g, "multi_tensor_scale");
+    /* train_step: reduce_max_stat_across_model_parallel_group for grad_norm and (when logged)
+     * num_zeros_in_grad (training/utils/common_utils.py): a tensor made from the float, an
+     * all_reduce(MAX) over the model-parallel group, .item() twice */
+    for (int k = 0; k < (o->log_num_zeros ? 2 : 1); k++) {
+        gg_op(g, "tensor");
+        mg_small_allreduce(g, mo->mp_cost, mo->mp);
+        mg_item(g);
+        mg_item(g);
+    }
+    /* the train loop: optimizer.get_loss_scale().item() */
+    mg_item(g);
+    /* --log-params-norm: calc_params_l2_norm (training/utils/common_utils.py): eight buckets'
+     * norms (_compute_norm_2: a multi_tensor l2norm, or a zero tensor when empty), the
+     * sharded buckets' four all_reduces over the data-parallel groups, the sum, the
+     * model-parallel all_reduce, .item() */
+    if (o->log_params_norm) {
+        for (int k = 0; k < 8; k++)
+            gg_op(g, "multi_tensor_l2norm");
+        for (int k = 0; k < 4; k++)
+            mg_small_allreduce(g, mo->dp_cost, dpcp);
+        for (int k = 0; k < 3; k++)
+            gg_op(g, "add");
+        mg_small_allreduce(g, mo->mp_cost, mo->mp);
+        mg_item(g);
+    }
+    /* training_log at every --log-interval (1 in the development set): the reported losses'
+     * .item() on the last stage; timers('interval-time').elapsed(barrier=True) stops and
+     * restarts the timer, each with a barrier and a torch.cuda.synchronize()
+     * (core/timers.py Timer.elapsed, stop, start) */
+    if (mo->last)
+        mg_item(g);
+    mg_barrier(g, mo);
+    mg_barrier(g, mo);
+}
 
 static GPtrArray *mg_before_optimizer(void *user, int step)
 {
@@ -1901,6 +2059,27 @@ static GPtrArray *mg_before_optimizer(void *user, int step)
     (void)step;
     DType gdt = mo->main_grad->dt;
     uint64_t gbytes = (uint64_t)mo->psi * (uint64_t)dt_size(gdt);
+    /* _ParamAndGradBucketGroup.start_grad_sync (core/distributed/param_and_grad_buffer.py):
+     * with check_for_nan_in_grad (DDP config from check_for_nan_in_loss_and_grad,
+     * training.py), check_grads per bucket: grad_data.norm(p=2) and validate_result's
+     * torch.isnan and torch.isinf, each read as a bool on the host; then each bucket's
+     * `grad_data *= gradient_scaling_factor` (1 / dp·cp, distributed_data_parallel.py) */
+    int dpcp = mo->dp * (mo->o->cp > 1 ? mo->o->cp : 1);
+    for (int k = 0; k < mo->n_buckets; k++) {
+        double bb = (double)gbytes / mo->n_buckets;
+        if (mo->o->check_nan) {
+            gg_op(g, "linalg_vector_norm");
+            gg_bytes(g, bb);
+            gg_op(g, "isnan");
+            mg_item(g);
+            gg_op(g, "isinf");
+            mg_item(g);
+        }
+        if (dpcp > 1) {
+            gg_op(g, "mul_");
+            gg_bytes(g, 2.0 * bb);
+        }
+    }
     if (mo->dp > 1)
         gg_collective(g, mo->o->distributed_optimizer ? MEMSIM_COLL_REDUCE_SCATTER
                                                       : MEMSIM_COLL_ALL_REDUCE,
@@ -1909,6 +2088,7 @@ static GPtrArray *mg_before_optimizer(void *user, int step)
                                                ? MEMSIM_COLL_REDUCE_SCATTER
                                                : MEMSIM_COLL_ALL_REDUCE,
                               gbytes, mo->dp));
+    mg_step_bookkeeping(mo, true);
     /* main_param.grad: a view of main_grad (fp32), or an fp32 copy (fp16 grads: .float()) */
     for (guint i = 0; i < mo->mains->len; i++) {
         AgTensor *mp = mo->mains->pdata[i];
@@ -1928,6 +2108,71 @@ static void mg_after_optimizer(void *user, int step)
         gg_collective(mo->g, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2, 3,
                       ring_us(mo->dp_cost, MEMSIM_COLL_ALL_GATHER, (uint64_t)mo->psi * 2,
                               mo->dp));
+    mg_step_bookkeeping(mo, false);
+}
+
+/* After a pipeline exchange: with batched p2p, torch.cuda.synchronize()
+ * (core/pipeline_parallel/p2p_communication.py P2PCommunicator._communicate; MgOptions
+ * p2p_sync): the host waits for the stream. */
+static void mg_p2p_sync(AgGraph *g, const MgOptions *o)
+{
+    if (!o->p2p_sync)
+        return;
+    gg_op(g, "torch.cuda.synchronize (p2p)");
+    gg_host_wait(g, gg_ctx(g)->stream);
+}
+
+/* pretrain_gpt.py get_batch on a stage that holds the embedding or the loss: on TP rank 0
+ * the next batch from the data loader copied to the device (`.cuda(non_blocking=True)` of
+ * each of BATCH_KEYS: tokens, labels, loss_mask, attention_mask, position_ids), then
+ * core/utils.py get_batch_on_this_tp_rank's torch.distributed.broadcast over the TP group
+ * of the tensors the stage needs (one stage: tokens, labels, loss_mask, position_ids and the
+ * mask; the first: tokens, position_ids, mask; the last: labels, loss_mask, mask), into the
+ * buffers the other TP ranks hold (the inputs the stage's program already has). */
+static void mg_get_batch(AgGraph *g, const Model *md, const MemsimRun *run)
+{
+    const MgOptions *o = md->m->mg;
+    if (!md->first && !md->last)
+        return;
+    int64_t b = run->batch, sq = run->seq;
+    uint64_t tok = (uint64_t)(b * sq * 8), mask = o->attention_mask ? (uint64_t)(b * sq * sq) : 0;
+    for (int k = 0; k < 5; k++)
+        gg_op(g, "_to_copy");
+    uint64_t sizes[5];
+    int n = 0;
+    if (md->first) {
+        sizes[n++] = tok; /* tokens */
+        sizes[n++] = tok; /* position_ids */
+    }
+    if (md->last) {
+        sizes[n++] = tok;                       /* labels */
+        sizes[n++] = (uint64_t)(b * sq * 4);    /* loss_mask */
+    }
+    if (mask)
+        sizes[n++] = mask;
+    for (int k = 0; k < n; k++)
+        gg_collective(g, MEMSIM_COLL_BROADCAST, sizes[k], 1,
+                      nn_tp_us(md, MEMSIM_COLL_BROADCAST, sizes[k]));
+}
+
+/* The loss of a micro-batch on the last stage: pretrain_gpt.py loss_func beyond the
+ * masked sum the model's forward has (loss_mask.sum(), .clone().detach().to(int), the
+ * report's torch.cat of two clones), the schedule's forward_step scaling and accumulating it
+ * (pipeline_parallel/schedules.py: output_tensor /= num_tokens or num_microbatches,
+ * total_num_tokens += num_tokens); with check_for_nan_in_loss_and_grad,
+ * rerun_state_machine.validate_result with torch.isnan and torch.isinf, each result read as
+ * a bool on the host (core/rerun_state_machine.py validate_result: rejection_func(result)). */
+static void mg_loss_func(AgGraph *g, const MgOptions *o)
+{
+    static const char *const ops[] = {"sum", "clone", "_to_copy", "clone", "cat", "div_", "add_"};
+    for (gsize k = 0; k < G_N_ELEMENTS(ops); k++)
+        gg_op(g, ops[k]);
+    if (o->check_nan) {
+        gg_op(g, "isnan");
+        mg_item(g);
+        gg_op(g, "isinf");
+        mg_item(g);
+    }
 }
 
 static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
@@ -1950,7 +2195,8 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     if (run->precision != MEMSIM_PREC_FP32)
         eff.precision = o->fp16 ? MEMSIM_PREC_FP16 : MEMSIM_PREC_BF16;
     MgShared shared = {.dummy = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-                       .defer_in = g_ptr_array_new(), .defer_grad = g_ptr_array_new()};
+                       .defer_in = g_ptr_array_new(), .defer_grad = g_ptr_array_new(),
+                       .dp = dp, .dp_cost = comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
     Model *chunks = g_new0(Model, v);
     for (int k = 0; k < v; k++) {
         int64_t l0, l1;
@@ -1998,8 +2244,34 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     AgTensor *main_grad = alloc_cat(g, MEMSIM_CAT_GRADIENT, o->grads_fp32 ? DT_F32 : adt, psi_pad);
     /* fp32 main parameters, made when the optimizer is built: a copy of each parameter
      * (Float16OptimizerWithFloat16Params), or of this rank's shard (DistributedOptimizer) */
-    MgOpt mo = {g, o, main_grad, g_ptr_array_new(), NULL, psi_pad, dp, dpo,
-                comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
+    MgOpt mo = {.g = g, .o = o, .main_grad = main_grad, .mains = g_ptr_array_new(),
+                .psi = psi_pad, .dp = dp, .shard = dpo,
+                .dp_cost = comm_cost(gpu, tp * cp * dp <= run->gpus_per_node)};
+    for (int k = 0; k < v; k++)
+        mo.n_params += (int)chunks[k].trainable->len;
+    mo.world = tp * cp * dp * pp;
+    mo.mp = tp * cp * pp;
+    mo.world_cost = comm_cost(gpu, mo.world <= run->gpus_per_node);
+    mo.mp_cost = comm_cost(gpu, mo.mp <= run->gpus_per_node);
+    mo.last = chunks[v - 1].last;
+    mo.embeddings[0] = chunks[0].first ? chunks[0].wte : NULL;
+    mo.embeddings[1] = chunks[0].first ? chunks[0].wpe : NULL;
+    {
+        /* DDP buckets (distributed_data_parallel.py:131-137): --ddp-bucket-size, else with
+         * --overlap-grad-reduce max(40M, 1M × dp) elements, else one bucket */
+        int64_t be = o->bucket_size ? o->bucket_size
+                     : o->overlap_grad_reduce ? MAX((int64_t)40000000, (int64_t)1000000 * dp)
+                                              : psi_pad;
+        mo.n_buckets = (int)((psi_pad + be - 1) / MAX(be, (int64_t)1));
+        if (mo.n_buckets < 1)
+            mo.n_buckets = 1;
+    }
+    if (pp > 1 && m->tie && (chunks[0].first || chunks[v - 1].last)) {
+        mo.emb_bytes = (uint64_t)(mg_padded_vocab(o, tp) / tp) * (uint64_t)m->H *
+                       (uint64_t)dt_size(main_grad->dt);
+        mo.emb_group = 3;
+        mo.emb_cost = comm_cost(gpu, mo.world <= run->gpus_per_node);
+    }
     if (o->distributed_optimizer) {
         g_ptr_array_add(mo.mains, alloc_cat(g, MEMSIM_CAT_OPTIMIZER_STATE, DT_F32, psi_pad / dpo));
     } else {
@@ -2027,7 +2299,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             g_ptr_array_add(small, op_new(g, "tensor", DT_F32, 1, (int64_t[]){1}));
         c->category = cat;
     }
-    AgHooks ah = {.post_accumulate = mg_post_accumulate};
+    AgHooks ah = {.post_accumulate = mg_post_accumulate, .user = &mo};
     gg_set_hooks(g, &ah);
     LoopHooks hooks = {.before_optimizer = mg_before_optimizer,
                        .after_optimizer = mg_after_optimizer,
@@ -2057,8 +2329,10 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             c->category = MEMSIM_CAT_TEMPORARY;
             if (sl2.fwd) {
                 c->phase = MEMSIM_PHASE_FORWARD;
+                mg_get_batch(g, md, run);
                 if (!md->first) {
                     gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, prev, p2p_us);
+                    mg_p2p_sync(g, o);
                     f->in = gg_leaf(g, adt, 3, (int64_t[]){sq, run->batch, H}, true,
                                     MEMSIM_CAT_ACTIVATION);
                 }
@@ -2067,9 +2341,14 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 if (step == 1 && i == 0)
                     gg_mark_breakdown(g, MEMSIM_BREAKDOWN_FIRST_FORWARD);
                 if (loss) {
+                    mg_loss_func(g, o);
                     f->out = loss;
                 } else {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(hidden), 2, next, p2p_us);
+                    /* send_forward_recv_backward: one exchange with the backward's recv
+                     * that follows in the steady state (schedules.py), one synchronize */
+                    if (!(i + 1 < sched->len && !g_array_index(sched, Slot, i + 1).fwd))
+                        mg_p2p_sync(g, o);
                     gg_storage_release(g, hidden->st); /* deallocate_output_tensor */
                     f->out = hidden;
                 }
@@ -2078,6 +2357,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 AgTensor *grad = NULL;
                 if (!md->last) {
                     gg_p2p(g, MEMSIM_COLL_RECV, p2p_bytes, 2, next, p2p_us);
+                    mg_p2p_sync(g, o);
                     grad = op_new(g, "empty", adt, 3, (int64_t[]){sq, run->batch, H});
                 }
                 gg_backward_with(g, f->out, grad);
@@ -2085,6 +2365,10 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                 f->out = NULL;
                 if (f->in) {
                     gg_p2p(g, MEMSIM_COLL_SEND, (uint64_t)gt_nbytes(f->in), 2, prev, p2p_us);
+                    /* send_backward_recv_forward: one exchange with the next forward's recv */
+                    if (!(i + 1 < sched->len && g_array_index(sched, Slot, i + 1).fwd &&
+                          !chunks[g_array_index(sched, Slot, i + 1).chunk].first))
+                        mg_p2p_sync(g, o);
                     gt_unref(g, f->in);
                     f->in = NULL;
                 }

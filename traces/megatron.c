@@ -74,6 +74,7 @@ typedef struct {
     char *optimizer, *ckpt_format;
     bool distributed_optimizer, overlap_grad_reduce, overlap_param_gather;
     bool overlap_param_gather_with_step, grad_accum_fusion, log_params_norm, log_num_zeros;
+    bool check_nan;
     int64_t optimizer_instances, ddp_bucket_size;
     double clip_grad;
     /* recomputation (transformer_config.py:532-557, arguments.py:2869) */
@@ -126,6 +127,7 @@ static void args_init(Args *a)
     a->loss_scale = -1.0;                  /* arguments.py:3055: None, dynamic scaling */
     a->optimizer_instances = 1;            /* arguments.py:3216 */
     a->grad_accum_fusion = true;           /* arguments.py:2944 */
+    a->check_nan = true;                   /* arguments.py:2872 (--no-check-for-nan-in-loss-and-grad) */
     a->clip_grad = 1.0;                    /* arguments.py:2615 */
     a->masked_softmax_fusion = a->bias_dropout_fusion = a->bias_gelu_fusion = true; /* :2887-2901 */
     a->bias_swiglu_fusion = a->rope_fusion = true; /* :2895, 2902 */
@@ -363,7 +365,7 @@ static const Flag flags[] = {
     NEUTRAL("manual-gc-interval"),
     NEUTRAL("manual-gc-eval"),
     NEUTRAL("rerun-mode"),
-    NEUTRAL("no-check-for-nan-in-loss-and-grad"),
+    OFF("no-check-for-nan-in-loss-and-grad", check_nan),
     NEUTRAL("check-for-large-grads"),
     NEUTRAL("check-for-spiky-loss"),
     NEUTRAL("result-rejected-tracker-filename"),
@@ -1183,6 +1185,11 @@ static gboolean resolve(MemsimMegatron *mg, Launch *l, Parsed *p, GError **error
     if (mg->virtual_stages == 1) /* arguments.py:976-977, 1010-1013 */
         a->overlap_p2p_comm = false;
     mg->overlap_p2p_comm = a->overlap_p2p_comm;
+    /* batched p2p, then a device synchronize after each exchange: batch_p2p_comm = not
+     * overlap_p2p_comm (training/argument_utils.py:307), batch_p2p_sync True (no flag sets it;
+     * core/model_parallel_config.py:395); pipeline_parallel/p2p_communication.py
+     * P2PCommunicator._communicate calls torch.cuda.synchronize() when both hold */
+    mg->o.p2p_sync = !a->overlap_p2p_comm;
     if (a->warmup_flush && !a->overlap_p2p_comm)
         return bad(error, w,
                    "--overlap-p2p-communication-warmup-flush needs the interleaved "
@@ -1325,6 +1332,11 @@ static gboolean resolve(MemsimMegatron *mg, Launch *l, Parsed *p, GError **error
     o->clip_grad = a->clip_grad;
     o->log_params_norm = a->log_params_norm;
     o->log_num_zeros = a->log_num_zeros;
+    /* off with fp16's dynamic loss scaling, whose NaNs signal the scaler (arguments.py:1199-1203) */
+    o->check_nan = a->check_nan && !o->loss_scaling_dynamic;
+    /* --test-mode: Attention.run_realtime_tests in every forward (transformer/attention.py);
+     * its tensors are 1-element blocks, the memory of which stays unmodelled (the warning) */
+    o->test_mode = given(p, "test-mode");
     o->ce_fusion = a->ce_fusion;
     o->defer_embedding_wgrad = a->defer_embedding_wgrad;
     o->wgrad_deferral_limit = (int)a->wgrad_deferral_limit;

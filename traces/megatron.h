@@ -48,6 +48,11 @@ typedef struct {
     double clip_grad;                /* --clip-grad (default 1.0) */
     bool log_params_norm;            /* --log-params-norm */
     bool log_num_zeros;              /* --log-num-zeros-in-grad */
+    bool check_nan;                  /* check_for_nan_in_loss_and_grad: the loss and each grad
+                                      * bucket's norm checked for NaN and Inf */
+    bool test_mode;                  /* --test-mode */
+    bool p2p_sync;                   /* the pipeline's p2p exchanges end in a device synchronize
+                                      * (batched p2p: no interleaved p2p overlap) */
     /* layers */
     MgImpl impl;                     /* --transformer-impl */
     MgAttn attention;                /* --attention-backend, resolved */

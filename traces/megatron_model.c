@@ -15,6 +15,22 @@
 
 typedef enum { GEMM_NONE, GEMM_TORCH, GEMM_TE } GemmKind;
 
+/* The host's time for one call of a module, its ops' dispatch included, as published: the
+ * CPU runtime of one forward pass measured on H100 hosts with BF16 and TP = 1
+ * (NVIDIA/TransformerEngine pull request #1191, "Minor optimizations to reduce CPU overheads
+ * in modules"): Megatron-core's ColumnParallelLinear 74 µs; TEColumnParallelLinear 140 µs,
+ * 115 µs with that change (Transformer Engine 1.11 on; the development set ran 2.8 to 2.17).
+ * The TE figure is taken for every TE module, whose forwards share that path
+ * (transformer_engine/pytorch/module/base.py TransformerEngineBaseModule.prepare_forward, or
+ * DotProductAttention's own argument checks and backend selection); Megatron's figure for its
+ * linears (megatron/core/tensor_parallel/layers.py). Backward: no published figure; the
+ * Functions' backwards (TE _Linear.backward, _LayerNormLinear.backward, FusedAttnFunc.backward;
+ * Megatron LinearWithGradAccumulationAndAsyncCommunication.backward) run the same checks,
+ * casts and launches in reverse in Python, and are taken to cost what the forward does. Other
+ * modules get the per-op dispatch of their ops only (traces/gpus.c dispatch_us). */
+#define TE_MODULE_US 115.0
+#define MG_LINEAR_US 74.0
+
 /* What its backward allocates beyond the input gradients: temporaries, freed when it returns. */
 typedef struct {
     int n_tmp;
@@ -24,6 +40,7 @@ typedef struct {
     uint32_t pass;      /* inputs (bits) whose gradient is the incoming one (a reference) */
     GemmKind gemm;      /* the cuBLAS workspace its GEMMs take */
     MgShared *mgs;
+    double host_us;     /* the module's host time per backward call (0: its ops' dispatch) */
 } FnBw;
 
 #define PASS(i) (1u << (i))
@@ -55,6 +72,7 @@ static void bw_fn(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
     const FnBw *b = n->extra;
     AgTensor *tmp[4] = {0};
+    uint64_t ops0 = gg_op_count(g);
     gg_op(g, n->name);
     gemm(g, b->gemm, b->mgs);
     for (int i = 0; i < b->n_tmp; i++)
@@ -71,6 +89,8 @@ static void bw_fn(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     }
     for (int i = 0; i < b->n_tmp; i++)
         gt_unref(g, tmp[i]);
+    if (b->host_us > 0)
+        gg_host_module(g, "host:module backward", ops0, b->host_us);
 }
 
 /* The split of the fused QKV output into views (SplitWithSizesBackward: the three gradients
@@ -199,6 +219,7 @@ typedef struct {
 static void bw_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
 {
     const LinBw *lb = n->extra;
+    uint64_t ops0 = gg_op_count(g);
     gg_op(g, n->name);
     AgTensor *gath = NULL;
     if (lb->gather && !lb->gather_mpu)
@@ -235,6 +256,8 @@ static void bw_linear(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
     } else {
         gt_unref(g, dg);
     }
+    gg_host_module(g, "host:linear backward", ops0,
+                   lb->gemm == GEMM_TE ? TE_MODULE_US : MG_LINEAR_US);
 }
 
 /* A linear on x [rows, in]: Megatron's (local spec, and the output layer of both specs) or
@@ -250,6 +273,7 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias,
     Model *md = st->md;
     AgGraph *g = md->g;
     const MgOptions *o = st->o;
+    uint64_t ops0 = gg_op_count(g);
     int64_t rows = gt_numel(x) / l->in;
     bool gather = md->sp && column;
     AgTensor *lnout = NULL, *mu = NULL, *rs = NULL;
@@ -335,6 +359,7 @@ static AgTensor *linear(St *st, Lin *l, AgTensor *x, bool column, bool add_bias,
         U(out);
         out = r;
     }
+    gg_host_module(g, "host:linear forward", ops0, te ? TE_MODULE_US : MG_LINEAR_US);
     return out;
 }
 
@@ -458,15 +483,28 @@ static AgTensor *attn_cp(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
     AgTensor *sv[4] = {qc, kv1, out, lse};
     /* backward: dq, and two [2, K/V] buffers for the ring (kv and dkv) */
     fn_record(g, "AttnFuncWithCPAndKVP2PBackward", in, 3, sv, 4, out,
-              &(FnBw){.n_tmp = 2, .tmp_dt = {st->adt, st->adt}, .tmp_n = {2 * kvn, 2 * kvn}});
+              &(FnBw){.n_tmp = 2, .tmp_dt = {st->adt, st->adt}, .tmp_n = {2 * kvn, 2 * kvn},
+                      .host_us = TE_MODULE_US});
     U(qc);
     U(kv1);
     U(lse);
     return out;
 }
 
-/* Core attention on q [s, b, np, hd], k and v [s, b, ng, hd]; returns the context [N, np·hd]. */
+static AgTensor *core_attention_ops(St *st, AgTensor *q, AgTensor *k, AgTensor *v);
+
+/* Core attention on q [s, b, np, hd], k and v [s, b, ng, hd]; returns the context [N, np·hd].
+ * TE's DotProductAttention is a TE module (its host time per call, TE_MODULE_US). */
 static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
+{
+    uint64_t ops0 = gg_op_count(st->md->g);
+    AgTensor *out = core_attention_ops(st, q, k, v);
+    if (st->te)
+        gg_host_module(st->md->g, "host:attention forward", ops0, TE_MODULE_US);
+    return out;
+}
+
+static AgTensor *core_attention_ops(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
 {
     Model *md = st->md;
     AgGraph *g = md->g;
@@ -491,7 +529,8 @@ static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
         fn_record(g, "FlashAttnFuncBackward", in, 3, sv, 5, fo,
                   &(FnBw){.n_tmp = 2, .tmp_dt = {DT_F32, DT_F32},
                           .tmp_n = {b * np * ((s + 127) / 128 * 128),
-                                    b * ((s + 127) / 128 * 128) * np * ((hd + 31) / 32 * 32)}});
+                                    b * ((s + 127) / 128 * 128) * np * ((hd + 31) / 32 * 32)},
+                          .host_us = TE_MODULE_US});
         U(qt);
         U(kt);
         U(vt);
@@ -509,7 +548,7 @@ static AgTensor *core_attention(St *st, AgTensor *q, AgTensor *k, AgTensor *v)
     AgTensor *rng = gt_empty(g, DT_I64, SHAPE(2));
     AgTensor *in[3] = {q, k, v};
     AgTensor *sv[5] = {q, k, v, out, stats};
-    fn_record(g, "FusedAttnFuncBackward", in, 3, sv, 5, out, NULL);
+    fn_record(g, "FusedAttnFuncBackward", in, 3, sv, 5, out, &(FnBw){.host_us = TE_MODULE_US});
     U(stats);
     U(rng);
     return out;
@@ -611,6 +650,40 @@ static AgTensor *attn_region(AgGraph *g, void *user, AgTensor **inp, int nin)
     return out;
 }
 
+/* --test-mode with --qk-layernorm: Attention.run_realtime_tests (transformer/attention.py),
+ * run by get_query_key_value_tensors in every forward: the four q/k norm parameters stacked,
+ * all-gathered over the data-parallel group, then over the tensor-parallel group; for each
+ * rank's copy an unbind and, per parameter, `assert torch.all(src == tgt)` (eq, all, and the
+ * bool the assert reads: a host synchronization). Its 1-element-sized tensors are not
+ * allocated here (the launch's warning says so). */
+static void realtime_tests(St *st)
+{
+    Model *md = st->md;
+    AgGraph *g = md->g;
+    int dp = st->mgs && st->mgs->dp > 0 ? st->mgs->dp : 1;
+    uint64_t bytes = (uint64_t)(4 * st->hd * dt_size(st->adt));
+    gg_op(g, "stack");
+    for (int grp = 0; grp < 2; grp++) {
+        int n = grp == 0 ? dp : md->tp;
+        for (int r = 0; r < n; r++)
+            gg_op(g, "empty_like");
+        gg_collective(g, MEMSIM_COLL_ALL_GATHER, bytes * (uint64_t)n, grp == 0 ? 3 : 1,
+                      grp == 0 ? (st->mgs ? comm_link_us(st->mgs->dp_cost, MEMSIM_COLL_ALL_GATHER,
+                                                         bytes * (uint64_t)n, n)
+                                          : 0.0)
+                               : nn_tp_us(md, MEMSIM_COLL_ALL_GATHER, bytes * (uint64_t)n));
+        for (int r = 0; r < n; r++) {
+            gg_op(g, "unbind");
+            for (int k = 0; k < 4; k++) {
+                gg_op(g, "eq");
+                gg_op(g, "all");
+                gg_op(g, "_local_scalar_dense");
+                gg_host_wait(g, gg_ctx(g)->stream);
+            }
+        }
+    }
+}
+
 static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
 {
     MgLayerArg *la = user;
@@ -641,6 +714,8 @@ static AgTensor *layer(AgGraph *g, void *user, AgTensor **inp, int nin)
         U(k);
         q = qn;
         k = kn;
+        if (o->test_mode)
+            realtime_tests(st);
     }
     if (o->pos == MG_POS_ROPE) {
         AgTensor *qr = rope(st, q), *kr = rope(st, k);

@@ -114,6 +114,8 @@ typedef struct MgShared {
     /* --defer-embedding-wgrad-compute: the output layer's inputs and output gradients kept for
      * the drain after the last backward of the step (references) */
     GPtrArray *defer_in, *defer_grad; /* "outxin" → AgTensor* (a reference) */
+    int dp;            /* the data-parallel group's size and link (--test-mode's gathers) */
+    CommLink dp_cost;
 } MgShared;
 
 /* Like model_build_part with the stage's ends given: a Megatron chunk may hold no layer but

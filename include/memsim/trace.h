@@ -132,12 +132,16 @@ typedef struct {
 
 /* What set a generated op's duration (MemsimOpInfo.bound): its FLOPs at the achievable rate
  * (over its GEMM's waves), its memory traffic at the HBM bandwidth, or the shortest kernel;
- * UNKNOWN for recorded traces and untimed ops. */
+ * UNKNOWN for recorded traces and untimed ops. HOST: no kernel — the duration is the host's
+ * own time (a framework module's Python beyond the ops it dispatches), which the replay adds
+ * to the host's clock, not to a stream; generated traces only (the trace formats do not carry
+ * `bound`). */
 typedef enum {
     MEMSIM_BOUND_UNKNOWN = 0,
     MEMSIM_BOUND_COMPUTE,
     MEMSIM_BOUND_MEMORY,
     MEMSIM_BOUND_LATENCY,
+    MEMSIM_BOUND_HOST,
 } MemsimOpBound;
 
 typedef struct {
