@@ -292,3 +292,83 @@ Test(families, sliding_window_mask_from_the_window_on)
     cr_expect_geq(extra, 2 * 2 * kv - 2 * 512, "%" G_GINT64_FORMAT, extra);
     cr_expect_leq(extra, 2 * 2 * kv + 64 * 64, "%" G_GINT64_FORMAT, extra);
 }
+
+/* --moe-imbalance on Mixtral's eager experts (MixtralSparseMoeBlock.forward: each expert on
+ * the rows torch.where(expert_mask[e]) selects). T = 4096 tokens, k = 1 of E = 4 experts,
+ * I = 4000: uniform, 1024 rows each; at 2, the most-loaded expert ⌈2 · 4096 / 4⌉ = 2048 rows
+ * and the other three the 2048 left, 683, 683, 682. Each expert's gate projection is one
+ * [rows, I] bf16 tensor (bf16-mixed autocast), so the trace allocates rows · I · 2 bytes for
+ * it; the peak rises by at least the hot expert's one extra [1024, I] buffer. */
+static int64_t count_allocs(MemsimTrace *t, int64_t size)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
+    int64_t c = 0;
+    for (gsize i = 0; i < n; i++)
+        c += ev[i].kind == MEMSIM_EV_ALLOC && (int64_t)ev[i].size == size;
+    return c;
+}
+
+Test(families, moe_imbalance_gives_the_hot_expert_its_rows_and_uniform_is_the_default)
+{
+    g_autofree char *path = write_config(
+        "{\"model_type\": \"mixtral\", \"vocab_size\": 256, \"hidden_size\": 64, "
+        "\"intermediate_size\": 4000, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"num_local_experts\": 4, \"num_experts_per_tok\": 1}");
+    GError *error = NULL;
+    MemsimModel *m = memsim_model_load(path, &error);
+    cr_assert(m, "%s", error ? error->message : "?");
+    const int64_t I = 4000, row = I * 2;
+    const char *f[] = {NULL, "1", "2"};
+    MemsimTrace *t[3];
+    int64_t peak[3];
+    gsize n_events[3];
+    for (int i = 0; i < 3; i++) {
+        MemsimRun r = memsim_run_defaults();
+        tu_set(&r, "seq", "4096");
+        if (f[i])
+            tu_set(&r, "moe-imbalance", f[i]);
+        t[i] = memsim_generate(m, &r, &error);
+        cr_assert(t[i], "%s", error ? error->message : "?");
+        memsim_trace_events(t[i], 0, &n_events[i]);
+        peak[i] = tu_peak_live(t[i], MEMSIM_CAT_ACTIVATION, -1) +
+                  tu_peak_live(t[i], MEMSIM_CAT_TEMPORARY, -1);
+        memsim_run_clear(&r);
+    }
+    /* uniform, whether given or not: the same trace */
+    cr_expect_eq(n_events[1], n_events[0]);
+    cr_expect_eq(peak[1], peak[0]);
+    cr_expect_gt(count_allocs(t[0], 1024 * row), 0);
+    cr_expect_eq(count_allocs(t[0], 2048 * row), 0);
+    /* at 2: the hot expert's 2048 rows and the others' 683 and 682, no uniform 1024 */
+    cr_expect_gt(count_allocs(t[2], 2048 * row), 0);
+    cr_expect_gt(count_allocs(t[2], 683 * row), 0);
+    cr_expect_gt(count_allocs(t[2], 682 * row), 0);
+    cr_expect_eq(count_allocs(t[2], 1024 * row), 0);
+    cr_expect_geq(peak[2] - peak[0], (2048 - 1024) * row, "peak %" G_GINT64_FORMAT " → %"
+                  G_GINT64_FORMAT, peak[0], peak[2]);
+    for (int i = 0; i < 3; i++)
+        memsim_trace_free(t[i]);
+    memsim_model_free(m);
+}
+
+/* --moe-imbalance is refused, exit 2, for a model without routed experts and for the
+ * families whose experts run as one grouped GEMM over the T·k slots (integrations/moe.py
+ * grouped_mm_experts_forward: sizes independent of the routing); below 1 it is no factor. */
+Test(families, moe_imbalance_refused_where_it_changes_nothing)
+{
+    const char *cases[][3] = {
+        {"gpt2", "2", "no routed experts"},
+        {"qwen3-30b-a3b", "2", "grouped"},
+        {"deepseek-v2-lite", "1.5", "grouped"},
+        {"mixtral-8x7b", "0.5", "[1"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const char *argv[] = {"estimate", "--model", cases[i][0], "--seq", "64",
+                              "--moe-imbalance", cases[i][1], NULL};
+        g_autofree char *err = NULL;
+        cr_expect_eq(run(argv, NULL, &err), 2, "%s: %s", cases[i][0], err);
+        cr_expect(err && strstr(err, "moe-imbalance") && strstr(err, cases[i][2]), "%s: %s",
+                  cases[i][0], err);
+    }
+}

@@ -95,8 +95,32 @@ static AgTensor *llama_mlp(Model *md, Layer *ly, AgTensor *x)
     return out;
 }
 
-/* Mixtral's sparse MoE block (HF_MODELS.md §3.9), eager experts, with routing assumed
- * uniform: each expert gets S·k/E of the token slots. */
+/* The token rows expert e takes of the T·k slots under the run's routing assumption
+ * (MemsimRun.moe_imbalance, f). MixtralSparseMoeBlock.forward runs each expert hit, in index
+ * order, on the rows torch.where(expert_mask[expert_idx]) selects, so its gathered input,
+ * gate, up, product and output are [n_e, ·] and what its backward saves scales with n_e.
+ * Uniform (f = 1): T·k / E rows each, the remainder one row more to the first experts. Under
+ * f > 1 the most-loaded expert takes min(T, ⌈f · T·k / E⌉) rows (a token meets an expert at
+ * most once: top-k picks k distinct experts) and the other E - 1 share the rest evenly, the
+ * first ones one row more (never more than T: at most the uniform share). The most-loaded
+ * expert is put last in the loop, where its buffers meet the most of the others' saved
+ * activations: its forward runs after theirs, and its backward first (the output's
+ * index_add_ chain is unwound from the last expert), while theirs are all still held. */
+int64_t model_expert_rows(int64_t T, int64_t K, int64_t E, double f, int64_t e)
+{
+    int64_t slots = T * K;
+    if (f <= 1 || E == 1)
+        return slots / E + (e < slots % E ? 1 : 0);
+    int64_t hot = MAX((slots + E - 1) / E, (int64_t)ceil(f * (double)slots / (double)E));
+    hot = MIN(hot, MIN(T, slots));
+    if (e == E - 1)
+        return hot;
+    int64_t rest = slots - hot, others = E - 1;
+    return rest / others + (e < rest % others ? 1 : 0);
+}
+
+/* Mixtral's sparse MoE block (HF_MODELS.md §3.9), eager experts, each on its rows of the
+ * token slots (model_expert_rows: uniform unless --moe-imbalance). */
 static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
 {
     AgGraph *g = md->g;
@@ -114,12 +138,11 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
     U(ssum);
     AgTensor *wflat = op_view(g, topv, SHAPE(T * K, 1));
     U(topv);
-    int64_t slots = T * K;
     AgTensor *outs[64];
     int nout = 0;
     g_assert(E <= 64);
     for (int64_t e = 0; e < E; e++) {
-        int64_t ne = slots / E + (e < slots % E ? 1 : 0);
+        int64_t ne = model_expert_rows(T, K, E, md->run->moe_imbalance, e);
         if (ne == 0)
             continue;
         AgTensor *xe = op_gather_rows(g, x2, ne);
