@@ -178,6 +178,8 @@ Test(families, every_family_generates_its_model_state, .timeout = 120)
     static const char *configs[] = {
         "{\"model_type\": \"qwen3\", " SMALL ", \"head_dim\": 16}",
         "{\"model_type\": \"olmo2\", " SMALL "}",
+        "{\"model_type\": \"olmo\", " SMALL "}",
+        "{\"model_type\": \"olmo\", " SMALL ", \"clip_qkv\": 8.0}",
         "{\"model_type\": \"phi3\", " SMALL "}",
         "{\"model_type\": \"starcoder2\", " SMALL ", \"sliding_window\": 32, "
         "\"residual_dropout\": 0.1, \"embedding_dropout\": 0.1}",
@@ -371,4 +373,43 @@ Test(families, moe_imbalance_refused_where_it_changes_nothing)
         cr_expect(err && strstr(err, "moe-imbalance") && strstr(err, cases[i][2]), "%s: %s",
                   cases[i][0], err);
     }
+}
+
+/* OLMo (modular_olmo.py): OlmoLayerNorm has no parameters, so a layer is q, k, v, o and the
+ * SwiGLU MLP only (4 H² + 3 H I with H = 64, I = 128 and as many key/value heads as heads)
+ * and the model adds the embedding (and the head when untied); clip_qkv's clamp_ keeps a
+ * pre-clamp copy of q, k and v per layer for backward (gen_variable_type.py original_self),
+ * 3 · B · S · H bf16 values a layer more at the end of the forward. */
+Test(families, olmo_has_no_norm_parameters_and_clip_qkv_keeps_copies)
+{
+    const int64_t V = 1000, H = 64, I = 128, L = 2, S = 64;
+    g_autofree char *plain = write_config(
+        "{\"model_type\": \"olmo\", \"vocab_size\": 1000, \"hidden_size\": 64, "
+        "\"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4}");
+    g_autofree char *clipped = write_config(
+        "{\"model_type\": \"olmo\", \"vocab_size\": 1000, \"hidden_size\": 64, "
+        "\"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"clip_qkv\": 8}");
+    GError *error = NULL;
+    MemsimModel *a = memsim_model_load(plain, &error);
+    cr_assert(a, "%s", error ? error->message : "?");
+    MemsimModel *b = memsim_model_load(clipped, &error);
+    cr_assert(b, "%s", error ? error->message : "?");
+    cr_expect_eq(memsim_model_n_params(a), L * (4 * H * H + 3 * H * I) + 2 * V * H);
+    int64_t fwd[2];
+    MemsimModel *ms[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        MemsimRun r = memsim_run_defaults();
+        tu_set(&r, "seq", "64");
+        tu_set(&r, "steps", "1");
+        MemsimTrace *t = memsim_generate(ms[i], &r, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD);
+        memsim_trace_free(t);
+        memsim_run_clear(&r);
+    }
+    cr_expect_eq(fwd[1] - fwd[0], L * 3 * S * H * 2, "forward activations %" G_GINT64_FORMAT
+                 " → %" G_GINT64_FORMAT, fwd[0], fwd[1]);
+    memsim_model_free(a);
+    memsim_model_free(b);
 }

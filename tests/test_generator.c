@@ -38,6 +38,11 @@ static const struct {
     {"llama-3.1-8b", 8030261248},   {"llama-3.1-70b", 70553706496},
     {"llama-3.3-70b", 70553706496}, {"llama-3.1-405b", 405853388800},
     {"qwen2.5-7b", 7615616512},
+    /* OLMo 1 (allenai/OLMo-1B-hf, allenai/OLMo-7B-hf; fp32 checkpoints): the HF pages'
+     * safetensors counts 1.18B and 6.89B, and to the unit the sum of the released tensors'
+     * sizes as public code that loads them records it (sum(p.numel()) of OLMo-1B 1176764416
+     * with its tied embedding; total_params 6888095744 of the OLMo-7B shapes) */
+    {"olmo-1b", 1176764416},        {"olmo-7b", 6888095744},
 };
 
 /* Counts published to a stated number of digits: the model card's figure (or the Hugging

@@ -1,5 +1,5 @@
 /* The Llama-derived families against real PyTorch: training steps of small Qwen2, Gemma-2,
- * Phi-3 and DeepSeek-V2-style (multi-head latent attention + mixture of experts) models
+ * Phi-3, OLMo (with clip_qkv) and DeepSeek-V2-style (multi-head latent attention + mixture of experts) models
  * (tests/reference/hf_families.py, written after the Transformers modeling files) are recorded
  * at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW,
  * two steps each; tests/reference/record_families.py). The generator's trace for the same
@@ -95,20 +95,20 @@ Test(reference_families, generator_matches_pytorch_1_13, .timeout = 600)
     const char *f;
     int cases = 0;
     double worst = 0;
-    const char *families[] = {"qwen2", "gemma2", "phi3", "deepseek_v2"};
-    gboolean seen[4] = {FALSE};
+    const char *families[] = {"qwen2", "gemma2", "phi3", "olmo", "deepseek_v2"};
+    gboolean seen[G_N_ELEMENTS(families)] = {FALSE};
     while ((f = g_dir_read_name(d))) {
         if (!g_str_has_suffix(f, ".json") || g_str_has_suffix(f, ".config.json"))
             continue;
         g_autofree char *path = g_build_filename(dir, f, NULL);
         compare_case(dir, path, &worst);
         cases++;
-        for (int i = 0; i < 4; i++)
-            seen[i] |= g_str_has_prefix(f, families[i]);
+        for (gsize i = 0; i < G_N_ELEMENTS(families); i++)
+            seen[i] |= g_str_has_prefix(f, families[i]) && f[strlen(families[i])] == '_';
     }
     g_dir_close(d);
-    for (int i = 0; i < 4; i++)
+    for (gsize i = 0; i < G_N_ELEMENTS(families); i++)
         cr_expect(seen[i], "no recorded %s case", families[i]);
-    cr_expect_geq(cases, 8, "only %d recorded cases", cases);
+    cr_expect_geq(cases, 10, "only %d recorded cases", cases);
     cr_log_info("%d cases, worst step peak %.3f%%", cases, 100 * worst);
 }

@@ -412,7 +412,8 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         }
         int64_t dense = m->plain_mlp ? S(P(2, H, I), m->mlp_bias ? S(I, H) : 0)
                                      : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
-        int64_t norms = P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
+        /* OlmoLayerNorm has no parameters */
+        int64_t norms = m->np_norms ? 0 : P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
         int64_t n_moe = m->fam == FAM_MIXTRAL ? model_moe_layers(m) : 0;
         int64_t moe = 0;
         if (n_moe) {
@@ -425,7 +426,7 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         }
         per_layer = 0;
         z->layers = S(P(S(attn, norms), L), P(n_moe, moe), P(L - n_moe, dense));
-        other = S(P(V, H), m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
+        other = S(P(V, H), m->np_norms ? 0 : m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
         break;
     }
     case FAM_GPT2:
@@ -520,6 +521,7 @@ static const struct {
     {"gemma", FAM_LLAMA},     {"gemma2", FAM_LLAMA},    {"gemma3_text", FAM_LLAMA},
     {"qwen2_moe", FAM_MIXTRAL}, {"qwen3_moe", FAM_MIXTRAL},
     {"deepseek_v2", FAM_MIXTRAL}, {"deepseek_v3", FAM_MIXTRAL}, {"starcoder2", FAM_LLAMA},
+    {"olmo", FAM_LLAMA},
 };
 
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
@@ -590,7 +592,8 @@ static gboolean check_rope(Cfg *c)
     return TRUE;
 }
 
-/* A nullable softcap (Gemma 2): null or absent as `def` (0 = none). */
+/* A nullable positive number (Gemma 2's softcaps, OLMo's clip_qkv): null as 0 (none),
+ * absent as `def`. */
 static gboolean get_softcap(Cfg *c, const char *name, double def, double *out)
 {
     if (json_object_has_member(c->o, name) &&
@@ -610,7 +613,7 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
     bool gemma2 = strcmp(type, "gemma2") == 0, gemma3 = strcmp(type, "gemma3_text") == 0;
     bool q2moe = strcmp(type, "qwen2_moe") == 0, q3moe = strcmp(type, "qwen3_moe") == 0;
     bool ds2 = strcmp(type, "deepseek_v2") == 0, ds3 = strcmp(type, "deepseek_v3") == 0;
-    bool sc2 = strcmp(type, "starcoder2") == 0;
+    bool sc2 = strcmp(type, "starcoder2") == 0, olmo = strcmp(type, "olmo") == 0;
     bool gemma = gemma1 || gemma2 || gemma3, ds = ds2 || ds3;
     g_strlcpy(m->arch, type, sizeof m->arch);
     if (gemma3)
@@ -662,6 +665,13 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
         m->qkv_bias = m->o_bias = m->mlp_bias = bias;
         m->ln_norms = m->plain_mlp = true;
         m->sliding_window = w;
+    }
+    if (olmo) {
+        /* OlmoConfig / modular_olmo.py: OlmoLayerNorm (no parameters, eps fixed at 1e-5),
+         * clip_qkv (None: no clamp) clamping q, k and v in place (OlmoAttention.forward) */
+        m->np_norms = true;
+        if (!get_softcap(c, "clip_qkv", 0.0, &m->clip_qkv))
+            return FALSE;
     }
     if (qwen3 || q3moe || gemma3)
         m->qk_norm = 1; /* Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim */
@@ -775,7 +785,8 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     bool ok = true;
     static const char *const modern[] = {"qwen3",     "olmo2",     "phi3",        "gemma",
                                          "gemma2",    "gemma3_text", "qwen2_moe", "qwen3_moe",
-                                         "deepseek_v2", "deepseek_v3", "starcoder2", NULL};
+                                         "deepseek_v2", "deepseek_v3", "starcoder2", "olmo",
+                                         NULL};
     if (g_strv_contains(modern, type)) {
         if (!read_modern(c, m, type, strict))
             return FALSE;
@@ -1202,7 +1213,7 @@ static const char *const architectures[] = {
     "DeepseekV3ForCausalLM", "MllamaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", NULL};
+    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", "OlmoForCausalLM", NULL};
 
 static gboolean check_architectures(Cfg *c)
 {

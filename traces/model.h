@@ -50,6 +50,8 @@ struct MemsimModel {
     bool gemma;             /* GemmaRMSNorm (1 + w, in fp32) and the √H-scaled embedding */
     bool sandwich;          /* Gemma 2/3: norms before and after attention and MLP (4) */
     bool post_norms;        /* OLMo-2: norms after attention and MLP only (no pre-norm) */
+    bool np_norms;          /* OLMo: OlmoLayerNorm, F.layer_norm in fp32 without weight or bias */
+    double clip_qkv;        /* OLMo: q, k and v clamped in place to ±clip_qkv (0 = none) */
     double final_softcap;   /* Gemma 2: tanh soft-capping of the logits (0 = none) */
     double attn_softcap;    /* Gemma 2: of the attention scores (eager only) */
     bool ln_norms;          /* StarCoder2: nn.LayerNorm (weight and bias) for every norm */

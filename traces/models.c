@@ -958,7 +958,9 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     if (!md->last || (m->fam == FAM_OPT && !m->pre_ln)) {
         /* no final norm here */
     } else {
-        md->norm_w = vec(md, H);
+        md->final_norm = true;
+        if (!m->np_norms) /* OlmoModel.norm: an OlmoLayerNorm, without parameters */
+            md->norm_w = vec(md, H);
         if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || m->ln_norms)
             md->norm_b = vec(md, H);
     }
@@ -1282,7 +1284,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         c->module = MODULE_ROOT;
         return NULL;
     }
-    if (md->norm_w) {
+    if (md->final_norm) {
         AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w, md->norm_b)
                       : (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? nn_rmsnorm(md, x, md->norm_w)

@@ -1,4 +1,4 @@
-"""Small Qwen2, Gemma-2, Phi-3 and DeepSeek-V2-style (multi-head latent attention + mixture of
+"""Small Qwen2, Gemma-2, Phi-3, OLMo and DeepSeek-V2-style (multi-head latent attention + mixture of
 experts) causal language models, written in plain PyTorch after the Transformers modeling
 files, statement by statement, on the machinery of hf_models.py (cache, masks, rotary
 embedding, loss). No `transformers` package is needed.
@@ -13,6 +13,9 @@ Sources (huggingface/transformers, src/transformers/models/):
   * phi3/modeling_phi3.py: Phi3Attention's fused qkv_proj sliced into q, k, v, Phi-3's
     apply_rotary_pos_emb (rotate q[..., :rd], then cat with q[..., rd:]), Phi3MLP's
     gate_up_proj chunked;
+  * olmo/modular_olmo.py: OlmoLayerNorm (F.layer_norm of x.to(float32) without weight or
+    bias, cast back) for every norm, OlmoAttention clamping q, k and v in place to
+    +-clip_qkv;
   * deepseek_v3/modeling_deepseek_v3.py: DeepseekV3Attention (q_a_proj, q_a_layernorm,
     q_b_proj, kv_a_proj_with_mqa split into the compressed KV and the shared rotary key,
     kv_a_layernorm, kv_b_proj, apply_rotary_pos_emb_interleave, cat of the pass and rotary
@@ -329,6 +332,64 @@ class Phi3DecoderLayer(hm.GradientCheckpointingLayer):
 
 
 # --------------------------------------------------------------------------------------------
+# OLMo
+
+class OlmoLayerNorm(nn.Module):
+    """LayerNorm but with no learnable weight or bias."""
+
+    def __init__(self, hidden_size):
+        super().__init__()
+        self.normalized_shape = (hidden_size,)
+
+    def forward(self, hidden_states):
+        orig_dtype = hidden_states.dtype
+        return F.layer_norm(hidden_states.to(dtype=torch.float32), self.normalized_shape, None,
+                            None, eps=1e-5).to(orig_dtype)
+
+
+class OlmoAttention(hm.LlamaAttention):
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+        if self.config.clip_qkv is not None:
+            query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            key_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            value_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query_states, key_states = hm.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states,
+                                                              self.layer_idx)
+        attn_output, attn_weights = hm.llama_eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+
+
+class OlmoForCausalLM(hm.LlamaForCausalLM):
+    """OlmoDecoderLayer: Llama's with OlmoLayerNorm norms and OlmoAttention; OlmoModel.norm an
+    OlmoLayerNorm too."""
+
+    def __init__(self, config_dict):
+        super().__init__(dict(dict(clip_qkv=None), **config_dict))
+        c = self.config
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn = OlmoAttention(c, i)
+            layer.input_layernorm = OlmoLayerNorm(c.hidden_size)
+            layer.post_attention_layernorm = OlmoLayerNorm(c.hidden_size)
+        self.model.norm = OlmoLayerNorm(c.hidden_size)
+        self.post_init(c.initializer_range)
+
+
+# --------------------------------------------------------------------------------------------
 # DeepSeek-V2/V3: multi-head latent attention and the mixture of experts
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=1):
@@ -579,6 +640,7 @@ FAMILIES = {
     "qwen2": Qwen2ForCausalLM,
     "gemma2": Gemma2ForCausalLM,
     "phi3": Phi3ForCausalLM,
+    "olmo": OlmoForCausalLM,
     "deepseek_v2": DeepseekForCausalLM,
 }
 

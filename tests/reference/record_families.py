@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records training steps of the small Qwen2, Gemma-2, Phi-3 and DeepSeek-V2-style models of
+"""Records training steps of the small Qwen2, Gemma-2, Phi-3, OLMo and DeepSeek-V2-style models of
 hf_families.py with tools/python/memsim_record.py, as record_reference.py records the older
 families (same loop, optimizer, recorder and case files); tests/test_reference_families.c
 compares memsim's generated runs with them.
@@ -48,6 +48,10 @@ PHI3 = dict(COMMON, architectures=["Phi3ForCausalLM"], model_type="phi3",
             intermediate_size=256, hidden_act="silu", tie_word_embeddings=False,
             resid_pdrop=0.0, embd_pdrop=0.0)
 
+OLMO = dict(COMMON, architectures=["OlmoForCausalLM"], model_type="olmo",
+            intermediate_size=344, hidden_act="silu", tie_word_embeddings=False,
+            clip_qkv=8.0)
+
 DEEPSEEK = dict(COMMON, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
                 num_key_value_heads=4, intermediate_size=256, moe_intermediate_size=64,
                 n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
@@ -58,7 +62,7 @@ DEEPSEEK = dict(COMMON, architectures=["DeepseekV2ForCausalLM"], model_type="dee
 
 CASES = []
 for family, config in (("qwen2", QWEN2), ("gemma2", GEMMA2), ("phi3", PHI3),
-                       ("deepseek_v2", DEEPSEEK)):
+                       ("olmo", OLMO), ("deepseek_v2", DEEPSEEK)):
     for b, s in ((2, 64), (4, 128)):
         CASES.append(("%s_b%d_s%d" % (family, b, s), config, b, s, False, None))
 
