@@ -413,3 +413,69 @@ Test(families, olmo_has_no_norm_parameters_and_clip_qkv_keeps_copies)
     memsim_model_free(a);
     memsim_model_free(b);
 }
+
+/* Qwen2-VL as released (model_type qwen2_vl, the text model's fields at the top level beside
+ * vision_config) and as newer Transformers nest it (text_config of qwen2_vl_text): Qwen2's
+ * decoder, said on stderr with the multimodal rotary it assumes. That rotary
+ * (modeling_qwen2_vl.py) makes (3, B, S, hd) cos and sin tables for the three position grids
+ * instead of Llama's (1, S, hd), and each layer cuts its own (B, 1, S, hd) pair from them
+ * (apply_multimodal_rotary_pos_emb: split, cat), which the products with q and k save. At the
+ * forward's peak (the loss, the decoder's tables gone) Qwen2 holds its one (1, S, hd) cos and
+ * sin pair, saved by every layer, and Qwen2-VL each layer's own (B, 1, S, hd) pair: L · 2 · B·S·hd
+ * - 2 · S·hd more values, fp32 (cos.to(x.dtype): the hidden stream's dtype under bf16-mixed
+ * autocast). A mrope_section not covering half the head dimension is refused. */
+Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
+{
+    const int64_t L = 2, S = 64, hd = 16, B = 1;
+#define VLSIZES                                                                                \
+    "\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "                \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2"
+    g_autofree char *q2 = write_config("{\"model_type\": \"qwen2\", " VLSIZES "}");
+    g_autofree char *top = write_config(
+        "{\"model_type\": \"qwen2_vl\", \"architectures\": [\"Qwen2VLForConditionalGeneration\"], "
+        VLSIZES ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}, "
+        "\"vision_config\": {\"depth\": 2, \"embed_dim\": 32}}");
+    g_autofree char *nested = write_config(
+        "{\"model_type\": \"qwen2_vl\", \"vision_config\": {\"depth\": 2}, \"text_config\": "
+        "{\"model_type\": \"qwen2_vl_text\", " VLSIZES ", \"rope_parameters\": "
+        "{\"rope_type\": \"default\", \"mrope_section\": [2, 3, 3]}}}");
+    const char *paths[] = {q2, top, nested};
+    int64_t fwd[3];
+    for (int i = 0; i < 3; i++) {
+        const char *argv[] = {"estimate", "--model", paths[i], "--seq", "64", NULL};
+        g_autofree char *err = NULL;
+        cr_expect_eq(run(argv, NULL, &err), 0, "%s", err);
+        if (i > 0)
+            cr_expect(err && strstr(err, "qwen2_vl") && strstr(err, "multimodal rotary") &&
+                          strstr(err, "[2, 3, 3]") && strstr(err, "not counted"),
+                      "%s", err);
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(paths[i], &error);
+        cr_assert(m, "%s", error ? error->message : "?");
+        MemsimRun r = memsim_run_defaults();
+        tu_set(&r, "seq", "64");
+        tu_set(&r, "steps", "1");
+        MemsimTrace *t = memsim_generate(m, &r, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD) +
+                 tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
+        if (i > 0)
+            cr_expect_eq(memsim_model_n_params(m), (int64_t)(2 * 1000 * 64 + 64 +
+                         L * (64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 128)));
+        memsim_trace_free(t);
+        memsim_run_clear(&r);
+        memsim_model_free(m);
+    }
+    int64_t want = (L * 2 * B * S * hd - 2 * S * hd) * 4;
+    cr_expect_eq(fwd[1] - fwd[0], want, "%" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, fwd[0],
+                 fwd[1]);
+    cr_expect_eq(fwd[2], fwd[1]);
+    g_autofree char *bad = write_config(
+        "{\"model_type\": \"qwen2_vl\", " VLSIZES
+        ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [16, 24, 24]}}");
+    const char *argv[] = {"estimate", "--model", bad, "--seq", "64", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(run(argv, NULL, &err), 2, "%s", err);
+    cr_expect(err && strstr(err, "rope_scaling.mrope_section"), "%s", err);
+#undef VLSIZES
+}

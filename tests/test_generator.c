@@ -43,6 +43,16 @@ static const struct {
      * sizes as public code that loads them records it (sum(p.numel()) of OLMo-1B 1176764416
      * with its tied embedding; total_params 6888095744 of the OLMo-7B shapes) */
     {"olmo-1b", 1176764416},        {"olmo-7b", 6888095744},
+    /* Qwen2-VL, the text model only (the presets are the released configs, whose vision
+     * tower memsim does not count): Qwen2-VL-7B-Instruct's index total_size 16582751232 / 2
+     * = 8291375616 less its vision tower, 675759104 (Qwen2VisionTransformerPretrainedModel of
+     * vision_config: patch_embed Conv3d 3·2·14·14·1280, 32 blocks of 19677440 — two
+     * LayerNorms, qkv 1280·3840 + 3840, proj 1280² + 1280, fc1 1280·5120 + 5120, fc2 5120·1280
+     * + 1280 — and the merger: ln_q 2·1280, 5120² + 5120, 5120·3584 + 3584; the paper's
+     * "675M" ViT); Qwen2-VL-2B-Instruct's count of its checkpoint's tensors, 2208985600 (as
+     * public evaluation code lists it beside the 7B's 8291375616), less 665271296 (the
+     * merger's last linear 5120·1536 + 1536) */
+    {"qwen2-vl-7b", 7615616512},    {"qwen2-vl-2b", 1543714304},
 };
 
 /* Counts published to a stated number of digits: the model card's figure (or the Hugging

@@ -65,6 +65,7 @@ typedef struct {
     GString *missing;   /* required fields absent, named together */
     GHashTable *used;   /* a field's common name → the name the config used (n_embd, ...) */
     GError **error;
+    bool preset;        /* a shipped preset: what its reading assumes is documented, not said */
 } Cfg;
 
 static gboolean vbad(Cfg *c, const char *field, const char *role, const char *fmt, va_list ap)
@@ -1124,6 +1125,66 @@ static const struct {
     {"qwen2_5_vl_text", "qwen2"},
 };
 
+/* Qwen2-VL's and Qwen2.5-VL's text model: Qwen2's decoder whose attention rotates with the
+ * multimodal rotary (modeling_qwen2_vl.py Qwen2VLRotaryEmbedding, apply_multimodal_rotary_pos_emb:
+ * rope_scaling / rope_parameters "mrope_section", three widths that split each half of the
+ * rotary dimension among the temporal, height and width grids). Its layout in memory does not
+ * depend on the split, only that the widths cover half the head dimension, which is checked:
+ * Transformers' products with q and k would fail otherwise. `sec` gets the widths as text. */
+static bool has_mrope(Cfg *c)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *v = json_object_get_member(c->o, keys[i]);
+        if (v && JSON_NODE_HOLDS_OBJECT(v) &&
+            json_object_has_member(json_node_get_object(v), "mrope_section"))
+            return true;
+    }
+    return false;
+}
+
+static gboolean read_mrope(Cfg *c, const MemsimModel *m, char *sec, gsize len)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *v = json_object_get_member(c->o, keys[i]);
+        if (!v || !JSON_NODE_HOLDS_OBJECT(v))
+            continue;
+        JsonNode *s = json_object_get_member(json_node_get_object(v), "mrope_section");
+        if (!s)
+            continue;
+        g_autofree char *f = g_strdup_printf("%s.mrope_section", keys[i]);
+        JsonArray *a = JSON_NODE_HOLDS_ARRAY(s) ? json_node_get_array(s) : NULL;
+        int64_t sum = 0;
+        GString *t = g_string_new("[");
+        for (guint k = 0; a && k < json_array_get_length(a); k++) {
+            JsonNode *e = json_array_get_element(a, k);
+            if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64 ||
+                json_node_get_int(e) < 1 || json_node_get_int(e) > (1 << 16)) {
+                a = NULL;
+                break;
+            }
+            sum += json_node_get_int(e);
+            g_string_append_printf(t, "%s%" G_GINT64_FORMAT, k ? ", " : "", json_node_get_int(e));
+        }
+        g_string_append(t, "]");
+        g_strlcpy(sec, t->str, len);
+        g_string_free(t, TRUE);
+        if (!a || json_array_get_length(a) != 3) {
+            g_autofree char *d = describe(s);
+            return bad(c, f, "expected three positive widths (temporal, height, width), got %s",
+                       d);
+        }
+        if (2 * sum != m->hd)
+            return bad(c, f, "%s covers %" G_GINT64_FORMAT " of the rotary dimension, not the "
+                       "head dimension %" G_GINT64_FORMAT " (each width counts twice)",
+                       sec, 2 * sum, m->hd);
+        return TRUE;
+    }
+    return bad(c, "rope_scaling", "a Qwen2-VL text model rotates with the multimodal rotary: "
+                                  "expected rope_scaling (or rope_parameters) with mrope_section");
+}
+
 /* Any other text model is read as a Llama decoder when it gives the fields of one. */
 static bool llama_shaped(JsonObject *o)
 {
@@ -1147,7 +1208,7 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GString) missing = g_string_new(NULL);
     Cfg t = {c->file, "text_config.", json_node_get_object(tn), c->huge, missing, used,
-             c->error};
+             c->error, c->preset};
     char type[64];
     if (!get_str(&t, N("model_type"), "", type, sizeof type))
         return FALSE;
@@ -1191,11 +1252,44 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     if (!read_family(&t, m, fam, as, strict) || !finish(&t, m, as))
         return FALSE;
     m->model_type = g_strdup(*type ? type : as);
-    fprintf(stderr,
+    char sec[64] = "";
+    if (strcmp(type, "qwen2_vl_text") == 0 || strcmp(type, "qwen2_5_vl_text") == 0) {
+        /* the rotary's parameters under text_config, or still at the top level */
+        if (!read_mrope(has_mrope(&t) || !has_mrope(c) ? &t : c, m, sec, sizeof sec))
+            return FALSE;
+        m->mrope = true;
+    }
+    if (!c->preset)
+        fprintf(stderr,
             "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
-            "as a %s decoder%s; its other towers (vision, audio) are not counted\n",
+            "as a %s decoder%s%s%s%s; its other towers (vision, audio) are not counted\n",
             c->file, top, *type ? type : "none", as,
-            strcmp(as, type) != 0 ? ", its layers counted as that family's" : "");
+            strcmp(as, type) != 0 ? ", its layers counted as that family's" : "",
+            m->mrope ? " with the multimodal rotary (mrope_section " : "", sec,
+            m->mrope ? ": each layer cuts its own cos and sin from the three position grids' "
+                       "tables, positions of text only)"
+                     : "");
+    return TRUE;
+}
+
+/* Qwen2-VL and Qwen2.5-VL configs as released: the text model's fields at the top level beside
+ * vision_config (Qwen2VLConfig before the text_config split), read as Qwen2's decoder with the
+ * multimodal rotary; the vision tower is not counted. */
+static gboolean parse_vl_top(Cfg *c, MemsimModel *m, const char *top)
+{
+    char sec[64] = "";
+    if (!read_family(c, m, FAM_LLAMA, "qwen2", true) || !finish(c, m, "qwen2") ||
+        !read_mrope(c, m, sec, sizeof sec))
+        return FALSE;
+    m->mrope = true;
+    m->model_type = g_strdup(top);
+    if (!c->preset)
+        fprintf(stderr,
+            "memsim: %s: a '%s' config: its text model (the top-level fields) is read as a qwen2 "
+            "decoder with the multimodal rotary (mrope_section %s: each layer cuts its own cos "
+            "and sin from the three position grids' tables, positions of text only); its vision "
+            "tower (vision_config) is not counted\n",
+            c->file, top, sec);
     return TRUE;
 }
 
@@ -1258,6 +1352,8 @@ static gboolean parse(Cfg *c, MemsimModel *m)
     if (!family_of(type, &fam)) {
         if (json_object_has_member(c->o, "text_config"))
             return parse_text_config(c, m, type);
+        if (strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0)
+            return parse_vl_top(c, m, type);
         g_autofree char *known = known_types();
         return bad(c, "model_type", "unknown model type '%s' (known: %s)", type, known);
     }
@@ -1419,7 +1515,7 @@ static MemsimModel *load_json(JsonParser *p, const char *file, const char *name,
     }
     g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GString) missing = g_string_new(NULL);
-    Cfg c = {file, "", json_node_get_object(root), huge, missing, used, error};
+    Cfg c = {file, "", json_node_get_object(root), huge, missing, used, error, huge == NULL};
     MemsimModel *m = g_new0(MemsimModel, 1);
     m->name = g_strdup(name);
     if (!parse(&c, m)) {

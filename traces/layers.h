@@ -45,6 +45,7 @@ AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w);
 AgTensor *nn_layernorm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b);
 AgTensor *nn_act(Model *md, AgTensor *x);
 void nn_rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **sin);
+void nn_rope_tables(Model *md, const struct Fwd *f, AgTensor **cos4, AgTensor **sin4);
 AgTensor *nn_apply_rope(Model *md, AgTensor *q, AgTensor *cos4, AgTensor *sin4);
 AgTensor *nn_apply_rope_partial(Model *md, AgTensor *q, int64_t rd, AgTensor *cos4,
                                     AgTensor *sin4);

@@ -54,8 +54,12 @@ static AgTensor *llama_attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     U(qp);
     U(kp);
     U(vp);
-    AgTensor *qe = nn_apply_rope(md, q, f->cos4, f->sin4);
-    AgTensor *ke = nn_apply_rope(md, k, f->cos4, f->sin4);
+    AgTensor *cos4, *sin4;
+    nn_rope_tables(md, f, &cos4, &sin4);
+    AgTensor *qe = nn_apply_rope(md, q, cos4, sin4);
+    AgTensor *ke = nn_apply_rope(md, k, cos4, sin4);
+    U(cos4);
+    U(sin4);
     U(q);
     U(k);
     nn_cache_update(md, &ke, &v);
@@ -1159,8 +1163,9 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
                      : fam_modern(m)    ? fam_rotary_dim(m)
                                         : m->hd;
         nn_rotary(md, rd, pos, &cos, &sin);
-        f.cos4 = op_unsqueeze(g, cos, 1);
-        f.sin4 = op_unsqueeze(g, sin, 1);
+        /* the multimodal rotary's (3, B, S, rd) tables are cut per layer (nn_rope_tables) */
+        f.cos4 = m->mrope ? gt_ref(cos) : op_unsqueeze(g, cos, 1);
+        f.sin4 = m->mrope ? gt_ref(sin) : op_unsqueeze(g, sin, 1);
     }
     if (!md->first) {
         /* later pipeline stages start from the received activation */
