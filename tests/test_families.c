@@ -479,3 +479,47 @@ Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
     cr_expect(err && strstr(err, "rope_scaling.mrope_section"), "%s", err);
 #undef VLSIZES
 }
+
+/* Gemma 3's local rotary (Gemma3TextModel: rotary_emb_local on rope_local_base_freq; every
+ * forward makes position_embeddings_global and _local, Gemma3DecoderLayer takes the local
+ * pair in a sliding layer). Two layers with sliding_window_pattern 2 (layer 0 slides, layer 1
+ * does not) keep both pairs to the loss, saved by the layers' products; with pattern 1 no
+ * layer slides and the local pair dies with the decoder: 2 · S · hd fp32 values apart at the
+ * forward's peak (the window, 4096, is beyond the sequence: no sliding mask either way). An
+ * unknown rope type under rope_parameters' per-layer-type objects is said with its path. */
+Test(families, gemma3_sliding_layers_rotate_with_their_own_tables)
+{
+    const int64_t S = 64, hd = 16;
+#define G3 "{\"model_type\": \"gemma3_text\", " SMALL ", \"head_dim\": 16, "
+    g_autofree char *two = write_config(G3 "\"sliding_window_pattern\": 2}");
+    g_autofree char *one = write_config(G3 "\"sliding_window_pattern\": 1}");
+    g_autofree char *odd = write_config(
+        G3 "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
+        "\"sliding_attention\": {\"rope_type\": \"wavelet\"}}}");
+#undef G3
+    const char *paths[] = {two, one};
+    int64_t fwd[2];
+    for (int i = 0; i < 2; i++) {
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(paths[i], &error);
+        cr_assert(m, "%s", error ? error->message : "?");
+        MemsimRun r = memsim_run_defaults();
+        tu_set(&r, "seq", "64");
+        tu_set(&r, "steps", "1");
+        MemsimTrace *t = memsim_generate(m, &r, &error);
+        cr_assert(t, "%s", error ? error->message : "?");
+        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD) +
+                 tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
+        memsim_trace_free(t);
+        memsim_run_clear(&r);
+        memsim_model_free(m);
+    }
+    cr_expect_eq(fwd[0] - fwd[1], 2 * S * hd * 4, "%" G_GINT64_FORMAT " vs %" G_GINT64_FORMAT,
+                 fwd[0], fwd[1]);
+    const char *argv[] = {"estimate", "--model", odd, "--seq", "64", NULL};
+    g_autofree char *err = NULL;
+    cr_expect_eq(run(argv, NULL, &err), 0, "%s", err);
+    cr_expect(err && strstr(err, "rope_parameters.sliding_attention.rope_type") &&
+                  strstr(err, "wavelet"),
+              "%s", err);
+}

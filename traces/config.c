@@ -553,8 +553,35 @@ static char *known_types(void)
 static const char *const rope_types[] = {"default", "linear", "dynamic", "yarn", "longrope",
                                          "llama3",  "mrope",  "su",      "proportional", NULL};
 
-/* A rope_scaling (legacy) or rope_parameters object: a type memsim does not know is said,
- * with what was assumed. */
+/* One rope object's type (rope_type, or the legacy type): a type memsim does not know is
+ * said, with what was assumed. */
+static gboolean check_rope_type(Cfg *c, JsonObject *o, const char *path)
+{
+    const char *tk = json_object_has_member(o, "rope_type") ? "rope_type"
+                     : json_object_has_member(o, "type")    ? "type"
+                                                            : NULL;
+    if (!tk)
+        return TRUE;
+    JsonNode *t = json_object_get_member(o, tk);
+    if (!JSON_NODE_HOLDS_VALUE(t) || json_node_get_value_type(t) != G_TYPE_STRING) {
+        g_autofree char *d = describe(t);
+        g_autofree char *f = g_strdup_printf("%s.%s", path, tk);
+        return bad(c, f, "expected a string, got %s", d);
+    }
+    const char *type = json_node_get_string(t);
+    if (!g_strv_contains(rope_types, type)) {
+        g_autofree char *known = g_strjoinv(", ", (char **)rope_types);
+        fprintf(stderr,
+                "memsim: %s: field '%s%s.%s': rope type '%.40s' is not one memsim knows "
+                "(%s); assumed, as for those, that it changes only the values of the "
+                "rotary frequencies (the same tensors: inv_freq, cos and sin)\n",
+                c->file, c->prefix, path, tk, type, known);
+    }
+    return TRUE;
+}
+
+/* A rope_scaling (legacy) or rope_parameters object, and rope_parameters' objects per layer
+ * type. */
 static gboolean check_rope(Cfg *c)
 {
     static const char *const keys[] = {"rope_scaling", "rope_parameters"};
@@ -569,26 +596,23 @@ static gboolean check_rope(Cfg *c)
             return bad(c, keys[i], "expected an object or null, got %s", d);
         }
         JsonObject *o = json_node_get_object(v);
-        const char *tk = json_object_has_member(o, "rope_type") ? "rope_type"
-                         : json_object_has_member(o, "type")    ? "type"
-                                                                : NULL;
-        if (!tk)
-            continue;
-        JsonNode *t = json_object_get_member(o, tk);
-        if (!JSON_NODE_HOLDS_VALUE(t) || json_node_get_value_type(t) != G_TYPE_STRING) {
-            g_autofree char *d = describe(t);
-            g_autofree char *f = g_strdup_printf("%s.%s", keys[i], tk);
-            return bad(c, f, "expected a string, got %s", d);
+        /* rope_parameters per layer type (Gemma 3, and the configs of Transformers v5: one
+         * object for "full_attention", one for "sliding_attention") are each checked */
+        static const char *const layer_types[] = {"full_attention", "sliding_attention"};
+        for (gsize j = 0; j < G_N_ELEMENTS(layer_types); j++) {
+            JsonNode *lv = json_object_get_member(o, layer_types[j]);
+            if (!lv || JSON_NODE_HOLDS_NULL(lv))
+                continue;
+            g_autofree char *path = g_strdup_printf("%s.%s", keys[i], layer_types[j]);
+            if (!JSON_NODE_HOLDS_OBJECT(lv)) {
+                g_autofree char *d = describe(lv);
+                return bad(c, path, "expected an object or null, got %s", d);
+            }
+            if (!check_rope_type(c, json_node_get_object(lv), path))
+                return FALSE;
         }
-        const char *type = json_node_get_string(t);
-        if (!g_strv_contains(rope_types, type)) {
-            g_autofree char *known = g_strjoinv(", ", (char **)rope_types);
-            fprintf(stderr,
-                    "memsim: %s: field '%s%s.%s': rope type '%.40s' is not one memsim knows "
-                    "(%s); assumed, as for those, that it changes only the values of the "
-                    "rotary frequencies (the same tensors: inv_freq, cos and sin)\n",
-                    c->file, c->prefix, keys[i], tk, type, known);
-        }
+        if (!check_rope_type(c, o, keys[i]))
+            return FALSE;
     }
     return TRUE;
 }
@@ -703,6 +727,15 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
         (!get_softcap(c, "final_logit_softcapping", 0.0, &m->final_softcap) ||
          !get_softcap(c, "attn_logit_softcapping", 0.0, &m->attn_softcap)))
         return FALSE;
+    if (gemma3) {
+        /* Gemma3TextModel: rotary_emb_local, a second RotaryEmbedding on rope_local_base_freq
+         * (rope_parameters["sliding_attention"] in newer configs), whose tables every forward
+         * makes and the sliding layers rotate with; its base changes their values only */
+        double local = 0;
+        if (!get_double(c, "rope_local_base_freq", 10000.0, R_POSITIVE, &local))
+            return FALSE;
+        m->rope_local = true;
+    }
     if (gemma2 || gemma3) {
         int64_t w = 0, pattern = 2;
         if (!INT(N("sliding_window"), NULL, NULLABLE, gemma3 ? 4096 : 4096, &B_POS, &w) ||
@@ -1130,7 +1163,8 @@ static const struct {
  * rope_scaling / rope_parameters "mrope_section", three widths that split each half of the
  * rotary dimension among the temporal, height and width grids). Its layout in memory does not
  * depend on the split, only that the widths cover half the head dimension, which is checked:
- * Transformers' products with q and k would fail otherwise. `sec` gets the widths as text. */
+ * Transformers' products with q and k would fail otherwise. `sec` gets the widths as text (or
+ * says they were not given). */
 static bool has_mrope(Cfg *c)
 {
     static const char *const keys[] = {"rope_scaling", "rope_parameters"};
@@ -1181,8 +1215,10 @@ static gboolean read_mrope(Cfg *c, const MemsimModel *m, char *sec, gsize len)
                        sec, 2 * sum, m->hd);
         return TRUE;
     }
-    return bad(c, "rope_scaling", "a Qwen2-VL text model rotates with the multimodal rotary: "
-                                  "expected rope_scaling (or rope_parameters) with mrope_section");
+    /* not given: the model's attention reads it (Qwen2VLAttention: rope_scaling["mrope_section"]);
+     * its split does not change the tensors, so the multimodal rotary is assumed and said */
+    g_strlcpy(sec, "not given: the multimodal rotary assumed", len);
+    return TRUE;
 }
 
 /* Any other text model is read as a Llama decoder when it gives the fields of one. */

@@ -747,7 +747,7 @@ AgTensor *nn_attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v,
     a->md = md;
     a->f = *f;
     a->f.mask = gt_ref(f->mask);
-    a->f.cos4 = a->f.sin4 = NULL;
+    a->f.cos4 = a->f.sin4 = a->f.cos4_sw = a->f.sin4_sw = NULL;
     a->scale = scale;
     AgTensor *in[3] = {q, k, v};
     return gg_checkpoint(md->g, attn_region, a, attn_arg_free, in, 3);

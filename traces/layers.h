@@ -11,6 +11,7 @@ typedef struct Fwd {
     AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
     AgTensor *cos4, *sin4;
     AgTensor *mask_sw; /* the sliding-window layers' mask, when it differs from `mask` */
+    AgTensor *cos4_sw, *sin4_sw; /* their rotary tables, when they have their own (Gemma 3) */
     bool eager;
     /* Transformers 4.38's Llama (traces/hf_versions.c causal-mask-max-pos): `mask` is the
      * (B,1,P,P) mask of max_position_embeddings P that each attention indexes

@@ -50,6 +50,8 @@ struct MemsimModel {
     bool gemma;             /* GemmaRMSNorm (1 + w, in fp32) and the √H-scaled embedding */
     bool sandwich;          /* Gemma 2/3: norms before and after attention and MLP (4) */
     bool post_norms;        /* OLMo-2: norms after attention and MLP only (no pre-norm) */
+    bool rope_local;        /* Gemma 3: the sliding layers rotate with tables of their own
+                             * (rope_local_base_freq: Gemma3TextModel.rotary_emb_local) */
     bool mrope;             /* Qwen2-VL's text model: the multimodal rotary (rope_scaling mrope) */
     bool np_norms;          /* OLMo: OlmoLayerNorm, F.layer_norm in fp32 without weight or bias */
     double clip_qkv;        /* OLMo: q, k and v clamped in place to ±clip_qkv (0 = none) */

@@ -27,6 +27,8 @@ static void layer_arg_free(AgGraph *g, void *p)
     gt_unref(g, la->own.mask_sw);
     gt_unref(g, la->own.cos4);
     gt_unref(g, la->own.sin4);
+    gt_unref(g, la->own.cos4_sw);
+    gt_unref(g, la->own.sin4_sw);
     g_free(la);
 }
 
@@ -201,6 +203,11 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Fwd lf = *la->f;
     if (lf.mask_sw && model_layer_is_sliding(md->m, la->layer))
         lf.mask = lf.mask_sw;
+    /* Gemma3DecoderLayer: position_embeddings_local for a sliding layer */
+    if (lf.cos4_sw && model_layer_is_sliding(md->m, la->layer)) {
+        lf.cos4 = lf.cos4_sw;
+        lf.sin4 = lf.sin4_sw;
+    }
     if (fam_modern(md->m))
         return fam_layer(md, &lf, ly, x);
     AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
@@ -1166,6 +1173,16 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         /* the multimodal rotary's (3, B, S, rd) tables are cut per layer (nn_rope_tables) */
         f.cos4 = m->mrope ? gt_ref(cos) : op_unsqueeze(g, cos, 1);
         f.sin4 = m->mrope ? gt_ref(sin) : op_unsqueeze(g, sin, 1);
+        if (m->rope_local) {
+            /* Gemma3TextModel.forward: position_embeddings_local = self.rotary_emb_local(...),
+             * the same ops on rope_local_base_freq's inv_freq, every forward */
+            AgTensor *cl, *sl;
+            nn_rotary(md, rd, pos, &cl, &sl);
+            f.cos4_sw = op_unsqueeze(g, cl, 1);
+            f.sin4_sw = op_unsqueeze(g, sl, 1);
+            U(cl);
+            U(sl);
+        }
     }
     if (!md->first) {
         /* later pipeline stages start from the received activation */
@@ -1266,6 +1283,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             gt_ref(f.mask_sw);
             gt_ref(f.cos4);
             gt_ref(f.sin4);
+            gt_ref(f.cos4_sw);
+            gt_ref(f.sin4_sw);
             ca->f = &ca->own;
             y = gg_checkpoint_sac(g, ck == MEMSIM_CKPT_SAC_OP ? md->run->sac_ops : 0, fn, ca,
                                   layer_arg_free, &x, 1);
@@ -1282,6 +1301,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         U(f.mask);
         U(f.cos4);
         U(f.sin4);
+        U(f.cos4_sw);
+        U(f.sin4_sw);
         U(cos);
         U(sin);
         U(pos);
@@ -1307,6 +1328,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(f.mask);
     U(f.cos4);
     U(f.sin4);
+    U(f.cos4_sw);
+    U(f.sin4_sw);
     U(cos);
     U(sin);
     U(pos);
