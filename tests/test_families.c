@@ -486,20 +486,26 @@ Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
  * does not) keep both pairs to the loss, saved by the layers' products; with pattern 1 no
  * layer slides and the local pair dies with the decoder: 2 · S · hd fp32 values apart at the
  * forward's peak (the window, 4096, is beyond the sequence: no sliding mask either way). An
- * unknown rope type under rope_parameters' per-layer-type objects is said with its path. */
+ * unknown rope type under rope_parameters' per-layer-type objects is said with its path. A
+ * layer_types list (the newer configs') is the arrangement: [sliding, full] is pattern 2;
+ * [full, sliding], which no pattern makes, is refused naming it. */
 Test(families, gemma3_sliding_layers_rotate_with_their_own_tables)
 {
     const int64_t S = 64, hd = 16;
 #define G3 "{\"model_type\": \"gemma3_text\", " SMALL ", \"head_dim\": 16, "
     g_autofree char *two = write_config(G3 "\"sliding_window_pattern\": 2}");
     g_autofree char *one = write_config(G3 "\"sliding_window_pattern\": 1}");
+    g_autofree char *typed = write_config(
+        G3 "\"layer_types\": [\"sliding_attention\", \"full_attention\"]}");
+    g_autofree char *unmodelled = write_config(
+        G3 "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}");
     g_autofree char *odd = write_config(
         G3 "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
         "\"sliding_attention\": {\"rope_type\": \"wavelet\"}}}");
 #undef G3
-    const char *paths[] = {two, one};
-    int64_t fwd[2];
-    for (int i = 0; i < 2; i++) {
+    const char *paths[] = {two, one, typed};
+    int64_t fwd[3];
+    for (int i = 0; i < 3; i++) {
         GError *error = NULL;
         MemsimModel *m = memsim_model_load(paths[i], &error);
         cr_assert(m, "%s", error ? error->message : "?");
@@ -516,6 +522,11 @@ Test(families, gemma3_sliding_layers_rotate_with_their_own_tables)
     }
     cr_expect_eq(fwd[0] - fwd[1], 2 * S * hd * 4, "%" G_GINT64_FORMAT " vs %" G_GINT64_FORMAT,
                  fwd[0], fwd[1]);
+    cr_expect_eq(fwd[2], fwd[0]);
+    const char *argv2[] = {"estimate", "--model", unmodelled, "--seq", "64", NULL};
+    g_autofree char *err2 = NULL;
+    cr_expect_eq(run(argv2, NULL, &err2), 2, "%s", err2);
+    cr_expect(err2 && strstr(err2, "layer_types"), "%s", err2);
     const char *argv[] = {"estimate", "--model", odd, "--seq", "64", NULL};
     g_autofree char *err = NULL;
     cr_expect_eq(run(argv, NULL, &err), 0, "%s", err);

@@ -617,6 +617,48 @@ static gboolean check_rope(Cfg *c)
     return TRUE;
 }
 
+/* Gemma 2's and Gemma 3's layer_types (Gemma2Config, Gemma3TextConfig: one of
+ * "sliding_attention", "full_attention" per layer; the newer configs write it instead of, or
+ * beside, sliding_window_pattern): taken when it is the layers' arrangement with one full layer
+ * every p (p from its first full layer), the form memsim models; any other is refused. */
+static gboolean read_layer_types(Cfg *c, MemsimModel *m)
+{
+    JsonNode *v = json_object_get_member(c->o, "layer_types");
+    if (!v || JSON_NODE_HOLDS_NULL(v))
+        return TRUE;
+    JsonArray *a = JSON_NODE_HOLDS_ARRAY(v) ? json_node_get_array(v) : NULL;
+    if (!a || (int64_t)json_array_get_length(a) != m->L) {
+        g_autofree char *d = describe(v);
+        return bad(c, "layer_types", "expected a list of %" G_GINT64_FORMAT " layer types "
+                   "(num_hidden_layers), got %s", m->L, d);
+    }
+    int64_t first_full = -1;
+    for (guint l = 0; l < json_array_get_length(a); l++) {
+        JsonNode *e = json_array_get_element(a, l);
+        const char *s = JSON_NODE_HOLDS_VALUE(e) && json_node_get_value_type(e) == G_TYPE_STRING
+                            ? json_node_get_string(e)
+                            : NULL;
+        if (!s || (strcmp(s, "sliding_attention") != 0 && strcmp(s, "full_attention") != 0)) {
+            g_autofree char *d = describe(e);
+            return bad(c, "layer_types", "entry %u: expected \"sliding_attention\" or "
+                       "\"full_attention\", got %s", l, d);
+        }
+        if (first_full < 0 && strcmp(s, "full_attention") == 0)
+            first_full = l;
+    }
+    m->sw_pattern = first_full < 0 ? 0 : (int)(first_full + 1);
+    if (!m->sliding_window && first_full != 0)
+        return bad(c, "layer_types", "sliding layers without a sliding_window");
+    for (guint l = 0; l < json_array_get_length(a); l++) {
+        bool full = strcmp(json_array_get_string_element(a, l), "full_attention") == 0;
+        if (m->sliding_window && full == (bool)model_layer_is_sliding(m, l))
+            return bad(c, "layer_types", "layer %u is %s: memsim models one full-attention "
+                       "layer every %d (every layer sliding but those)", l,
+                       full ? "full_attention" : "sliding_attention", m->sw_pattern);
+    }
+    return TRUE;
+}
+
 /* A nullable positive number (Gemma 2's softcaps, OLMo's clip_qkv): null as 0 (none),
  * absent as `def`. */
 static gboolean get_softcap(Cfg *c, const char *name, double def, double *out)
@@ -743,6 +785,8 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
             return FALSE;
         m->sliding_window = w;
         m->sw_pattern = (int)pattern;
+        if (!read_layer_types(c, m))
+            return FALSE;
     }
     if (q2moe || q3moe) {
         int64_t mlp_only = 0;
