@@ -97,6 +97,20 @@ static const struct {
     {"phi-3-medium-4k", 14e9, 1e9, 0, 0, false, "Phi-3-medium-4k card: 14B"},
     {"phi-4", 14.7e9, 0.1e9, 0, 0, false, "HF page: 14.7B params (safetensors)"},
     {"starcoder2-3b", 3.03e9, 0.01e9, 0, 0, false, "HF page: 3.03B params (safetensors)"},
+    {"starcoder2-7b", 7.17e9, 0.01e9, 0, 0, false,
+     "HF page: 7.17B params (safetensors; the head tied to the embedding)"},
+    {"starcoder2-15b", 16e9, 1e9, 0, 0, false,
+     "HF page: 16B params (safetensors; an untied head)"},
+    /* Gemma 3 4B/12B/27B, the text model only (the released checkpoints are
+     * Gemma3ForConditionalGeneration; their presets are its text_config): the technical
+     * report's non-embedding counts, to the million, plus the embedding of the released
+     * vocabulary, 262208 rows (text_config.vocab_size), tied */
+    {"gemma-3-4b", 3209e6 + 262208.0 * 2560, 1e6, 0, 0, false,
+     "Gemma 3 report: 3,209M non-embedding + 262208 x 2560 embedding"},
+    {"gemma-3-12b", 10759e6 + 262208.0 * 3840, 1e6, 0, 0, false,
+     "Gemma 3 report: 10,759M non-embedding + 262208 x 3840 embedding"},
+    {"gemma-3-27b", 25600e6 + 262208.0 * 5376, 1e6, 0, 0, false,
+     "Gemma 3 report: 25,600M non-embedding + 262208 x 5376 embedding"},
     {"olmo-2-7b", 7.3e9, 0.1e9, 0, 0, false, "HF page: 7.3B params (safetensors)"},
     {"olmo-2-13b", 13.7e9, 0.1e9, 0, 0, false, "HF page: 13.7B params (safetensors)"},
     {"deepseek-v2-lite", 15.7e9, 0.1e9, 2.4e9, 0.1e9, true,

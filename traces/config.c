@@ -774,11 +774,22 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
          * (rope_parameters["sliding_attention"] in newer configs), whose tables every forward
          * makes and the sliding layers rotate with; its base changes their values only */
         double local = 0;
-        if (!get_double(c, "rope_local_base_freq", 10000.0, R_POSITIVE, &local))
+        bool bidir = false;
+        if (!get_double(c, "rope_local_base_freq", 10000.0, R_POSITIVE, &local) ||
+            !BOOL("use_bidirectional_attention", false, &bidir))
             return FALSE;
+        /* Gemma3Attention.is_causal = not use_bidirectional_attention (EmbeddingGemma): the
+         * masks are built otherwise */
+        if (bidir)
+            return bad(c, "use_bidirectional_attention",
+                       "bidirectional attention (an encoder's masks) is not modelled");
         m->rope_local = true;
     }
     if (gemma2 || gemma3) {
+        /* the attention's scaling (query_pre_attn_scalar ** -0.5): a value, no tensor */
+        double qpas = 0;
+        if (!get_double(c, "query_pre_attn_scalar", 256.0, R_POSITIVE, &qpas))
+            return FALSE;
         int64_t w = 0, pattern = 2;
         if (!INT(N("sliding_window"), NULL, NULLABLE, gemma3 ? 4096 : 4096, &B_POS, &w) ||
             (gemma3 && !INT(N("sliding_window_pattern"), NULL, OPTIONAL, 6, &B_LAYERS, &pattern)))
