@@ -78,6 +78,11 @@ struct MemsimModel {
 
 /* Whether layer l attends through the sliding window (traces/config.c). */
 gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l);
+/* The run settings that depend on the model, checked for it (traces/run.c: --moe-imbalance
+ * needs experts run one by one); FALSE with MEMSIM_ERROR_BAD_INPUT naming the setting. Called by
+ * memsim_generate and by the planner before its sweep. */
+gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **error);
+
 /* Whether layer l has routed experts (traces/config.c). */
 gboolean model_layer_is_moe(const MemsimModel *m, int64_t l);
 
