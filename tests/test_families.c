@@ -347,8 +347,8 @@ Test(families, moe_imbalance_gives_the_hot_expert_its_rows_and_uniform_is_the_de
     cr_expect_gt(count_allocs(t[2], 683 * row), 0);
     cr_expect_gt(count_allocs(t[2], 682 * row), 0);
     cr_expect_eq(count_allocs(t[2], 1024 * row), 0);
-    cr_expect_geq(peak[2] - peak[0], (2048 - 1024) * row, "peak %" G_GINT64_FORMAT " → %"
-                  G_GINT64_FORMAT, peak[0], peak[2]);
+    cr_expect_geq(peak[2] - peak[0], (2048 - 1024) * row,
+                  "peak %" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, peak[0], peak[2]);
     for (int i = 0; i < 3; i++)
         memsim_trace_free(t[i]);
     memsim_model_free(m);
@@ -366,8 +366,8 @@ Test(families, moe_imbalance_refused_where_it_changes_nothing)
         {"mixtral-8x7b", "0.5", "[1"},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        const char *argv[] = {"estimate", "--model", cases[i][0], "--seq", "64",
-                              "--moe-imbalance", cases[i][1], NULL};
+        const char *argv[] = {"estimate", "--model",         cases[i][0], "--seq",
+                              "64",       "--moe-imbalance", cases[i][1], NULL};
         g_autofree char *err = NULL;
         cr_expect_eq(run(argv, NULL, &err), 2, "%s: %s", cases[i][0], err);
         cr_expect(err && strstr(err, "moe-imbalance") && strstr(err, cases[i][2]), "%s: %s",
@@ -408,8 +408,8 @@ Test(families, olmo_has_no_norm_parameters_and_clip_qkv_keeps_copies)
         memsim_trace_free(t);
         memsim_run_clear(&r);
     }
-    cr_expect_eq(fwd[1] - fwd[0], L * 3 * S * H * 2, "forward activations %" G_GINT64_FORMAT
-                 " → %" G_GINT64_FORMAT, fwd[0], fwd[1]);
+    cr_expect_eq(fwd[1] - fwd[0], L * 3 * S * H * 2,
+                 "forward activations %" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, fwd[0], fwd[1]);
     memsim_model_free(a);
     memsim_model_free(b);
 }
@@ -427,14 +427,15 @@ Test(families, olmo_has_no_norm_parameters_and_clip_qkv_keeps_copies)
 Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
 {
     const int64_t L = 2, S = 64, hd = 16, B = 1;
-#define VLSIZES                                                                                \
-    "\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "                \
+#define VLSIZES                                                                                    \
+    "\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "                      \
     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2"
     g_autofree char *q2 = write_config("{\"model_type\": \"qwen2\", " VLSIZES "}");
-    g_autofree char *top = write_config(
-        "{\"model_type\": \"qwen2_vl\", \"architectures\": [\"Qwen2VLForConditionalGeneration\"], "
-        VLSIZES ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}, "
-        "\"vision_config\": {\"depth\": 2, \"embed_dim\": 32}}");
+    g_autofree char *top =
+        write_config("{\"model_type\": \"qwen2_vl\", \"architectures\": "
+                     "[\"Qwen2VLForConditionalGeneration\"], " VLSIZES
+                     ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}, "
+                     "\"vision_config\": {\"depth\": 2, \"embed_dim\": 32}}");
     g_autofree char *nested = write_config(
         "{\"model_type\": \"qwen2_vl\", \"vision_config\": {\"depth\": 2}, \"text_config\": "
         "{\"model_type\": \"qwen2_vl_text\", " VLSIZES ", \"rope_parameters\": "
@@ -460,19 +461,20 @@ Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
         fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD) +
                  tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
         if (i > 0)
-            cr_expect_eq(memsim_model_n_params(m), (int64_t)(2 * 1000 * 64 + 64 +
-                         L * (64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 128)));
+            cr_expect_eq(
+                memsim_model_n_params(m),
+                (int64_t)(2 * 1000 * 64 + 64 +
+                          L * (64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 128)));
         memsim_trace_free(t);
         memsim_run_clear(&r);
         memsim_model_free(m);
     }
     int64_t want = (L * 2 * B * S * hd - 2 * S * hd) * 4;
-    cr_expect_eq(fwd[1] - fwd[0], want, "%" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, fwd[0],
-                 fwd[1]);
+    cr_expect_eq(fwd[1] - fwd[0], want, "%" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, fwd[0], fwd[1]);
     cr_expect_eq(fwd[2], fwd[1]);
-    g_autofree char *bad = write_config(
-        "{\"model_type\": \"qwen2_vl\", " VLSIZES
-        ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [16, 24, 24]}}");
+    g_autofree char *bad =
+        write_config("{\"model_type\": \"qwen2_vl\", " VLSIZES
+                     ", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [16, 24, 24]}}");
     const char *argv[] = {"estimate", "--model", bad, "--seq", "64", NULL};
     g_autofree char *err = NULL;
     cr_expect_eq(run(argv, NULL, &err), 2, "%s", err);
@@ -495,13 +497,13 @@ Test(families, gemma3_sliding_layers_rotate_with_their_own_tables)
 #define G3 "{\"model_type\": \"gemma3_text\", " SMALL ", \"head_dim\": 16, "
     g_autofree char *two = write_config(G3 "\"sliding_window_pattern\": 2}");
     g_autofree char *one = write_config(G3 "\"sliding_window_pattern\": 1}");
-    g_autofree char *typed = write_config(
-        G3 "\"layer_types\": [\"sliding_attention\", \"full_attention\"]}");
-    g_autofree char *unmodelled = write_config(
-        G3 "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}");
-    g_autofree char *odd = write_config(
-        G3 "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
-        "\"sliding_attention\": {\"rope_type\": \"wavelet\"}}}");
+    g_autofree char *typed =
+        write_config(G3 "\"layer_types\": [\"sliding_attention\", \"full_attention\"]}");
+    g_autofree char *unmodelled =
+        write_config(G3 "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}");
+    g_autofree char *odd =
+        write_config(G3 "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
+                        "\"sliding_attention\": {\"rope_type\": \"wavelet\"}}}");
 #undef G3
     const char *paths[] = {two, one, typed};
     int64_t fwd[3];

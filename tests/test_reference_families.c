@@ -1,8 +1,8 @@
 /* The Llama-derived families against real PyTorch: training steps of small Qwen2, Gemma-2,
- * Phi-3, OLMo (with clip_qkv) and DeepSeek-V2-style (multi-head latent attention + mixture of experts) models
- * (tests/reference/hf_families.py, written after the Transformers modeling files) are recorded
- * at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW,
- * two steps each; tests/reference/record_families.py). The generator's trace for the same
+ * Phi-3, OLMo (with clip_qkv) and DeepSeek-V2-style (multi-head latent attention + mixture of
+ * experts) models (tests/reference/hf_families.py, written after the Transformers modeling files)
+ * are recorded at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop
+ * AdamW, two steps each; tests/reference/record_families.py). The generator's trace for the same
  * config and run (--torch-version 1.13, CPU kernels), replayed through `exact`, must match
  * the recording replayed through `exact`: each step's peak allocated within 1%, each phase's
  * (forward, backward, optimizer) within 2%. */

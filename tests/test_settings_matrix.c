@@ -322,8 +322,7 @@ Test(settings_matrix, moe_imbalance_needs_routed_experts, .timeout = 300)
         if (tr[0]) {
             cr_expect(tr[1] && same_trace(tr[0], tr[1]), "%s: moe-imbalance 1 is not uniform",
                       me->name);
-            cr_expect(tr[2] && !same_trace(tr[0], tr[2]), "%s: moe-imbalance 2 ignored",
-                      me->name);
+            cr_expect(tr[2] && !same_trace(tr[0], tr[2]), "%s: moe-imbalance 2 ignored", me->name);
         }
         for (int k = 0; k < 3; k++)
             memsim_trace_free(tr[k]);

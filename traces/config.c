@@ -629,8 +629,10 @@ static gboolean read_layer_types(Cfg *c, MemsimModel *m)
     JsonArray *a = JSON_NODE_HOLDS_ARRAY(v) ? json_node_get_array(v) : NULL;
     if (!a || (int64_t)json_array_get_length(a) != m->L) {
         g_autofree char *d = describe(v);
-        return bad(c, "layer_types", "expected a list of %" G_GINT64_FORMAT " layer types "
-                   "(num_hidden_layers), got %s", m->L, d);
+        return bad(c, "layer_types",
+                   "expected a list of %" G_GINT64_FORMAT " layer types "
+                   "(num_hidden_layers), got %s",
+                   m->L, d);
     }
     int64_t first_full = -1;
     for (guint l = 0; l < json_array_get_length(a); l++) {
@@ -640,8 +642,10 @@ static gboolean read_layer_types(Cfg *c, MemsimModel *m)
                             : NULL;
         if (!s || (strcmp(s, "sliding_attention") != 0 && strcmp(s, "full_attention") != 0)) {
             g_autofree char *d = describe(e);
-            return bad(c, "layer_types", "entry %u: expected \"sliding_attention\" or "
-                       "\"full_attention\", got %s", l, d);
+            return bad(c, "layer_types",
+                       "entry %u: expected \"sliding_attention\" or "
+                       "\"full_attention\", got %s",
+                       l, d);
         }
         if (first_full < 0 && strcmp(s, "full_attention") == 0)
             first_full = l;
@@ -652,9 +656,10 @@ static gboolean read_layer_types(Cfg *c, MemsimModel *m)
     for (guint l = 0; l < json_array_get_length(a); l++) {
         bool full = strcmp(json_array_get_string_element(a, l), "full_attention") == 0;
         if (m->sliding_window && full == (bool)model_layer_is_sliding(m, l))
-            return bad(c, "layer_types", "layer %u is %s: memsim models one full-attention "
-                       "layer every %d (every layer sliding but those)", l,
-                       full ? "full_attention" : "sliding_attention", m->sw_pattern);
+            return bad(c, "layer_types",
+                       "layer %u is %s: memsim models one full-attention "
+                       "layer every %d (every layer sliding but those)",
+                       l, full ? "full_attention" : "sliding_attention", m->sw_pattern);
     }
     return TRUE;
 }
@@ -872,8 +877,8 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     m->rotary_pct = 1.0;
     m->pre_ln = true;
     bool ok = true;
-    static const char *const modern[] = {"qwen3",     "olmo2",     "phi3",        "gemma",
-                                         "gemma2",    "gemma3_text", "qwen2_moe", "qwen3_moe",
+    static const char *const modern[] = {"qwen3",       "olmo2",       "phi3",       "gemma",
+                                         "gemma2",      "gemma3_text", "qwen2_moe",  "qwen3_moe",
                                          "deepseek_v2", "deepseek_v3", "starcoder2", "olmo",
                                          NULL};
     if (g_strv_contains(modern, type)) {
@@ -1261,11 +1266,11 @@ static gboolean read_mrope(Cfg *c, const MemsimModel *m, char *sec, gsize len)
         g_string_free(t, TRUE);
         if (!a || json_array_get_length(a) != 3) {
             g_autofree char *d = describe(s);
-            return bad(c, f, "expected three positive widths (temporal, height, width), got %s",
-                       d);
+            return bad(c, f, "expected three positive widths (temporal, height, width), got %s", d);
         }
         if (2 * sum != m->hd)
-            return bad(c, f, "%s covers %" G_GINT64_FORMAT " of the rotary dimension, not the "
+            return bad(c, f,
+                       "%s covers %" G_GINT64_FORMAT " of the rotary dimension, not the "
                        "head dimension %" G_GINT64_FORMAT " (each width counts twice)",
                        sec, 2 * sum, m->hd);
         return TRUE;
@@ -1298,7 +1303,7 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     }
     g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GString) missing = g_string_new(NULL);
-    Cfg t = {c->file, "text_config.", json_node_get_object(tn), c->huge, missing, used,
+    Cfg t = {c->file,  "text_config.", json_node_get_object(tn), c->huge, missing, used,
              c->error, c->preset};
     char type[64];
     if (!get_str(&t, N("model_type"), "", type, sizeof type))
@@ -1352,14 +1357,14 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     }
     if (!c->preset)
         fprintf(stderr,
-            "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
-            "as a %s decoder%s%s%s%s; its other towers (vision, audio) are not counted\n",
-            c->file, top, *type ? type : "none", as,
-            strcmp(as, type) != 0 ? ", its layers counted as that family's" : "",
-            m->mrope ? " with the multimodal rotary (mrope_section " : "", sec,
-            m->mrope ? ": each layer cuts its own cos and sin from the three position grids' "
-                       "tables, positions of text only)"
-                     : "");
+                "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
+                "as a %s decoder%s%s%s%s; its other towers (vision, audio) are not counted\n",
+                c->file, top, *type ? type : "none", as,
+                strcmp(as, type) != 0 ? ", its layers counted as that family's" : "",
+                m->mrope ? " with the multimodal rotary (mrope_section " : "", sec,
+                m->mrope ? ": each layer cuts its own cos and sin from the three position grids' "
+                           "tables, positions of text only)"
+                         : "");
     return TRUE;
 }
 
@@ -1375,7 +1380,8 @@ static gboolean parse_vl_top(Cfg *c, MemsimModel *m, const char *top)
     m->mrope = true;
     m->model_type = g_strdup(top);
     if (!c->preset)
-        fprintf(stderr,
+        fprintf(
+            stderr,
             "memsim: %s: a '%s' config: its text model (the top-level fields) is read as a qwen2 "
             "decoder with the multimodal rotary (mrope_section %s: each layer cuts its own cos "
             "and sin from the three position grids' tables, positions of text only); its vision "
@@ -1387,18 +1393,37 @@ static gboolean parse_vl_top(Cfg *c, MemsimModel *m, const char *top)
 /* The `architectures` classes memsim models: the causal-LM heads of its model types (a
  * sequence-classification or encoder head computes something else), and the multimodal
  * classes whose text tower it reads. */
-static const char *const architectures[] = {
-    "LlamaForCausalLM",     "MistralForCausalLM",    "Qwen2ForCausalLM",
-    "GPT2LMHeadModel",      "OPTForCausalLM",        "BloomForCausalLM",
-    "GPTNeoXForCausalLM",   "FalconForCausalLM",     "RWForCausalLM",
-    "GPTNeoForCausalLM",    "CodeGenForCausalLM",    "MixtralForCausalLM",
-    "Qwen3ForCausalLM",     "Olmo2ForCausalLM",      "Phi3ForCausalLM",
-    "GemmaForCausalLM",     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",
-    "Qwen2MoeForCausalLM",  "Qwen3MoeForCausalLM",   "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM", "MllamaForConditionalGeneration",
-    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", "OlmoForCausalLM", NULL};
+static const char *const architectures[] = {"LlamaForCausalLM",
+                                            "MistralForCausalLM",
+                                            "Qwen2ForCausalLM",
+                                            "GPT2LMHeadModel",
+                                            "OPTForCausalLM",
+                                            "BloomForCausalLM",
+                                            "GPTNeoXForCausalLM",
+                                            "FalconForCausalLM",
+                                            "RWForCausalLM",
+                                            "GPTNeoForCausalLM",
+                                            "CodeGenForCausalLM",
+                                            "MixtralForCausalLM",
+                                            "Qwen3ForCausalLM",
+                                            "Olmo2ForCausalLM",
+                                            "Phi3ForCausalLM",
+                                            "GemmaForCausalLM",
+                                            "Gemma2ForCausalLM",
+                                            "Gemma3ForCausalLM",
+                                            "Qwen2MoeForCausalLM",
+                                            "Qwen3MoeForCausalLM",
+                                            "DeepseekV2ForCausalLM",
+                                            "DeepseekV3ForCausalLM",
+                                            "MllamaForConditionalGeneration",
+                                            "Qwen2VLForConditionalGeneration",
+                                            "Qwen2_5_VLForConditionalGeneration",
+                                            "LlavaForConditionalGeneration",
+                                            "LlavaNextForConditionalGeneration",
+                                            "Gemma3ForConditionalGeneration",
+                                            "Starcoder2ForCausalLM",
+                                            "OlmoForCausalLM",
+                                            NULL};
 
 static gboolean check_architectures(Cfg *c)
 {

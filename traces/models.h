@@ -57,7 +57,7 @@ typedef struct Model {
     GPtrArray *trainable; /* optimizer order */
     GPtrArray *leaves;    /* every parameter and buffer (references) */
     AgTensor *wte, *wpe, *lm_head, *lm_bias, *norm_w, *norm_b, *proj_in, *proj_out;
-    bool final_norm;         /* this part ends with the model's final norm */
+    bool final_norm;               /* this part ends with the model's final norm */
     AgTensor *emb_ln_w, *emb_ln_b; /* BLOOM word_embeddings_layernorm */
     AgTensor *inv_freq;   /* rotary buffer */
     Layer *layers;

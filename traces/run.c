@@ -141,7 +141,8 @@ gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **er
     if (run->moe_imbalance > 1 && !m->n_experts) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "moe-imbalance: %s has no routed experts (the routing of a mixture of "
-                    "experts)", m->name);
+                    "experts)",
+                    m->name);
         return FALSE;
     }
     if (run->moe_imbalance > 1 && fam_modern(m)) {
