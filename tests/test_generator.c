@@ -38,6 +38,21 @@ static const struct {
     {"llama-3.1-8b", 8030261248},   {"llama-3.1-70b", 70553706496},
     {"llama-3.3-70b", 70553706496}, {"llama-3.1-405b", 405853388800},
     {"qwen2.5-7b", 7615616512},
+    /* OLMo 1 (allenai/OLMo-1B-hf, allenai/OLMo-7B-hf; fp32 checkpoints): the HF pages'
+     * safetensors counts 1.18B and 6.89B, and to the unit the sum of the released tensors'
+     * sizes as public code that loads them records it (sum(p.numel()) of OLMo-1B 1176764416
+     * with its tied embedding; total_params 6888095744 of the OLMo-7B shapes) */
+    {"olmo-1b", 1176764416},        {"olmo-7b", 6888095744},
+    /* Qwen2-VL, the text model only (the presets are the released configs, whose vision
+     * tower memsim does not count): Qwen2-VL-7B-Instruct's index total_size 16582751232 / 2
+     * = 8291375616 less its vision tower, 675759104 (Qwen2VisionTransformerPretrainedModel of
+     * vision_config: patch_embed Conv3d 3·2·14·14·1280, 32 blocks of 19677440 — two
+     * LayerNorms, qkv 1280·3840 + 3840, proj 1280² + 1280, fc1 1280·5120 + 5120, fc2 5120·1280
+     * + 1280 — and the merger: ln_q 2·1280, 5120² + 5120, 5120·3584 + 3584; the paper's
+     * "675M" ViT); Qwen2-VL-2B-Instruct's count of its checkpoint's tensors, 2208985600 (as
+     * public evaluation code lists it beside the 7B's 8291375616), less 665271296 (the
+     * merger's last linear 5120·1536 + 1536) */
+    {"qwen2-vl-7b", 7615616512},    {"qwen2-vl-2b", 1543714304},
 };
 
 /* Counts published to a stated number of digits: the model card's figure (or the Hugging
@@ -82,6 +97,20 @@ static const struct {
     {"phi-3-medium-4k", 14e9, 1e9, 0, 0, false, "Phi-3-medium-4k card: 14B"},
     {"phi-4", 14.7e9, 0.1e9, 0, 0, false, "HF page: 14.7B params (safetensors)"},
     {"starcoder2-3b", 3.03e9, 0.01e9, 0, 0, false, "HF page: 3.03B params (safetensors)"},
+    {"starcoder2-7b", 7.17e9, 0.01e9, 0, 0, false,
+     "HF page: 7.17B params (safetensors; the head tied to the embedding)"},
+    {"starcoder2-15b", 16e9, 1e9, 0, 0, false,
+     "HF page: 16B params (safetensors; an untied head)"},
+    /* Gemma 3 4B/12B/27B, the text model only (the released checkpoints are
+     * Gemma3ForConditionalGeneration; their presets are its text_config): the technical
+     * report's non-embedding counts, to the million, plus the embedding of the released
+     * vocabulary, 262208 rows (text_config.vocab_size), tied */
+    {"gemma-3-4b", 3209e6 + 262208.0 * 2560, 1e6, 0, 0, false,
+     "Gemma 3 report: 3,209M non-embedding + 262208 x 2560 embedding"},
+    {"gemma-3-12b", 10759e6 + 262208.0 * 3840, 1e6, 0, 0, false,
+     "Gemma 3 report: 10,759M non-embedding + 262208 x 3840 embedding"},
+    {"gemma-3-27b", 25600e6 + 262208.0 * 5376, 1e6, 0, 0, false,
+     "Gemma 3 report: 25,600M non-embedding + 262208 x 5376 embedding"},
     {"olmo-2-7b", 7.3e9, 0.1e9, 0, 0, false, "HF page: 7.3B params (safetensors)"},
     {"olmo-2-13b", 13.7e9, 0.1e9, 0, 0, false, "HF page: 13.7B params (safetensors)"},
     {"deepseek-v2-lite", 15.7e9, 0.1e9, 2.4e9, 0.1e9, true,

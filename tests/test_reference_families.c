@@ -1,8 +1,9 @@
 /* The Llama-derived families against real PyTorch: training steps of small Qwen2, Gemma-2,
- * Phi-3 and DeepSeek-V2-style (multi-head latent attention + mixture of experts) models
- * (tests/reference/hf_families.py, written after the Transformers modeling files) are recorded
- * at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop AdamW,
- * two steps each; tests/reference/record_families.py). The generator's trace for the same
+ * Phi-3, OLMo (with clip_qkv), Mixtral (experts one by one, uniform and under
+ * --moe-imbalance's routing) and DeepSeek-V2-style (multi-head latent attention + mixture of
+ * experts) models (tests/reference/hf_families.py, written after the Transformers modeling files)
+ * are recorded at test time with Debian's python3-torch (1.13, CPU, fp32, eager attention, for-loop
+ * AdamW, two steps each; tests/reference/record_families.py). The generator's trace for the same
  * config and run (--torch-version 1.13, CPU kernels), replayed through `exact`, must match
  * the recording replayed through `exact`: each step's peak allocated within 1%, each phase's
  * (forward, backward, optimizer) within 2%. */
@@ -41,6 +42,13 @@ static int compare_case(const char *dir, const char *json_path, double *worst)
     tu_set(&run, "attention", "eager");
     tu_set(&run, "torch-version", "1.13");
     tu_set(&run, "device", "cpu");
+    /* mixtral_imbN_*: recorded with the routing --moe-imbalance N assumes */
+    const char *imb = strstr(name, "_imb");
+    if (imb) {
+        char f[8] = "";
+        g_strlcpy(f, imb + 4, MIN(sizeof f, strcspn(imb + 4, "_") + 1));
+        tu_set(&run, "moe-imbalance", f);
+    }
     MemsimTrace *t = memsim_generate(m, &run, &error);
     cr_assert(t, "%s: %s", name, error ? error->message : "?");
     MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
@@ -95,20 +103,20 @@ Test(reference_families, generator_matches_pytorch_1_13, .timeout = 600)
     const char *f;
     int cases = 0;
     double worst = 0;
-    const char *families[] = {"qwen2", "gemma2", "phi3", "deepseek_v2"};
-    gboolean seen[4] = {FALSE};
+    const char *families[] = {"qwen2", "gemma2", "phi3", "olmo", "deepseek_v2", "mixtral"};
+    gboolean seen[G_N_ELEMENTS(families)] = {FALSE};
     while ((f = g_dir_read_name(d))) {
         if (!g_str_has_suffix(f, ".json") || g_str_has_suffix(f, ".config.json"))
             continue;
         g_autofree char *path = g_build_filename(dir, f, NULL);
         compare_case(dir, path, &worst);
         cases++;
-        for (int i = 0; i < 4; i++)
-            seen[i] |= g_str_has_prefix(f, families[i]);
+        for (gsize i = 0; i < G_N_ELEMENTS(families); i++)
+            seen[i] |= g_str_has_prefix(f, families[i]) && f[strlen(families[i])] == '_';
     }
     g_dir_close(d);
-    for (int i = 0; i < 4; i++)
+    for (gsize i = 0; i < G_N_ELEMENTS(families); i++)
         cr_expect(seen[i], "no recorded %s case", families[i]);
-    cr_expect_geq(cases, 8, "only %d recorded cases", cases);
+    cr_expect_geq(cases, 14, "only %d recorded cases", cases);
     cr_log_info("%d cases, worst step peak %.3f%%", cases, 100 * worst);
 }

@@ -279,3 +279,53 @@ Test(settings_matrix, fsdp_shard_optimizer_state, .timeout = 120)
                          names[i], want[j].optimizer, got, want[j].bytes);
         }
 }
+
+/* --moe-imbalance, a model's setting rather than the loop's: every method refuses it for
+ * GPT-2, which has no routed experts, naming it; with a small Mixtral (its experts run one by
+ * one on their rows, traces/models.c model_expert_rows) each method that runs the model at
+ * all changes its trace under it, and takes 1 as the uniform default it is. */
+Test(settings_matrix, moe_imbalance_needs_routed_experts, .timeout = 300)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *cfg = g_build_filename(dir, "mixtral.json", NULL);
+    cr_assert(g_file_set_contents(
+        cfg,
+        "{\"model_type\": \"mixtral\", \"vocab_size\": 256, \"hidden_size\": 64, "
+        "\"intermediate_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"num_local_experts\": 4, \"num_experts_per_tok\": 2}",
+        -1, NULL));
+    for (gsize i = 0; i < G_N_ELEMENTS(methods); i++) {
+        const Method *me = &methods[i];
+        GError *error = NULL;
+        MemsimTrace *t = generate(me, "moe-imbalance", "2", &error);
+        cr_expect(!t && error && g_str_has_prefix(error->message, "moe-imbalance: "),
+                  "%s: gpt2 with moe-imbalance: %s", me->name, error ? error->message : "accepted");
+        memsim_trace_free(t);
+        g_clear_error(&error);
+        MemsimModel *m = memsim_model_load(cfg, &error);
+        cr_assert(m, "%s", error ? error->message : "?");
+        MemsimTrace *tr[3] = {NULL};
+        const char *f[] = {NULL, "1", "2"};
+        for (int k = 0; k < 3; k++) {
+            MemsimRun run = memsim_run_defaults();
+            tu_set(&run, "seq", "64");
+            for (const char *const *s = me->settings; *s; s += 2)
+                tu_set(&run, s[0], s[1]);
+            if (f[k])
+                tu_set(&run, "moe-imbalance", f[k]);
+            tr[k] = memsim_generate(m, &run, &error);
+            memsim_run_clear(&run);
+            if (!tr[k]) /* the method does not run this model (Megatron: the experts' TP) */
+                cr_expect(k == 0 || !tr[0], "%s: %s", me->name, error->message);
+            g_clear_error(&error);
+        }
+        if (tr[0]) {
+            cr_expect(tr[1] && same_trace(tr[0], tr[1]), "%s: moe-imbalance 1 is not uniform",
+                      me->name);
+            cr_expect(tr[2] && !same_trace(tr[0], tr[2]), "%s: moe-imbalance 2 ignored", me->name);
+        }
+        for (int k = 0; k < 3; k++)
+            memsim_trace_free(tr[k]);
+        memsim_model_free(m);
+    }
+}

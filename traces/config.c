@@ -65,6 +65,7 @@ typedef struct {
     GString *missing;   /* required fields absent, named together */
     GHashTable *used;   /* a field's common name → the name the config used (n_embd, ...) */
     GError **error;
+    bool preset;        /* a shipped preset: what its reading assumes is documented, not said */
 } Cfg;
 
 static gboolean vbad(Cfg *c, const char *field, const char *role, const char *fmt, va_list ap)
@@ -412,7 +413,8 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         }
         int64_t dense = m->plain_mlp ? S(P(2, H, I), m->mlp_bias ? S(I, H) : 0)
                                      : S(P(3, H, I), m->mlp_bias ? S(P(2, I), H) : 0);
-        int64_t norms = P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
+        /* OlmoLayerNorm has no parameters */
+        int64_t norms = m->np_norms ? 0 : P(m->sandwich ? 4 : 2, m->ln_norms ? 2 : 1, H);
         int64_t n_moe = m->fam == FAM_MIXTRAL ? model_moe_layers(m) : 0;
         int64_t moe = 0;
         if (n_moe) {
@@ -425,7 +427,7 @@ static gboolean model_size(const MemsimModel *m, Size *z)
         }
         per_layer = 0;
         z->layers = S(P(S(attn, norms), L), P(n_moe, moe), P(L - n_moe, dense));
-        other = S(P(V, H), m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
+        other = S(P(V, H), m->np_norms ? 0 : m->ln_norms ? P(2, H) : H, m->tie ? 0 : P(V, H));
         break;
     }
     case FAM_GPT2:
@@ -520,6 +522,7 @@ static const struct {
     {"gemma", FAM_LLAMA},     {"gemma2", FAM_LLAMA},    {"gemma3_text", FAM_LLAMA},
     {"qwen2_moe", FAM_MIXTRAL}, {"qwen3_moe", FAM_MIXTRAL},
     {"deepseek_v2", FAM_MIXTRAL}, {"deepseek_v3", FAM_MIXTRAL}, {"starcoder2", FAM_LLAMA},
+    {"olmo", FAM_LLAMA},
 };
 
 static const char *family_names[FAM_COUNT] = {"llama", "gpt2",   "opt",     "bloom",  "gpt_neox",
@@ -550,8 +553,35 @@ static char *known_types(void)
 static const char *const rope_types[] = {"default", "linear", "dynamic", "yarn", "longrope",
                                          "llama3",  "mrope",  "su",      "proportional", NULL};
 
-/* A rope_scaling (legacy) or rope_parameters object: a type memsim does not know is said,
- * with what was assumed. */
+/* One rope object's type (rope_type, or the legacy type): a type memsim does not know is
+ * said, with what was assumed. */
+static gboolean check_rope_type(Cfg *c, JsonObject *o, const char *path)
+{
+    const char *tk = json_object_has_member(o, "rope_type") ? "rope_type"
+                     : json_object_has_member(o, "type")    ? "type"
+                                                            : NULL;
+    if (!tk)
+        return TRUE;
+    JsonNode *t = json_object_get_member(o, tk);
+    if (!JSON_NODE_HOLDS_VALUE(t) || json_node_get_value_type(t) != G_TYPE_STRING) {
+        g_autofree char *d = describe(t);
+        g_autofree char *f = g_strdup_printf("%s.%s", path, tk);
+        return bad(c, f, "expected a string, got %s", d);
+    }
+    const char *type = json_node_get_string(t);
+    if (!g_strv_contains(rope_types, type)) {
+        g_autofree char *known = g_strjoinv(", ", (char **)rope_types);
+        fprintf(stderr,
+                "memsim: %s: field '%s%s.%s': rope type '%.40s' is not one memsim knows "
+                "(%s); assumed, as for those, that it changes only the values of the "
+                "rotary frequencies (the same tensors: inv_freq, cos and sin)\n",
+                c->file, c->prefix, path, tk, type, known);
+    }
+    return TRUE;
+}
+
+/* A rope_scaling (legacy) or rope_parameters object, and rope_parameters' objects per layer
+ * type. */
 static gboolean check_rope(Cfg *c)
 {
     static const char *const keys[] = {"rope_scaling", "rope_parameters"};
@@ -566,31 +596,76 @@ static gboolean check_rope(Cfg *c)
             return bad(c, keys[i], "expected an object or null, got %s", d);
         }
         JsonObject *o = json_node_get_object(v);
-        const char *tk = json_object_has_member(o, "rope_type") ? "rope_type"
-                         : json_object_has_member(o, "type")    ? "type"
-                                                                : NULL;
-        if (!tk)
-            continue;
-        JsonNode *t = json_object_get_member(o, tk);
-        if (!JSON_NODE_HOLDS_VALUE(t) || json_node_get_value_type(t) != G_TYPE_STRING) {
-            g_autofree char *d = describe(t);
-            g_autofree char *f = g_strdup_printf("%s.%s", keys[i], tk);
-            return bad(c, f, "expected a string, got %s", d);
+        /* rope_parameters per layer type (Gemma 3, and the configs of Transformers v5: one
+         * object for "full_attention", one for "sliding_attention") are each checked */
+        static const char *const layer_types[] = {"full_attention", "sliding_attention"};
+        for (gsize j = 0; j < G_N_ELEMENTS(layer_types); j++) {
+            JsonNode *lv = json_object_get_member(o, layer_types[j]);
+            if (!lv || JSON_NODE_HOLDS_NULL(lv))
+                continue;
+            g_autofree char *path = g_strdup_printf("%s.%s", keys[i], layer_types[j]);
+            if (!JSON_NODE_HOLDS_OBJECT(lv)) {
+                g_autofree char *d = describe(lv);
+                return bad(c, path, "expected an object or null, got %s", d);
+            }
+            if (!check_rope_type(c, json_node_get_object(lv), path))
+                return FALSE;
         }
-        const char *type = json_node_get_string(t);
-        if (!g_strv_contains(rope_types, type)) {
-            g_autofree char *known = g_strjoinv(", ", (char **)rope_types);
-            fprintf(stderr,
-                    "memsim: %s: field '%s%s.%s': rope type '%.40s' is not one memsim knows "
-                    "(%s); assumed, as for those, that it changes only the values of the "
-                    "rotary frequencies (the same tensors: inv_freq, cos and sin)\n",
-                    c->file, c->prefix, keys[i], tk, type, known);
-        }
+        if (!check_rope_type(c, o, keys[i]))
+            return FALSE;
     }
     return TRUE;
 }
 
-/* A nullable softcap (Gemma 2): null or absent as `def` (0 = none). */
+/* Gemma 2's and Gemma 3's layer_types (Gemma2Config, Gemma3TextConfig: one of
+ * "sliding_attention", "full_attention" per layer; the newer configs write it instead of, or
+ * beside, sliding_window_pattern): taken when it is the layers' arrangement with one full layer
+ * every p (p from its first full layer), the form memsim models; any other is refused. */
+static gboolean read_layer_types(Cfg *c, MemsimModel *m)
+{
+    JsonNode *v = json_object_get_member(c->o, "layer_types");
+    if (!v || JSON_NODE_HOLDS_NULL(v))
+        return TRUE;
+    JsonArray *a = JSON_NODE_HOLDS_ARRAY(v) ? json_node_get_array(v) : NULL;
+    if (!a || (int64_t)json_array_get_length(a) != m->L) {
+        g_autofree char *d = describe(v);
+        return bad(c, "layer_types",
+                   "expected a list of %" G_GINT64_FORMAT " layer types "
+                   "(num_hidden_layers), got %s",
+                   m->L, d);
+    }
+    int64_t first_full = -1;
+    for (guint l = 0; l < json_array_get_length(a); l++) {
+        JsonNode *e = json_array_get_element(a, l);
+        const char *s = JSON_NODE_HOLDS_VALUE(e) && json_node_get_value_type(e) == G_TYPE_STRING
+                            ? json_node_get_string(e)
+                            : NULL;
+        if (!s || (strcmp(s, "sliding_attention") != 0 && strcmp(s, "full_attention") != 0)) {
+            g_autofree char *d = describe(e);
+            return bad(c, "layer_types",
+                       "entry %u: expected \"sliding_attention\" or "
+                       "\"full_attention\", got %s",
+                       l, d);
+        }
+        if (first_full < 0 && strcmp(s, "full_attention") == 0)
+            first_full = l;
+    }
+    m->sw_pattern = first_full < 0 ? 0 : (int)(first_full + 1);
+    if (!m->sliding_window && first_full != 0)
+        return bad(c, "layer_types", "sliding layers without a sliding_window");
+    for (guint l = 0; l < json_array_get_length(a); l++) {
+        bool full = strcmp(json_array_get_string_element(a, l), "full_attention") == 0;
+        if (m->sliding_window && full == (bool)model_layer_is_sliding(m, l))
+            return bad(c, "layer_types",
+                       "layer %u is %s: memsim models one full-attention "
+                       "layer every %d (every layer sliding but those)",
+                       l, full ? "full_attention" : "sliding_attention", m->sw_pattern);
+    }
+    return TRUE;
+}
+
+/* A nullable positive number (Gemma 2's softcaps, OLMo's clip_qkv): null as 0 (none),
+ * absent as `def`. */
 static gboolean get_softcap(Cfg *c, const char *name, double def, double *out)
 {
     if (json_object_has_member(c->o, name) &&
@@ -610,7 +685,7 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
     bool gemma2 = strcmp(type, "gemma2") == 0, gemma3 = strcmp(type, "gemma3_text") == 0;
     bool q2moe = strcmp(type, "qwen2_moe") == 0, q3moe = strcmp(type, "qwen3_moe") == 0;
     bool ds2 = strcmp(type, "deepseek_v2") == 0, ds3 = strcmp(type, "deepseek_v3") == 0;
-    bool sc2 = strcmp(type, "starcoder2") == 0;
+    bool sc2 = strcmp(type, "starcoder2") == 0, olmo = strcmp(type, "olmo") == 0;
     bool gemma = gemma1 || gemma2 || gemma3, ds = ds2 || ds3;
     g_strlcpy(m->arch, type, sizeof m->arch);
     if (gemma3)
@@ -663,6 +738,13 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
         m->ln_norms = m->plain_mlp = true;
         m->sliding_window = w;
     }
+    if (olmo) {
+        /* OlmoConfig / modular_olmo.py: OlmoLayerNorm (no parameters, eps fixed at 1e-5),
+         * clip_qkv (None: no clamp) clamping q, k and v in place (OlmoAttention.forward) */
+        m->np_norms = true;
+        if (!get_softcap(c, "clip_qkv", 0.0, &m->clip_qkv))
+            return FALSE;
+    }
     if (qwen3 || q3moe || gemma3)
         m->qk_norm = 1; /* Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim */
     if (olmo2)
@@ -692,13 +774,35 @@ static gboolean read_modern(Cfg *c, MemsimModel *m, const char *type, bool stric
         (!get_softcap(c, "final_logit_softcapping", 0.0, &m->final_softcap) ||
          !get_softcap(c, "attn_logit_softcapping", 0.0, &m->attn_softcap)))
         return FALSE;
+    if (gemma3) {
+        /* Gemma3TextModel: rotary_emb_local, a second RotaryEmbedding on rope_local_base_freq
+         * (rope_parameters["sliding_attention"] in newer configs), whose tables every forward
+         * makes and the sliding layers rotate with; its base changes their values only */
+        double local = 0;
+        bool bidir = false;
+        if (!get_double(c, "rope_local_base_freq", 10000.0, R_POSITIVE, &local) ||
+            !BOOL("use_bidirectional_attention", false, &bidir))
+            return FALSE;
+        /* Gemma3Attention.is_causal = not use_bidirectional_attention (EmbeddingGemma): the
+         * masks are built otherwise */
+        if (bidir)
+            return bad(c, "use_bidirectional_attention",
+                       "bidirectional attention (an encoder's masks) is not modelled");
+        m->rope_local = true;
+    }
     if (gemma2 || gemma3) {
+        /* the attention's scaling (query_pre_attn_scalar ** -0.5): a value, no tensor */
+        double qpas = 0;
+        if (!get_double(c, "query_pre_attn_scalar", 256.0, R_POSITIVE, &qpas))
+            return FALSE;
         int64_t w = 0, pattern = 2;
         if (!INT(N("sliding_window"), NULL, NULLABLE, gemma3 ? 4096 : 4096, &B_POS, &w) ||
             (gemma3 && !INT(N("sliding_window_pattern"), NULL, OPTIONAL, 6, &B_LAYERS, &pattern)))
             return FALSE;
         m->sliding_window = w;
         m->sw_pattern = (int)pattern;
+        if (!read_layer_types(c, m))
+            return FALSE;
     }
     if (q2moe || q3moe) {
         int64_t mlp_only = 0;
@@ -773,9 +877,10 @@ static gboolean read_family(Cfg *c, MemsimModel *m, Family fam, const char *type
     m->rotary_pct = 1.0;
     m->pre_ln = true;
     bool ok = true;
-    static const char *const modern[] = {"qwen3",     "olmo2",     "phi3",        "gemma",
-                                         "gemma2",    "gemma3_text", "qwen2_moe", "qwen3_moe",
-                                         "deepseek_v2", "deepseek_v3", "starcoder2", NULL};
+    static const char *const modern[] = {"qwen3",       "olmo2",       "phi3",       "gemma",
+                                         "gemma2",      "gemma3_text", "qwen2_moe",  "qwen3_moe",
+                                         "deepseek_v2", "deepseek_v3", "starcoder2", "olmo",
+                                         NULL};
     if (g_strv_contains(modern, type)) {
         if (!read_modern(c, m, type, strict))
             return FALSE;
@@ -1113,6 +1218,69 @@ static const struct {
     {"qwen2_5_vl_text", "qwen2"},
 };
 
+/* Qwen2-VL's and Qwen2.5-VL's text model: Qwen2's decoder whose attention rotates with the
+ * multimodal rotary (modeling_qwen2_vl.py Qwen2VLRotaryEmbedding, apply_multimodal_rotary_pos_emb:
+ * rope_scaling / rope_parameters "mrope_section", three widths that split each half of the
+ * rotary dimension among the temporal, height and width grids). Its layout in memory does not
+ * depend on the split, only that the widths cover half the head dimension, which is checked:
+ * Transformers' products with q and k would fail otherwise. `sec` gets the widths as text (or
+ * says they were not given). */
+static bool has_mrope(Cfg *c)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *v = json_object_get_member(c->o, keys[i]);
+        if (v && JSON_NODE_HOLDS_OBJECT(v) &&
+            json_object_has_member(json_node_get_object(v), "mrope_section"))
+            return true;
+    }
+    return false;
+}
+
+static gboolean read_mrope(Cfg *c, const MemsimModel *m, char *sec, gsize len)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (gsize i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *v = json_object_get_member(c->o, keys[i]);
+        if (!v || !JSON_NODE_HOLDS_OBJECT(v))
+            continue;
+        JsonNode *s = json_object_get_member(json_node_get_object(v), "mrope_section");
+        if (!s)
+            continue;
+        g_autofree char *f = g_strdup_printf("%s.mrope_section", keys[i]);
+        JsonArray *a = JSON_NODE_HOLDS_ARRAY(s) ? json_node_get_array(s) : NULL;
+        int64_t sum = 0;
+        GString *t = g_string_new("[");
+        for (guint k = 0; a && k < json_array_get_length(a); k++) {
+            JsonNode *e = json_array_get_element(a, k);
+            if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64 ||
+                json_node_get_int(e) < 1 || json_node_get_int(e) > (1 << 16)) {
+                a = NULL;
+                break;
+            }
+            sum += json_node_get_int(e);
+            g_string_append_printf(t, "%s%" G_GINT64_FORMAT, k ? ", " : "", json_node_get_int(e));
+        }
+        g_string_append(t, "]");
+        g_strlcpy(sec, t->str, len);
+        g_string_free(t, TRUE);
+        if (!a || json_array_get_length(a) != 3) {
+            g_autofree char *d = describe(s);
+            return bad(c, f, "expected three positive widths (temporal, height, width), got %s", d);
+        }
+        if (2 * sum != m->hd)
+            return bad(c, f,
+                       "%s covers %" G_GINT64_FORMAT " of the rotary dimension, not the "
+                       "head dimension %" G_GINT64_FORMAT " (each width counts twice)",
+                       sec, 2 * sum, m->hd);
+        return TRUE;
+    }
+    /* not given: the model's attention reads it (Qwen2VLAttention: rope_scaling["mrope_section"]);
+     * its split does not change the tensors, so the multimodal rotary is assumed and said */
+    g_strlcpy(sec, "not given: the multimodal rotary assumed", len);
+    return TRUE;
+}
+
 /* Any other text model is read as a Llama decoder when it gives the fields of one. */
 static bool llama_shaped(JsonObject *o)
 {
@@ -1135,8 +1303,8 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     }
     g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GString) missing = g_string_new(NULL);
-    Cfg t = {c->file, "text_config.", json_node_get_object(tn), c->huge, missing, used,
-             c->error};
+    Cfg t = {c->file,  "text_config.", json_node_get_object(tn), c->huge, missing, used,
+             c->error, c->preset};
     char type[64];
     if (!get_str(&t, N("model_type"), "", type, sizeof type))
         return FALSE;
@@ -1180,29 +1348,82 @@ static gboolean parse_text_config(Cfg *c, MemsimModel *m, const char *top)
     if (!read_family(&t, m, fam, as, strict) || !finish(&t, m, as))
         return FALSE;
     m->model_type = g_strdup(*type ? type : as);
-    fprintf(stderr,
-            "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
-            "as a %s decoder%s; its other towers (vision, audio) are not counted\n",
-            c->file, top, *type ? type : "none", as,
-            strcmp(as, type) != 0 ? ", its layers counted as that family's" : "");
+    char sec[64] = "";
+    if (strcmp(type, "qwen2_vl_text") == 0 || strcmp(type, "qwen2_5_vl_text") == 0) {
+        /* the rotary's parameters under text_config, or still at the top level */
+        if (!read_mrope(has_mrope(&t) || !has_mrope(c) ? &t : c, m, sec, sizeof sec))
+            return FALSE;
+        m->mrope = true;
+    }
+    if (!c->preset)
+        fprintf(stderr,
+                "memsim: %s: a '%s' config: its text model (text_config, model_type '%s') is read "
+                "as a %s decoder%s%s%s%s; its other towers (vision, audio) are not counted\n",
+                c->file, top, *type ? type : "none", as,
+                strcmp(as, type) != 0 ? ", its layers counted as that family's" : "",
+                m->mrope ? " with the multimodal rotary (mrope_section " : "", sec,
+                m->mrope ? ": each layer cuts its own cos and sin from the three position grids' "
+                           "tables, positions of text only)"
+                         : "");
+    return TRUE;
+}
+
+/* Qwen2-VL and Qwen2.5-VL configs as released: the text model's fields at the top level beside
+ * vision_config (Qwen2VLConfig before the text_config split), read as Qwen2's decoder with the
+ * multimodal rotary; the vision tower is not counted. */
+static gboolean parse_vl_top(Cfg *c, MemsimModel *m, const char *top)
+{
+    char sec[64] = "";
+    if (!read_family(c, m, FAM_LLAMA, "qwen2", true) || !finish(c, m, "qwen2") ||
+        !read_mrope(c, m, sec, sizeof sec))
+        return FALSE;
+    m->mrope = true;
+    m->model_type = g_strdup(top);
+    if (!c->preset)
+        fprintf(
+            stderr,
+            "memsim: %s: a '%s' config: its text model (the top-level fields) is read as a qwen2 "
+            "decoder with the multimodal rotary (mrope_section %s: each layer cuts its own cos "
+            "and sin from the three position grids' tables, positions of text only); its vision "
+            "tower (vision_config) is not counted\n",
+            c->file, top, sec);
     return TRUE;
 }
 
 /* The `architectures` classes memsim models: the causal-LM heads of its model types (a
  * sequence-classification or encoder head computes something else), and the multimodal
  * classes whose text tower it reads. */
-static const char *const architectures[] = {
-    "LlamaForCausalLM",     "MistralForCausalLM",    "Qwen2ForCausalLM",
-    "GPT2LMHeadModel",      "OPTForCausalLM",        "BloomForCausalLM",
-    "GPTNeoXForCausalLM",   "FalconForCausalLM",     "RWForCausalLM",
-    "GPTNeoForCausalLM",    "CodeGenForCausalLM",    "MixtralForCausalLM",
-    "Qwen3ForCausalLM",     "Olmo2ForCausalLM",      "Phi3ForCausalLM",
-    "GemmaForCausalLM",     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",
-    "Qwen2MoeForCausalLM",  "Qwen3MoeForCausalLM",   "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM", "MllamaForConditionalGeneration",
-    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-    "Gemma3ForConditionalGeneration", "Starcoder2ForCausalLM", NULL};
+static const char *const architectures[] = {"LlamaForCausalLM",
+                                            "MistralForCausalLM",
+                                            "Qwen2ForCausalLM",
+                                            "GPT2LMHeadModel",
+                                            "OPTForCausalLM",
+                                            "BloomForCausalLM",
+                                            "GPTNeoXForCausalLM",
+                                            "FalconForCausalLM",
+                                            "RWForCausalLM",
+                                            "GPTNeoForCausalLM",
+                                            "CodeGenForCausalLM",
+                                            "MixtralForCausalLM",
+                                            "Qwen3ForCausalLM",
+                                            "Olmo2ForCausalLM",
+                                            "Phi3ForCausalLM",
+                                            "GemmaForCausalLM",
+                                            "Gemma2ForCausalLM",
+                                            "Gemma3ForCausalLM",
+                                            "Qwen2MoeForCausalLM",
+                                            "Qwen3MoeForCausalLM",
+                                            "DeepseekV2ForCausalLM",
+                                            "DeepseekV3ForCausalLM",
+                                            "MllamaForConditionalGeneration",
+                                            "Qwen2VLForConditionalGeneration",
+                                            "Qwen2_5_VLForConditionalGeneration",
+                                            "LlavaForConditionalGeneration",
+                                            "LlavaNextForConditionalGeneration",
+                                            "Gemma3ForConditionalGeneration",
+                                            "Starcoder2ForCausalLM",
+                                            "OlmoForCausalLM",
+                                            NULL};
 
 static gboolean check_architectures(Cfg *c)
 {
@@ -1247,6 +1468,8 @@ static gboolean parse(Cfg *c, MemsimModel *m)
     if (!family_of(type, &fam)) {
         if (json_object_has_member(c->o, "text_config"))
             return parse_text_config(c, m, type);
+        if (strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0)
+            return parse_vl_top(c, m, type);
         g_autofree char *known = known_types();
         return bad(c, "model_type", "unknown model type '%s' (known: %s)", type, known);
     }
@@ -1408,7 +1631,7 @@ static MemsimModel *load_json(JsonParser *p, const char *file, const char *name,
     }
     g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GString) missing = g_string_new(NULL);
-    Cfg c = {file, "", json_node_get_object(root), huge, missing, used, error};
+    Cfg c = {file, "", json_node_get_object(root), huge, missing, used, error, huge == NULL};
     MemsimModel *m = g_new0(MemsimModel, 1);
     m->name = g_strdup(name);
     if (!parse(&c, m)) {

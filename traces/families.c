@@ -130,7 +130,9 @@ void fam_build_layer(Model *md, Layer *ly, int64_t l)
         nn_lin_make(md, &ly->up, "up_proj", I, H, m->mlp_bias, false);
         nn_lin_make(md, &ly->down, "down_proj", H, I, m->mlp_bias, false);
     }
-    /* norms (StarCoder2: nn.LayerNorm, weight then bias) */
+    /* norms (StarCoder2: nn.LayerNorm, weight then bias; OLMo's have no parameters) */
+    if (m->np_norms)
+        return;
     ly->ln1_w = vecp(md, H);
     if (m->ln_norms)
         ly->ln1_b = vecp(md, H);
@@ -178,8 +180,24 @@ static AgTensor *olmo2_rmsnorm(Model *md, AgTensor *x, AgTensor *w)
     return out;
 }
 
+/* OlmoLayerNorm.forward (modular_olmo.py): F.layer_norm(x.to(float32), shape, None, None,
+ * eps=1e-5).to(orig_dtype) — casts that are no-ops on the fp32 residual stream of mixed
+ * precision; native_layer_norm saves its input, mean and rstd, and has no weight to save. */
+static AgTensor *olmo_layernorm(Model *md, AgTensor *x)
+{
+    AgGraph *g = md->g;
+    AgTensor *x32 = op_to(g, x, DT_F32);
+    AgTensor *y = op_layer_norm(g, x32, NULL, NULL);
+    U(x32);
+    AgTensor *out = op_to(g, y, x->dt);
+    U(y);
+    return out;
+}
+
 AgTensor *fam_norm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b)
 {
+    if (md->m->np_norms)
+        return olmo_layernorm(md, x);
     if (md->m->ln_norms)
         return nn_layernorm(md, x, w, b);
     if (md->m->gemma)
@@ -216,6 +234,44 @@ AgTensor *fam_final_softcap(Model *md, AgTensor *logits)
 }
 
 /* ---- attention ---- */
+
+/* ClampBackward1 (derivatives.yaml clamp: clamp_backward in FunctionsManual.cpp):
+ * where((self >= min).logical_and_(self <= max), grad, 0) — two bool masks, the second freed
+ * by the in-place and, then the gradient. */
+static void bw_clamp(AgGraph *g, AgNode *n, AgTensor **gin, AgTensor **gout)
+{
+    const AgTensor *m = n->in_meta[0];
+    gg_op(g, "ge");
+    AgTensor *ge = gt_empty(g, DT_BOOL, m->nd, m->shape);
+    gg_op(g, "le");
+    AgTensor *le = gt_empty(g, DT_BOOL, m->nd, m->shape);
+    gg_op(g, "logical_and_");
+    gt_unref(g, le);
+    gg_op(g, "where");
+    gout[0] = gt_empty(g, gin[0]->dt, m->nd, m->shape);
+    gt_unref(g, ge);
+}
+
+/* OlmoAttention.forward: q, k, v .clamp_(min=-clip_qkv, max=clip_qkv) in place on the
+ * projections' outputs. Under autograd an in-place op whose derivative reads self saves a
+ * clone of it first (tools/autograd/gen_variable_type.py save_variables: original_self =
+ * self.clone()), so the clamped tensor and the saved pre-clamp copy are both held: the same
+ * bytes, for the same times, as the out-of-place clamp made here that saves its input. Without
+ * grad nothing is allocated. */
+static AgTensor *clip(Model *md, AgTensor *x)
+{
+    AgGraph *g = md->g;
+    if (md->m->clip_qkv <= 0 || !gg_needs_grad(g, 1, &x))
+        return gt_ref(x);
+    gg_op(g, "clamp_");
+    gg_flops(g, (double)gt_numel(x));
+    AgTensor *out = gt_empty(g, x->dt, x->nd, x->shape);
+    AgNode *n = gn_new(g, "ClampBackward1", bw_clamp, 1);
+    gn_add_input(g, n, x);
+    gn_save(g, n, x);
+    gn_set_output(n, out, 0);
+    return out;
+}
 
 static AgTensor *heads(Model *md, AgTensor *x, int64_t n, int64_t d)
 {
@@ -377,6 +433,13 @@ static AgTensor *attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     } else {
         AgTensor *qp = nn_lin(md, &ly->q, x), *kp = nn_lin(md, &ly->k, x);
         AgTensor *vp = nn_lin(md, &ly->v, x);
+        if (m->clip_qkv > 0) {
+            AgTensor *t[3] = {clip(md, qp), clip(md, kp), clip(md, vp)};
+            U(qp);
+            U(kp);
+            U(vp);
+            qp = t[0], kp = t[1], vp = t[2];
+        }
         q = heads(md, qp, nh, hd);
         k = heads(md, kp, nkv, hd);
         v = heads(md, vp, nkv, hd);

@@ -347,7 +347,10 @@ AgTensor *nn_act(Model *md, AgTensor *x)
     return op_unary(md->g, UN_SILU, x); /* silu / swish */
 }
 
-/* Rotary cos/sin, once per forward under no_grad (§2.5): returns (1, S, rd) tensors. */
+/* Rotary cos/sin, once per forward under no_grad (§2.5): returns (1, S, rd) tensors; with
+ * Qwen2-VL's multimodal rotary (Qwen2VLRotaryEmbedding.forward) (3, B, S, rd) ones, from
+ * position ids (3, B, S) of the temporal, height and width grids (text-only: three copies of
+ * the positions, get_rope_index). */
 void nn_rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **sin)
 {
     AgGraph *g = md->g;
@@ -357,9 +360,18 @@ void nn_rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **
     c->grad_enabled = false;
     c->autocast = 0;
     int64_t S = md->S;
-    AgTensor *pe = op_new(g, "_to_copy", DT_F32, SHAPE(1, 1, S)); /* position_ids[:,None,:].float() */
-    AgTensor *fr = op_new(g, "bmm", DT_F32, SHAPE(1, rd / 2, S)); /* inv_freq @ positions */
-    AgTensor *frt = op_transpose(g, fr, 1, 2);
+    AgTensor *pe, *fr, *frt;
+    if (md->m->mrope) {
+        /* position_ids[:, :, None, :].float(); inv_freq[None, None, :, None] expanded to
+         * (3, B, rd/2, 1) @ that; .transpose(2, 3) */
+        pe = op_new(g, "_to_copy", DT_F32, SHAPE(3, md->B, 1, S));
+        fr = op_new(g, "matmul", DT_F32, SHAPE(3, md->B, rd / 2, S));
+        frt = op_transpose(g, fr, 2, 3);
+    } else {
+        pe = op_new(g, "_to_copy", DT_F32, SHAPE(1, 1, S)); /* position_ids[:,None,:].float() */
+        fr = op_new(g, "bmm", DT_F32, SHAPE(1, rd / 2, S)); /* inv_freq @ positions */
+        frt = op_transpose(g, fr, 1, 2);
+    }
     AgTensor *two[2] = {frt, frt};
     AgTensor *emb = op_cat(g, two, 2, -1);
     AgTensor *cs[2];
@@ -380,6 +392,23 @@ void nn_rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **
     U(pe);
     (void)pos;
     c->grad_enabled = ge;
+}
+
+/* The cos and sin one attention layer rotates with: the forward's (1, 1, S, rd) tables, or
+ * under Qwen2-VL's multimodal rotary its own (B, 1, S, rd) ones
+ * (modeling_qwen2_vl.py apply_multimodal_rotary_pos_emb: the (3, B, S, rd) tables split by
+ * mrope_section * 2, the i-th piece taken from grid i % 3, torch.cat, unsqueeze(1)) — a new
+ * pair per layer, which the products with q and k save for backward. New references. */
+void nn_rope_tables(Model *md, const Fwd *f, AgTensor **cos4, AgTensor **sin4)
+{
+    if (!md->m->mrope) {
+        *cos4 = gt_ref(f->cos4);
+        *sin4 = gt_ref(f->sin4);
+        return;
+    }
+    const AgTensor *t = f->cos4; /* (3, B, S, rd) */
+    *cos4 = op_new(md->g, "cat", t->dt, SHAPE(t->shape[1], 1, t->shape[2], t->shape[3]));
+    *sin4 = op_new(md->g, "cat", t->dt, SHAPE(t->shape[1], 1, t->shape[2], t->shape[3]));
 }
 
 static AgTensor *rotate_half(Model *md, AgTensor *x)
@@ -718,7 +747,7 @@ AgTensor *nn_attention(Model *md, Fwd *f, AgTensor *q, AgTensor *k, AgTensor *v,
     a->md = md;
     a->f = *f;
     a->f.mask = gt_ref(f->mask);
-    a->f.cos4 = a->f.sin4 = NULL;
+    a->f.cos4 = a->f.sin4 = a->f.cos4_sw = a->f.sin4_sw = NULL;
     a->scale = scale;
     AgTensor *in[3] = {q, k, v};
     return gg_checkpoint(md->g, attn_region, a, attn_arg_free, in, 3);

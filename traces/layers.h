@@ -11,6 +11,7 @@ typedef struct Fwd {
     AgTensor *mask;   /* eager: additive (B,1,S,S) in the activation dtype; NULL = causal */
     AgTensor *cos4, *sin4;
     AgTensor *mask_sw; /* the sliding-window layers' mask, when it differs from `mask` */
+    AgTensor *cos4_sw, *sin4_sw; /* their rotary tables, when they have their own (Gemma 3) */
     bool eager;
     /* Transformers 4.38's Llama (traces/hf_versions.c causal-mask-max-pos): `mask` is the
      * (B,1,P,P) mask of max_position_embeddings P that each attention indexes
@@ -45,6 +46,7 @@ AgTensor *nn_rmsnorm(Model *md, AgTensor *x, AgTensor *w);
 AgTensor *nn_layernorm(Model *md, AgTensor *x, AgTensor *w, AgTensor *b);
 AgTensor *nn_act(Model *md, AgTensor *x);
 void nn_rotary(Model *md, int64_t rd, AgTensor *pos, AgTensor **cos, AgTensor **sin);
+void nn_rope_tables(Model *md, const struct Fwd *f, AgTensor **cos4, AgTensor **sin4);
 AgTensor *nn_apply_rope(Model *md, AgTensor *q, AgTensor *cos4, AgTensor *sin4);
 AgTensor *nn_apply_rope_partial(Model *md, AgTensor *q, int64_t rd, AgTensor *cos4,
                                     AgTensor *sin4);

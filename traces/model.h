@@ -50,6 +50,11 @@ struct MemsimModel {
     bool gemma;             /* GemmaRMSNorm (1 + w, in fp32) and the √H-scaled embedding */
     bool sandwich;          /* Gemma 2/3: norms before and after attention and MLP (4) */
     bool post_norms;        /* OLMo-2: norms after attention and MLP only (no pre-norm) */
+    bool rope_local;        /* Gemma 3: the sliding layers rotate with tables of their own
+                             * (rope_local_base_freq: Gemma3TextModel.rotary_emb_local) */
+    bool mrope;             /* Qwen2-VL's text model: the multimodal rotary (rope_scaling mrope) */
+    bool np_norms;          /* OLMo: OlmoLayerNorm, F.layer_norm in fp32 without weight or bias */
+    double clip_qkv;        /* OLMo: q, k and v clamped in place to ±clip_qkv (0 = none) */
     double final_softcap;   /* Gemma 2: tanh soft-capping of the logits (0 = none) */
     double attn_softcap;    /* Gemma 2: of the attention scores (eager only) */
     bool ln_norms;          /* StarCoder2: nn.LayerNorm (weight and bias) for every norm */
@@ -73,6 +78,11 @@ struct MemsimModel {
 
 /* Whether layer l attends through the sliding window (traces/config.c). */
 gboolean model_layer_is_sliding(const MemsimModel *m, int64_t l);
+/* The run settings that depend on the model, checked for it (traces/run.c: --moe-imbalance
+ * needs experts run one by one); FALSE with MEMSIM_ERROR_BAD_INPUT naming the setting. Called by
+ * memsim_generate and by the planner before its sweep. */
+gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **error);
+
 /* Whether layer l has routed experts (traces/config.c). */
 gboolean model_layer_is_moe(const MemsimModel *m, int64_t l);
 

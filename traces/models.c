@@ -27,6 +27,8 @@ static void layer_arg_free(AgGraph *g, void *p)
     gt_unref(g, la->own.mask_sw);
     gt_unref(g, la->own.cos4);
     gt_unref(g, la->own.sin4);
+    gt_unref(g, la->own.cos4_sw);
+    gt_unref(g, la->own.sin4_sw);
     g_free(la);
 }
 
@@ -54,8 +56,12 @@ static AgTensor *llama_attn(Model *md, Fwd *f, Layer *ly, AgTensor *x)
     U(qp);
     U(kp);
     U(vp);
-    AgTensor *qe = nn_apply_rope(md, q, f->cos4, f->sin4);
-    AgTensor *ke = nn_apply_rope(md, k, f->cos4, f->sin4);
+    AgTensor *cos4, *sin4;
+    nn_rope_tables(md, f, &cos4, &sin4);
+    AgTensor *qe = nn_apply_rope(md, q, cos4, sin4);
+    AgTensor *ke = nn_apply_rope(md, k, cos4, sin4);
+    U(cos4);
+    U(sin4);
     U(q);
     U(k);
     nn_cache_update(md, &ke, &v);
@@ -95,8 +101,32 @@ static AgTensor *llama_mlp(Model *md, Layer *ly, AgTensor *x)
     return out;
 }
 
-/* Mixtral's sparse MoE block (HF_MODELS.md §3.9), eager experts, with routing assumed
- * uniform: each expert gets S·k/E of the token slots. */
+/* The token rows expert e takes of the T·k slots under the run's routing assumption
+ * (MemsimRun.moe_imbalance, f). MixtralSparseMoeBlock.forward runs each expert hit, in index
+ * order, on the rows torch.where(expert_mask[expert_idx]) selects, so its gathered input,
+ * gate, up, product and output are [n_e, ·] and what its backward saves scales with n_e.
+ * Uniform (f = 1): T·k / E rows each, the remainder one row more to the first experts. Under
+ * f > 1 the most-loaded expert takes min(T, ⌈f · T·k / E⌉) rows (a token meets an expert at
+ * most once: top-k picks k distinct experts) and the other E - 1 share the rest evenly, the
+ * first ones one row more (never more than T: at most the uniform share). The most-loaded
+ * expert is put last in the loop, where its buffers meet the most of the others' saved
+ * activations: its forward runs after theirs, and its backward first (the output's
+ * index_add_ chain is unwound from the last expert), while theirs are all still held. */
+int64_t model_expert_rows(int64_t T, int64_t K, int64_t E, double f, int64_t e)
+{
+    int64_t slots = T * K;
+    if (f <= 1 || E == 1)
+        return slots / E + (e < slots % E ? 1 : 0);
+    int64_t hot = MAX((slots + E - 1) / E, (int64_t)ceil(f * (double)slots / (double)E));
+    hot = MIN(hot, MIN(T, slots));
+    if (e == E - 1)
+        return hot;
+    int64_t rest = slots - hot, others = E - 1;
+    return rest / others + (e < rest % others ? 1 : 0);
+}
+
+/* Mixtral's sparse MoE block (HF_MODELS.md §3.9), eager experts, each on its rows of the
+ * token slots (model_expert_rows: uniform unless --moe-imbalance). */
 static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
 {
     AgGraph *g = md->g;
@@ -114,12 +144,11 @@ static AgTensor *moe_mlp(Model *md, Layer *ly, AgTensor *x)
     U(ssum);
     AgTensor *wflat = op_view(g, topv, SHAPE(T * K, 1));
     U(topv);
-    int64_t slots = T * K;
     AgTensor *outs[64];
     int nout = 0;
     g_assert(E <= 64);
     for (int64_t e = 0; e < E; e++) {
-        int64_t ne = slots / E + (e < slots % E ? 1 : 0);
+        int64_t ne = model_expert_rows(T, K, E, md->run->moe_imbalance, e);
         if (ne == 0)
             continue;
         AgTensor *xe = op_gather_rows(g, x2, ne);
@@ -174,6 +203,11 @@ static AgTensor *llama_layer(AgGraph *g, void *user, AgTensor **in, int n)
     Fwd lf = *la->f;
     if (lf.mask_sw && model_layer_is_sliding(md->m, la->layer))
         lf.mask = lf.mask_sw;
+    /* Gemma3DecoderLayer: position_embeddings_local for a sliding layer */
+    if (lf.cos4_sw && model_layer_is_sliding(md->m, la->layer)) {
+        lf.cos4 = lf.cos4_sw;
+        lf.sin4 = lf.sin4_sw;
+    }
     if (fam_modern(md->m))
         return fam_layer(md, &lf, ly, x);
     AgTensor *h = nn_rmsnorm(md, x, ly->ln1_w);
@@ -935,7 +969,9 @@ gboolean model_build_chunk(Model *md, AgGraph *g, const MemsimModel *full, const
     if (!md->last || (m->fam == FAM_OPT && !m->pre_ln)) {
         /* no final norm here */
     } else {
-        md->norm_w = vec(md, H);
+        md->final_norm = true;
+        if (!m->np_norms) /* OlmoModel.norm: an OlmoLayerNorm, without parameters */
+            md->norm_w = vec(md, H);
         if ((m->fam != FAM_LLAMA && m->fam != FAM_MIXTRAL) || m->ln_norms)
             md->norm_b = vec(md, H);
     }
@@ -1134,8 +1170,19 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
                      : fam_modern(m)    ? fam_rotary_dim(m)
                                         : m->hd;
         nn_rotary(md, rd, pos, &cos, &sin);
-        f.cos4 = op_unsqueeze(g, cos, 1);
-        f.sin4 = op_unsqueeze(g, sin, 1);
+        /* the multimodal rotary's (3, B, S, rd) tables are cut per layer (nn_rope_tables) */
+        f.cos4 = m->mrope ? gt_ref(cos) : op_unsqueeze(g, cos, 1);
+        f.sin4 = m->mrope ? gt_ref(sin) : op_unsqueeze(g, sin, 1);
+        if (m->rope_local) {
+            /* Gemma3TextModel.forward: position_embeddings_local = self.rotary_emb_local(...),
+             * the same ops on rope_local_base_freq's inv_freq, every forward */
+            AgTensor *cl, *sl;
+            nn_rotary(md, rd, pos, &cl, &sl);
+            f.cos4_sw = op_unsqueeze(g, cl, 1);
+            f.sin4_sw = op_unsqueeze(g, sl, 1);
+            U(cl);
+            U(sl);
+        }
     }
     if (!md->first) {
         /* later pipeline stages start from the received activation */
@@ -1236,6 +1283,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
             gt_ref(f.mask_sw);
             gt_ref(f.cos4);
             gt_ref(f.sin4);
+            gt_ref(f.cos4_sw);
+            gt_ref(f.sin4_sw);
             ca->f = &ca->own;
             y = gg_checkpoint_sac(g, ck == MEMSIM_CKPT_SAC_OP ? md->run->sac_ops : 0, fn, ca,
                                   layer_arg_free, &x, 1);
@@ -1252,6 +1301,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         U(f.mask);
         U(f.cos4);
         U(f.sin4);
+        U(f.cos4_sw);
+        U(f.sin4_sw);
         U(cos);
         U(sin);
         U(pos);
@@ -1259,7 +1310,7 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
         c->module = MODULE_ROOT;
         return NULL;
     }
-    if (md->norm_w) {
+    if (md->final_norm) {
         AgTensor *t = fam_modern(m) ? fam_norm(md, x, md->norm_w, md->norm_b)
                       : (m->fam == FAM_LLAMA || m->fam == FAM_MIXTRAL)
                           ? nn_rmsnorm(md, x, md->norm_w)
@@ -1277,6 +1328,8 @@ AgTensor *model_stage_forward(Model *md, AgTensor *ids, AgTensor *x_in, AgTensor
     U(f.mask);
     U(f.cos4);
     U(f.sin4);
+    U(f.cos4_sw);
+    U(f.sin4_sw);
     U(cos);
     U(sin);
     U(pos);

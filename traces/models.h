@@ -57,6 +57,7 @@ typedef struct Model {
     GPtrArray *trainable; /* optimizer order */
     GPtrArray *leaves;    /* every parameter and buffer (references) */
     AgTensor *wte, *wpe, *lm_head, *lm_bias, *norm_w, *norm_b, *proj_in, *proj_out;
+    bool final_norm;               /* this part ends with the model's final norm */
     AgTensor *emb_ln_w, *emb_ln_b; /* BLOOM word_embeddings_layernorm */
     AgTensor *inv_freq;   /* rotary buffer */
     Layer *layers;
@@ -136,6 +137,9 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
 /* The Llama-derived families (traces/families.c): a layer's parameters in registration
  * order, its forward, and the model's own extras. */
 struct Fwd;
+/* The token rows expert e of E takes of T tokens routed to K experts each, the most-loaded
+ * (the last) at `imbalance` times the uniform share (traces/models.c). */
+int64_t model_expert_rows(int64_t T, int64_t K, int64_t E, double imbalance, int64_t e);
 bool fam_modern(const MemsimModel *m);
 void fam_build_layer(Model *md, Layer *ly, int64_t l);
 AgTensor *fam_layer(Model *md, struct Fwd *f, Layer *ly, AgTensor *x);

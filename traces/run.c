@@ -136,6 +136,30 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
     return TRUE;
 }
 
+gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **error)
+{
+    if (run->moe_imbalance > 1 && !m->n_experts) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "moe-imbalance: %s has no routed experts (the routing of a mixture of "
+                    "experts)",
+                    m->name);
+        return FALSE;
+    }
+    if (run->moe_imbalance > 1 && fam_modern(m)) {
+        /* integrations/moe.py grouped_mm_experts_forward, the experts_implementation that
+         * PreTrainedModel.get_correct_experts_implementation picks by default */
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "moe-imbalance: %s (model_type '%s') runs its routed experts as one grouped "
+                    "GEMM over the T·k token slots (Transformers' default grouped_mm experts "
+                    "backend), whose buffers have the same sizes under any routing: the "
+                    "imbalance would not change the estimate (it applies to Mixtral's experts, "
+                    "run one by one on their own tokens)",
+                    m->name, m->model_type ? m->model_type : memsim_model_family(m));
+        return FALSE;
+    }
+    return TRUE;
+}
+
 MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GError **error)
 {
     if (!memsim_run_check(run_in, error))
@@ -158,6 +182,8 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
         return NULL;
     }
     if (!within_bounds(m, run, error))
+        return NULL;
+    if (!model_check_run(m, run, error))
         return NULL;
     if (memsim_run_given(run, "transformers-version") && !hf_any_rule(m)) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,

@@ -249,6 +249,12 @@ static const Setting settings[N_SETTINGS] = {
     [SETTING_NETWORK_GBS] = {KEY("network-gbs", "GBS"), STRING(set_real), FIELD(network_gbs),
                              HELP("Per-GPU bandwidth between nodes in GB/s for the time model "
                                   "(default 25)")},
+    [SETTING_MOE_IMBALANCE] = {KEY("moe-imbalance", "F"), STRING(set_real), DEFAULT("1"),
+                               FIELD(moe_imbalance),
+                               HELP("Routing of a mixture of experts run expert by expert: "
+                                    "the most-loaded expert gets F (>= 1) times the uniform "
+                                    "share of the token slots, at most every token (default 1: "
+                                    "uniform)")},
 };
 
 const MemsimRunSetting *memsim_run_setting_info(guint i)
@@ -522,15 +528,19 @@ static gboolean set_gpu(MemsimRun *r, const Setting *s, const char *v, GError **
     return TRUE;
 }
 
-/* A real number of the time model: efficiency in (0, 1], network-gbs in (0, 1e6]. */
+/* A real number: the time model's efficiency in (0, 1] and network-gbs in (0, 1e6]; the
+ * MoE imbalance in [1, 1e6] (a factor over the uniform share, which the token count caps). */
 static gboolean set_real(MemsimRun *r, const Setting *s, const char *v, GError **error)
 {
+    gboolean factor = s == &settings[SETTING_MOE_IMBALANCE];
+    double lo = factor ? 1.0 : 0.0;
     double hi = s == &settings[SETTING_EFFICIENCY] ? 1.0 : 1e6;
     char *end = NULL;
     double d = g_ascii_strtod(v, &end);
-    if (!*v || *end || !(d > 0 && d <= hi)) {
+    if (!*v || *end || !(factor ? d >= lo && d <= hi : d > lo && d <= hi)) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: '%s' is not a number in (0, %g]", s->info.name, v, hi);
+                    "%s: '%s' is not a number in %s%g, %g]", s->info.name, v, factor ? "[" : "(",
+                    lo, hi);
         return FALSE;
     }
     *(double *)((char *)r + s->offset) = d;
@@ -1100,6 +1110,8 @@ char *memsim_run_describe(const MemsimRun *run)
             g_string_append(s, ")");
         }
     }
+    if (run->moe_imbalance > 1)
+        g_string_append_printf(s, ", MoE imbalance %g", run->moe_imbalance);
     g_string_append_printf(s, ", torch %s%s", run->torch_version ? run->torch_version : "2.8",
                            run->device_cpu ? " (CPU kernels)" : "");
     if (run->transformers_version)

@@ -149,6 +149,11 @@ typedef struct {
      * 0 = the profile's (0.5, 25). */
     double compute_efficiency;
     double network_gbs;
+    /* The routing a mixture of experts is assumed to get, for the models whose experts run
+     * one by one on their own tokens: the most-loaded expert takes moe_imbalance times the
+     * uniform share of the T·k token slots (at most the T tokens), the rest spread evenly
+     * over the other experts; 1 (or 0) = uniform. */
+    double moe_imbalance;
     memsim_size_t cublas_workspace; /* bytes per cuBLAS handle and stream; 0 = the default */
     guint64 given;              /* one bit per setting memsim_run_set took (memsim_run_given) */
     /* a Megatron-LM launch (include/memsim/megatron.h: memsim_megatron_apply), or NULL */

@@ -1,4 +1,4 @@
-"""Small Qwen2, Gemma-2, Phi-3 and DeepSeek-V2-style (multi-head latent attention + mixture of
+"""Small Qwen2, Gemma-2, Phi-3, OLMo and DeepSeek-V2-style (multi-head latent attention + mixture of
 experts) causal language models, written in plain PyTorch after the Transformers modeling
 files, statement by statement, on the machinery of hf_models.py (cache, masks, rotary
 embedding, loss). No `transformers` package is needed.
@@ -13,6 +13,9 @@ Sources (huggingface/transformers, src/transformers/models/):
   * phi3/modeling_phi3.py: Phi3Attention's fused qkv_proj sliced into q, k, v, Phi-3's
     apply_rotary_pos_emb (rotate q[..., :rd], then cat with q[..., rd:]), Phi3MLP's
     gate_up_proj chunked;
+  * olmo/modular_olmo.py: OlmoLayerNorm (F.layer_norm of x.to(float32) without weight or
+    bias, cast back) for every norm, OlmoAttention clamping q, k and v in place to
+    +-clip_qkv;
   * deepseek_v3/modeling_deepseek_v3.py: DeepseekV3Attention (q_a_proj, q_a_layernorm,
     q_b_proj, kv_a_proj_with_mqa split into the compressed KV and the shared rotary key,
     kv_a_layernorm, kv_b_proj, apply_rotary_pos_emb_interleave, cat of the pass and rotary
@@ -329,6 +332,64 @@ class Phi3DecoderLayer(hm.GradientCheckpointingLayer):
 
 
 # --------------------------------------------------------------------------------------------
+# OLMo
+
+class OlmoLayerNorm(nn.Module):
+    """LayerNorm but with no learnable weight or bias."""
+
+    def __init__(self, hidden_size):
+        super().__init__()
+        self.normalized_shape = (hidden_size,)
+
+    def forward(self, hidden_states):
+        orig_dtype = hidden_states.dtype
+        return F.layer_norm(hidden_states.to(dtype=torch.float32), self.normalized_shape, None,
+                            None, eps=1e-5).to(orig_dtype)
+
+
+class OlmoAttention(hm.LlamaAttention):
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+        if self.config.clip_qkv is not None:
+            query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            key_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            value_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query_states, key_states = hm.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states,
+                                                              self.layer_idx)
+        attn_output, attn_weights = hm.llama_eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+
+
+class OlmoForCausalLM(hm.LlamaForCausalLM):
+    """OlmoDecoderLayer: Llama's with OlmoLayerNorm norms and OlmoAttention; OlmoModel.norm an
+    OlmoLayerNorm too."""
+
+    def __init__(self, config_dict):
+        super().__init__(dict(dict(clip_qkv=None), **config_dict))
+        c = self.config
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn = OlmoAttention(c, i)
+            layer.input_layernorm = OlmoLayerNorm(c.hidden_size)
+            layer.post_attention_layernorm = OlmoLayerNorm(c.hidden_size)
+        self.model.norm = OlmoLayerNorm(c.hidden_size)
+        self.post_init(c.initializer_range)
+
+
+# --------------------------------------------------------------------------------------------
 # DeepSeek-V2/V3: multi-head latent attention and the mixture of experts
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=1):
@@ -498,6 +559,93 @@ class DeepseekDecoderLayer(hm.GradientCheckpointingLayer):
 
 
 # --------------------------------------------------------------------------------------------
+# Mixtral (mixtral/modeling_mixtral.py before the 3-D experts: MixtralSparseMoeBlock with one
+# MixtralBlockSparseTop2MLP module per expert, run one by one on the rows routed to it)
+
+def forced_routing(num_tokens, top_k, num_experts, imbalance):
+    """selected_experts [T, k] realising the routing memsim assumes (--moe-imbalance): uniform
+    at 1, T*k/E slots each and the remainder one more to the first experts; above 1 the last
+    expert takes min(T, ceil(f*T*k/E)) tokens and the others share the rest evenly, the first
+    ones one more. A token meets k distinct experts (each expert takes the tokens with the most
+    choices still open)."""
+    slots = num_tokens * top_k
+    if imbalance <= 1 or num_experts == 1:
+        counts = [slots // num_experts + (1 if e < slots % num_experts else 0)
+                  for e in range(num_experts)]
+    else:
+        hot = max(-(-slots // num_experts), math.ceil(imbalance * slots / num_experts))
+        hot = min(hot, num_tokens, slots)
+        rest, others = slots - hot, num_experts - 1
+        counts = [rest // others + (1 if e < rest % others else 0) for e in range(others)]
+        counts.append(hot)
+    need = [top_k] * num_tokens
+    chosen = [[] for _ in range(num_tokens)]
+    for e in sorted(range(num_experts), key=lambda e: -counts[e]):
+        order = sorted(range(num_tokens), key=lambda t: (-need[t], t))
+        for t in order[:counts[e]]:
+            assert need[t] > 0
+            chosen[t].append(e)
+            need[t] -= 1
+    assert all(n == 0 for n in need)
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+class MixtralBlockSparseTop2MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.w1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.w3 = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.act_fn = hm.make_activation(c.hidden_act)
+
+    def forward(self, hidden_states):
+        current_hidden_states = self.act_fn(self.w1(hidden_states)) * self.w3(hidden_states)
+        return self.w2(current_hidden_states)
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    def __init__(self, c, imbalance):
+        super().__init__()
+        self.num_experts = c.num_local_experts
+        self.top_k = c.num_experts_per_tok
+        self.imbalance = imbalance
+        self.gate = nn.Linear(c.hidden_size, self.num_experts, bias=False)
+        self.experts = nn.ModuleList([MixtralBlockSparseTop2MLP(c)
+                                      for _ in range(self.num_experts)])
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)
+        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        # the routing under test instead of the router's choice (same shape and dtype)
+        selected_experts = forced_routing(hidden_states.shape[0], self.top_k, self.num_experts,
+                                          self.imbalance)
+        final_hidden_states = torch.zeros((batch_size * sequence_length, hidden_dim),
+                                          dtype=hidden_states.dtype, device=hidden_states.device)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in range(self.num_experts):
+            expert_layer = self.experts[expert_idx]
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
+            final_hidden_states.index_add_(0, top_x, current_hidden_states.to(hidden_states.dtype))
+        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return final_hidden_states
+
+
+def MixtralForCausalLM(config_dict, imbalance=1.0):
+    model = hm.LlamaForCausalLM(config_dict)
+    for layer in model.model.layers:
+        layer.mlp = MixtralSparseMoeBlock(model.config, imbalance)
+    model.post_init(model.config.initializer_range)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
 # The Llama-shaped model and head the three share
 
 PHI3_DEFAULTS = dict(hm.LLAMA_DEFAULTS, resid_pdrop=0.0, embd_pdrop=0.0)
@@ -579,6 +727,8 @@ FAMILIES = {
     "qwen2": Qwen2ForCausalLM,
     "gemma2": Gemma2ForCausalLM,
     "phi3": Phi3ForCausalLM,
+    "olmo": OlmoForCausalLM,
+    "mixtral": MixtralForCausalLM,
     "deepseek_v2": DeepseekForCausalLM,
 }
 

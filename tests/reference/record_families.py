@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records training steps of the small Qwen2, Gemma-2, Phi-3 and DeepSeek-V2-style models of
+"""Records training steps of the small Qwen2, Gemma-2, Phi-3, OLMo and DeepSeek-V2-style models of
 hf_families.py with tools/python/memsim_record.py, as record_reference.py records the older
 families (same loop, optimizer, recorder and case files); tests/test_reference_families.c
 compares memsim's generated runs with them.
@@ -48,6 +48,10 @@ PHI3 = dict(COMMON, architectures=["Phi3ForCausalLM"], model_type="phi3",
             intermediate_size=256, hidden_act="silu", tie_word_embeddings=False,
             resid_pdrop=0.0, embd_pdrop=0.0)
 
+OLMO = dict(COMMON, architectures=["OlmoForCausalLM"], model_type="olmo",
+            intermediate_size=344, hidden_act="silu", tie_word_embeddings=False,
+            clip_qkv=8.0)
+
 DEEPSEEK = dict(COMMON, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
                 num_key_value_heads=4, intermediate_size=256, moe_intermediate_size=64,
                 n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
@@ -56,11 +60,28 @@ DEEPSEEK = dict(COMMON, architectures=["DeepseekV2ForCausalLM"], model_type="dee
                 v_head_dim=32, hidden_act="silu", tie_word_embeddings=False,
                 attention_bias=False)
 
+MIXTRAL = dict(COMMON, architectures=["MixtralForCausalLM"], model_type="mixtral",
+               intermediate_size=256, num_local_experts=4, num_experts_per_tok=2,
+               hidden_act="silu", tie_word_embeddings=False)
+
+# experts that dominate the peak: under --moe-imbalance 3 the most-loaded expert's backward
+# buffers raise it by some 3.6% (memsim's figure), which the recording must show too
+MIXTRAL_WIDE = dict(MIXTRAL, vocab_size=256, intermediate_size=2048, num_experts_per_tok=1)
+
 CASES = []
 for family, config in (("qwen2", QWEN2), ("gemma2", GEMMA2), ("phi3", PHI3),
-                       ("deepseek_v2", DEEPSEEK)):
+                       ("olmo", OLMO), ("deepseek_v2", DEEPSEEK)):
     for b, s in ((2, 64), (4, 128)):
         CASES.append(("%s_b%d_s%d" % (family, b, s), config, b, s, False, None))
+# Mixtral's experts one by one, uniform and under --moe-imbalance 2 and 3 (the case name's
+# "imbN" is the factor the test sets)
+BUILD = {}
+for name, config, f, b, s in (("mixtral_b2_s64", MIXTRAL, 1.0, 2, 64),
+                              ("mixtral_imb2_b4_s128", MIXTRAL, 2.0, 4, 128),
+                              ("mixtral_wide_b8_s128", MIXTRAL_WIDE, 1.0, 8, 128),
+                              ("mixtral_wide_imb3_b8_s128", MIXTRAL_WIDE, 3.0, 8, 128)):
+    CASES.append((name, config, b, s, False, None))
+    BUILD[name] = (lambda f: lambda c: hf_families.MixtralForCausalLM(c, imbalance=f))(f)
 
 
 def main(argv=None):
@@ -83,7 +104,7 @@ def main(argv=None):
             continue
         t0 = time.time()
         case = record_reference.record_case(args.outdir, name, config, batch, seq, ckpt, lora,
-                                            build=hf_families.build_model)
+                                            build=BUILD.get(name, hf_families.build_model))
         steps = case["measured"]["steps"]
         print("%-24s %12d %12d %10d %6.2f" % (name, steps["1"]["peak"], steps["2"]["peak"],
                                              case["n_params"], time.time() - t0))

@@ -1319,6 +1319,8 @@ MemsimPlan *memsim_plan(const MemsimModel *model, const MemsimPlanOptions *opt_i
     }
     MemsimRun base = opt.run ? *opt.run : memsim_run_defaults();
     memsim_run_adapt(&base, model);
+    if (!model_check_run(model, &base, error))
+        return NULL;
     /* candidates on several GPUs run the distributed loop: what it does not model is refused
      * rather than planned as AdamW */
     if (opt.gpus > 1 && !base.inference && !setting_check_distributed_loop(&base, FALSE, error))
