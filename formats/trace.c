@@ -188,6 +188,7 @@ static const char *const kind_names[MEMSIM_EV_KIND_MAX + 1] = {
     [MEMSIM_EV_OOM] = "oom",
     [MEMSIM_EV_INIT_SEGMENT] = "init_segment",
     [MEMSIM_EV_INIT_BLOCK] = "init_block",
+    [MEMSIM_EV_REPEAT] = "repeat",
 };
 
 static const char *const category_names[MEMSIM_CAT_COUNT] = {

@@ -57,9 +57,15 @@ typedef enum {
     MEMSIM_EV_INIT_SEGMENT = 14, /* addr, size, stream; aux=MemsimSegmentFlags */
     MEMSIM_EV_INIT_BLOCK = 15,   /* id=tensor, addr, size=requested, aux=block bytes, stream:
                                     a block already allocated at the start */
+    /* A steady state (generated traces): the next `size` events (a unit: one micro-batch)
+     * run once and then `aux` more times, the r-th repetition with every tensor id ≥ `id`
+     * (in ALLOC, FREE, USE) increased by r × `addr`. After the last repetition the ids its
+     * live tensors got are taken back by aux × `addr`, so that the events after it name them
+     * as they name the unit's. aux = 0: the unit runs once (a boundary, nothing repeats). */
+    MEMSIM_EV_REPEAT = 16,
 } MemsimEventKind;
 
-#define MEMSIM_EV_KIND_MAX 15
+#define MEMSIM_EV_KIND_MAX 16
 
 typedef enum {
     MEMSIM_EVF_ADDR = 1u << 0,     /* ALLOC: `addr` holds the recorded address */
