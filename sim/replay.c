@@ -120,6 +120,11 @@ typedef struct {
     GArray *gpu_free;   /* double per stream: when the stream is idle */
     GArray *last_end;   /* double per stream: end of the last op issued on it */
     GArray *wait_until; /* double per stream: pending waits on other streams */
+    /* steady state: the unit a REPEAT announced, captured as it runs */
+    GArray *unit;       /* MemsimEvent */
+    uint64_t unit_len, unit_times, unit_from, unit_shift;
+    gboolean capturing;
+    int32_t mb_top; /* the highest micro-batch of the ops run */
 } RankSim;
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
@@ -253,6 +258,8 @@ static void rank_clear(RankSim *r)
         g_array_unref(r->wait_until);
     if (r->held)
         g_array_unref(r->held);
+    if (r->unit)
+        g_array_unref(r->unit);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -366,6 +373,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->last_end = g_array_new(FALSE, TRUE, sizeof(double));
         r->wait_until = g_array_new(FALSE, TRUE, sizeof(double));
         r->held = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->mb_top = -1;
         r->op_next = UINT64_MAX;
         r->rep.rank = header->ranks[i].device;
         r->rep.multiplicity = header->ranks[i].multiplicity;
@@ -1047,6 +1056,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
+        if (h->ops[ev->id].microbatch > r->mb_top)
+            r->mb_top = h->ops[ev->id].microbatch;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
         /* With a profile's dispatch cost (a generated trace), every op the program runs is
          * dispatched by the host, kernels or not (views, autograd nodes); without one, the
@@ -1154,6 +1165,26 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         return TRUE;
     }
+    case MEMSIM_EV_REPEAT:
+        /* not an event of the program: the indices stay those of the events it stands for */
+        r->rep.n_events--;
+        if (r->capturing)
+            return bad(error, h, rank, index, "repeat inside the unit of another repeat");
+        if (ev->aux > 0 && ev->size > 0) {
+            if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
+                (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
+                return bad(error, h, rank, index,
+                           "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
+                           " ids is out of range",
+                           ev->size, ev->aux, ev->addr);
+            r->capturing = TRUE;
+            r->unit_len = ev->size;
+            r->unit_times = ev->aux;
+            r->unit_from = ev->id;
+            r->unit_shift = ev->addr;
+            g_array_set_size(r->unit, 0);
+        }
+        return TRUE;
     case MEMSIM_EV_COLLECTIVE:
         if (ev->aux >= MEMSIM_COLL_COUNT)
             return bad(error, h, rank, index, "collective kind %" PRIu64 " is out of range",
@@ -1182,6 +1213,346 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     return TRUE;
 }
 
+/* ---- steady state (MEMSIM_EV_REPEAT) ----
+ *
+ * A generated trace says that a unit (a micro-batch) runs again `times` more times, its own
+ * tensors' ids moved by `shift` each time. The unit is captured as it runs; then each
+ * repetition runs with its ids moved, and after each one the replay compares what decides
+ * the next: the allocator's blocks (segments, free and allocated blocks, their streams and
+ * sizes: the caching allocator's free sets are ordered by those alone), its statistics
+ * (current values, peaks and counters), the live tensors (their blocks, with the unit's ids
+ * taken back to the template's), the bytes by category, the peaks the report keeps, and
+ * the clocks of the host and the streams relative to the host. When they are equal to what
+ * they were before that repetition, every later repetition starts from the same state and
+ * does the same: none raises a peak; each adds the same time. They are then added instead of
+ * run. When the state drifts (the cache still settling), the repetitions run one by one. */
+
+typedef struct {
+    uint64_t id;
+    IdVal v;
+} LiveId;
+
+typedef struct {
+    GArray *blocks; /* MemsimBlockInfo */
+    GArray *live;   /* LiveId, by id */
+    MemsimAllocStats st;
+    int64_t live_cat[MEMSIM_CAT_COUNT], live_req[MEMSIM_CAT_COUNT];
+    int64_t best_allocated, best_reserved, last_allocated;
+    uint64_t epoch;
+    int64_t cur_op;
+    uint8_t cur_phase;
+    guint n_steps, n_breakdowns;
+    MemsimStepPeaks step;
+    double cpu_us;
+    GArray *clocks; /* double: cpu_us, gpu_free, last_end, wait_until */
+    guint n_clocks[3]; /* the lengths of the three arrays */
+    gboolean pending; /* a block waits for a stream event: its token is an absolute time */
+} SteadyState;
+
+static void add_block(void *user, const MemsimBlockInfo *b)
+{
+    SteadyState *s = user;
+    if (b->state == MEMSIM_BLOCK_PENDING_FREE)
+        s->pending = TRUE;
+    g_array_append_val(s->blocks, *b);
+}
+
+static gint live_cmp(gconstpointer a, gconstpointer b)
+{
+    const LiveId *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void clocks_add(GArray *c, GArray *a)
+{
+    g_array_append_vals(c, a->data, a->len);
+}
+
+/* The state after a repetition whose ids were moved by `moved`. */
+static void steady_take(RankSim *r, SteadyState *s, uint64_t from, uint64_t moved)
+{
+    g_array_set_size(s->blocks, 0);
+    g_array_set_size(s->live, 0);
+    g_array_set_size(s->clocks, 0);
+    s->pending = FALSE;
+    memsim_alloc_foreach_block(r->alloc, add_block, s);
+    s->st = memsim_alloc_stats(r->alloc);
+    for (size_t i = 0; i <= r->tensors.mask; i++) {
+        const IdSlot *sl = &r->tensors.slots[i];
+        if (!sl->key1)
+            continue;
+        LiveId l = {sl->key1 - 1, sl->val};
+        if (l.id >= from + moved)
+            l.id -= moved;
+        g_array_append_val(s->live, l);
+    }
+    g_array_sort(s->live, live_cmp);
+    memcpy(s->live_cat, r->live_cat, sizeof s->live_cat);
+    memcpy(s->live_req, r->live_req, sizeof s->live_req);
+    s->best_allocated = r->best_allocated;
+    s->best_reserved = r->best_reserved;
+    s->last_allocated = r->last_allocated;
+    s->epoch = r->epoch;
+    s->cur_op = r->cur_op;
+    s->cur_phase = r->cur_phase;
+    s->n_steps = r->steps->len;
+    s->n_breakdowns = r->breakdowns->len;
+    memset(&s->step, 0, sizeof s->step);
+    if (r->steps->len)
+        s->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+    s->cpu_us = r->cpu_us;
+    g_array_append_val(s->clocks, r->cpu_us);
+    GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
+    for (int c = 0; c < 3; c++) {
+        clocks_add(s->clocks, arrays[c]);
+        s->n_clocks[c] = arrays[c]->len;
+    }
+}
+
+static gboolean live_equal(const GArray *a, const GArray *b)
+{
+    if (a->len != b->len)
+        return FALSE;
+    for (guint i = 0; i < a->len; i++) {
+        const LiveId *x = &g_array_index(a, LiveId, i), *y = &g_array_index(b, LiveId, i);
+        if (x->id != y->id || x->v.addr != y->v.addr || x->v.size != y->v.size ||
+            x->v.req != y->v.req || x->v.category != y->v.category ||
+            x->v.stream != y->v.stream || x->v.site != y->v.site)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Whether the memory state after a repetition (b) is the one before it (a). */
+static gboolean steady_equal(const SteadyState *a, const SteadyState *b)
+{
+    if (a->pending || b->pending || a->blocks->len != b->blocks->len ||
+        memcmp(a->blocks->data, b->blocks->data, a->blocks->len * sizeof(MemsimBlockInfo)) ||
+        memcmp(&a->st, &b->st, sizeof a->st) || !live_equal(a->live, b->live) ||
+        memcmp(a->live_cat, b->live_cat, sizeof a->live_cat) ||
+        memcmp(a->live_req, b->live_req, sizeof a->live_req) ||
+        a->best_allocated != b->best_allocated || a->best_reserved != b->best_reserved ||
+        a->last_allocated != b->last_allocated || a->epoch != b->epoch ||
+        a->cur_op != b->cur_op || a->cur_phase != b->cur_phase || a->n_steps != b->n_steps ||
+        a->n_breakdowns != b->n_breakdowns || a->step.peak_allocated != b->step.peak_allocated ||
+        a->step.peak_reserved != b->step.peak_reserved ||
+        memcmp(a->step.phase_peak_allocated, b->step.phase_peak_allocated,
+               sizeof a->step.phase_peak_allocated) ||
+        memcmp(a->step.phase_peak_reserved, b->step.phase_peak_reserved,
+               sizeof a->step.phase_peak_reserved) ||
+        memcmp(a->n_clocks, b->n_clocks, sizeof a->n_clocks))
+        return FALSE;
+    return TRUE;
+}
+
+static inline gboolean near(double x, double y, double scale)
+{
+    double d = x - y, tol = 1e-9 * (1.0 + (scale > 0 ? scale : -scale));
+    return d <= tol && d >= -tol;
+}
+
+/* Whether the clocks go on as they went in the last repetition (a → b). With blocks used
+ * on other streams (record_stream) a free waits for an event whose completion the host's
+ * clock decides: the clocks must then be the same relative to the host, so that each wait
+ * ends as it did. Without, time does not touch memory: each clock must have moved by what
+ * it moved in the repetition before (z → a). */
+static gboolean steady_clocks(const SteadyState *z, const SteadyState *a, const SteadyState *b,
+                              gboolean uses)
+{
+    const double *x = (const double *)a->clocks->data, *y = (const double *)b->clocks->data;
+    if (uses) {
+        for (guint k = 1; k < b->clocks->len; k++)
+            if (!near(x[k] - x[0], y[k] - y[0], y[0]))
+                return FALSE;
+        return TRUE;
+    }
+    if (!z || z->clocks->len != b->clocks->len)
+        return FALSE;
+    const double *w = (const double *)z->clocks->data;
+    for (guint k = 0; k < b->clocks->len; k++)
+        if (!near(x[k] - w[k], y[k] - x[k], y[k]))
+            return FALSE;
+    return TRUE;
+}
+
+static void steady_init(SteadyState *s)
+{
+    memset(s, 0, sizeof *s);
+    s->blocks = g_array_new(FALSE, FALSE, sizeof(MemsimBlockInfo));
+    s->live = g_array_new(FALSE, FALSE, sizeof(LiveId));
+    s->clocks = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+static void steady_clear(SteadyState *s)
+{
+    g_array_unref(s->blocks);
+    g_array_unref(s->live);
+    g_array_unref(s->clocks);
+}
+
+/* Whether the replay may add repetitions instead of running them: nothing watches each
+ * event (a timeline, verification, hooks, invariant checks), the policy is the caching
+ * allocator whose state the blocks show (without garbage collection, whose block ages they do
+ * not), and the unit meets no other rank and marks nothing. */
+static gboolean steady_may_skip(RankSim *r)
+{
+    const MemsimReplayOptions *o = &r->rp->opt;
+    if (o->timeline || o->verify || o->hooks || o->check_invariants)
+        return FALSE;
+    if (strcmp(memsim_alloc_ops(r->alloc)->name, "torch") != 0 ||
+        (r->rp->allocator && strstr(r->rp->allocator, "garbage_collection")))
+        return FALSE;
+    for (guint i = 0; i < r->unit->len; i++) {
+        uint8_t k = g_array_index(r->unit, MemsimEvent, i).kind;
+        if (k != MEMSIM_EV_ALLOC && k != MEMSIM_EV_FREE && k != MEMSIM_EV_USE &&
+            k != MEMSIM_EV_OP && k != MEMSIM_EV_WAIT && k != MEMSIM_EV_COLLECTIVE)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Live tensors of the last repetition (ids ≥ from + moved) take back the template's ids. */
+static gboolean steady_rename(RankSim *r, uint64_t from, uint64_t moved)
+{
+    if (!moved)
+        return TRUE;
+    GArray *back = g_array_new(FALSE, FALSE, sizeof(LiveId));
+    for (size_t i = 0; i <= r->tensors.mask; i++) {
+        const IdSlot *sl = &r->tensors.slots[i];
+        if (sl->key1 && sl->key1 - 1 >= from + moved) {
+            LiveId l = {sl->key1 - 1, sl->val};
+            g_array_append_val(back, l);
+        }
+    }
+    for (guint i = 0; i < back->len; i++)
+        idmap_remove(&r->tensors, g_array_index(back, LiveId, i).id, NULL);
+    gboolean ok = TRUE;
+    for (guint i = 0; i < back->len; i++) {
+        LiveId *l = &g_array_index(back, LiveId, i);
+        if (idmap_get(&r->tensors, l->id - moved))
+            ok = FALSE;
+        else
+            idmap_put(&r->tensors, l->id - moved, &l->v);
+    }
+    g_array_unref(back);
+    return ok;
+}
+
+static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                    const MemsimEvent *events, gsize n, gsize *used, GError **error);
+
+/* The captured unit has run once: its repetitions. */
+static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                            uint64_t index, GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    r->capturing = FALSE;
+    const guint K = r->unit->len;
+    const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
+    for (guint i = 0; i < K; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if ((e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER)) ||
+            e->kind == MEMSIM_EV_INIT_SEGMENT || e->kind == MEMSIM_EV_INIT_BLOCK ||
+            e->kind == MEMSIM_EV_REPEAT)
+            return bad(error, h, rank, index,
+                       "the unit of a repeat holds a %s event, which cannot repeat",
+                       memsim_event_kind_name(e->kind));
+    }
+    r->rep.steady_repeated += N;
+    gboolean may_skip = steady_may_skip(r);
+    gboolean uses = FALSE;
+    for (guint i = 0; i < K; i++)
+        uses |= g_array_index(r->unit, MemsimEvent, i).kind == MEMSIM_EV_USE;
+    SteadyState st[3];
+    for (int k = 0; k < 3; k++)
+        steady_init(&st[k]);
+    if (may_skip)
+        steady_take(r, &st[0], from, 0);
+    MemsimEvent *buf = g_new(MemsimEvent, K);
+    uint64_t rep = 0;
+    gboolean ok = TRUE;
+    while (rep < N) {
+        rep++;
+        uint64_t moved = rep * shift;
+        for (guint i = 0; i < K; i++) {
+            buf[i] = g_array_index(r->unit, MemsimEvent, i);
+            if ((buf[i].kind == MEMSIM_EV_ALLOC || buf[i].kind == MEMSIM_EV_FREE ||
+                 buf[i].kind == MEMSIM_EV_USE) &&
+                buf[i].id >= from)
+                buf[i].id += moved;
+        }
+        double before_us[5] = {0};
+        MemsimStepPeaks *sp =
+            r->steps->len ? &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1) : NULL;
+        if (sp) {
+            before_us[0] = sp->compute_us;
+            before_us[1] = sp->memory_us;
+            before_us[2] = sp->latency_us;
+            before_us[3] = sp->comm_us;
+            before_us[4] = sp->host_us;
+        }
+        gsize used;
+        if (!run(rp, h, rank, buf, K, &used, error)) {
+            ok = FALSE;
+            break;
+        }
+        if (r->waiting) {
+            ok = bad(error, h, rank, index, "a repeated unit waits for another rank");
+            break;
+        }
+        if (r->stopped) {
+            r->rep.n_events += (N - rep) * K; /* counted, not applied */
+            break;
+        }
+        if (!may_skip)
+            continue;
+        SteadyState *prev = &st[(rep - 1) % 3], *cur = &st[rep % 3];
+        SteadyState *pprev = rep >= 2 ? &st[(rep - 2) % 3] : NULL;
+        steady_take(r, cur, from, moved);
+        if (!steady_equal(prev, cur) || !steady_clocks(pprev, prev, cur, uses))
+            continue;
+        /* every later repetition does what this one did: each clock moves as it moved */
+        uint64_t M = N - rep;
+        const double *x = (const double *)prev->clocks->data, *y = (const double *)cur->clocks->data;
+        r->cpu_us += (double)M * (y[0] - x[0]);
+        GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+        guint at = 1;
+        for (int c = 0; c < 3; c++)
+            for (guint k = 0; k < clocks[c]->len; k++, at++)
+                g_array_index(clocks[c], double, k) += (double)M * (y[at] - x[at]);
+        if (sp) {
+            sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+            sp->compute_us += (double)M * (sp->compute_us - before_us[0]);
+            sp->memory_us += (double)M * (sp->memory_us - before_us[1]);
+            sp->latency_us += (double)M * (sp->latency_us - before_us[2]);
+            sp->comm_us += (double)M * (sp->comm_us - before_us[3]);
+            sp->host_us += (double)M * (sp->host_us - before_us[4]);
+        }
+        r->rep.n_events += M * K;
+        if (r->op_next != UINT64_MAX)
+            r->op_next += M * K;
+        if (!r->rep.steady_skipped) {
+            int32_t mb = -1;
+            for (guint i = 0; i < K && mb < 0; i++) {
+                const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+                if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops)
+                    mb = h->ops[e->id].microbatch;
+            }
+            /* the template is micro-batch mb (0-based); `rep` more ran after it */
+            r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
+            r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
+        }
+        r->rep.steady_skipped += M;
+        break;
+    }
+    if (ok && !r->stopped && !steady_rename(r, from, rep * shift))
+        ok = bad(error, h, rank, index, "a repeated unit leaves tensors whose ids collide");
+    g_free(buf);
+    for (int k = 0; k < 3; k++)
+        steady_clear(&st[k]);
+    return ok;
+}
+
 /* Applies events of rank `rank` in program order until they run out or the rank parks at a
  * recv; *used: how many were taken (the recv included; on an error, the bad event too). */
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
@@ -1202,6 +1573,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
     for (gsize i = 0; i < n; i++) {
         uint64_t index = r->rep.n_events++;
         const MemsimEvent *ev = &events[i];
+        if (G_UNLIKELY(r->capturing))
+            g_array_append_val(r->unit, *ev);
         if (plain && ev->kind == MEMSIM_EV_ALLOC && ev->size - 1 < ((uint64_t)1 << 60) - 1 &&
             ev->category < MEMSIM_CAT_COUNT && ev->id != UINT64_MAX) {
             idmap_reserve(&r->tensors);
@@ -1213,7 +1586,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 if (G_LIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) ==
                              MEMSIM_ALLOC_OK)) {
                     alloc_done(r, h, index, ev, slot, addr);
-                    continue;
+                    goto next;
                 }
                 out_of_memory(r, h, index, ev);
                 r->rep.n_events += n - i - 1; /* counted, not applied */
@@ -1224,7 +1597,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
             if (G_LIKELY(idmap_remove(&r->tensors, ev->id, &v))) {
                 r->cur_stream = ev->stream;
                 free_done(r, &v);
-                continue;
+                goto next;
             }
         }
         if (!step(r, h, rank, index, ev, error)) {
@@ -1238,6 +1611,17 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         if (G_UNLIKELY(r->stopped)) {
             r->rep.n_events += n - i - 1; /* counted, not applied */
             break;
+        }
+    next:
+        if (G_UNLIKELY(r->capturing) && r->unit->len == r->unit_len) {
+            if (!repeat_unit(rp, h, rank, index, error)) {
+                *used = i + 1;
+                return FALSE;
+            }
+            if (G_UNLIKELY(r->stopped)) {
+                r->rep.n_events += n - i - 1; /* counted, not applied */
+                break;
+            }
         }
     }
     return TRUE;
@@ -1381,6 +1765,8 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         r->rep.n_breakdowns = r->breakdowns->len;
         r->rep.breakdowns = (MemsimBreakdown *)g_array_free(r->breakdowns, FALSE);
         r->breakdowns = NULL;
+        if (r->rep.steady_skipped) /* the highest micro-batch an op ran in, plus one */
+            r->rep.steady_of = (uint32_t)(r->mb_top + 1);
         r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
         r->rep.time_us = r->cpu_us;
         for (guint k = 0; k < r->last_end->len; k++)

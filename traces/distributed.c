@@ -1298,6 +1298,14 @@ static void dp_before_forward(void *user)
         unshard(d, d->n_units - 1);
 }
 
+/* Micro-batches the loop counts as run without running them (a steady state): the
+ * accumulation counter moves on as their forwards would have moved it. */
+static void dp_skip_microbatches(void *user, int n)
+{
+    Dist *d = user;
+    d->micro += n;
+}
+
 static void dp_after_backward(void *user)
 {
     Dist *d = user;
@@ -1673,7 +1681,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     if (zr_rank >= 0)
         d->zr_params = zr_partition(d->md.trainable, N, zr_rank);
     LoopHooks loop = {dp_before_step,      dp_before_forward,  dp_after_backward,
-                      dp_before_optimizer, dp_after_optimizer, d};
+                      dp_before_optimizer, dp_after_optimizer, d,
+                      dp_skip_microbatches};
     loop_train(&d->md, &d->opt, &loop);
     optimizer_clear(g, &d->opt);
     g_ptr_array_unref(d->opt_params);

@@ -21,6 +21,7 @@
 #include "traces/loop.h"
 
 #include <stdio.h>
+#include <string.h>
 
 MemsimOptimizerImpl optim_effective_impl(const MemsimRun *run, const AgRules *rules)
 {
@@ -290,6 +291,63 @@ static void held_drop(AgGraph *g, Held *h)
     g_ptr_array_set_size(h->cache, 0);
 }
 
+bool loop_skip_enabled(void)
+{
+    const char *e = g_getenv("MEMSIM_NO_SKIP");
+    return !e || !*e || strcmp(e, "0") == 0;
+}
+
+/* The steady state of the micro-batches of one step. The program of a middle micro-batch
+ * (neither the first, which makes the gradients and the method's buffers, nor the last, at
+ * the accumulation boundary: DDP's no_sync ends, DeepSpeed's is_gradient_accumulation_boundary)
+ * is a function of what is alive at its start: when micro-batch k's events are micro-batch
+ * k-1's again (ids of the tensors the units make moved by as many as a unit makes, the same
+ * ops and costs) and the live set is the same at its start and end, micro-batches k+1 ..
+ * last-1 are that unit again: a REPEAT before micro-batch k says so, and the loop goes on at
+ * the last one. */
+typedef struct {
+    bool on;
+    guint placeholder; /* the REPEAT before the unit running now (G_MAXUINT: none) */
+    GgUnitState start[3]; /* the starts of the units k-2, k-1, k */
+    guint place[3];
+    int n; /* units noted */
+} Steady;
+
+static void steady_begin(AgGraph *g, Steady *s, int mb, int last)
+{
+    if (!s->on)
+        return;
+    /* a boundary REPEAT before each middle micro-batch but the first */
+    guint ph = mb >= 1 && mb < last ? gg_repeat_placeholder(g) : G_MAXUINT;
+    if (s->n == 3) {
+        memmove(&s->start[0], &s->start[1], 2 * sizeof s->start[0]);
+        memmove(&s->place[0], &s->place[1], 2 * sizeof s->place[0]);
+        s->n = 2;
+    }
+    gg_unit_state(g, &s->start[s->n]);
+    s->place[s->n] = ph;
+    s->n++;
+}
+
+/* After micro-batch mb: how many to skip (0: none). */
+static int steady_end(AgGraph *g, Steady *s, int mb, int last)
+{
+    if (!s->on || s->n < 3 || mb < 2 || mb + 1 >= last)
+        return 0;
+    GgUnitState end;
+    gg_unit_state(g, &end);
+    /* unit k-1 ends where unit k's REPEAT is */
+    GgUnitState a_end = s->start[2];
+    a_end.event = s->place[2];
+    if (s->place[1] == G_MAXUINT || s->place[2] == G_MAXUINT ||
+        !gg_unit_repeats(g, &s->start[0], &s->start[1], &a_end, &s->start[2], &end))
+        return 0;
+    int n = last - 1 - mb;
+    gg_repeat_set(g, s->place[2], end.event - s->start[2].event, (uint64_t)n, s->start[1].storage,
+                  s->start[2].storage - s->start[1].storage);
+    return n;
+}
+
 void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
 {
     AgGraph *g = md->g;
@@ -307,7 +365,10 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
         loop_mark_step(g, step);
         if (hooks && hooks->before_step)
             hooks->before_step(hooks->user, step);
+        Steady steady = {.on = loop_skip_enabled() && run->grad_accum >= 5 &&
+                               (!hooks || hooks->skip_microbatches)};
         for (int mb = 0; mb < run->grad_accum; mb++) {
+            steady_begin(g, &steady, mb, run->grad_accum - 1);
             c->phase = MEMSIM_PHASE_FORWARD;
             c->microbatch = run->grad_accum > 1 ? mb : -1;
             c->category = MEMSIM_CAT_TEMPORARY;
@@ -335,6 +396,13 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
             gt_unref(g, loss);
             if (hooks && hooks->after_backward)
                 hooks->after_backward(hooks->user);
+            int skip = steady_end(g, &steady, mb, run->grad_accum - 1);
+            if (skip > 0) {
+                if (hooks)
+                    hooks->skip_microbatches(hooks->user, skip);
+                mb += skip;
+                steady.on = false;
+            }
         }
         loop_optimizer_step(g, o, hooks, md->trainable, step, step == run->steps);
     }

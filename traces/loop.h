@@ -68,7 +68,16 @@ typedef struct {
     /* after the update and zero_grad */
     void (*after_optimizer)(void *user, int step);
     void *user;
+    /* the loop goes on `n` micro-batches later without running them (a steady state,
+     * MEMSIM_EV_REPEAT): the method counts them as run. A method with hooks but without this
+     * one gets every micro-batch run. */
+    void (*skip_microbatches)(void *user, int n);
 } LoopHooks;
+
+/* Whether the loop may emit a steady state (MEMSIM_EV_REPEAT) instead of running the middle
+ * micro-batches that repeat: unless the environment has MEMSIM_NO_SKIP set (for comparing
+ * with the full simulation). */
+bool loop_skip_enabled(void);
 
 /* The training loop (traces/loop.c's header): run->steps steps of run->grad_accum
  * micro-batches of `md`, hooks may be NULL. Ends the program: the trace's final state is
