@@ -36,6 +36,7 @@
 #include <memsim/sim.h>
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -125,6 +126,13 @@ typedef struct {
     uint64_t unit_len, unit_times, unit_from, unit_shift;
     gboolean capturing;
     int32_t mb_top; /* the highest micro-batch of the ops run */
+    /* time the repetitions added without running (the clocks stay where the last one left
+     * them, with the allocator's event tokens: only the reports add it) */
+    double t_offset;
+    /* what the allocator asked about stream events during a repetition (record_event's
+     * tokens relative to the host, event_done's answers), hashed */
+    gboolean ev_logging;
+    uint64_t ev_hash;
 } RankSim;
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
@@ -235,17 +243,32 @@ static double *stream_slot(GArray *a, uint32_t stream)
 
 /* A cross-stream event recorded now on `stream` completes when that stream has finished the
  * work issued before it: the token is that end time (ns). */
+static inline void ev_log(RankSim *r, uint64_t v)
+{
+    r->ev_hash = (r->ev_hash ^ v) * 0x100000001B3ull;
+}
+
 static uint64_t record_event(void *user, uint32_t stream)
 {
     RankSim *r = user;
-    return (uint64_t)(*stream_slot(r->last_end, stream) * 1000.0);
+    uint64_t token = (uint64_t)(*stream_slot(r->last_end, stream) * 1000.0);
+    if (G_UNLIKELY(r->ev_logging)) {
+        ev_log(r, stream);
+        /* relative to the host, to the ns (the token's own rounding moves with the clocks) */
+        double ahead = *stream_slot(r->last_end, stream) - r->cpu_us;
+        ev_log(r, ahead > 0 ? (uint64_t)llround(ahead * 1000.0) : 0);
+    }
+    return token;
 }
 
 /* Queried by the allocator at the host's current time. */
 static gboolean event_done(void *user, uint32_t stream, uint64_t token)
 {
     RankSim *r = user;
-    return (uint64_t)(r->cpu_us * 1000.0) >= token;
+    gboolean done = (uint64_t)(r->cpu_us * 1000.0) >= token;
+    if (G_UNLIKELY(r->ev_logging))
+        ev_log(r, done ? 0x5EED : 0xD0E);
+    return done;
 }
 
 static void rank_clear(RankSim *r)
@@ -1143,6 +1166,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             for (guint k = 0; k < r->last_end->len; k++)
                 if (g_array_index(r->last_end, double, k) > sp.start_us)
                     sp.start_us = g_array_index(r->last_end, double, k);
+            sp.start_us += r->t_offset;
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;
             g_array_append_val(r->steps, sp);
@@ -1247,6 +1271,7 @@ typedef struct {
     GArray *clocks; /* double: cpu_us, gpu_free, last_end, wait_until */
     guint n_clocks[3]; /* the lengths of the three arrays */
     gboolean pending; /* a block waits for a stream event: its token is an absolute time */
+    uint64_t ev_hash; /* the stream events of the repetition that led here */
 } SteadyState;
 
 static void add_block(void *user, const MemsimBlockInfo *b)
@@ -1254,7 +1279,17 @@ static void add_block(void *user, const MemsimBlockInfo *b)
     SteadyState *s = user;
     if (b->state == MEMSIM_BLOCK_PENDING_FREE)
         s->pending = TRUE;
-    g_array_append_val(s->blocks, *b);
+    MemsimBlockInfo c;
+    memset(&c, 0, sizeof c); /* the padding too: blocks are compared with memcmp */
+    c.segment = b->segment;
+    c.segment_size = b->segment_size;
+    c.stream = b->stream;
+    c.segment_flags = b->segment_flags;
+    c.addr = b->addr;
+    c.size = b->size;
+    c.requested = b->requested;
+    c.state = b->state;
+    g_array_append_val(s->blocks, c);
 }
 
 static gint live_cmp(gconstpointer a, gconstpointer b)
@@ -1301,6 +1336,7 @@ static void steady_take(RankSim *r, SteadyState *s, uint64_t from, uint64_t move
     if (r->steps->len)
         s->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
     s->cpu_us = r->cpu_us;
+    s->ev_hash = r->ev_hash;
     g_array_append_val(s->clocks, r->cpu_us);
     GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
     for (int c = 0; c < 3; c++) {
@@ -1326,23 +1362,21 @@ static gboolean live_equal(const GArray *a, const GArray *b)
 /* Whether the memory state after a repetition (b) is the one before it (a). */
 static gboolean steady_equal(const SteadyState *a, const SteadyState *b)
 {
-    if (a->pending || b->pending || a->blocks->len != b->blocks->len ||
-        memcmp(a->blocks->data, b->blocks->data, a->blocks->len * sizeof(MemsimBlockInfo)) ||
-        memcmp(&a->st, &b->st, sizeof a->st) || !live_equal(a->live, b->live) ||
-        memcmp(a->live_cat, b->live_cat, sizeof a->live_cat) ||
-        memcmp(a->live_req, b->live_req, sizeof a->live_req) ||
-        a->best_allocated != b->best_allocated || a->best_reserved != b->best_reserved ||
-        a->last_allocated != b->last_allocated || a->epoch != b->epoch ||
-        a->cur_op != b->cur_op || a->cur_phase != b->cur_phase || a->n_steps != b->n_steps ||
-        a->n_breakdowns != b->n_breakdowns || a->step.peak_allocated != b->step.peak_allocated ||
-        a->step.peak_reserved != b->step.peak_reserved ||
-        memcmp(a->step.phase_peak_allocated, b->step.phase_peak_allocated,
-               sizeof a->step.phase_peak_allocated) ||
-        memcmp(a->step.phase_peak_reserved, b->step.phase_peak_reserved,
-               sizeof a->step.phase_peak_reserved) ||
-        memcmp(a->n_clocks, b->n_clocks, sizeof a->n_clocks))
-        return FALSE;
-    return TRUE;
+    return a->pending == b->pending && a->blocks->len == b->blocks->len &&
+           !memcmp(a->blocks->data, b->blocks->data, a->blocks->len * sizeof(MemsimBlockInfo)) &&
+           !memcmp(&a->st, &b->st, sizeof a->st) && live_equal(a->live, b->live) &&
+           !memcmp(a->live_cat, b->live_cat, sizeof a->live_cat) &&
+           !memcmp(a->live_req, b->live_req, sizeof a->live_req) &&
+           a->best_allocated == b->best_allocated && a->best_reserved == b->best_reserved &&
+           a->last_allocated == b->last_allocated && a->epoch == b->epoch &&
+           a->cur_op == b->cur_op && a->cur_phase == b->cur_phase && a->n_steps == b->n_steps &&
+           a->n_breakdowns == b->n_breakdowns && a->step.peak_allocated == b->step.peak_allocated &&
+           a->step.peak_reserved == b->step.peak_reserved &&
+           !memcmp(a->step.phase_peak_allocated, b->step.phase_peak_allocated,
+                   sizeof a->step.phase_peak_allocated) &&
+           !memcmp(a->step.phase_peak_reserved, b->step.phase_peak_reserved,
+                   sizeof a->step.phase_peak_reserved) &&
+           !memcmp(a->n_clocks, b->n_clocks, sizeof a->n_clocks);
 }
 
 static inline gboolean near(double x, double y, double scale)
@@ -1351,22 +1385,25 @@ static inline gboolean near(double x, double y, double scale)
     return d <= tol && d >= -tol;
 }
 
-/* Whether the clocks go on as they went in the last repetition (a → b). With blocks used
- * on other streams (record_stream) a free waits for an event whose completion the host's
- * clock decides: the clocks must then be the same relative to the host, so that each wait
- * ends as it did. Without, time does not touch memory: each clock must have moved by what
- * it moved in the repetition before (z → a). */
+/* Whether the clocks go on as they went over the last period (a → b; z → a the period
+ * before). With blocks used on other streams (record_stream) a free waits for an event whose
+ * completion the host's clock decides: the clocks must be the same relative to the host, so
+ * that each wait ends as it did, and the allocator must have asked the same about the same
+ * events (ev_hash). Without, time does not touch memory: each clock must have moved by what it
+ * moved over the period before. */
 static gboolean steady_clocks(const SteadyState *z, const SteadyState *a, const SteadyState *b,
-                              gboolean uses)
+                              uint64_t hash_ab, uint64_t hash_za, gboolean uses)
 {
     const double *x = (const double *)a->clocks->data, *y = (const double *)b->clocks->data;
     if (uses) {
+        /* a clock behind the host is as good as the host's: work issued from now on starts
+         * at the host's time at the earliest, and an event recorded on it is done */
         for (guint k = 1; k < b->clocks->len; k++)
-            if (!near(x[k] - x[0], y[k] - y[0], y[0]))
+            if (!near(x[k] > x[0] ? x[k] - x[0] : 0.0, y[k] > y[0] ? y[k] - y[0] : 0.0, y[0]))
                 return FALSE;
-        return TRUE;
+        return hash_ab == hash_za;
     }
-    if (!z || z->clocks->len != b->clocks->len)
+    if (z->clocks->len != b->clocks->len || a->pending || b->pending)
         return FALSE;
     const double *w = (const double *)z->clocks->data;
     for (guint k = 0; k < b->clocks->len; k++)
@@ -1441,6 +1478,25 @@ static gboolean steady_rename(RankSim *r, uint64_t from, uint64_t moved)
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                     const MemsimEvent *events, gsize n, gsize *used, GError **error);
 
+/* The step's work sums (MemsimStepPeaks) a repetition adds to. */
+#define N_SUMS 5
+static void step_sums(RankSim *r, double *v)
+{
+    memset(v, 0, N_SUMS * sizeof *v);
+    if (!r->steps->len)
+        return;
+    const MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+    v[0] = sp->compute_us;
+    v[1] = sp->memory_us;
+    v[2] = sp->latency_us;
+    v[3] = sp->comm_us;
+    v[4] = sp->host_us;
+}
+
+/* The states kept: after the last RING repetitions (periods of 1 and 2: a cache that settles
+ * into two alternating layouts, e.g. a buffer that moves between two segments). */
+#define RING 5
+
 /* The captured unit has run once: its repetitions. */
 static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                             uint64_t index, GError **error)
@@ -1449,6 +1505,7 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
     r->capturing = FALSE;
     const guint K = r->unit->len;
     const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
+    gboolean uses = FALSE;
     for (guint i = 0; i < K; i++) {
         const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
         if ((e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER)) ||
@@ -1457,17 +1514,25 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
             return bad(error, h, rank, index,
                        "the unit of a repeat holds a %s event, which cannot repeat",
                        memsim_event_kind_name(e->kind));
+        uses |= e->kind == MEMSIM_EV_USE;
     }
     r->rep.steady_repeated += N;
     gboolean may_skip = steady_may_skip(r);
-    gboolean uses = FALSE;
-    for (guint i = 0; i < K; i++)
-        uses |= g_array_index(r->unit, MemsimEvent, i).kind == MEMSIM_EV_USE;
-    SteadyState st[3];
-    for (int k = 0; k < 3; k++)
+    /* with record_stream the later repetitions are added as time alone (t_offset): the
+     * clocks stay with the allocator's event tokens; that holds for one rank, whose clock
+     * meets no other's */
+    if (uses && rp->n_ranks != 1)
+        may_skip = FALSE;
+    SteadyState st[RING];
+    double sums[RING][N_SUMS];
+    uint64_t hashes[RING] = {0};
+    for (int k = 0; k < RING; k++)
         steady_init(&st[k]);
-    if (may_skip)
+    if (may_skip) {
         steady_take(r, &st[0], from, 0);
+        step_sums(r, sums[0]);
+    }
+    r->ev_logging = may_skip && uses;
     MemsimEvent *buf = g_new(MemsimEvent, K);
     uint64_t rep = 0;
     gboolean ok = TRUE;
@@ -1481,17 +1546,8 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
                 buf[i].id >= from)
                 buf[i].id += moved;
         }
-        double before_us[5] = {0};
-        MemsimStepPeaks *sp =
-            r->steps->len ? &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1) : NULL;
-        if (sp) {
-            before_us[0] = sp->compute_us;
-            before_us[1] = sp->memory_us;
-            before_us[2] = sp->latency_us;
-            before_us[3] = sp->comm_us;
-            before_us[4] = sp->host_us;
-        }
         gsize used;
+        r->ev_hash = 0xCBF29CE484222325ull;
         if (!run(rp, h, rank, buf, K, &used, error)) {
             ok = FALSE;
             break;
@@ -1506,27 +1562,51 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         }
         if (!may_skip)
             continue;
-        SteadyState *prev = &st[(rep - 1) % 3], *cur = &st[rep % 3];
-        SteadyState *pprev = rep >= 2 ? &st[(rep - 2) % 3] : NULL;
+        SteadyState *cur = &st[rep % RING];
         steady_take(r, cur, from, moved);
-        if (!steady_equal(prev, cur) || !steady_clocks(pprev, prev, cur, uses))
-            continue;
-        /* every later repetition does what this one did: each clock moves as it moved */
+        step_sums(r, sums[rep % RING]);
+        hashes[rep % RING] = r->ev_hash;
         uint64_t M = N - rep;
-        const double *x = (const double *)prev->clocks->data, *y = (const double *)cur->clocks->data;
-        r->cpu_us += (double)M * (y[0] - x[0]);
-        GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
-        guint at = 1;
-        for (int c = 0; c < 3; c++)
-            for (guint k = 0; k < clocks[c]->len; k++, at++)
-                g_array_index(clocks[c], double, k) += (double)M * (y[at] - x[at]);
-        if (sp) {
-            sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
-            sp->compute_us += (double)M * (sp->compute_us - before_us[0]);
-            sp->memory_us += (double)M * (sp->memory_us - before_us[1]);
-            sp->latency_us += (double)M * (sp->latency_us - before_us[2]);
-            sp->comm_us += (double)M * (sp->comm_us - before_us[3]);
-            sp->host_us += (double)M * (sp->host_us - before_us[4]);
+        guint p;
+        for (p = 1; p <= 2; p++) {
+            if (rep < 2 * p || M % p)
+                continue;
+            const SteadyState *a = &st[(rep - p) % RING], *z = &st[(rep - 2 * p) % RING];
+            uint64_t h_ab = 0, h_za = 0;
+            for (guint j = 0; j < p; j++) {
+                h_ab = h_ab * 31 + hashes[(rep - j) % RING];
+                h_za = h_za * 31 + hashes[(rep - p - j) % RING];
+            }
+            /* the template's own questions were not logged: its period cannot be one */
+            if (uses && rep - 2 * p + 1 < 1)
+                continue;
+            if (steady_equal(a, cur) && steady_clocks(z, a, cur, h_ab, h_za, uses))
+                break;
+        }
+        if (p > 2)
+            continue;
+        /* every later period does what this one did: each clock moves as it moved */
+        const SteadyState *a = &st[(rep - p) % RING];
+        double periods = (double)(M / p);
+        const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
+        if (uses) {
+            r->t_offset += periods * (y[0] - x[0]);
+        } else {
+            r->cpu_us += periods * (y[0] - x[0]);
+            GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+            guint at = 1;
+            for (int c = 0; c < 3; c++)
+                for (guint k = 0; k < clocks[c]->len; k++, at++)
+                    g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
+        }
+        if (r->steps->len) {
+            MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+            const double *u = sums[(rep - p) % RING], *v = sums[rep % RING];
+            sp->compute_us += periods * (v[0] - u[0]);
+            sp->memory_us += periods * (v[1] - u[1]);
+            sp->latency_us += periods * (v[2] - u[2]);
+            sp->comm_us += periods * (v[3] - u[3]);
+            sp->host_us += periods * (v[4] - u[4]);
         }
         r->rep.n_events += M * K;
         if (r->op_next != UINT64_MAX)
@@ -1545,10 +1625,11 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         r->rep.steady_skipped += M;
         break;
     }
+    r->ev_logging = FALSE;
     if (ok && !r->stopped && !steady_rename(r, from, rep * shift))
         ok = bad(error, h, rank, index, "a repeated unit leaves tensors whose ids collide");
     g_free(buf);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < RING; k++)
         steady_clear(&st[k]);
     return ok;
 }
@@ -1772,6 +1853,7 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         for (guint k = 0; k < r->last_end->len; k++)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
+        r->rep.time_us += r->t_offset;
         r->rep.fits = !r->rep.oom.happened &&
                       !(r->rep.oom_verdict.replayed && !r->rep.oom_verdict.fits);
         if (rp->opt.hooks && rp->opt.hooks->on_end)
