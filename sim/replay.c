@@ -133,7 +133,13 @@ typedef struct {
      * tokens relative to the host, event_done's answers), hashed */
     gboolean ev_logging;
     uint64_t ev_hash;
+    struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
+    double unit_pre_sums[5];
 } RankSim;
+
+typedef struct SteadyState SteadyState;
+static void steady_pre(RankSim *r);
+static void steady_clear(SteadyState *s);
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
 #define LAUNCH_US 10.0
@@ -283,6 +289,10 @@ static void rank_clear(RankSim *r)
         g_array_unref(r->held);
     if (r->unit)
         g_array_unref(r->unit);
+    if (r->unit_pre) {
+        steady_clear(r->unit_pre);
+        g_free(r->unit_pre);
+    }
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -1207,6 +1217,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             r->unit_from = ev->id;
             r->unit_shift = ev->addr;
             g_array_set_size(r->unit, 0);
+            steady_pre(r);
         }
         return TRUE;
     case MEMSIM_EV_COLLECTIVE:
@@ -1256,7 +1267,7 @@ typedef struct {
     IdVal v;
 } LiveId;
 
-typedef struct {
+struct SteadyState {
     GArray *blocks; /* MemsimBlockInfo */
     GArray *live;   /* LiveId, by id */
     MemsimAllocStats st;
@@ -1272,7 +1283,7 @@ typedef struct {
     guint n_clocks[3]; /* the lengths of the three arrays */
     gboolean pending; /* a block waits for a stream event: its token is an absolute time */
     uint64_t ev_hash; /* the stream events of the repetition that led here */
-} SteadyState;
+};
 
 static void add_block(void *user, const MemsimBlockInfo *b)
 {
@@ -1493,6 +1504,17 @@ static void step_sums(RankSim *r, double *v)
     v[4] = sp->host_us;
 }
 
+/* The state before a unit's first run: the period before the first repetition's. */
+static void steady_pre(RankSim *r)
+{
+    if (!r->unit_pre) {
+        r->unit_pre = g_new(SteadyState, 1);
+        steady_init(r->unit_pre);
+    }
+    steady_take(r, r->unit_pre, r->unit_from, 0);
+    step_sums(r, r->unit_pre_sums);
+}
+
 /* The states kept: after the last RING repetitions (periods of 1 and 2: a cache that settles
  * into two alternating layouts, e.g. a buffer that moves between two segments). */
 #define RING 5
@@ -1569,9 +1591,11 @@ static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         uint64_t M = N - rep;
         guint p;
         for (p = 1; p <= 2; p++) {
-            if (rep < 2 * p || M % p)
+            /* the period before the first is the template's own run (from unit_pre) */
+            if (rep + 1 < 2 * p || M % p || (rep + 1 == 2 * p && !r->unit_pre))
                 continue;
-            const SteadyState *a = &st[(rep - p) % RING], *z = &st[(rep - 2 * p) % RING];
+            const SteadyState *a = &st[(rep - p) % RING];
+            const SteadyState *z = rep >= 2 * p ? &st[(rep - 2 * p) % RING] : r->unit_pre;
             uint64_t h_ab = 0, h_za = 0;
             for (guint j = 0; j < p; j++) {
                 h_ab = h_ab * 31 + hashes[(rep - j) % RING];
