@@ -77,6 +77,20 @@ static const Case cases[] = {
      NULL, TRUE},
     {"hsdp ga8", "gpt2",
      {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL}, NULL, TRUE},
+    /* pipelines: their schedules are generated micro-batch by micro-batch (no repeat yet);
+     * the comparison holds them to it */
+    {"1f1b pp2 mb4", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL,
+     FALSE},
+    {"1f1b pp4 mb16 ckpt", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "16", "checkpointing", "full", NULL}, NULL,
+     FALSE},
+    {"gpipe pp2 mb8 expandable", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "gpipe", "microbatches", "8", NULL},
+     "expandable_segments:True", FALSE},
+    {"interleaved pp2 v2 mb8", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "8", NULL},
+     NULL, FALSE},
 };
 
 static MemsimReport *estimate(const Case *c, gboolean full)
@@ -187,4 +201,43 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
     }
     cr_log_info("%zu configurations: %u with repeated micro-batches, %u with some not simulated",
                 G_N_ELEMENTS(cases), n_repeat, n_skip);
+}
+
+/* A run whose simulation would need more host memory than there is is refused before it
+ * starts, with the numbers (MEMSIM_HOST_MEMORY stands for the machine's MemAvailable); one that
+ * fits goes on. */
+Test(steady, host_memory_is_checked_up_front, .timeout = 300)
+{
+    const char *big[] = {"estimate", "--model", "llama-2-70b", "--gpus", "64", "--tp", "8", "--pp",
+                         "4", "--microbatches", "256", "--seq", "4096", "--gpu", "h100-80gb",
+                         NULL};
+    const char *env[] = {"MEMSIM_HOST_MEMORY=64MiB", NULL};
+    const char *bin = g_getenv("MEMSIM_BIN");
+    cr_assert(bin != NULL);
+    GPtrArray *argv = g_ptr_array_new();
+    g_ptr_array_add(argv, (gpointer)bin);
+    for (int i = 0; big[i]; i++)
+        g_ptr_array_add(argv, (gpointer)big[i]);
+    g_ptr_array_add(argv, NULL);
+    char *out = NULL, *err = NULL;
+    double t0 = tu_children_cpu_s();
+    int rc = tu_run((const char *const *)argv->pdata, env, &out, &err);
+    double cpu = tu_children_cpu_s() - t0;
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_expect(strstr(err, "host memory") && strstr(err, "64.00 MiB") &&
+                  strstr(err, "256 micro-batches generated per step"),
+              "%s", err);
+    cr_expect(cpu < 10 * (tu_sanitized() ? 4 : 1), "refused after %.1f s of CPU", cpu);
+    g_free(out);
+    g_free(err);
+    /* the same machine takes a single GPU's 256 micro-batches: their repetitions are generated
+     * once */
+    const char *small[] = {bin, "estimate", "--model", "gpt2", "--seq", "128", "--grad-accum",
+                           "256", NULL};
+    rc = tu_run(small, env, &out, &err);
+    cr_expect(rc == 0 || rc == 1, "exit %d: %s", rc, err);
+    cr_expect(strstr(out, "steady state after micro-batch"), "%s", out);
+    g_free(out);
+    g_free(err);
+    g_ptr_array_unref(argv);
 }

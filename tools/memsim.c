@@ -653,6 +653,7 @@ static int cmd_estimate(int argc, char **argv)
         (context && !memsim_parse_size_of("cuda-context", context, &eo.context_bytes, &error)) ||
         (nccl && !memsim_parse_size_of("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
         (!m && !(m = owned = memsim_model_load(model, &error))) ||
+        !memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) ||
         !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
         progress_stop(&pr);
         rc = report_error("estimate", error);
@@ -741,6 +742,7 @@ static int cmd_gen(int argc, char **argv)
     if (!run_sources("gen", model, megatron, dsconf, dssets, &run, &mg, &ds, &m))
         goto out;
     if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
+        !memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) ||
         !(t = memsim_generate(m, &run, &error)) ||
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
