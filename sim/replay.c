@@ -134,11 +134,13 @@ typedef struct {
     gboolean ev_logging;
     uint64_t ev_hash;
     struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
+    struct RepeatRun *repeat;     /* repetitions under way, or NULL */
     double unit_pre_sums[5];
 } RankSim;
 
 typedef struct SteadyState SteadyState;
 static void steady_pre(RankSim *r);
+static void repeat_free(RankSim *r);
 static void steady_clear(SteadyState *s);
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
@@ -293,6 +295,7 @@ static void rank_clear(RankSim *r)
         steady_clear(r->unit_pre);
         g_free(r->unit_pre);
     }
+    repeat_free(r);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -1519,142 +1522,199 @@ static void steady_pre(RankSim *r)
  * into two alternating layouts, e.g. a buffer that moves between two segments). */
 #define RING 5
 
-/* The captured unit has run once: its repetitions. */
-static gboolean repeat_unit(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
-                            uint64_t index, GError **error)
+/* The repetitions of a captured unit, run as a rank's events are: they may park at a recv
+ * (a pipeline's unit meets its neighbours) and go on where they stopped. */
+typedef struct RepeatRun {
+    uint64_t rep;  /* the repetition running (1-based) */
+    guint pos;     /* its next event */
+    gboolean may_skip, uses;
+    SteadyState st[RING];
+    double sums[RING][N_SUMS];
+    uint64_t hashes[RING];
+    MemsimEvent *buf;
+    uint64_t index; /* the event whose capture completed the unit (for messages) */
+} RepeatRun;
+
+static void repeat_free(RankSim *r)
+{
+    RepeatRun *q = r->repeat;
+    if (!q)
+        return;
+    for (int k = 0; k < RING; k++)
+        steady_clear(&q->st[k]);
+    g_free(q->buf);
+    g_free(q);
+    r->repeat = NULL;
+    r->ev_logging = FALSE;
+}
+
+/* The captured unit has run once: its repetitions begin. */
+static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                             uint64_t index, GError **error)
 {
     RankSim *r = &rp->ranks[rank];
     r->capturing = FALSE;
     const guint K = r->unit->len;
-    const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
-    gboolean uses = FALSE;
+    gboolean uses = FALSE, peer = FALSE;
     for (guint i = 0; i < K; i++) {
         const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-        if ((e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER)) ||
-            e->kind == MEMSIM_EV_INIT_SEGMENT || e->kind == MEMSIM_EV_INIT_BLOCK ||
+        if (e->kind == MEMSIM_EV_INIT_SEGMENT || e->kind == MEMSIM_EV_INIT_BLOCK ||
             e->kind == MEMSIM_EV_REPEAT)
             return bad(error, h, rank, index,
                        "the unit of a repeat holds a %s event, which cannot repeat",
                        memsim_event_kind_name(e->kind));
         uses |= e->kind == MEMSIM_EV_USE;
+        peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
-    r->rep.steady_repeated += N;
-    gboolean may_skip = steady_may_skip(r);
-    /* with record_stream the later repetitions are added as time alone (t_offset): the
-     * clocks stay with the allocator's event tokens; that holds for one rank, whose clock
-     * meets no other's */
-    if (uses && rp->n_ranks != 1)
-        may_skip = FALSE;
-    SteadyState st[RING];
-    double sums[RING][N_SUMS];
-    uint64_t hashes[RING] = {0};
+    r->rep.steady_repeated += r->unit_times;
+    RepeatRun *q = g_new0(RepeatRun, 1);
+    r->repeat = q;
+    q->rep = 1;
+    q->index = index;
+    q->uses = uses;
+    /* a unit that meets other ranks runs every repetition (their clocks are tied to its);
+     * with record_stream the later repetitions are added as time alone (t_offset): the clocks
+     * stay with the allocator's event tokens, which holds for one rank, whose clock meets no
+     * other's */
+    q->may_skip = steady_may_skip(r) && !peer && !(uses && rp->n_ranks != 1);
     for (int k = 0; k < RING; k++)
-        steady_init(&st[k]);
-    if (may_skip) {
-        steady_take(r, &st[0], from, 0);
-        step_sums(r, sums[0]);
+        steady_init(&q->st[k]);
+    if (q->may_skip) {
+        steady_take(r, &q->st[0], r->unit_from, 0);
+        step_sums(r, q->sums[0]);
     }
-    r->ev_logging = may_skip && uses;
-    MemsimEvent *buf = g_new(MemsimEvent, K);
-    uint64_t rep = 0;
-    gboolean ok = TRUE;
-    while (rep < N) {
-        rep++;
-        uint64_t moved = rep * shift;
-        for (guint i = 0; i < K; i++) {
-            buf[i] = g_array_index(r->unit, MemsimEvent, i);
-            if ((buf[i].kind == MEMSIM_EV_ALLOC || buf[i].kind == MEMSIM_EV_FREE ||
-                 buf[i].kind == MEMSIM_EV_USE) &&
-                buf[i].id >= from)
-                buf[i].id += moved;
+    r->ev_logging = q->may_skip && uses;
+    q->buf = g_new(MemsimEvent, K);
+    return TRUE;
+}
+
+/* After a whole repetition: whether the later ones can be added instead of run (and then
+ * adds them). */
+static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
+{
+    RepeatRun *q = r->repeat;
+    const uint64_t rep = q->rep, N = r->unit_times, K = r->unit->len;
+    const uint64_t from = r->unit_from, moved = rep * r->unit_shift;
+    SteadyState *cur = &q->st[rep % RING];
+    steady_take(r, cur, from, moved);
+    step_sums(r, q->sums[rep % RING]);
+    q->hashes[rep % RING] = r->ev_hash;
+    const gboolean uses = q->uses;
+    uint64_t M = N - rep;
+    guint p;
+    for (p = 1; p <= 2; p++) {
+        /* the period before the first is the template's own run (from unit_pre) */
+        if (rep + 1 < 2 * p || M % p || (rep + 1 == 2 * p && !r->unit_pre))
+            continue;
+        const SteadyState *a = &q->st[(rep - p) % RING];
+        const SteadyState *z = rep >= 2 * p ? &q->st[(rep - 2 * p) % RING] : r->unit_pre;
+        uint64_t h_ab = 0, h_za = 0;
+        for (guint j = 0; j < p; j++) {
+            h_ab = h_ab * 31 + q->hashes[(rep - j) % RING];
+            h_za = h_za * 31 + q->hashes[(rep - p - j) % RING];
+        }
+        /* the template's own questions were not logged: its period cannot be one */
+        if (uses && rep - 2 * p + 1 < 1)
+            continue;
+        if (steady_equal(a, cur) && steady_clocks(z, a, cur, h_ab, h_za, uses))
+            break;
+    }
+    if (p > 2)
+        return FALSE;
+    /* every later period does what this one did: each clock moves as it moved */
+    const SteadyState *a = &q->st[(rep - p) % RING];
+    double periods = (double)(M / p);
+    const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
+    if (uses) {
+        r->t_offset += periods * (y[0] - x[0]);
+    } else {
+        r->cpu_us += periods * (y[0] - x[0]);
+        GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+        guint at = 1;
+        for (int c = 0; c < 3; c++)
+            for (guint k = 0; k < clocks[c]->len; k++, at++)
+                g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
+    }
+    if (r->steps->len) {
+        MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+        const double *u = q->sums[(rep - p) % RING], *v = q->sums[rep % RING];
+        sp->compute_us += periods * (v[0] - u[0]);
+        sp->memory_us += periods * (v[1] - u[1]);
+        sp->latency_us += periods * (v[2] - u[2]);
+        sp->comm_us += periods * (v[3] - u[3]);
+        sp->host_us += periods * (v[4] - u[4]);
+    }
+    r->rep.n_events += M * K;
+    if (r->op_next != UINT64_MAX)
+        r->op_next += M * K;
+    if (!r->rep.steady_skipped) {
+        int32_t mb = -1;
+        for (guint i = 0; i < K && mb < 0; i++) {
+            const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+            if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops)
+                mb = h->ops[e->id].microbatch;
+        }
+        /* the template is micro-batch mb (0-based); `rep` more ran after it */
+        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
+        r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
+    }
+    r->rep.steady_skipped += M;
+    return TRUE;
+}
+
+/* Runs the repetitions until they end or the rank parks (r->repeat stays then). */
+static gboolean repeat_pump(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                            GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    RepeatRun *q = r->repeat;
+    const guint K = r->unit->len;
+    const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
+    gboolean ok = TRUE, done = FALSE;
+    while (q->rep <= N) {
+        if (q->pos == 0) {
+            uint64_t moved = q->rep * shift;
+            for (guint i = 0; i < K; i++) {
+                q->buf[i] = g_array_index(r->unit, MemsimEvent, i);
+                if ((q->buf[i].kind == MEMSIM_EV_ALLOC || q->buf[i].kind == MEMSIM_EV_FREE ||
+                     q->buf[i].kind == MEMSIM_EV_USE) &&
+                    q->buf[i].id >= from)
+                    q->buf[i].id += moved;
+            }
+            r->ev_hash = 0xCBF29CE484222325ull;
         }
         gsize used;
-        r->ev_hash = 0xCBF29CE484222325ull;
-        if (!run(rp, h, rank, buf, K, &used, error)) {
+        if (!run(rp, h, rank, q->buf + q->pos, K - q->pos, &used, error)) {
             ok = FALSE;
             break;
         }
-        if (r->waiting) {
-            ok = bad(error, h, rank, index, "a repeated unit waits for another rank");
-            break;
-        }
+        q->pos += (guint)used;
         if (r->stopped) {
-            r->rep.n_events += (N - rep) * K; /* counted, not applied */
+            r->rep.n_events += (N - q->rep) * K; /* counted, not applied */
             break;
         }
-        if (!may_skip)
-            continue;
-        SteadyState *cur = &st[rep % RING];
-        steady_take(r, cur, from, moved);
-        step_sums(r, sums[rep % RING]);
-        hashes[rep % RING] = r->ev_hash;
-        uint64_t M = N - rep;
-        guint p;
-        for (p = 1; p <= 2; p++) {
-            /* the period before the first is the template's own run (from unit_pre) */
-            if (rep + 1 < 2 * p || M % p || (rep + 1 == 2 * p && !r->unit_pre))
-                continue;
-            const SteadyState *a = &st[(rep - p) % RING];
-            const SteadyState *z = rep >= 2 * p ? &st[(rep - 2 * p) % RING] : r->unit_pre;
-            uint64_t h_ab = 0, h_za = 0;
-            for (guint j = 0; j < p; j++) {
-                h_ab = h_ab * 31 + hashes[(rep - j) % RING];
-                h_za = h_za * 31 + hashes[(rep - p - j) % RING];
+        if (r->waiting && q->pos < K)
+            return TRUE; /* parked inside the repetition: it goes on from q->pos */
+        q->pos = 0;
+        if (q->may_skip && q->rep < N && repeat_skip(r, h)) {
+            done = TRUE;
+            break;
+        }
+        if (q->rep == N || r->waiting) {
+            done = q->rep == N;
+            if (!done) { /* parked at the repetition's last event: the next one follows */
+                q->rep++;
+                return TRUE;
             }
-            /* the template's own questions were not logged: its period cannot be one */
-            if (uses && rep - 2 * p + 1 < 1)
-                continue;
-            if (steady_equal(a, cur) && steady_clocks(z, a, cur, h_ab, h_za, uses))
-                break;
+            break;
         }
-        if (p > 2)
-            continue;
-        /* every later period does what this one did: each clock moves as it moved */
-        const SteadyState *a = &st[(rep - p) % RING];
-        double periods = (double)(M / p);
-        const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
-        if (uses) {
-            r->t_offset += periods * (y[0] - x[0]);
-        } else {
-            r->cpu_us += periods * (y[0] - x[0]);
-            GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
-            guint at = 1;
-            for (int c = 0; c < 3; c++)
-                for (guint k = 0; k < clocks[c]->len; k++, at++)
-                    g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
-        }
-        if (r->steps->len) {
-            MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
-            const double *u = sums[(rep - p) % RING], *v = sums[rep % RING];
-            sp->compute_us += periods * (v[0] - u[0]);
-            sp->memory_us += periods * (v[1] - u[1]);
-            sp->latency_us += periods * (v[2] - u[2]);
-            sp->comm_us += periods * (v[3] - u[3]);
-            sp->host_us += periods * (v[4] - u[4]);
-        }
-        r->rep.n_events += M * K;
-        if (r->op_next != UINT64_MAX)
-            r->op_next += M * K;
-        if (!r->rep.steady_skipped) {
-            int32_t mb = -1;
-            for (guint i = 0; i < K && mb < 0; i++) {
-                const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-                if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops)
-                    mb = h->ops[e->id].microbatch;
-            }
-            /* the template is micro-batch mb (0-based); `rep` more ran after it */
-            r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
-            r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
-        }
-        r->rep.steady_skipped += M;
-        break;
+        q->rep++;
     }
-    r->ev_logging = FALSE;
-    if (ok && !r->stopped && !steady_rename(r, from, rep * shift))
-        ok = bad(error, h, rank, index, "a repeated unit leaves tensors whose ids collide");
-    g_free(buf);
-    for (int k = 0; k < RING; k++)
-        steady_clear(&st[k]);
+    (void)done;
+    uint64_t moved = (q->rep <= N ? q->rep : N) * shift;
+    if (ok && !r->stopped && !steady_rename(r, from, moved))
+        ok = bad(error, h, rank, q->index, "a repeated unit leaves tensors whose ids collide");
+    repeat_free(r);
     return ok;
 }
 
@@ -1719,12 +1779,16 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         }
     next:
         if (G_UNLIKELY(r->capturing) && r->unit->len == r->unit_len) {
-            if (!repeat_unit(rp, h, rank, index, error)) {
+            if (!repeat_begin(rp, h, rank, index, error) || !repeat_pump(rp, h, rank, error)) {
                 *used = i + 1;
                 return FALSE;
             }
             if (G_UNLIKELY(r->stopped)) {
                 r->rep.n_events += n - i - 1; /* counted, not applied */
+                break;
+            }
+            if (G_UNLIKELY(r->repeat || r->waiting)) { /* parked inside a repetition */
+                *used = i + 1;
                 break;
             }
         }
@@ -1741,8 +1805,16 @@ static gboolean run_held(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 *
         rp->woken = FALSE;
         for (guint32 k = 0; k < rp->n_ranks; k++) {
             RankSim *r = &rp->ranks[k];
-            if (r->waiting || r->held_pos == r->held->len)
+            if (r->waiting || (r->held_pos == r->held->len && !r->repeat))
                 continue;
+            if (r->repeat) { /* repetitions parked at a recv go on first */
+                if (!repeat_pump(rp, h, k, error)) {
+                    *failed = k;
+                    return FALSE;
+                }
+                rp->woken = TRUE;
+                break;
+            }
             gsize used;
             gboolean ok = run(rp, h, k, &g_array_index(r->held, MemsimEvent, r->held_pos),
                               r->held->len - r->held_pos, &used, error);
@@ -1772,9 +1844,13 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         return FALSE;
     }
     RankSim *r = &rp->ranks[rank];
-    if (G_UNLIKELY(r->waiting)) {
+    if (G_UNLIKELY(r->waiting || r->repeat)) {
         g_array_append_vals(r->held, events, n);
-        return TRUE;
+        if (r->waiting)
+            return TRUE;
+        guint32 failed;
+        rp->woken = TRUE; /* repetitions that can go on: before these events */
+        return run_held(rp, h, &failed, error);
     }
     gsize used;
     if (!run(rp, h, rank, events, n, &used, error))
@@ -1945,9 +2021,19 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
         for (k = 0; k < h->n_ranks; k++) {
             if (rp->ranks[k].waiting)
                 continue;
+            if (rp->ranks[k].repeat) /* repetitions parked at a recv go on first */
+                break;
             ev = memsim_trace_events(trace, k, &n);
             if (pos[k] < n)
                 break;
+        }
+        if (k < h->n_ranks && rp->ranks[k].repeat) {
+            if (!repeat_pump(rp, h, k, error)) {
+                g_free(pos);
+                memsim_replay_abort(rp);
+                return NULL;
+            }
+            continue;
         }
         if (k < h->n_ranks) {
             gsize used;

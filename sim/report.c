@@ -591,8 +591,7 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                    r->steady_repeated, r->steady_skipped);
         else if (r->steady_repeated)
             g_string_append_printf(s, "  steady state: %" PRIu64 " repeated micro-batches "
-                                   "generated once, each simulated (the allocator's state did "
-                                   "not repeat)\n",
+                                   "generated once, each simulated\n",
                                    r->steady_repeated);
         if (r->host_peak)
             g_string_append_printf(s, "  host memory (offloaded state) at its most: %s\n",

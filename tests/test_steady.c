@@ -77,13 +77,20 @@ static const Case cases[] = {
      NULL, TRUE},
     {"hsdp ga8", "gpt2",
      {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL}, NULL, TRUE},
-    /* pipelines: their schedules are generated micro-batch by micro-batch (no repeat yet);
-     * the comparison holds them to it */
+    /* pipelines: 1F1B's steady forward-backward pairs repeat (each simulated: they meet the
+     * neighbouring stages); GPipe's and the interleaved schedule's slots run one by one */
     {"1f1b pp2 mb4", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL,
      FALSE},
+    {"1f1b pp2 mb8", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL}, NULL,
+     TRUE},
     {"1f1b pp4 mb16 ckpt", "gpt2",
      {SMALL, "gpus", "4", "pp", "4", "microbatches", "16", "checkpointing", "full", NULL}, NULL,
-     FALSE},
+     TRUE},
+    {"1f1b pp4 mb64 expandable", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "64", NULL}, "expandable_segments:True",
+     TRUE},
+    {"1f1b tp2 pp2 dp2 mb256", "gpt2",
+     {SMALL, "gpus", "8", "tp", "2", "pp", "2", "microbatches", "256", NULL}, NULL, TRUE},
     {"gpipe pp2 mb8 expandable", "gpt2",
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "gpipe", "microbatches", "8", NULL},
      "expandable_segments:True", FALSE},

@@ -1447,8 +1447,8 @@ bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a
         case MEMSIM_EV_USE:
             if (y->id != (x->id >= from ? x->id + shift : x->id))
                 return false;
-            /* an id between `before`'s unit and a's would be moved by a's units, not b's */
-            if (y->id >= from && y->id < a->storage)
+            /* an id of `before`'s unit in b: no id of a's moves onto it */
+            if (y->id >= from && y->id < from + shift)
                 return false;
             break;
         case MEMSIM_EV_OP:
