@@ -8,6 +8,8 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <memsim/estimate.h>
+#include <memsim/formats.h>
+#include <glib/gstdio.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -247,4 +249,55 @@ Test(steady, host_memory_is_checked_up_front, .timeout = 300)
     g_free(out);
     g_free(err);
     g_ptr_array_unref(argv);
+}
+
+/* `gen` streams: each rank's program goes to a file of its own once complete (the trace holds
+ * one rank's events at a time) and is streamed back into the output; the file is the one the
+ * whole trace in memory makes, byte for byte. */
+Test(steady, spilled_ranks_make_the_same_file, .timeout = 300)
+{
+    g_setenv("MEMSIM_NO_SKIP", "1", TRUE);
+    MemsimModel *m = memsim_model_load("gpt2", NULL);
+    MemsimRun run = memsim_run_defaults();
+    tu_set(&run, "seq", "128");
+    tu_set(&run, "gpus", "4");
+    tu_set(&run, "pp", "4");
+    tu_set(&run, "microbatches", "8");
+    char *dir = tu_tmpdir();
+    GError *err = NULL;
+    MemsimTrace *whole = memsim_generate(m, &run, &err);
+    cr_assert(whole, "%s", err ? err->message : "?");
+    MemsimTrace *spilled = memsim_generate_spilling(m, &run, dir, &err);
+    cr_assert(spilled, "%s", err ? err->message : "?");
+    g_unsetenv("MEMSIM_NO_SKIP");
+    for (guint32 r = 0; r < memsim_trace_header(spilled)->n_ranks; r++) {
+        gsize n = 1;
+        memsim_trace_events(spilled, r, &n);
+        cr_expect_eq(n, 0, "rank %u kept %zu events in memory", r, n);
+        cr_expect(memsim_trace_spilled(spilled, r, NULL) != NULL, "rank %u not spilled", r);
+    }
+    const char *formats[] = {"a.mst", "a.txt"};
+    for (gsize k = 0; k < G_N_ELEMENTS(formats); k++) {
+        char *p1 = g_strdup_printf("%s/whole-%s", dir, formats[k]);
+        char *p2 = g_strdup_printf("%s/spilled-%s", dir, formats[k]);
+        cr_assert(memsim_trace_save(whole, p1, MEMSIM_FORMAT_AUTO, &err), "%s", err->message);
+        cr_assert(memsim_trace_save(spilled, p2, MEMSIM_FORMAT_AUTO, &err), "%s", err->message);
+        gchar *a, *b;
+        gsize na, nb;
+        cr_assert(g_file_get_contents(p1, &a, &na, NULL) && g_file_get_contents(p2, &b, &nb, NULL));
+        cr_expect(na == nb && memcmp(a, b, na) == 0, "%s: the files differ (%zu, %zu bytes)",
+                  formats[k], na, nb);
+        g_free(a);
+        g_free(b);
+        g_unlink(p1);
+        g_unlink(p2);
+        g_free(p1);
+        g_free(p2);
+    }
+    memsim_trace_free(whole);
+    memsim_trace_free(spilled); /* deletes the ranks' files */
+    cr_expect(g_rmdir(dir) == 0, "%s is not empty", dir);
+    g_free(dir);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
 }

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <glib/gstdio.h>
+
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
 
 /* A JSON object text (a report, a plan; freed) with the model added under "model". */
@@ -732,6 +734,7 @@ static int cmd_gen(int argc, char **argv)
     MemsimMegatron *mg = NULL;
     MemsimDeepspeed *ds = NULL;
     MemsimTrace *t = NULL;
+    g_autofree char *spill = NULL; /* each rank's program, written as soon as it is complete */
     if (!parse(ctx, "gen", &argc, &argv))
         goto out;
     if (argc != 1 || (!model && !megatron) || !out_path) {
@@ -743,7 +746,8 @@ static int cmd_gen(int argc, char **argv)
         goto out;
     if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
         !memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) ||
-        !(t = memsim_generate(m, &run, &error)) ||
+        !(spill = g_dir_make_tmp("memsim-gen-XXXXXX", &error)) ||
+        !(t = memsim_generate_spilling(m, &run, spill, &error)) ||
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
         goto out;
@@ -762,7 +766,9 @@ static int cmd_gen(int argc, char **argv)
     }
     rc = EXIT_OK;
 out:
-    memsim_trace_free(t);
+    memsim_trace_free(t); /* (deletes the ranks' files) */
+    if (spill)
+        g_rmdir(spill);
     memsim_model_free(owned);
     memsim_run_clear(&run);
     memsim_megatron_free(mg);

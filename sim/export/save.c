@@ -22,7 +22,34 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
     MemsimTraceWriter *w = memsim_trace_writer_new(path, format, h, error);
     if (!w)
         return FALSE;
+    GError *spill_error = NULL;
     for (guint32 r = 0; r < h->n_ranks; r++) {
+        const char *spilled = memsim_trace_spilled(trace, r, &spill_error);
+        if (spill_error) {
+            g_propagate_error(error, spill_error);
+            memsim_trace_writer_close(w, NULL);
+            return FALSE;
+        }
+        if (spilled) { /* streamed back from its own file, a chunk at a time */
+            MemsimTraceReader *rd = memsim_trace_reader_open(spilled, error);
+            gboolean ok = rd != NULL;
+            guint32 rank;
+            const MemsimEvent *ev;
+            gsize n;
+            GError *e = NULL;
+            while (ok && (n = memsim_trace_reader_next(rd, &rank, &ev, &e)) > 0)
+                ok = memsim_trace_writer_write(w, r, ev, n, &e);
+            if (ok && e)
+                ok = FALSE;
+            if (e)
+                g_propagate_error(error, e);
+            memsim_trace_reader_free(rd);
+            if (!ok) {
+                memsim_trace_writer_close(w, NULL);
+                return FALSE;
+            }
+            continue;
+        }
         gsize n;
         const MemsimEvent *ev = memsim_trace_events(trace, r, &n);
         if (!memsim_trace_writer_write(w, r, ev, n, error)) {
