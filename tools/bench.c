@@ -768,6 +768,7 @@ static int bench_steady(int argc, char **argv)
         {"plan llama-3.1-405b, 1024 × h100-80gb, global batch 4096", "llama-3.1-405b",
          {"seq", "4096", NULL}, TRUE, 1024, 4096, 30, 0},
     };
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is measured: the plans take long */
     int rc = 0;
     double ga1_wall = 0, ga1_cpu = 0;
     printf("%-58s %9s %9s %9s %s\n", "", "wall s", "CPU s", "MiB", "");

@@ -746,8 +746,11 @@ static int cmd_gen(int argc, char **argv)
         goto out;
     if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
         !memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) ||
-        !(spill = g_dir_make_tmp("memsim-gen-XXXXXX", &error)) ||
-        !(t = memsim_generate_spilling(m, &run, spill, &error)) ||
+        /* a snapshot is the replay of the trace in memory; the trace formats stream */
+        (memsim_format_from_path(out_path) != MEMSIM_FORMAT_SNAPSHOT &&
+         !(spill = g_dir_make_tmp("memsim-gen-XXXXXX", &error))) ||
+        !(t = spill ? memsim_generate_spilling(m, &run, spill, &error)
+                    : memsim_generate(m, &run, &error)) ||
         !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
         rc = report_error("gen", error);
         goto out;

@@ -17,8 +17,17 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
     MemsimTraceHeader *h = memsim_trace_header(trace);
     if (!memsim_trace_output_format(path, &format, error))
         return FALSE;
-    if (format == MEMSIM_FORMAT_SNAPSHOT) /* replayed, then written */
+    if (format == MEMSIM_FORMAT_SNAPSHOT) { /* replayed, then written */
+        for (guint32 r = 0; r < h->n_ranks; r++)
+            if (memsim_trace_spilled(trace, r, NULL)) {
+                g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                            "%s: a snapshot is written from a trace held in memory; rank %u's "
+                            "program went to a file (memsim_trace_spill_to)",
+                            path, r);
+                return FALSE;
+            }
         return memsim_export_snapshot_trace(trace, path, NULL, error);
+    }
     MemsimTraceWriter *w = memsim_trace_writer_new(path, format, h, error);
     if (!w)
         return FALSE;
