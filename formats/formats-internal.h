@@ -180,6 +180,14 @@ void memsim_header_append_op(MemsimTraceHeader *h, const MemsimOpInfo *op);
  * extension names; an unknown extension is refused rather than written as text. */
 gboolean memsim_trace_output_format(const char *path, MemsimFormat *format, GError **error);
 
+/* Where a rank's whole program handed over at once (memsim_trace_append_array to an empty
+ * program) goes instead of memory: TRUE when the sink took it (the trace then drops the
+ * events). The trace frees `user` with `destroy`. (formats/spill.c: memsim_trace_spill_to) */
+typedef gboolean (*MemsimTraceSink)(MemsimTrace *t, guint32 rank, GArray *events, void *user);
+void memsim_trace_set_sink(MemsimTrace *t, MemsimTraceSink sink, void *user,
+                           GDestroyNotify destroy);
+void *memsim_trace_sink_user(MemsimTrace *t);
+
 /* Sets a MEMSIM_ERROR_BAD_INPUT error. */
 void memsim_set_bad_input(GError **error, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 

@@ -50,7 +50,7 @@ enum {
 /* Which kinds carry which fields in the columns; anything else non-zero is an extra. An
  * ALLOC carries addr only when its flags have MEMSIM_EVF_ADDR. */
 enum { C_ID = 1, C_SIZE = 2, C_ADDR = 4, C_AUX = 8, C_CAT = 16, C_FLAGS = 32 };
-static const uint8_t carries[16] = {
+static const uint8_t carries[32] = {
     [MEMSIM_EV_ALLOC] = C_ID | C_SIZE | C_ADDR | C_CAT | C_FLAGS,
     [MEMSIM_EV_FREE] = C_ID,
     [MEMSIM_EV_USE] = C_ID,
@@ -66,6 +66,7 @@ static const uint8_t carries[16] = {
     [MEMSIM_EV_OOM] = C_SIZE | C_ADDR,
     [MEMSIM_EV_INIT_SEGMENT] = C_ADDR | C_SIZE | C_AUX,
     [MEMSIM_EV_INIT_BLOCK] = C_ID | C_ADDR | C_SIZE | C_AUX | C_CAT,
+    [MEMSIM_EV_REPEAT] = 0, /* rare (one per micro-batch at most): its fields are extras */
 };
 
 /* Extra field codes, in the order an event's extras are written. */
@@ -74,7 +75,7 @@ enum { X_ID = 1, X_SIZE, X_ADDR, X_AUX, X_CATEGORY, X_FLAGS };
 /* The fields (C_*) that `e` stores in the columns. */
 static inline unsigned carried(const MemsimEvent *e)
 {
-    unsigned m = carries[e->kind & 15];
+    unsigned m = carries[e->kind & 31];
     if (e->kind == MEMSIM_EV_ALLOC && !(e->flags & MEMSIM_EVF_ADDR))
         m &= ~(unsigned)C_ADDR;
     return m;

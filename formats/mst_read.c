@@ -528,7 +528,7 @@ static gssize decode_chunk(MstReader *r, const guint8 *p, const guint8 *end, gui
         mst_fail(r, error, "no kind column for %" G_GSIZE_FORMAT " events", n);
         return -1;
     }
-    uint64_t prev_id[16] = {0}, prev_addr[16] = {0};
+    uint64_t prev_id[32] = {0}, prev_addr[32] = {0};
     /* A column of one value per event that is as many bytes long holds one-byte values
      * only: read those without the varint test (a byte >= 0x80 there fails the range test,
      * since it would mean fewer values than events). */

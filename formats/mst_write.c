@@ -201,7 +201,7 @@ static gboolean flush_chunk(MstWriter *w, guint32 n_strings, guint32 n_ops, GErr
     guint8 *pf = w->col[COL(CH_FLAGS)].p, *pc = w->col[COL(CH_CATEGORY)].p;
     guint8 *pi = w->col[COL(CH_ID)].p, *pz = w->col[COL(CH_SIZE)].p;
     guint8 *pa = w->col[COL(CH_ADDR)].p, *px = w->col[COL(CH_AUX)].p;
-    uint64_t prev_id[16] = {0}, prev_addr[16] = {0};
+    uint64_t prev_id[32] = {0}, prev_addr[32] = {0};
     /* A column whose stored values are all zero is left out (readers take it as zeros). */
     uint64_t any_stream = 0, any_flags = 0, any_cat = 0, any_id = 0, any_size = 0, any_addr = 0,
              any_aux = 0;

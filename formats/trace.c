@@ -2,6 +2,8 @@
 #include <memsim/trace.h>
 #include <memsim/error.h>
 
+#include "formats/formats-internal.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +17,10 @@ struct MemsimTrace {
      * while the header still points there (a caller may have replaced the table). */
     MemsimOpInfo *ops_buf;
     guint32 ops_cap;
+    /* where a rank's whole program goes instead (memsim_trace_set_sink, formats/spill.c) */
+    MemsimTraceSink sink;
+    void *sink_user;
+    GDestroyNotify sink_destroy;
 };
 
 MemsimTrace *memsim_trace_new(const char *name)
@@ -74,7 +80,24 @@ void memsim_trace_free(MemsimTrace *t)
     memsim_trace_header_clear(&t->header);
     g_ptr_array_unref(t->programs);
     g_hash_table_unref(t->string_index);
+    if (t->sink_destroy)
+        t->sink_destroy(t->sink_user);
     g_free(t);
+}
+
+void memsim_trace_set_sink(MemsimTrace *t, MemsimTraceSink sink, void *user,
+                           GDestroyNotify destroy)
+{
+    if (t->sink_destroy)
+        t->sink_destroy(t->sink_user);
+    t->sink = sink;
+    t->sink_user = user;
+    t->sink_destroy = destroy;
+}
+
+void *memsim_trace_sink_user(MemsimTrace *t)
+{
+    return t->sink_user;
 }
 
 MemsimTraceHeader *memsim_trace_header(MemsimTrace *t)
@@ -155,6 +178,10 @@ void memsim_trace_append_array(MemsimTrace *t, guint32 rank, GArray *events)
     g_assert(g_array_get_element_size(events) == sizeof(MemsimEvent));
     cover_streams(t, rank, (const MemsimEvent *)events->data, events->len);
     GArray *program = g_ptr_array_index(t->programs, rank);
+    if (program->len == 0 && t->sink && t->sink(t, rank, events, t->sink_user)) {
+        g_array_unref(events);
+        return;
+    }
     if (program->len == 0) {
         t->programs->pdata[rank] = events; /* taken as it is: no copy */
         g_array_unref(program);
@@ -188,6 +215,7 @@ static const char *const kind_names[MEMSIM_EV_KIND_MAX + 1] = {
     [MEMSIM_EV_OOM] = "oom",
     [MEMSIM_EV_INIT_SEGMENT] = "init_segment",
     [MEMSIM_EV_INIT_BLOCK] = "init_block",
+    [MEMSIM_EV_REPEAT] = "repeat",
 };
 
 static const char *const category_names[MEMSIM_CAT_COUNT] = {

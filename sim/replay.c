@@ -36,6 +36,7 @@
 #include <memsim/sim.h>
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -120,7 +121,27 @@ typedef struct {
     GArray *gpu_free;   /* double per stream: when the stream is idle */
     GArray *last_end;   /* double per stream: end of the last op issued on it */
     GArray *wait_until; /* double per stream: pending waits on other streams */
+    /* steady state: the unit a REPEAT announced, captured as it runs */
+    GArray *unit;       /* MemsimEvent */
+    uint64_t unit_len, unit_times, unit_from, unit_shift;
+    gboolean capturing;
+    int32_t mb_top; /* the highest micro-batch of the ops run */
+    /* time the repetitions added without running (the clocks stay where the last one left
+     * them, with the allocator's event tokens: only the reports add it) */
+    double t_offset;
+    /* what the allocator asked about stream events during a repetition (record_event's
+     * tokens relative to the host, event_done's answers), hashed */
+    gboolean ev_logging;
+    uint64_t ev_hash;
+    struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
+    struct RepeatRun *repeat;     /* repetitions under way, or NULL */
+    double unit_pre_sums[5];
 } RankSim;
+
+typedef struct SteadyState SteadyState;
+static void steady_pre(RankSim *r);
+static void repeat_free(RankSim *r);
+static void steady_clear(SteadyState *s);
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
 #define LAUNCH_US 10.0
@@ -230,17 +251,32 @@ static double *stream_slot(GArray *a, uint32_t stream)
 
 /* A cross-stream event recorded now on `stream` completes when that stream has finished the
  * work issued before it: the token is that end time (ns). */
+static inline void ev_log(RankSim *r, uint64_t v)
+{
+    r->ev_hash = (r->ev_hash ^ v) * 0x100000001B3ull;
+}
+
 static uint64_t record_event(void *user, uint32_t stream)
 {
     RankSim *r = user;
-    return (uint64_t)(*stream_slot(r->last_end, stream) * 1000.0);
+    uint64_t token = (uint64_t)(*stream_slot(r->last_end, stream) * 1000.0);
+    if (G_UNLIKELY(r->ev_logging)) {
+        ev_log(r, stream);
+        /* relative to the host, to the ns (the token's own rounding moves with the clocks) */
+        double ahead = *stream_slot(r->last_end, stream) - r->cpu_us;
+        ev_log(r, ahead > 0 ? (uint64_t)llround(ahead * 1000.0) : 0);
+    }
+    return token;
 }
 
 /* Queried by the allocator at the host's current time. */
 static gboolean event_done(void *user, uint32_t stream, uint64_t token)
 {
     RankSim *r = user;
-    return (uint64_t)(r->cpu_us * 1000.0) >= token;
+    gboolean done = (uint64_t)(r->cpu_us * 1000.0) >= token;
+    if (G_UNLIKELY(r->ev_logging))
+        ev_log(r, done ? 0x5EED : 0xD0E);
+    return done;
 }
 
 static void rank_clear(RankSim *r)
@@ -253,6 +289,13 @@ static void rank_clear(RankSim *r)
         g_array_unref(r->wait_until);
     if (r->held)
         g_array_unref(r->held);
+    if (r->unit)
+        g_array_unref(r->unit);
+    if (r->unit_pre) {
+        steady_clear(r->unit_pre);
+        g_free(r->unit_pre);
+    }
+    repeat_free(r);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -366,6 +409,8 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
         r->last_end = g_array_new(FALSE, TRUE, sizeof(double));
         r->wait_until = g_array_new(FALSE, TRUE, sizeof(double));
         r->held = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->mb_top = -1;
         r->op_next = UINT64_MAX;
         r->rep.rank = header->ranks[i].device;
         r->rep.multiplicity = header->ranks[i].multiplicity;
@@ -1048,6 +1093,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return bad(error, h, rank, index, "op %" PRIu64 " is not in the op table (%u ops)",
                        ev->id, h->n_ops);
         r->cur_op = (int64_t)ev->id;
+        if (h->ops[ev->id].microbatch > r->mb_top)
+            r->mb_top = h->ops[ev->id].microbatch;
         double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
         if (h->ops[ev->id].bound == MEMSIM_BOUND_HOST) {
             /* host time without a kernel: the host's clock moves, no stream's */
@@ -1140,6 +1187,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             for (guint k = 0; k < r->last_end->len; k++)
                 if (g_array_index(r->last_end, double, k) > sp.start_us)
                     sp.start_us = g_array_index(r->last_end, double, k);
+            sp.start_us += r->t_offset;
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++)
                 sp.phase_peak_allocated[p] = sp.phase_peak_reserved[p] = -1;
             g_array_append_val(r->steps, sp);
@@ -1162,6 +1210,27 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         return TRUE;
     }
+    case MEMSIM_EV_REPEAT:
+        /* not an event of the program: the indices stay those of the events it stands for */
+        r->rep.n_events--;
+        if (r->capturing)
+            return bad(error, h, rank, index, "repeat inside the unit of another repeat");
+        if (ev->aux > 0 && ev->size > 0) {
+            if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
+                (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
+                return bad(error, h, rank, index,
+                           "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
+                           " ids is out of range",
+                           ev->size, ev->aux, ev->addr);
+            r->capturing = TRUE;
+            r->unit_len = ev->size;
+            r->unit_times = ev->aux;
+            r->unit_from = ev->id;
+            r->unit_shift = ev->addr;
+            g_array_set_size(r->unit, 0);
+            steady_pre(r);
+        }
+        return TRUE;
     case MEMSIM_EV_COLLECTIVE:
         if (ev->aux >= MEMSIM_COLL_COUNT)
             return bad(error, h, rank, index, "collective kind %" PRIu64 " is out of range",
@@ -1190,6 +1259,473 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     return TRUE;
 }
 
+/* ---- steady state (MEMSIM_EV_REPEAT) ----
+ *
+ * A generated trace says that a unit (a micro-batch) runs again `times` more times, its own
+ * tensors' ids moved by `shift` each time. The unit is captured as it runs; then each
+ * repetition runs with its ids moved, and after each one the replay compares what decides
+ * the next: the allocator's blocks (segments, free and allocated blocks, their streams and
+ * sizes: the caching allocator's free sets are ordered by those alone), its statistics
+ * (current values, peaks and counters), the live tensors (their blocks, with the unit's ids
+ * taken back to the template's), the bytes by category, the peaks the report keeps, and
+ * the clocks of the host and the streams relative to the host. When they are equal to what
+ * they were before that repetition, every later repetition starts from the same state and
+ * does the same: none raises a peak; each adds the same time. They are then added instead of
+ * run. When the state drifts (the cache still settling), the repetitions run one by one. */
+
+typedef struct {
+    uint64_t id;
+    IdVal v;
+} LiveId;
+
+struct SteadyState {
+    GArray *blocks; /* MemsimBlockInfo */
+    GArray *live;   /* LiveId, by id */
+    MemsimAllocStats st;
+    int64_t live_cat[MEMSIM_CAT_COUNT], live_req[MEMSIM_CAT_COUNT];
+    int64_t best_allocated, best_reserved, last_allocated;
+    uint64_t epoch;
+    int64_t cur_op;
+    uint8_t cur_phase;
+    guint n_steps, n_breakdowns;
+    MemsimStepPeaks step;
+    double cpu_us;
+    GArray *clocks; /* double: cpu_us, gpu_free, last_end, wait_until */
+    guint n_clocks[3]; /* the lengths of the three arrays */
+    gboolean pending; /* a block waits for a stream event: its token is an absolute time */
+    uint64_t ev_hash; /* the stream events of the repetition that led here */
+};
+
+static void add_block(void *user, const MemsimBlockInfo *b)
+{
+    SteadyState *s = user;
+    if (b->state == MEMSIM_BLOCK_PENDING_FREE)
+        s->pending = TRUE;
+    MemsimBlockInfo c;
+    memset(&c, 0, sizeof c); /* the padding too: blocks are compared with memcmp */
+    c.segment = b->segment;
+    c.segment_size = b->segment_size;
+    c.stream = b->stream;
+    c.segment_flags = b->segment_flags;
+    c.addr = b->addr;
+    c.size = b->size;
+    c.requested = b->requested;
+    c.state = b->state;
+    g_array_append_val(s->blocks, c);
+}
+
+static gint live_cmp(gconstpointer a, gconstpointer b)
+{
+    const LiveId *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void clocks_add(GArray *c, GArray *a)
+{
+    g_array_append_vals(c, a->data, a->len);
+}
+
+/* The state after a repetition whose ids were moved by `moved`. */
+static void steady_take(RankSim *r, SteadyState *s, uint64_t from, uint64_t moved)
+{
+    g_array_set_size(s->blocks, 0);
+    g_array_set_size(s->live, 0);
+    g_array_set_size(s->clocks, 0);
+    s->pending = FALSE;
+    memsim_alloc_foreach_block(r->alloc, add_block, s);
+    s->st = memsim_alloc_stats(r->alloc);
+    for (size_t i = 0; i <= r->tensors.mask; i++) {
+        const IdSlot *sl = &r->tensors.slots[i];
+        if (!sl->key1)
+            continue;
+        LiveId l = {sl->key1 - 1, sl->val};
+        if (l.id >= from + moved)
+            l.id -= moved;
+        g_array_append_val(s->live, l);
+    }
+    g_array_sort(s->live, live_cmp);
+    memcpy(s->live_cat, r->live_cat, sizeof s->live_cat);
+    memcpy(s->live_req, r->live_req, sizeof s->live_req);
+    s->best_allocated = r->best_allocated;
+    s->best_reserved = r->best_reserved;
+    s->last_allocated = r->last_allocated;
+    s->epoch = r->epoch;
+    s->cur_op = r->cur_op;
+    s->cur_phase = r->cur_phase;
+    s->n_steps = r->steps->len;
+    s->n_breakdowns = r->breakdowns->len;
+    memset(&s->step, 0, sizeof s->step);
+    if (r->steps->len)
+        s->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+    s->cpu_us = r->cpu_us;
+    s->ev_hash = r->ev_hash;
+    g_array_append_val(s->clocks, r->cpu_us);
+    GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
+    for (int c = 0; c < 3; c++) {
+        clocks_add(s->clocks, arrays[c]);
+        s->n_clocks[c] = arrays[c]->len;
+    }
+}
+
+static gboolean live_equal(const GArray *a, const GArray *b)
+{
+    if (a->len != b->len)
+        return FALSE;
+    for (guint i = 0; i < a->len; i++) {
+        const LiveId *x = &g_array_index(a, LiveId, i), *y = &g_array_index(b, LiveId, i);
+        if (x->id != y->id || x->v.addr != y->v.addr || x->v.size != y->v.size ||
+            x->v.req != y->v.req || x->v.category != y->v.category ||
+            x->v.stream != y->v.stream || x->v.site != y->v.site)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Whether the memory state after a repetition (b) is the one before it (a). */
+static gboolean steady_equal(const SteadyState *a, const SteadyState *b)
+{
+    return a->pending == b->pending && a->blocks->len == b->blocks->len &&
+           !memcmp(a->blocks->data, b->blocks->data, a->blocks->len * sizeof(MemsimBlockInfo)) &&
+           !memcmp(&a->st, &b->st, sizeof a->st) && live_equal(a->live, b->live) &&
+           !memcmp(a->live_cat, b->live_cat, sizeof a->live_cat) &&
+           !memcmp(a->live_req, b->live_req, sizeof a->live_req) &&
+           a->best_allocated == b->best_allocated && a->best_reserved == b->best_reserved &&
+           a->last_allocated == b->last_allocated && a->epoch == b->epoch &&
+           a->cur_op == b->cur_op && a->cur_phase == b->cur_phase && a->n_steps == b->n_steps &&
+           a->n_breakdowns == b->n_breakdowns && a->step.peak_allocated == b->step.peak_allocated &&
+           a->step.peak_reserved == b->step.peak_reserved &&
+           !memcmp(a->step.phase_peak_allocated, b->step.phase_peak_allocated,
+                   sizeof a->step.phase_peak_allocated) &&
+           !memcmp(a->step.phase_peak_reserved, b->step.phase_peak_reserved,
+                   sizeof a->step.phase_peak_reserved) &&
+           !memcmp(a->n_clocks, b->n_clocks, sizeof a->n_clocks);
+}
+
+static inline gboolean near(double x, double y, double scale)
+{
+    double d = x - y, tol = 1e-9 * (1.0 + (scale > 0 ? scale : -scale));
+    return d <= tol && d >= -tol;
+}
+
+/* Whether the clocks go on as they went over the last period (a → b; z → a the period
+ * before). With blocks used on other streams (record_stream) a free waits for an event whose
+ * completion the host's clock decides: the clocks must be the same relative to the host, so
+ * that each wait ends as it did, and the allocator must have asked the same about the same
+ * events (ev_hash). Without, time does not touch memory: each clock must have moved by what it
+ * moved over the period before. */
+static gboolean steady_clocks(const SteadyState *z, const SteadyState *a, const SteadyState *b,
+                              uint64_t hash_ab, uint64_t hash_za, gboolean uses)
+{
+    const double *x = (const double *)a->clocks->data, *y = (const double *)b->clocks->data;
+    if (uses) {
+        /* a clock behind the host is as good as the host's: work issued from now on starts
+         * at the host's time at the earliest, and an event recorded on it is done */
+        for (guint k = 1; k < b->clocks->len; k++)
+            if (!near(x[k] > x[0] ? x[k] - x[0] : 0.0, y[k] > y[0] ? y[k] - y[0] : 0.0, y[0]))
+                return FALSE;
+        return hash_ab == hash_za;
+    }
+    if (z->clocks->len != b->clocks->len || a->pending || b->pending)
+        return FALSE;
+    const double *w = (const double *)z->clocks->data;
+    for (guint k = 0; k < b->clocks->len; k++)
+        if (!near(x[k] - w[k], y[k] - x[k], y[k]))
+            return FALSE;
+    return TRUE;
+}
+
+static void steady_init(SteadyState *s)
+{
+    memset(s, 0, sizeof *s);
+    s->blocks = g_array_new(FALSE, FALSE, sizeof(MemsimBlockInfo));
+    s->live = g_array_new(FALSE, FALSE, sizeof(LiveId));
+    s->clocks = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+static void steady_clear(SteadyState *s)
+{
+    g_array_unref(s->blocks);
+    g_array_unref(s->live);
+    g_array_unref(s->clocks);
+}
+
+/* Whether the replay may add repetitions instead of running them: nothing watches each
+ * event (a timeline, verification, hooks, invariant checks), the policy is the caching
+ * allocator whose state the blocks show (without garbage collection, whose block ages they do
+ * not), and the unit meets no other rank and marks nothing. */
+static gboolean steady_may_skip(RankSim *r)
+{
+    const MemsimReplayOptions *o = &r->rp->opt;
+    if (o->timeline || o->verify || o->hooks || o->check_invariants)
+        return FALSE;
+    if (strcmp(memsim_alloc_ops(r->alloc)->name, "torch") != 0 ||
+        (r->rp->allocator && strstr(r->rp->allocator, "garbage_collection")))
+        return FALSE;
+    for (guint i = 0; i < r->unit->len; i++) {
+        uint8_t k = g_array_index(r->unit, MemsimEvent, i).kind;
+        if (k != MEMSIM_EV_ALLOC && k != MEMSIM_EV_FREE && k != MEMSIM_EV_USE &&
+            k != MEMSIM_EV_OP && k != MEMSIM_EV_WAIT && k != MEMSIM_EV_COLLECTIVE)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Live tensors of the last repetition (ids ≥ from + moved) take back the template's ids. */
+static gboolean steady_rename(RankSim *r, uint64_t from, uint64_t moved)
+{
+    if (!moved)
+        return TRUE;
+    GArray *back = g_array_new(FALSE, FALSE, sizeof(LiveId));
+    for (size_t i = 0; i <= r->tensors.mask; i++) {
+        const IdSlot *sl = &r->tensors.slots[i];
+        if (sl->key1 && sl->key1 - 1 >= from + moved) {
+            LiveId l = {sl->key1 - 1, sl->val};
+            g_array_append_val(back, l);
+        }
+    }
+    for (guint i = 0; i < back->len; i++)
+        idmap_remove(&r->tensors, g_array_index(back, LiveId, i).id, NULL);
+    gboolean ok = TRUE;
+    for (guint i = 0; i < back->len; i++) {
+        LiveId *l = &g_array_index(back, LiveId, i);
+        if (idmap_get(&r->tensors, l->id - moved))
+            ok = FALSE;
+        else
+            idmap_put(&r->tensors, l->id - moved, &l->v);
+    }
+    g_array_unref(back);
+    return ok;
+}
+
+static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                    const MemsimEvent *events, gsize n, gsize *used, GError **error);
+
+/* The step's work sums (MemsimStepPeaks) a repetition adds to. */
+#define N_SUMS 5
+static void step_sums(RankSim *r, double *v)
+{
+    memset(v, 0, N_SUMS * sizeof *v);
+    if (!r->steps->len)
+        return;
+    const MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+    v[0] = sp->compute_us;
+    v[1] = sp->memory_us;
+    v[2] = sp->latency_us;
+    v[3] = sp->comm_us;
+    v[4] = sp->host_us;
+}
+
+/* The state before a unit's first run: the period before the first repetition's. */
+static void steady_pre(RankSim *r)
+{
+    if (!r->unit_pre) {
+        r->unit_pre = g_new(SteadyState, 1);
+        steady_init(r->unit_pre);
+    }
+    steady_take(r, r->unit_pre, r->unit_from, 0);
+    step_sums(r, r->unit_pre_sums);
+}
+
+/* The states kept: after the last RING repetitions (periods of 1 and 2: a cache that settles
+ * into two alternating layouts, e.g. a buffer that moves between two segments). */
+#define RING 5
+
+/* The repetitions of a captured unit, run as a rank's events are: they may park at a recv
+ * (a pipeline's unit meets its neighbours) and go on where they stopped. */
+typedef struct RepeatRun {
+    uint64_t rep;  /* the repetition running (1-based) */
+    guint pos;     /* its next event */
+    gboolean may_skip, uses;
+    SteadyState st[RING];
+    double sums[RING][N_SUMS];
+    uint64_t hashes[RING];
+    MemsimEvent *buf;
+    uint64_t index; /* the event whose capture completed the unit (for messages) */
+} RepeatRun;
+
+static void repeat_free(RankSim *r)
+{
+    RepeatRun *q = r->repeat;
+    if (!q)
+        return;
+    for (int k = 0; k < RING; k++)
+        steady_clear(&q->st[k]);
+    g_free(q->buf);
+    g_free(q);
+    r->repeat = NULL;
+    r->ev_logging = FALSE;
+}
+
+/* The captured unit has run once: its repetitions begin. */
+static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                             uint64_t index, GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    r->capturing = FALSE;
+    const guint K = r->unit->len;
+    gboolean uses = FALSE, peer = FALSE;
+    for (guint i = 0; i < K; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_INIT_SEGMENT || e->kind == MEMSIM_EV_INIT_BLOCK ||
+            e->kind == MEMSIM_EV_REPEAT)
+            return bad(error, h, rank, index,
+                       "the unit of a repeat holds a %s event, which cannot repeat",
+                       memsim_event_kind_name(e->kind));
+        uses |= e->kind == MEMSIM_EV_USE;
+        peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
+    }
+    r->rep.steady_repeated += r->unit_times;
+    RepeatRun *q = g_new0(RepeatRun, 1);
+    r->repeat = q;
+    q->rep = 1;
+    q->index = index;
+    q->uses = uses;
+    /* a unit that meets other ranks runs every repetition (their clocks are tied to its);
+     * with record_stream the later repetitions are added as time alone (t_offset): the clocks
+     * stay with the allocator's event tokens, which holds for one rank, whose clock meets no
+     * other's */
+    q->may_skip = steady_may_skip(r) && !peer && !(uses && rp->n_ranks != 1);
+    for (int k = 0; k < RING; k++)
+        steady_init(&q->st[k]);
+    if (q->may_skip) {
+        steady_take(r, &q->st[0], r->unit_from, 0);
+        step_sums(r, q->sums[0]);
+    }
+    r->ev_logging = q->may_skip && uses;
+    q->buf = g_new(MemsimEvent, K);
+    return TRUE;
+}
+
+/* After a whole repetition: whether the later ones can be added instead of run (and then
+ * adds them). */
+static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
+{
+    RepeatRun *q = r->repeat;
+    const uint64_t rep = q->rep, N = r->unit_times, K = r->unit->len;
+    const uint64_t from = r->unit_from, moved = rep * r->unit_shift;
+    SteadyState *cur = &q->st[rep % RING];
+    steady_take(r, cur, from, moved);
+    step_sums(r, q->sums[rep % RING]);
+    q->hashes[rep % RING] = r->ev_hash;
+    const gboolean uses = q->uses;
+    uint64_t M = N - rep;
+    guint p;
+    for (p = 1; p <= 2; p++) {
+        /* the period before the first is the template's own run (from unit_pre) */
+        if (rep + 1 < 2 * p || M % p || (rep + 1 == 2 * p && !r->unit_pre))
+            continue;
+        const SteadyState *a = &q->st[(rep - p) % RING];
+        const SteadyState *z = rep >= 2 * p ? &q->st[(rep - 2 * p) % RING] : r->unit_pre;
+        uint64_t h_ab = 0, h_za = 0;
+        for (guint j = 0; j < p; j++) {
+            h_ab = h_ab * 31 + q->hashes[(rep - j) % RING];
+            h_za = h_za * 31 + q->hashes[(rep - p - j) % RING];
+        }
+        /* the template's own questions were not logged: its period cannot be one */
+        if (uses && rep - 2 * p + 1 < 1)
+            continue;
+        if (steady_equal(a, cur) && steady_clocks(z, a, cur, h_ab, h_za, uses))
+            break;
+    }
+    if (p > 2)
+        return FALSE;
+    /* every later period does what this one did: each clock moves as it moved */
+    const SteadyState *a = &q->st[(rep - p) % RING];
+    double periods = (double)(M / p);
+    const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
+    if (uses) {
+        r->t_offset += periods * (y[0] - x[0]);
+    } else {
+        r->cpu_us += periods * (y[0] - x[0]);
+        GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+        guint at = 1;
+        for (int c = 0; c < 3; c++)
+            for (guint k = 0; k < clocks[c]->len; k++, at++)
+                g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
+    }
+    if (r->steps->len) {
+        MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+        const double *u = q->sums[(rep - p) % RING], *v = q->sums[rep % RING];
+        sp->compute_us += periods * (v[0] - u[0]);
+        sp->memory_us += periods * (v[1] - u[1]);
+        sp->latency_us += periods * (v[2] - u[2]);
+        sp->comm_us += periods * (v[3] - u[3]);
+        sp->host_us += periods * (v[4] - u[4]);
+    }
+    r->rep.n_events += M * K;
+    if (r->op_next != UINT64_MAX)
+        r->op_next += M * K;
+    if (!r->rep.steady_skipped) {
+        int32_t mb = -1;
+        for (guint i = 0; i < K && mb < 0; i++) {
+            const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+            if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops)
+                mb = h->ops[e->id].microbatch;
+        }
+        /* the template is micro-batch mb (0-based); `rep` more ran after it */
+        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
+        r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
+    }
+    r->rep.steady_skipped += M;
+    return TRUE;
+}
+
+/* Runs the repetitions until they end or the rank parks (r->repeat stays then). */
+static gboolean repeat_pump(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                            GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    RepeatRun *q = r->repeat;
+    const guint K = r->unit->len;
+    const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
+    gboolean ok = TRUE, done = FALSE;
+    while (q->rep <= N) {
+        if (q->pos == 0) {
+            uint64_t moved = q->rep * shift;
+            for (guint i = 0; i < K; i++) {
+                q->buf[i] = g_array_index(r->unit, MemsimEvent, i);
+                if ((q->buf[i].kind == MEMSIM_EV_ALLOC || q->buf[i].kind == MEMSIM_EV_FREE ||
+                     q->buf[i].kind == MEMSIM_EV_USE) &&
+                    q->buf[i].id >= from)
+                    q->buf[i].id += moved;
+            }
+            r->ev_hash = 0xCBF29CE484222325ull;
+        }
+        gsize used;
+        if (!run(rp, h, rank, q->buf + q->pos, K - q->pos, &used, error)) {
+            ok = FALSE;
+            break;
+        }
+        q->pos += (guint)used;
+        if (r->stopped) {
+            r->rep.n_events += (N - q->rep) * K; /* counted, not applied */
+            break;
+        }
+        if (r->waiting && q->pos < K)
+            return TRUE; /* parked inside the repetition: it goes on from q->pos */
+        q->pos = 0;
+        if (q->may_skip && q->rep < N && repeat_skip(r, h)) {
+            done = TRUE;
+            break;
+        }
+        if (q->rep == N || r->waiting) {
+            done = q->rep == N;
+            if (!done) { /* parked at the repetition's last event: the next one follows */
+                q->rep++;
+                return TRUE;
+            }
+            break;
+        }
+        q->rep++;
+    }
+    (void)done;
+    uint64_t moved = (q->rep <= N ? q->rep : N) * shift;
+    if (ok && !r->stopped && !steady_rename(r, from, moved))
+        ok = bad(error, h, rank, q->index, "a repeated unit leaves tensors whose ids collide");
+    repeat_free(r);
+    return ok;
+}
+
 /* Applies events of rank `rank` in program order until they run out or the rank parks at a
  * recv; *used: how many were taken (the recv included; on an error, the bad event too). */
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
@@ -1210,6 +1746,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
     for (gsize i = 0; i < n; i++) {
         uint64_t index = r->rep.n_events++;
         const MemsimEvent *ev = &events[i];
+        if (G_UNLIKELY(r->capturing))
+            g_array_append_val(r->unit, *ev);
         if (plain && ev->kind == MEMSIM_EV_ALLOC && ev->size - 1 < ((uint64_t)1 << 60) - 1 &&
             ev->category < MEMSIM_CAT_COUNT && ev->id != UINT64_MAX) {
             idmap_reserve(&r->tensors);
@@ -1221,7 +1759,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 if (G_LIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) ==
                              MEMSIM_ALLOC_OK)) {
                     alloc_done(r, h, index, ev, slot, addr);
-                    continue;
+                    goto next;
                 }
                 out_of_memory(r, h, index, ev);
                 r->rep.n_events += n - i - 1; /* counted, not applied */
@@ -1232,7 +1770,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
             if (G_LIKELY(idmap_remove(&r->tensors, ev->id, &v))) {
                 r->cur_stream = ev->stream;
                 free_done(r, &v);
-                continue;
+                goto next;
             }
         }
         if (!step(r, h, rank, index, ev, error)) {
@@ -1247,6 +1785,21 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
             r->rep.n_events += n - i - 1; /* counted, not applied */
             break;
         }
+    next:
+        if (G_UNLIKELY(r->capturing) && r->unit->len == r->unit_len) {
+            if (!repeat_begin(rp, h, rank, index, error) || !repeat_pump(rp, h, rank, error)) {
+                *used = i + 1;
+                return FALSE;
+            }
+            if (G_UNLIKELY(r->stopped)) {
+                r->rep.n_events += n - i - 1; /* counted, not applied */
+                break;
+            }
+            if (G_UNLIKELY(r->repeat || r->waiting)) { /* parked inside a repetition */
+                *used = i + 1;
+                break;
+            }
+        }
     }
     return TRUE;
 }
@@ -1260,8 +1813,16 @@ static gboolean run_held(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 *
         rp->woken = FALSE;
         for (guint32 k = 0; k < rp->n_ranks; k++) {
             RankSim *r = &rp->ranks[k];
-            if (r->waiting || r->held_pos == r->held->len)
+            if (r->waiting || (r->held_pos == r->held->len && !r->repeat))
                 continue;
+            if (r->repeat) { /* repetitions parked at a recv go on first */
+                if (!repeat_pump(rp, h, k, error)) {
+                    *failed = k;
+                    return FALSE;
+                }
+                rp->woken = TRUE;
+                break;
+            }
             gsize used;
             gboolean ok = run(rp, h, k, &g_array_index(r->held, MemsimEvent, r->held_pos),
                               r->held->len - r->held_pos, &used, error);
@@ -1291,9 +1852,13 @@ gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
         return FALSE;
     }
     RankSim *r = &rp->ranks[rank];
-    if (G_UNLIKELY(r->waiting)) {
+    if (G_UNLIKELY(r->waiting || r->repeat)) {
         g_array_append_vals(r->held, events, n);
-        return TRUE;
+        if (r->waiting)
+            return TRUE;
+        guint32 failed;
+        rp->woken = TRUE; /* repetitions that can go on: before these events */
+        return run_held(rp, h, &failed, error);
     }
     gsize used;
     if (!run(rp, h, rank, events, n, &used, error))
@@ -1389,11 +1954,14 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         r->rep.n_breakdowns = r->breakdowns->len;
         r->rep.breakdowns = (MemsimBreakdown *)g_array_free(r->breakdowns, FALSE);
         r->breakdowns = NULL;
+        if (r->rep.steady_skipped) /* the highest micro-batch an op ran in, plus one */
+            r->rep.steady_of = (uint32_t)(r->mb_top + 1);
         r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
         r->rep.time_us = r->cpu_us;
         for (guint k = 0; k < r->last_end->len; k++)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)
                 r->rep.time_us = g_array_index(r->last_end, double, k);
+        r->rep.time_us += r->t_offset;
         r->rep.fits = !r->rep.oom.happened &&
                       !(r->rep.oom_verdict.replayed && !r->rep.oom_verdict.fits);
         if (rp->opt.hooks && rp->opt.hooks->on_end)
@@ -1461,9 +2029,19 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
         for (k = 0; k < h->n_ranks; k++) {
             if (rp->ranks[k].waiting)
                 continue;
+            if (rp->ranks[k].repeat) /* repetitions parked at a recv go on first */
+                break;
             ev = memsim_trace_events(trace, k, &n);
             if (pos[k] < n)
                 break;
+        }
+        if (k < h->n_ranks && rp->ranks[k].repeat) {
+            if (!repeat_pump(rp, h, k, error)) {
+                g_free(pos);
+                memsim_replay_abort(rp);
+                return NULL;
+            }
+            continue;
         }
         if (k < h->n_ranks) {
             gsize used;

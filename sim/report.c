@@ -280,6 +280,18 @@ char *memsim_report_to_json(const MemsimReport *rep)
 
         add_int(b, "device_total", (int64_t)r->device_total);
         add_int(b, "host_peak", (int64_t)r->host_peak);
+        if (r->steady_repeated) {
+            json_builder_set_member_name(b, "steady_state");
+            json_builder_begin_object(b);
+            add_int(b, "repeated_microbatches", (int64_t)r->steady_repeated);
+            add_int(b, "skipped_microbatches", (int64_t)r->steady_skipped);
+            if (r->steady_skipped) {
+                add_int(b, "after_microbatch", r->steady_after);
+                add_int(b, "of", r->steady_of);
+                add_int(b, "step", r->steady_step);
+            }
+            json_builder_end_object(b);
+        }
         json_builder_set_member_name(b, "time_us");
         json_builder_add_double_value(b, r->time_us);
         json_builder_set_member_name(b, "fits");
@@ -571,6 +583,16 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                        stt.waiting_us / 1e3);
             g_string_append(s, "\n");
         }
+        if (r->steady_skipped)
+            g_string_append_printf(s, "  steady state after micro-batch %u of %u (step %u): %" PRIu64
+                                   " repeated micro-batches generated once, %" PRIu64
+                                   " of them not simulated one by one\n",
+                                   r->steady_after, r->steady_of, r->steady_step,
+                                   r->steady_repeated, r->steady_skipped);
+        else if (r->steady_repeated)
+            g_string_append_printf(s, "  steady state: %" PRIu64 " repeated micro-batches "
+                                   "generated once, each simulated\n",
+                                   r->steady_repeated);
         if (r->host_peak)
             g_string_append_printf(s, "  host memory (offloaded state) at its most: %s\n",
                                    FB(r->host_peak));

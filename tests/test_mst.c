@@ -263,7 +263,7 @@ static GBytes *bad_rank(void)
 
 static GBytes *bad_kind(void)
 {
-    uint64_t kinds[] = {MEMSIM_EV_FREE, 16};
+    uint64_t kinds[] = {MEMSIM_EV_FREE, MEMSIM_EV_KIND_MAX + 1};
     uint64_t ids[] = {2};
     return file_with_chunk((HeaderSpec){0}, chunk_of(0, kinds, 2, 7, ids, 1), 2);
 }
@@ -459,7 +459,7 @@ static const BadFile bad_files[] = {
     {"mst-bad-columns.exit2.mst", bad_columns, "column id ends early"},
     {"mst-columns-left-over.exit2.mst", bad_columns_left_over, "column id has values left over"},
     {"mst-rank-out-of-range.exit2.mst", bad_rank, "rank 2 out of range"},
-    {"mst-bad-kind.exit2.mst", bad_kind, "event 1: kind 16 out of range"},
+    {"mst-bad-kind.exit2.mst", bad_kind, "event 1: kind 17 out of range"},
     {"mst-stream-out-of-range.exit2.mst", bad_stream, "event 1: stream 2"},
     {"mst-op-out-of-range.exit2.mst", bad_op_index, "op 3 is not in the op table"},
     {"mst-mark-unknown-string.exit2.mst", bad_mark_string, "not in the string table"},
@@ -926,7 +926,7 @@ Test(mst, writer_refuses_bad_events_and_headers)
     cr_assert(w != NULL);
     MemsimEvent bad[] = {
         {.kind = 0},
-        {.kind = 16},
+        {.kind = MEMSIM_EV_KIND_MAX + 1},
         {.kind = MEMSIM_EV_FREE, .stream = 1},
         {.kind = MEMSIM_EV_OP, .id = 0},
         {.kind = MEMSIM_EV_MARK, .id = 0},

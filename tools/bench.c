@@ -53,6 +53,17 @@
  *       best of R runs (default 3), CPU time of this process. Exit status 1 if one takes more
  *       than S seconds (default 0.3).
  *
+ *   memsim-bench steady [--repeat R] [--plan-repeat P] [--full] [--no-plans]
+ *       The steady state (micro-batches that repeat generated once, added instead of simulated
+ *       where the allocator's state repeats): each measurement in a child process of its own,
+ *       the median of R runs (default 5; P for the plans, default 1) of its wall time, CPU time
+ *       and peak resident memory. `estimate` of llama-2-7b at seq 1024 with --grad-accum 1 and
+ *       256 (the bound: 256 within 2× of 1); llama-2-70b on 64 × h100-80gb as tp 8, pp 4, dp 2
+ *       with 256 micro-batches (bound: 0.5 s, 100 MB); `plan --global-batch` for llama-2-70b
+ *       on 64 GPUs at 512 and 2048 (bound 5 s) and llama-3.1-405b on 1024 GPUs at 4096 (bound
+ *       30 s). With --full each estimate is also run with MEMSIM_NO_SKIP=1, the full
+ *       simulation, and the speed-up printed. Exit status 1 when a bound is not met.
+ *
  * `estimate --megatron-args FILE` times a Megatron launch instead of a preset.
  *
  * The synthetic program looks like training: activations pile up through a "forward" pass
@@ -76,6 +87,9 @@
 #include <time.h>
 #include <glib/gstdio.h>
 #include <inttypes.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static long peak_rss_kib(void)
 {
@@ -628,6 +642,187 @@ static int bench_plan(int argc, char **argv)
     return rc;
 }
 
+/* ---- the steady state ---- */
+
+typedef struct {
+    const char *name;
+    const char *model;
+    const char *settings[16]; /* key, value, ..., NULL */
+    gboolean plan;
+    int gpus;                 /* plan */
+    int64_t global_batch;     /* plan */
+    double max_s, max_mib;    /* bounds (0: none) */
+} SteadyCase;
+
+/* One measurement in a child process: its wall and CPU seconds and peak resident MiB; FALSE
+ * when it failed. */
+static gboolean steady_once(const SteadyCase *c, gboolean full, double *wall, double *cpu,
+                            double *mib)
+{
+    double w0 = wall_seconds();
+    pid_t pid = fork();
+    if (pid < 0)
+        return FALSE;
+    if (pid == 0) {
+        if (full)
+            g_setenv("MEMSIM_NO_SKIP", "1", TRUE);
+        else
+            g_unsetenv("MEMSIM_NO_SKIP");
+        GError *error = NULL;
+        MemsimModel *m = memsim_model_load(c->model, &error);
+        if (!m)
+            _exit(3);
+        MemsimRun run = memsim_run_defaults();
+        for (int i = 0; c->settings[i]; i += 2)
+            if (!memsim_run_set(&run, c->settings[i], c->settings[i + 1], &error)) {
+                fprintf(stderr, "memsim-bench: %s\n", error->message);
+                _exit(3);
+            }
+        if (c->plan) {
+            MemsimPlanOptions o = memsim_plan_options_defaults();
+            o.run = &run;
+            o.gpus = c->gpus;
+            o.gpu = "h100-80gb";
+            o.global_batch = c->global_batch;
+            MemsimPlan *p = memsim_plan(m, &o, &error);
+            if (!p) {
+                fprintf(stderr, "memsim-bench: %s\n", error->message);
+                _exit(3);
+            }
+            memsim_plan_free(p);
+        } else {
+            memsim_run_adapt(&run, m);
+            MemsimEstimateOptions o = MEMSIM_ESTIMATE_OPTIONS_INIT;
+            MemsimReport *rep = memsim_estimate(m, &run, &o, &error);
+            if (!rep) {
+                fprintf(stderr, "memsim-bench: %s\n", error->message);
+                _exit(3);
+            }
+            memsim_report_free(rep);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return FALSE;
+    *wall = wall_seconds() - w0;
+    *cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+    *mib = (double)ru.ru_maxrss / 1024.0;
+    return TRUE;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The medians of `repeat` measurements; FALSE when one failed. */
+static gboolean steady_measure(const SteadyCase *c, gboolean full, int repeat, double *wall,
+                               double *cpu, double *mib)
+{
+    double w[64], u[64], r[64];
+    if (repeat > 64)
+        repeat = 64;
+    for (int i = 0; i < repeat; i++)
+        if (!steady_once(c, full, &w[i], &u[i], &r[i]))
+            return FALSE;
+    *wall = median(w, repeat);
+    *cpu = median(u, repeat);
+    *mib = median(r, repeat);
+    return TRUE;
+}
+
+static int bench_steady(int argc, char **argv)
+{
+    gint repeat = 5, plan_repeat = 1;
+    gboolean full = FALSE, no_plans = FALSE;
+    GOptionEntry entries[] = {
+        {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs of each estimate (default 5)", "R"},
+        {"plan-repeat", 0, 0, G_OPTION_ARG_INT, &plan_repeat, "Runs of each plan (default 1)",
+         "P"},
+        {"full", 0, 0, G_OPTION_ARG_NONE, &full,
+         "Also run each estimate as the full simulation (MEMSIM_NO_SKIP=1)", NULL},
+        {"no-plans", 0, 0, G_OPTION_ARG_NONE, &no_plans, "Leave the plans out", NULL},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("steady");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    gboolean ok = g_option_context_parse(ctx, &argc, &argv, &error);
+    g_option_context_free(ctx);
+    if (!ok || repeat < 1 || plan_repeat < 1) {
+        fprintf(stderr, "memsim-bench: %s\n", error ? error->message : "--repeat must be ≥ 1");
+        return 2;
+    }
+#define SEVEN "seq", "1024"
+#define SEVENTY "seq", "4096", "gpu", "h100-80gb", "gpus", "64", "tp", "8", "pp", "4"
+    static const SteadyCase cases[] = {
+        {"estimate llama-2-7b seq 1024, grad-accum 1", "llama-2-7b", {SEVEN, NULL}, FALSE, 0, 0, 0,
+         0},
+        {"estimate llama-2-7b seq 1024, grad-accum 256", "llama-2-7b",
+         {SEVEN, "grad-accum", "256", NULL}, FALSE, 0, 0, 0, 0},
+        {"estimate llama-2-70b tp 8 pp 4 dp 2, 256 micro-batches", "llama-2-70b",
+         {SEVENTY, "microbatches", "256", NULL}, FALSE, 0, 0, 0.5, 100},
+        {"plan llama-2-70b, 64 × h100-80gb, global batch 512", "llama-2-70b",
+         {"seq", "4096", NULL}, TRUE, 64, 512, 5, 0},
+        {"plan llama-2-70b, 64 × h100-80gb, global batch 2048", "llama-2-70b",
+         {"seq", "4096", NULL}, TRUE, 64, 2048, 5, 0},
+        {"plan llama-3.1-405b, 1024 × h100-80gb, global batch 4096", "llama-3.1-405b",
+         {"seq", "4096", NULL}, TRUE, 1024, 4096, 30, 0},
+    };
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is measured: the plans take long */
+    int rc = 0;
+    double ga1_wall = 0, ga1_cpu = 0;
+    printf("%-58s %9s %9s %9s %s\n", "", "wall s", "CPU s", "MiB", "");
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const SteadyCase *c = &cases[i];
+        if (c->plan && no_plans)
+            continue;
+        int n = c->plan ? plan_repeat : repeat;
+        double w, u, r;
+        if (!steady_measure(c, FALSE, n, &w, &u, &r)) {
+            printf("%-58s failed\n", c->name);
+            rc = 1;
+            continue;
+        }
+        GString *verdict = g_string_new("");
+        if (i == 0) {
+            ga1_wall = w;
+            ga1_cpu = u;
+        }
+        if (i == 1) {
+            gboolean good = w <= 2 * ga1_wall && u <= 2 * ga1_cpu;
+            g_string_append_printf(verdict, "%.2f× wall, %.2f× CPU of grad-accum 1 (bound 2×): %s",
+                                   w / ga1_wall, u / ga1_cpu, good ? "ok" : "OVER");
+            rc |= !good;
+        }
+        if (c->max_s > 0) {
+            gboolean good = w <= c->max_s && (c->max_mib <= 0 || r <= c->max_mib);
+            g_string_append_printf(verdict, "bound %.1f s%s%.0f MB: %s", c->max_s,
+                                   c->max_mib > 0 ? ", " : "", c->max_mib > 0 ? c->max_mib : 0.0,
+                                   good ? "ok" : "OVER");
+            if (c->max_mib <= 0) /* (no memory bound: the number is not printed) */
+                g_string_replace(verdict, ", 0 MB", "", 0);
+            rc |= !good;
+        }
+        printf("%-58s %9.3f %9.3f %9.1f %s\n", c->name, w, u, r, verdict->str);
+        g_string_free(verdict, TRUE);
+        if (full && !c->plan) {
+            double fw, fu, fr;
+            if (steady_measure(c, TRUE, 1, &fw, &fu, &fr))
+                printf("%-58s %9.3f %9.3f %9.1f speed-up %.1f× wall, %.1f× CPU, %.1f× memory\n",
+                       "  the same, full simulation (MEMSIM_NO_SKIP=1, one run)", fw, fu, fr,
+                       fw / w, fu / u, fr / r);
+        }
+    }
+    printf("(median of %d runs of each estimate, %d of each plan; wall, CPU of the child "
+           "process, its peak resident memory)\n",
+           repeat, plan_repeat);
+    return rc;
+}
+
 /* ---- the Megatron-LM development set ---- */
 
 /* A case's launch as a command line: its environment, then pretrain_gpt.py and its flags. */
@@ -908,6 +1103,8 @@ int main(int argc, char **argv)
         return bench_families(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "plan") == 0)
         return bench_plan(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "steady") == 0)
+        return bench_steady(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
     gint repeat = 3;
@@ -923,7 +1120,7 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
         fprintf(stderr,
-                "usage: memsim-bench replay|estimate|compare|export|plan|megatron|families "
+                "usage: memsim-bench replay|estimate|compare|export|plan|megatron|families|steady "
                 "[OPTIONS] (the file's header says what each measures)\n"
                 "       memsim-bench replay [--events N] [--allocator SPEC] [--keep F] "
                 "[--repeat R]\n%s\n",

@@ -21,6 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <glib/gstdio.h>
+
 enum { EXIT_OK = 0, EXIT_NO = 1, EXIT_BAD = 2 };
 
 /* A JSON object text (a report, a plan; freed) with the model added under "model". */
@@ -593,6 +595,7 @@ static int cmd_estimate(int argc, char **argv)
         (context && !memsim_parse_size_of("cuda-context", context, &eo.context_bytes, &error)) ||
         (nccl && !memsim_parse_size_of("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
         (!m && !(m = owned = memsim_model_load(model, &error))) ||
+        !memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) ||
         !(rep = memsim_estimate_recorded(m, &run, &eo, tl, &error))) {
         progress_stop(&pr);
         rc = report_error("estimate", error);
@@ -671,6 +674,7 @@ static int cmd_gen(int argc, char **argv)
     MemsimMegatron *mg = NULL;
     MemsimDeepspeed *ds = NULL;
     MemsimTrace *t = NULL;
+    g_autofree char *spill = NULL; /* each rank's program, written as soon as it is complete */
     if (!parse(ctx, "gen", &argc, &argv))
         goto out;
     if (argc != 1 || (!model && !megatron) || !out_path) {
@@ -682,8 +686,14 @@ static int cmd_gen(int argc, char **argv)
         goto out;
     Progress pr;
     progress_start(&pr, "generating", NULL, PROGRESS_COUNT, NULL, NULL);
-    gboolean ok = (m || (m = owned = memsim_model_load(model, &error))) &&
-                  (t = memsim_generate(m, &run, &error));
+    gboolean ok =
+        (m || (m = owned = memsim_model_load(model, &error))) &&
+        memsim_estimate_host_check(m, &run, &(memsim_size_t){0}, &error) &&
+        /* a snapshot is the replay of the trace in memory; the trace formats stream */
+        (memsim_format_from_path(out_path) == MEMSIM_FORMAT_SNAPSHOT ||
+         (spill = g_dir_make_tmp("memsim-gen-XXXXXX", &error))) &&
+        (t = spill ? memsim_generate_spilling(m, &run, spill, &error)
+                   : memsim_generate(m, &run, &error));
     progress_phase(&pr, "writing");
     ok = ok && memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error);
     progress_stop(&pr);
@@ -705,7 +715,9 @@ static int cmd_gen(int argc, char **argv)
     }
     rc = EXIT_OK;
 out:
-    memsim_trace_free(t);
+    memsim_trace_free(t); /* (deletes the ranks' files) */
+    if (spill)
+        g_rmdir(spill);
     memsim_model_free(owned);
     memsim_run_clear(&run);
     memsim_megatron_free(mg);

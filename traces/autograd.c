@@ -179,6 +179,8 @@ struct AgGraph {
     OpCost *costs;    /* n_costs of cap_costs */
     guint n_costs, cap_costs;
     bool costing;     /* the last op is the last record's (allocations add to it) */
+    /* the storages allocated now (ALLOC without its FREE), for gg_unit_state */
+    int64_t live_n, live_bytes;
 };
 
 static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer, int32_t mb)
@@ -480,8 +482,21 @@ static inline void emit(AgGraph *g, const MemsimEvent *ev)
     if (G_UNLIKELY(g->n_events == g->events->len))
         g_array_set_size(g->events, g->events->len * 2);
     ((MemsimEvent *)g->events->data)[g->n_events++] = *ev;
-    if (g->costing && ev->kind == MEMSIM_EV_ALLOC)
-        g->costs[g->n_costs - 1].bytes += (double)ev->size;
+    if (ev->kind == MEMSIM_EV_ALLOC) {
+        g->live_n++;
+        g->live_bytes += (int64_t)ev->size;
+        if (g->costing)
+            g->costs[g->n_costs - 1].bytes += (double)ev->size;
+    }
+}
+
+/* A FREE of a storage of `nbytes`. */
+static inline void emit_free(AgGraph *g, const AgStorage *st)
+{
+    MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
+    emit(g, &ev);
+    g->live_n--;
+    g->live_bytes -= (int64_t)st->nbytes;
 }
 
 void gg_op(AgGraph *g, const char *name)
@@ -707,10 +722,8 @@ static void storage_unref(AgGraph *g, AgStorage *st)
 {
     if (!st || --st->refs > 0)
         return;
-    if (st->nbytes > 0 && st->resident && !g->teardown) {
-        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
-        emit(g, &ev);
-    }
+    if (st->nbytes > 0 && st->resident && !g->teardown)
+        emit_free(g, st);
     pool_free(&g->storages, st);
 }
 
@@ -1249,10 +1262,8 @@ void gg_storage_release(AgGraph *g, AgStorage *st)
 {
     if (!st->resident)
         return;
-    if (st->nbytes > 0) {
-        MemsimEvent ev = {.kind = MEMSIM_EV_FREE, .id = st->id, .stream = st->stream};
-        emit(g, &ev);
-    }
+    if (st->nbytes > 0)
+        emit_free(g, st);
     st->resident = false;
 }
 
@@ -1417,4 +1428,94 @@ void gg_gemm(AgGraph *g)
     g->ctx.category = MEMSIM_CAT_OTHER;
     g->workspace[thread] = gt_empty(g, DT_U8, 1, (int64_t[]){(int64_t)g->rules.cublas_workspace});
     g->ctx.category = old;
+}
+
+/* ---- steady state (traces/loop.c) ---- */
+
+void gg_unit_state(AgGraph *g, GgUnitState *u)
+{
+    u->event = g->n_events;
+    u->storage = g->next_storage;
+    u->cost = g->n_costs;
+    u->live_n = g->live_n;
+    u->live_bytes = g->live_bytes;
+    u->host = g->host_now;
+}
+
+guint gg_repeat_placeholder(AgGraph *g)
+{
+    MemsimEvent ev = {.kind = MEMSIM_EV_REPEAT};
+    emit(g, &ev);
+    return g->n_events - 1;
+}
+
+/* Whether two ops' table entries are the same op but for the micro-batch. */
+static bool same_op(const MemsimTraceHeader *h, uint64_t a, uint64_t b)
+{
+    const MemsimOpInfo *x = &h->ops[a], *y = &h->ops[b];
+    return x->name == y->name && x->phase == y->phase && x->layer == y->layer &&
+           x->duration_us == y->duration_us && x->bound == y->bound;
+}
+
+bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a,
+                     const GgUnitState *a_end, const GgUnitState *b, const GgUnitState *b_end)
+{
+    guint len = a_end->event - a->event;
+    uint64_t shift = b->storage - a->storage;
+    if (b_end->event - b->event != len || b_end->storage - b->storage != shift ||
+        b_end->cost - b->cost != a_end->cost - a->cost)
+        return false;
+    /* the live set is the same at the three boundaries (count, bytes, host bytes) */
+    if (a->live_n != b->live_n || b->live_n != b_end->live_n || a->live_bytes != b->live_bytes ||
+        b->live_bytes != b_end->live_bytes || a->host != b->host || b->host != b_end->host)
+        return false;
+    const MemsimTraceHeader *h = memsim_trace_header(g->trace);
+    const MemsimEvent *ev = (const MemsimEvent *)g->events->data;
+    /* ids from `before`'s unit on are the units' own: b's are a's moved by `shift`; older
+     * ones (parameters, gradients, what the step holds) are the same */
+    uint64_t from = before->storage;
+    for (guint i = 0; i < len; i++) {
+        const MemsimEvent *x = &ev[a->event + i], *y = &ev[b->event + i];
+        if (x->kind != y->kind || x->stream != y->stream || x->flags != y->flags ||
+            x->category != y->category || x->size != y->size || x->addr != y->addr ||
+            x->aux != y->aux)
+            return false;
+        switch (x->kind) {
+        case MEMSIM_EV_ALLOC:
+        case MEMSIM_EV_FREE:
+        case MEMSIM_EV_USE:
+            if (y->id != (x->id >= from ? x->id + shift : x->id))
+                return false;
+            /* an id of `before`'s unit in b: no id of a's moves onto it */
+            if (y->id >= from && y->id < from + shift)
+                return false;
+            break;
+        case MEMSIM_EV_OP:
+            if (!same_op(h, x->id, y->id))
+                return false;
+            break;
+        case MEMSIM_EV_REPEAT:
+            return false; /* a unit inside the unit: not this */
+        default:
+            if (x->id != y->id)
+                return false;
+        }
+    }
+    for (guint i = 0; i < a_end->cost - a->cost; i++) {
+        const OpCost *x = &g->costs[a->cost + i], *y = &g->costs[b->cost + i];
+        if (x->flops != y->flops || x->bytes != y->bytes || y->pos - x->pos != b->event - a->event)
+            return false;
+    }
+    return true;
+}
+
+void gg_repeat_set(AgGraph *g, guint placeholder, guint len, uint64_t times, uint64_t from,
+                   uint64_t shift)
+{
+    MemsimEvent *ev = &((MemsimEvent *)g->events->data)[placeholder];
+    g_assert(ev->kind == MEMSIM_EV_REPEAT);
+    ev->size = len;
+    ev->aux = times;
+    ev->id = from;
+    ev->addr = shift;
 }

@@ -248,6 +248,27 @@ void gg_host_wait(AgGraph *g, uint16_t on);
  * gradients, optimizer state; its peak becomes the rank's MemsimRankInfo.host_peak. */
 void gg_host(AgGraph *g, int64_t delta);
 
+/* Steady state (MEMSIM_EV_REPEAT; traces/loop.c): the program's position and live set at a
+ * unit's boundary. */
+typedef struct {
+    guint event;      /* events so far */
+    uint64_t storage; /* the next storage id */
+    guint cost;       /* op cost records so far */
+    int64_t live_n, live_bytes, host;
+} GgUnitState;
+void gg_unit_state(AgGraph *g, GgUnitState *u);
+/* Emits a REPEAT of nothing (a unit boundary); returns its index for gg_repeat_set. */
+guint gg_repeat_placeholder(AgGraph *g);
+/* Whether unit b (events and ids from `b` to `b_end`) is unit a (from `a` to `a_end`) again:
+ * the same events, ops and costs, the ids of tensors made since `before` (the unit before a)
+ * moved by as many ids as a made, the others the same, and the live set the same at a's, b's
+ * start and b's end. */
+bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a,
+                     const GgUnitState *a_end, const GgUnitState *b, const GgUnitState *b_end);
+/* Makes the placeholder a REPEAT of the `len` events after it, `times` more times. */
+void gg_repeat_set(AgGraph *g, guint placeholder, guint len, uint64_t times, uint64_t from,
+                   uint64_t shift);
+
 /* An op with an estimated duration on the current stream. */
 void gg_op_timed(AgGraph *g, const char *name, double duration_us);
 /* OP events emitted so far (ops, timed ops, collectives; not gg_host_us). */

@@ -1298,6 +1298,14 @@ static void dp_before_forward(void *user)
         unshard(d, d->n_units - 1);
 }
 
+/* Micro-batches the loop counts as run without running them (a steady state): the
+ * accumulation counter moves on as their forwards would have moved it. */
+static void dp_skip_microbatches(void *user, int n)
+{
+    Dist *d = user;
+    d->micro += n;
+}
+
 static void dp_after_backward(void *user)
 {
     Dist *d = user;
@@ -1673,7 +1681,8 @@ static gboolean dp_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     if (zr_rank >= 0)
         d->zr_params = zr_partition(d->md.trainable, N, zr_rank);
     LoopHooks loop = {dp_before_step,      dp_before_forward,  dp_after_backward,
-                      dp_before_optimizer, dp_after_optimizer, d};
+                      dp_before_optimizer, dp_after_optimizer, d,
+                      dp_skip_microbatches};
     loop_train(&d->md, &d->opt, &loop);
     optimizer_clear(g, &d->opt);
     g_ptr_array_unref(d->opt_params);
@@ -1709,6 +1718,54 @@ typedef struct {
     AgTensor *in;   /* received activation (leaf requiring grad), or NULL on stage 0 */
     AgTensor *out;  /* output (storage freed after send) or loss */
 } InFlight;
+
+/* The steady phase of a 1F1B stage (megatron/core/pipeline_parallel/schedules.py
+ * forward_backward_pipelining_without_interleaving: num_warmup_microbatches forwards, then one
+ * forward and one backward per micro-batch, then the cool-down backwards): its forward-backward
+ * pairs are the units of traces/loop.c's steady state; a middle pair that repeats the one
+ * before it is generated once, the micro-batches in flight then handed on to the pairs after
+ * the repeated ones. GPipe's forwards pile up and the interleaved schedule's pairs move
+ * between chunks: they run slot by slot. */
+typedef struct {
+    LoopSteady s;
+    int warm, pairs;
+} PipeSteady;
+
+static void pipe_steady_init(PipeSteady *ps, MemsimPipeSchedule kind, int p, int r, int m, int v)
+{
+    memset(ps, 0, sizeof *ps);
+    ps->warm = p - r - 1 < m ? p - r - 1 : m;
+    ps->pairs = m - ps->warm;
+    ps->s.on = loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && v == 1 && ps->pairs >= 5;
+}
+
+/* Before slot i. */
+static void pipe_steady_before(AgGraph *g, PipeSteady *ps, guint i)
+{
+    int k = (int)i - ps->warm;
+    if (!ps->s.on || k < 0 || k % 2 || k / 2 >= ps->pairs)
+        return;
+    loop_steady_begin(g, &ps->s, k / 2 >= 1 && k / 2 <= ps->pairs - 2);
+}
+
+/* After slot i: the slots to go on after (those of the repeated pairs). */
+static guint pipe_steady_after(AgGraph *g, PipeSteady *ps, guint i, InFlight *fl)
+{
+    int k = (int)i - ps->warm;
+    if (!ps->s.on || k < 0 || k % 2 != 1 || k / 2 >= ps->pairs)
+        return 0;
+    int j = k / 2; /* the pair that ended */
+    int n = j >= 2 ? loop_steady_end(g, &ps->s, ps->pairs - 2 - j) : 0;
+    if (n <= 0)
+        return 0;
+    /* micro-batches b .. f-1 are in flight: they become b + n .. f + n - 1 */
+    int f = ps->warm + j + 1, b = j + 1;
+    for (int mb = f - 1; mb >= b; mb--) {
+        fl[mb + n] = fl[mb];
+        fl[mb] = (InFlight){0};
+    }
+    return 2 * (guint)n;
+}
 
 /* The order of (forward?, micro-batch, chunk) a stage runs (DISTRIBUTED.md §5.3). */
 typedef struct {
@@ -2321,7 +2378,10 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         loop_mark_step(g, step);
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v,
                                  o->microbatch_group > 0 ? o->microbatch_group : pp);
+        PipeSteady ps;
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v);
         for (guint i = 0; i < sched->len; i++) {
+            pipe_steady_before(g, &ps, i);
             Slot sl2 = g_array_index(sched, Slot, i);
             Model *md = &chunks[sl2.chunk];
             InFlight *f = &fl[sl2.mb * v + sl2.chunk];
@@ -2373,6 +2433,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                     f->in = NULL;
                 }
             }
+            i += pipe_steady_after(g, &ps, i, fl);
         }
         g_array_unref(sched);
         /* finish_embedding_wgrad_compute: the deferred output-layer wgrads, then the buffers
@@ -2473,7 +2534,10 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
     for (int step = 1; step <= run->steps; step++) {
         loop_mark_step(g, step);
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v, pp);
+        PipeSteady ps;
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v);
         for (guint i = 0; i < sched->len; i++) {
+            pipe_steady_before(g, &ps, i);
             Slot sl = g_array_index(sched, Slot, i);
             Model *md = &chunks[sl.chunk];
             InFlight *f = &fl[sl.mb * v + sl.chunk];
@@ -2526,6 +2590,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                         }
                     }
             }
+            i += pipe_steady_after(g, &ps, i, fl);
         }
         g_array_unref(sched);
         loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);

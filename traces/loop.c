@@ -21,6 +21,7 @@
 #include "traces/loop.h"
 
 #include <stdio.h>
+#include <string.h>
 
 MemsimOptimizerImpl optim_effective_impl(const MemsimRun *run, const AgRules *rules)
 {
@@ -290,6 +291,67 @@ static void held_drop(AgGraph *g, Held *h)
     g_ptr_array_set_size(h->cache, 0);
 }
 
+bool loop_skip_enabled(void)
+{
+    const char *e = g_getenv("MEMSIM_NO_SKIP");
+    return !e || !*e || strcmp(e, "0") == 0;
+}
+
+/* ---- the steady state (MEMSIM_EV_REPEAT) ----
+ *
+ * A unit (a micro-batch of the loop, a forward-backward pair of a pipeline's steady phase) in
+ * the middle of a step is a function of what is alive at its start: when unit k's events are
+ * unit k-1's again — the same events, ops and costs, the ids of the tensors the last L + 1
+ * units made moved by as many as a unit makes — and the live set is the same at its start and
+ * end, the units that follow up to the last middle one are unit k again: a REPEAT before unit
+ * k says so, and the program goes on after them. L is how many units back a unit reaches (the
+ * loop's tensors die within the next micro-batch; a 1F1B stage's in-flight micro-batches
+ * within its warm-up). */
+
+void loop_steady_begin(AgGraph *g, LoopSteady *s, bool middle)
+{
+    if (!s->on)
+        return;
+    /* a boundary REPEAT before each middle unit */
+    guint ph = middle ? gg_repeat_placeholder(g) : G_MAXUINT;
+    if (s->n == LOOP_STEADY_UNITS) {
+        memmove(&s->start[0], &s->start[1], (LOOP_STEADY_UNITS - 1) * sizeof s->start[0]);
+        memmove(&s->place[0], &s->place[1], (LOOP_STEADY_UNITS - 1) * sizeof s->place[0]);
+        s->n--;
+    }
+    gg_unit_state(g, &s->start[s->n]);
+    s->place[s->n] = ph;
+    s->n++;
+}
+
+int loop_steady_end(AgGraph *g, LoopSteady *s, int left)
+{
+    int n = s->n;
+    if (!s->on || left < 1 || n < 3 || s->place[n - 1] == G_MAXUINT ||
+        s->place[n - 2] == G_MAXUINT)
+        return 0;
+    GgUnitState end;
+    gg_unit_state(g, &end);
+    const GgUnitState *b = &s->start[n - 1];
+    /* unit k-1 ends where unit k's REPEAT is */
+    GgUnitState a_end = *b;
+    a_end.event = s->place[n - 1];
+    uint64_t shift = end.storage - b->storage;
+    for (int L = 1; L <= n - 2; L++) {
+        /* every unit from k-1-L on made as many ids */
+        const GgUnitState *before = &s->start[n - 2 - L];
+        if (s->start[n - 1 - L].storage - before->storage != shift)
+            break;
+        if (!gg_unit_repeats(g, before, &s->start[n - 2], &a_end, b, &end))
+            continue;
+        gg_repeat_set(g, s->place[n - 1], end.event - b->event, (uint64_t)left,
+                      s->start[n - 1 - L].storage, shift);
+        s->on = false;
+        return left;
+    }
+    return 0;
+}
+
 void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
 {
     AgGraph *g = md->g;
@@ -307,7 +369,14 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
         loop_mark_step(g, step);
         if (hooks && hooks->before_step)
             hooks->before_step(hooks->user, step);
+        LoopSteady steady = {.on = loop_skip_enabled() && run->grad_accum >= 5 &&
+                                   (!hooks || hooks->skip_microbatches)};
+        const int last = run->grad_accum - 1;
         for (int mb = 0; mb < run->grad_accum; mb++) {
+            /* the first micro-batch makes the gradients and the method's buffers; the last is
+             * the accumulation boundary (DDP's no_sync ends, DeepSpeed's
+             * is_gradient_accumulation_boundary) */
+            loop_steady_begin(g, &steady, mb >= 1 && mb < last);
             c->phase = MEMSIM_PHASE_FORWARD;
             c->microbatch = run->grad_accum > 1 ? mb : -1;
             c->category = MEMSIM_CAT_TEMPORARY;
@@ -335,6 +404,12 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
             gt_unref(g, loss);
             if (hooks && hooks->after_backward)
                 hooks->after_backward(hooks->user);
+            int skip = mb >= 2 ? loop_steady_end(g, &steady, last - 1 - mb) : 0;
+            if (skip > 0) {
+                if (hooks)
+                    hooks->skip_microbatches(hooks->user, skip);
+                mb += skip;
+            }
         }
         loop_optimizer_step(g, o, hooks, md->trainable, step, step == run->steps);
     }

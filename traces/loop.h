@@ -68,7 +68,30 @@ typedef struct {
     /* after the update and zero_grad */
     void (*after_optimizer)(void *user, int step);
     void *user;
+    /* the loop goes on `n` micro-batches later without running them (a steady state,
+     * MEMSIM_EV_REPEAT): the method counts them as run. A method with hooks but without this
+     * one gets every micro-batch run. */
+    void (*skip_microbatches)(void *user, int n);
 } LoopHooks;
+
+/* Whether the loop may emit a steady state (MEMSIM_EV_REPEAT) instead of running the middle
+ * micro-batches that repeat: unless the environment has MEMSIM_NO_SKIP set (for comparing
+ * with the full simulation). */
+bool loop_skip_enabled(void);
+
+/* The units of one step (traces/loop.c): loop_steady_begin before each, `middle` for those
+ * that may repeat (a REPEAT placeholder goes before them); loop_steady_end after a middle
+ * one, with how many middle units follow it: when it repeats the unit before it, the REPEAT
+ * says that many more, and it returns that many (the caller goes on after them), else 0. */
+#define LOOP_STEADY_UNITS 16
+typedef struct {
+    bool on;
+    int n; /* units noted (the last LOOP_STEADY_UNITS) */
+    GgUnitState start[LOOP_STEADY_UNITS];
+    guint place[LOOP_STEADY_UNITS]; /* their placeholders (G_MAXUINT: none) */
+} LoopSteady;
+void loop_steady_begin(AgGraph *g, LoopSteady *s, bool middle);
+int loop_steady_end(AgGraph *g, LoopSteady *s, int left);
 
 /* The training loop (traces/loop.c's header): run->steps steps of run->grad_accum
  * micro-batches of `md`, hooks may be NULL. Ends the program: the trace's final state is

@@ -160,7 +160,22 @@ gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **er
     return TRUE;
 }
 
+static MemsimTrace *generate(const MemsimModel *m, const MemsimRun *run_in, const char *spill,
+                             GError **error);
+
 MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GError **error)
+{
+    return generate(m, run_in, NULL, error);
+}
+
+MemsimTrace *memsim_generate_spilling(const MemsimModel *m, const MemsimRun *run_in,
+                                      const char *dir, GError **error)
+{
+    return generate(m, run_in, dir, error);
+}
+
+static MemsimTrace *generate(const MemsimModel *m, const MemsimRun *run_in, const char *spill,
+                             GError **error)
 {
     if (!memsim_run_check(run_in, error))
         return NULL;
@@ -208,6 +223,8 @@ MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GErr
     g_autofree char *desc = memsim_run_describe(run);
     g_autofree char *name = g_strdup_printf("%s: %s", m->name, desc);
     MemsimTrace *t = memsim_trace_new(name);
+    if (spill)
+        memsim_trace_spill_to(t, spill);
     MemsimRun eff = *run;
     g_auto(GStrv) split = NULL;
     if (run->finetune != MEMSIM_FT_FULL && !run->lora_targets) {

@@ -278,6 +278,11 @@ MEMSIM_API void memsim_run_adapt(MemsimRun *run, const MemsimModel *model);
  * run says otherwise). Returns a new trace (memsim_trace_free) or NULL with error for a run
  * the model cannot take (e.g. a tensor-parallel degree that does not divide the heads). */
 MEMSIM_API MemsimTrace *memsim_generate(const MemsimModel *model, const MemsimRun *run, GError **error);
+/* The same, each rank's program written to a file of its own in `dir` (an existing folder) as
+ * soon as it is complete and dropped from memory (memsim_trace_spill_to): the trace holds one
+ * rank's events at a time, for memsim_trace_save to stream into the output file. */
+MEMSIM_API MemsimTrace *memsim_generate_spilling(const MemsimModel *model, const MemsimRun *run,
+                                                 const char *dir, GError **error);
 
 /* A GPU's public figures (traces/gpus.c). */
 typedef struct {

@@ -57,9 +57,15 @@ typedef enum {
     MEMSIM_EV_INIT_SEGMENT = 14, /* addr, size, stream; aux=MemsimSegmentFlags */
     MEMSIM_EV_INIT_BLOCK = 15,   /* id=tensor, addr, size=requested, aux=block bytes, stream:
                                     a block already allocated at the start */
+    /* A steady state (generated traces): the next `size` events (a unit: one micro-batch)
+     * run once and then `aux` more times, the r-th repetition with every tensor id ≥ `id`
+     * (in ALLOC, FREE, USE) increased by r × `addr`. After the last repetition the ids its
+     * live tensors got are taken back by aux × `addr`, so that the events after it name them
+     * as they name the unit's. aux = 0: the unit runs once (a boundary, nothing repeats). */
+    MEMSIM_EV_REPEAT = 16,
 } MemsimEventKind;
 
-#define MEMSIM_EV_KIND_MAX 15
+#define MEMSIM_EV_KIND_MAX 16
 
 typedef enum {
     MEMSIM_EVF_ADDR = 1u << 0,     /* ALLOC: `addr` holds the recorded address */
@@ -207,6 +213,16 @@ MEMSIM_API void memsim_trace_append(MemsimTrace *trace, guint32 rank, const Mems
  * to it: when the rank's program is still empty, the array becomes the program without a
  * copy (a generator's buffer handed over whole). */
 MEMSIM_API void memsim_trace_append_array(MemsimTrace *trace, guint32 rank, GArray *events);
+/* From now on a rank's whole program handed over at once (memsim_trace_append_array to an
+ * empty program: what the generator does when a rank's program is complete) is written to a
+ * file of its own in `dir` (which must exist) and dropped from memory, so that a trace of many
+ * ranks holds one rank's events at a time; memsim_trace_save streams it back into its file,
+ * memsim_trace_free deletes it. Such a rank's events are not in memory: memsim_trace_events
+ * gives none. */
+MEMSIM_API void memsim_trace_spill_to(MemsimTrace *trace, const char *dir);
+/* The file rank's program went to, or NULL (in memory; or with `error` set, when writing one
+ * failed: the first such error). Owned by the trace. */
+MEMSIM_API const char *memsim_trace_spilled(MemsimTrace *trace, guint32 rank, GError **error);
 /* The events of a rank and their count; owned by the trace, valid until the next append
  * to it or memsim_trace_free(). */
 MEMSIM_API const MemsimEvent *memsim_trace_events(MemsimTrace *trace, guint32 rank, gsize *n_events);

@@ -17,12 +17,48 @@ gboolean memsim_trace_save(MemsimTrace *trace, const char *path, MemsimFormat fo
     MemsimTraceHeader *h = memsim_trace_header(trace);
     if (!memsim_trace_output_format(path, &format, error))
         return FALSE;
-    if (format == MEMSIM_FORMAT_SNAPSHOT) /* replayed, then written */
+    if (format == MEMSIM_FORMAT_SNAPSHOT) { /* replayed, then written */
+        for (guint32 r = 0; r < h->n_ranks; r++)
+            if (memsim_trace_spilled(trace, r, NULL)) {
+                g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_UNSUPPORTED,
+                            "%s: a snapshot is written from a trace held in memory; rank %u's "
+                            "program went to a file (memsim_trace_spill_to)",
+                            path, r);
+                return FALSE;
+            }
         return memsim_export_snapshot_trace(trace, path, NULL, error);
+    }
     MemsimTraceWriter *w = memsim_trace_writer_new(path, format, h, error);
     if (!w)
         return FALSE;
+    GError *spill_error = NULL;
     for (guint32 r = 0; r < h->n_ranks; r++) {
+        const char *spilled = memsim_trace_spilled(trace, r, &spill_error);
+        if (spill_error) {
+            g_propagate_error(error, spill_error);
+            memsim_trace_writer_close(w, NULL);
+            return FALSE;
+        }
+        if (spilled) { /* streamed back from its own file, a chunk at a time */
+            MemsimTraceReader *rd = memsim_trace_reader_open(spilled, error);
+            gboolean ok = rd != NULL;
+            guint32 rank;
+            const MemsimEvent *ev;
+            gsize n;
+            GError *e = NULL;
+            while (ok && (n = memsim_trace_reader_next(rd, &rank, &ev, &e)) > 0)
+                ok = memsim_trace_writer_write(w, r, ev, n, &e);
+            if (ok && e)
+                ok = FALSE;
+            if (e)
+                g_propagate_error(error, e);
+            memsim_trace_reader_free(rd);
+            if (!ok) {
+                memsim_trace_writer_close(w, NULL);
+                return FALSE;
+            }
+            continue;
+        }
         gsize n;
         const MemsimEvent *ev = memsim_trace_events(trace, r, &n);
         if (!memsim_trace_writer_write(w, r, ev, n, error)) {

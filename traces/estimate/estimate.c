@@ -5,6 +5,10 @@
 #include <memsim/estimate.h>
 
 #include "traces/estimate/judge.h"
+#include "traces/loop.h"
+
+#include <stdio.h>
+#include <string.h>
 #include "traces/settings.h"
 
 memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim_size_t per)
@@ -94,4 +98,90 @@ MemsimReport *memsim_estimate_recorded(const MemsimModel *m, const MemsimRun *ru
         rep->device = g_strdup(opt->device);
     }
     return rep;
+}
+
+/* ---- the host memory a run takes ---- */
+
+/* The host's memory that a simulation may use: MEMSIM_HOST_MEMORY (bytes, or with a unit) when
+ * set, else what /proc/meminfo calls MemAvailable; 0 when unknown. */
+static memsim_size_t host_available(GError **error, gboolean *ok)
+{
+    *ok = TRUE;
+    const char *env = g_getenv("MEMSIM_HOST_MEMORY");
+    if (env && *env) {
+        memsim_size_t v = 0;
+        if (!memsim_parse_size_of("MEMSIM_HOST_MEMORY", env, &v, error))
+            *ok = FALSE;
+        return v;
+    }
+    g_autofree char *text = NULL;
+    if (!g_file_get_contents("/proc/meminfo", &text, NULL, NULL))
+        return 0;
+    const char *line = strstr(text, "MemAvailable:");
+    unsigned long long kib = 0;
+    if (!line || sscanf(line, "MemAvailable: %llu kB", &kib) != 1)
+        return 0;
+    return (memsim_size_t)kib * 1024;
+}
+
+gboolean memsim_estimate_host_check(const MemsimModel *m, const MemsimRun *run,
+                                    memsim_size_t *need, GError **error)
+{
+    *need = 0;
+    MemsimRun r = *run;
+    memsim_run_adapt(&r, m);
+    if (r.inference)
+        return TRUE;
+    MemsimResolvedRun rr = memsim_run_resolve(&r);
+    /* the micro-batches each rank's program generates per step: a pipeline's all of them; the
+     * loop's at most the first three, one repetition and the last when the middle ones repeat
+     * (traces/loop.c) */
+    int64_t per_step = rr.pp > 1 ? rr.microbatches : r.grad_accum;
+    if (rr.pp == 1 && loop_skip_enabled() && per_step > 5)
+        per_step = 5;
+    int64_t probe_units = rr.pp > 1 ? rr.pp : 1;
+    if ((int64_t)r.steps * per_step <= 8 * probe_units)
+        return TRUE; /* small: no more than its trace at one or two micro-batches a step */
+    /* a probe: one step of the fewest micro-batches, its events counted */
+    MemsimRun probe = r;
+    probe.steps = 1;
+    probe.grad_accum = 1;
+    if (rr.pp > 1)
+        probe.microbatches = rr.pp;
+    MemsimTrace *t = memsim_generate(m, &probe, NULL);
+    if (!t)
+        return TRUE; /* a probe the run's own rules refuse (a Megatron launch's batch
+                      * arithmetic): nothing projected; the run itself says what is wrong */
+    uint64_t events = 0;
+    for (guint32 k = 0; k < memsim_trace_header(t)->n_ranks; k++) {
+        gsize n = 0;
+        memsim_trace_events(t, k, &n);
+        events += n;
+    }
+    memsim_trace_free(t);
+    double projected = (double)events * (double)r.steps * (double)per_step / (double)probe_units;
+    /* the trace's events (40 bytes each) and half as much again: the generator's array grows
+     * by doubling, the replay's state, the op table */
+    double bytes = projected * (double)sizeof(MemsimEvent) * 1.5;
+    *need = (memsim_size_t)bytes;
+    gboolean ok;
+    memsim_size_t avail = host_available(error, &ok);
+    if (!ok)
+        return FALSE;
+    if (avail && bytes > (double)avail) {
+        char b[32], a[32];
+        memsim_format_bytes((memsim_size_t)bytes, b, sizeof b);
+        memsim_format_bytes(avail, a, sizeof a);
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "this run's simulation would need about %s of host memory (%.0f events: %d "
+                    "step(s) × %" G_GINT64_FORMAT " micro-batches generated per step × %.0f events "
+                    "each over all ranks, from a one-step probe of %" G_GINT64_FORMAT
+                    "), more than the %s this machine has available (MemAvailable, or "
+                    "MEMSIM_HOST_MEMORY); fewer micro-batches (--grad-accum, --microbatches) or "
+                    "steps would fit",
+                    b, projected, r.steps, per_step, (double)events / (double)probe_units,
+                    probe_units, a);
+        return FALSE;
+    }
+    return TRUE;
 }

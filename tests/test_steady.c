@@ -1,0 +1,303 @@
+/* The steady state (MEMSIM_EV_REPEAT, traces/loop.c, sim/replay.c): a run estimated with the
+ * repeated micro-batches generated once and, where the allocator's state repeats, added
+ * instead of simulated, against the same run generated and simulated micro-batch by
+ * micro-batch (MEMSIM_NO_SKIP=1). Every rank's peaks (allocated, reserved, active, requested)
+ * are equal to the byte, and so are the op at the peak, the bytes by category there, every
+ * step's peaks, the breakdowns and the event indices; the simulated time agrees but for the
+ * rounding of its sums. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <memsim/estimate.h>
+#include <memsim/formats.h>
+#include <glib/gstdio.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "testutil.h"
+
+typedef struct {
+    const char *name;
+    const char *model;
+    const char *settings[24]; /* key, value, ..., NULL */
+    const char *alloc_conf;
+    gboolean repeats; /* the generator must find a repeating micro-batch */
+} Case;
+
+#define GA(n) "grad-accum", #n
+#define SMALL "seq", "128"
+
+static const Case cases[] = {
+    /* one GPU, 1 to 256 micro-batches */
+    {"1gpu ga1", "gpt2", {SMALL, GA(1), NULL}, NULL, FALSE},
+    {"1gpu ga2", "gpt2", {SMALL, GA(2), NULL}, NULL, FALSE},
+    {"1gpu ga4", "gpt2", {SMALL, GA(4), NULL}, NULL, FALSE},
+    {"1gpu ga5", "gpt2", {SMALL, GA(5), NULL}, NULL, TRUE},
+    {"1gpu ga6", "gpt2", {SMALL, GA(6), NULL}, NULL, TRUE},
+    {"1gpu ga8", "gpt2", {SMALL, GA(8), NULL}, NULL, TRUE},
+    {"1gpu ga16", "gpt2", {SMALL, GA(16), NULL}, NULL, TRUE},
+    {"1gpu ga64", "gpt2", {SMALL, GA(64), NULL}, NULL, TRUE},
+    {"1gpu ga256", "gpt2", {SMALL, GA(256), NULL}, NULL, TRUE},
+    {"1gpu ga256 3 steps", "gpt2", {SMALL, GA(256), "steps", "3", NULL}, NULL, TRUE},
+    {"1gpu ga16 ckpt", "gpt2", {SMALL, GA(16), "checkpointing", "full", NULL}, NULL, TRUE},
+    {"1gpu ga64 ckpt", "gpt2", {SMALL, GA(64), "checkpointing", "full", NULL}, NULL, TRUE},
+    {"1gpu ga16 expandable", "gpt2", {SMALL, GA(16), NULL}, "expandable_segments:True", TRUE},
+    {"1gpu ga64 ckpt expandable", "gpt2", {SMALL, GA(64), "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE},
+    {"1gpu ga8 keep-outputs", "gpt2", {SMALL, GA(8), "keep-outputs", "true", NULL}, NULL, TRUE},
+    {"1gpu ga8 fp32 sgd", "gpt2",
+     {SMALL, GA(8), "precision", "fp32", "optimizer", "sgd-momentum", NULL}, NULL, TRUE},
+    {"1gpu ga8 zero_grad in place", "gpt2", {SMALL, GA(8), "zero-grad", "zero", NULL}, NULL,
+     TRUE},
+    {"1gpu ga8 lora", "llama-3.2-1b",
+     {SMALL, GA(8), "finetune", "lora", "lora-rank", "8", NULL}, NULL, TRUE},
+    {"1gpu ga12 llama ckpt", "llama-3.2-1b", {SMALL, GA(12), "checkpointing", "full", NULL},
+     NULL, TRUE},
+    {"1gpu ga8 max_split", "gpt2", {SMALL, GA(8), NULL}, "max_split_size_mb:64", TRUE},
+    /* data parallel with accumulation */
+    {"ddp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "ddp", NULL}, NULL, TRUE},
+    {"ddp ga32 ckpt", "gpt2",
+     {SMALL, GA(32), "gpus", "4", "method", "ddp", "checkpointing", "full", NULL}, NULL, TRUE},
+    {"ddp ga16 expandable", "gpt2", {SMALL, GA(16), "gpus", "2", "method", "ddp", NULL},
+     "expandable_segments:True", TRUE},
+    {"zero1 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero1", NULL}, NULL, TRUE},
+    {"zero2 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero2", NULL}, NULL, TRUE},
+    {"zero2 ga16 ckpt expandable", "gpt2",
+     {SMALL, GA(16), "gpus", "4", "method", "zero2", "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE},
+    {"zero3 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero3", NULL}, NULL, TRUE},
+    {"zero3 ga32 ckpt", "gpt2",
+     {SMALL, GA(32), "gpus", "8", "method", "zero3", "checkpointing", "full", NULL}, NULL,
+     TRUE},
+    {"fsdp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp", NULL}, NULL, TRUE},
+    {"fsdp ga16 ckpt", "gpt2",
+     {SMALL, GA(16), "gpus", "4", "method", "fsdp", "checkpointing", "full", NULL}, NULL, TRUE},
+    {"fsdp ga16 expandable", "gpt2", {SMALL, GA(16), "gpus", "4", "method", "fsdp", NULL},
+     "expandable_segments:True", TRUE},
+    {"fsdp2 ga8", "gpt2",
+     {SMALL, GA(8), "gpus", "4", "method", "fsdp", "fsdp-version", "2", NULL}, NULL, TRUE},
+    {"fsdp-grad-op ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp-grad-op", NULL},
+     NULL, TRUE},
+    {"hsdp ga8", "gpt2",
+     {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL}, NULL, TRUE},
+    /* pipelines: 1F1B's steady forward-backward pairs repeat (each simulated: they meet the
+     * neighbouring stages); GPipe's and the interleaved schedule's slots run one by one */
+    {"1f1b pp2 mb4", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL,
+     FALSE},
+    {"1f1b pp2 mb8", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL}, NULL,
+     TRUE},
+    {"1f1b pp4 mb16 ckpt", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "16", "checkpointing", "full", NULL}, NULL,
+     TRUE},
+    {"1f1b pp4 mb64 expandable", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "64", NULL}, "expandable_segments:True",
+     TRUE},
+    {"1f1b tp2 pp2 dp2 mb256", "gpt2",
+     {SMALL, "gpus", "8", "tp", "2", "pp", "2", "microbatches", "256", NULL}, NULL, TRUE},
+    {"gpipe pp2 mb8 expandable", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "gpipe", "microbatches", "8", NULL},
+     "expandable_segments:True", FALSE},
+    {"interleaved pp2 v2 mb8", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "8", NULL},
+     NULL, FALSE},
+};
+
+static MemsimReport *estimate(const Case *c, gboolean full)
+{
+    MemsimModel *m = memsim_model_load(c->model, NULL);
+    cr_assert(m != NULL, "%s", c->model);
+    MemsimRun run = memsim_run_defaults();
+    for (int i = 0; c->settings[i]; i += 2)
+        tu_set(&run, c->settings[i], c->settings[i + 1]);
+    memsim_run_adapt(&run, m);
+    MemsimEstimateOptions o = MEMSIM_ESTIMATE_OPTIONS_INIT;
+    o.alloc_conf = c->alloc_conf;
+    o.gpu_mem = (memsim_size_t)1 << 40; /* room: no run stops out of memory */
+    if (full)
+        g_setenv("MEMSIM_NO_SKIP", "1", TRUE);
+    else
+        g_unsetenv("MEMSIM_NO_SKIP");
+    GError *err = NULL;
+    MemsimReport *rep = memsim_estimate(m, &run, &o, &err);
+    g_unsetenv("MEMSIM_NO_SKIP");
+    cr_assert(rep != NULL, "%s: %s", c->name, err ? err->message : "?");
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+    return rep;
+}
+
+#define SAME(field)                                                                            \
+    cr_expect_eq(a->field, b->field, "%s, rank %u: " #field " %lld (skip-ahead) != %lld (full)", \
+                 c->name, k, (long long)(a->field), (long long)(b->field))
+
+static void compare(const Case *c, const MemsimReport *skip, const MemsimReport *full)
+{
+    cr_assert_eq(skip->n_ranks, full->n_ranks, "%s: ranks", c->name);
+    for (guint k = 0; k < skip->n_ranks; k++) {
+        const MemsimRankReport *a = &skip->ranks[k], *b = &full->ranks[k];
+        SAME(stats.allocated.peak);
+        SAME(stats.reserved.peak);
+        SAME(stats.active.peak);
+        SAME(stats.requested.peak);
+        SAME(stats.allocated.current);
+        SAME(stats.reserved.current);
+        SAME(stats.segments.peak);
+        SAME(stats.n_device_alloc);
+        SAME(stats.n_device_free);
+        SAME(stats.n_alloc_retries);
+        SAME(n_events);
+        SAME(peak_allocated_event);
+        SAME(peak_reserved_event);
+        SAME(at_peak_allocated_reserved);
+        SAME(at_peak_allocated_requested);
+        SAME(at_peak_reserved_allocated);
+        SAME(peak_op_layer);
+        SAME(peak_op_phase);
+        SAME(peak_stream);
+        SAME(oom.happened);
+        SAME(fits);
+        SAME(device_total);
+        SAME(host_peak);
+        cr_expect_str_eq(a->peak_op_name, b->peak_op_name, "%s, rank %u: op at the peak",
+                         c->name, k);
+        for (int cat = 0; cat < MEMSIM_CAT_COUNT; cat++) {
+            SAME(peak_by_category[cat]);
+            SAME(peak_by_category_requested[cat]);
+        }
+        SAME(n_steps);
+        for (guint s = 0; s < a->n_steps && s < b->n_steps; s++) {
+            SAME(steps[s].peak_allocated);
+            SAME(steps[s].peak_reserved);
+            for (int p = 0; p < MEMSIM_PHASE_COUNT; p++) {
+                SAME(steps[s].phase_peak_allocated[p]);
+                SAME(steps[s].phase_peak_reserved[p]);
+            }
+        }
+        SAME(n_breakdowns);
+        for (guint s = 0; s < a->n_breakdowns && s < b->n_breakdowns; s++)
+            cr_expect(memcmp(&a->breakdowns[s], &b->breakdowns[s], sizeof a->breakdowns[s]) == 0,
+                      "%s, rank %u: breakdown %s", c->name, k, a->breakdowns[s].name);
+        double tol = 1e-9 * (1.0 + fabs(b->time_us));
+        cr_expect(fabs(a->time_us - b->time_us) <= tol, "%s, rank %u: time %.17g != %.17g",
+                  c->name, k, a->time_us, b->time_us);
+        cr_expect_eq(b->steady_repeated, 0, "%s: the full simulation repeated", c->name);
+    }
+}
+
+Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
+{
+    guint n_repeat = 0, n_skip = 0;
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const Case *c = &cases[i];
+        MemsimReport *skip = estimate(c, FALSE), *full = estimate(c, TRUE);
+        compare(c, skip, full);
+        uint64_t repeated = 0, skipped = 0;
+        for (guint k = 0; k < skip->n_ranks; k++) {
+            repeated += skip->ranks[k].steady_repeated;
+            skipped += skip->ranks[k].steady_skipped;
+        }
+        if (c->repeats)
+            cr_expect(repeated > 0, "%s: no micro-batch repeated", c->name);
+        else
+            cr_expect_eq(repeated, 0, "%s: %llu micro-batches repeated", c->name,
+                         (unsigned long long)repeated);
+        n_repeat += repeated > 0;
+        n_skip += skipped > 0;
+        cr_log_info("%-28s repeated %6llu skipped %6llu", c->name, (unsigned long long)repeated,
+                    (unsigned long long)skipped);
+        memsim_report_free(skip);
+        memsim_report_free(full);
+    }
+    cr_log_info("%zu configurations: %u with repeated micro-batches, %u with some not simulated",
+                G_N_ELEMENTS(cases), n_repeat, n_skip);
+}
+
+/* A run whose simulation would need more host memory than there is is refused before it
+ * starts, with the numbers (MEMSIM_HOST_MEMORY stands for the machine's MemAvailable); one that
+ * fits goes on. */
+Test(steady, host_memory_is_checked_up_front, .timeout = 300)
+{
+    const char *big[] = {"estimate", "--model", "llama-2-70b", "--gpus", "64", "--tp", "8", "--pp",
+                         "4", "--microbatches", "256", "--seq", "4096", "--gpu", "h100-80gb",
+                         NULL};
+    const char *env[] = {"MEMSIM_HOST_MEMORY=64MiB", NULL};
+    const char *bin = g_getenv("MEMSIM_BIN");
+    cr_assert(bin != NULL);
+    GPtrArray *argv = g_ptr_array_new();
+    g_ptr_array_add(argv, (gpointer)bin);
+    for (int i = 0; big[i]; i++)
+        g_ptr_array_add(argv, (gpointer)big[i]);
+    g_ptr_array_add(argv, NULL);
+    char *out = NULL, *err = NULL;
+    double t0 = tu_children_cpu_s();
+    int rc = tu_run((const char *const *)argv->pdata, env, &out, &err);
+    double cpu = tu_children_cpu_s() - t0;
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_expect(strstr(err, "host memory") && strstr(err, "64.00 MiB") &&
+                  strstr(err, "256 micro-batches generated per step"),
+              "%s", err);
+    cr_expect(cpu < 10 * (tu_sanitized() ? 4 : 1), "refused after %.1f s of CPU", cpu);
+    g_free(out);
+    g_free(err);
+    /* the same machine takes a single GPU's 256 micro-batches: their repetitions are generated
+     * once */
+    const char *small[] = {bin, "estimate", "--model", "gpt2", "--seq", "128", "--grad-accum",
+                           "256", NULL};
+    rc = tu_run(small, env, &out, &err);
+    cr_expect(rc == 0 || rc == 1, "exit %d: %s", rc, err);
+    cr_expect(strstr(out, "steady state after micro-batch"), "%s", out);
+    g_free(out);
+    g_free(err);
+    g_ptr_array_unref(argv);
+}
+
+/* `gen` streams: each rank's program goes to a file of its own once complete (the trace holds
+ * one rank's events at a time) and is streamed back into the output; the file is the one the
+ * whole trace in memory makes, byte for byte. */
+Test(steady, spilled_ranks_make_the_same_file, .timeout = 300)
+{
+    g_setenv("MEMSIM_NO_SKIP", "1", TRUE);
+    MemsimModel *m = memsim_model_load("gpt2", NULL);
+    MemsimRun run = memsim_run_defaults();
+    tu_set(&run, "seq", "128");
+    tu_set(&run, "gpus", "4");
+    tu_set(&run, "pp", "4");
+    tu_set(&run, "microbatches", "8");
+    char *dir = tu_tmpdir();
+    GError *err = NULL;
+    MemsimTrace *whole = memsim_generate(m, &run, &err);
+    cr_assert(whole, "%s", err ? err->message : "?");
+    MemsimTrace *spilled = memsim_generate_spilling(m, &run, dir, &err);
+    cr_assert(spilled, "%s", err ? err->message : "?");
+    g_unsetenv("MEMSIM_NO_SKIP");
+    for (guint32 r = 0; r < memsim_trace_header(spilled)->n_ranks; r++) {
+        gsize n = 1;
+        memsim_trace_events(spilled, r, &n);
+        cr_expect_eq(n, 0, "rank %u kept %zu events in memory", r, n);
+        cr_expect(memsim_trace_spilled(spilled, r, NULL) != NULL, "rank %u not spilled", r);
+    }
+    const char *formats[] = {"a.mst", "a.txt"};
+    for (gsize k = 0; k < G_N_ELEMENTS(formats); k++) {
+        char *p1 = g_strdup_printf("%s/whole-%s", dir, formats[k]);
+        char *p2 = g_strdup_printf("%s/spilled-%s", dir, formats[k]);
+        cr_assert(memsim_trace_save(whole, p1, MEMSIM_FORMAT_AUTO, &err), "%s", err->message);
+        cr_assert(memsim_trace_save(spilled, p2, MEMSIM_FORMAT_AUTO, &err), "%s", err->message);
+        gchar *a, *b;
+        gsize na, nb;
+        cr_assert(g_file_get_contents(p1, &a, &na, NULL) && g_file_get_contents(p2, &b, &nb, NULL));
+        cr_expect(na == nb && memcmp(a, b, na) == 0, "%s: the files differ (%zu, %zu bytes)",
+                  formats[k], na, nb);
+        g_free(a);
+        g_free(b);
+        g_unlink(p1);
+        g_unlink(p2);
+        g_free(p1);
+        g_free(p2);
+    }
+    memsim_trace_free(whole);
+    memsim_trace_free(spilled); /* deletes the ranks' files */
+    cr_expect(g_rmdir(dir) == 0, "%s is not empty", dir);
+    g_free(dir);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+}
