@@ -249,8 +249,14 @@ static gboolean op_from_pb(MstReader *r, const Memsim__Mst__Op *m, MemsimOpInfo 
                  MEMSIM_PHASE_COUNT - 1);
         return FALSE;
     }
+    if (m->bound >= MEMSIM_BOUND_COUNT) {
+        mst_fail(r, error, "op bound %" PRIu32 " out of range (expected 0 .. %d)", m->bound,
+                 MEMSIM_BOUND_COUNT - 1);
+        return FALSE;
+    }
     op->name = m->name;
     op->phase = (uint8_t)m->phase;
+    op->bound = (uint8_t)m->bound;
     op->layer = m->layer;
     op->microbatch = m->microbatch;
     op->duration_us = m->duration_us;

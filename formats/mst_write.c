@@ -118,6 +118,8 @@ static void op_to_pb(const MemsimOpInfo *op, Memsim__Mst__Op *m)
     m->layer = op->layer;
     m->microbatch = op->microbatch;
     m->duration_us = op->duration_us;
+    m->has_bound = op->bound != MEMSIM_BOUND_UNKNOWN;
+    m->bound = op->bound;
 }
 
 static void buf_message(Buf *b, const ProtobufCMessage *m)

@@ -128,6 +128,9 @@ char *memsim_ops_check(const MemsimTraceHeader *h, guint32 first_op)
             return g_strdup_printf("op %" PRIu32 ": duration %g us (expected a finite number "
                                    ">= 0)",
                                    i, op->duration_us);
+        if (op->bound >= MEMSIM_BOUND_COUNT)
+            return g_strdup_printf("op %" PRIu32 ": bound %u out of range (expected 0 .. %d)", i,
+                                   op->bound, MEMSIM_BOUND_COUNT - 1);
     }
     return NULL;
 }

@@ -731,7 +731,8 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
     MemsimOpInfo op = {.layer = -1, .microbatch = -1};
     gboolean has_name = FALSE;
     unsigned given = 0;
-    static const char *const keys[] = {"name", "phase", "layer", "microbatch", "duration_us"};
+    static const char *const keys[] = {"name",       "phase",       "layer",
+                                       "microbatch", "duration_us", "bound"};
     for (gsize i = 2; i < r->n_items; i++) {
         const Item *it = &r->items[i];
         unsigned k;
@@ -741,7 +742,7 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
         if (k == G_N_ELEMENTS(keys)) {
             text_fail(r, error,
                       "unexpected '%.*s' in an opinfo line (expected name=, phase=, "
-                      "layer=, microbatch=, duration_us=)",
+                      "layer=, microbatch=, duration_us=, bound=)",
                       (int)MIN(it->key ? it->key_len : it->val_len, (gsize)64),
                       it->key ? it->key : it->val);
             return FALSE;
@@ -779,6 +780,17 @@ static gboolean parse_opinfo_line(TextReader *r, GError **error)
             if (!parse_i32(r, it, "microbatch=", &op.microbatch, error))
                 return FALSE;
             break;
+        case 5: {
+            const char *names[MEMSIM_BOUND_COUNT];
+            for (int b = 0; b < MEMSIM_BOUND_COUNT; b++)
+                names[b] = memsim_op_bound_name(b);
+            int v;
+            if (!parse_name(r, it, "bound", memsim_op_bound_from_name, names, MEMSIM_BOUND_COUNT,
+                            &v, error))
+                return FALSE;
+            op.bound = (uint8_t)v;
+            break;
+        }
         default: {
             char buf[64];
             char *endp = NULL;

@@ -101,6 +101,8 @@ static void put_op_def(GString *g, guint32 i, const MemsimOpInfo *op)
                            " microbatch=%" PRId32 " duration_us=",
                            i, op->name, memsim_phase_name(op->phase), op->layer, op->microbatch);
     put_double(g, op->duration_us);
+    if (op->bound != MEMSIM_BOUND_UNKNOWN) /* left out when unknown: older files read alike */
+        g_string_append_printf(g, " bound=%s", memsim_op_bound_name(op->bound));
     g_string_append_c(g, '\n');
 }
 

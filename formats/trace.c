@@ -237,6 +237,11 @@ static const char *const phase_names[MEMSIM_PHASE_COUNT] = {
     [MEMSIM_PHASE_OPTIMIZER] = "optimizer",
     [MEMSIM_PHASE_COMMUNICATION] = "communication",
 };
+static const char *const bound_names[MEMSIM_BOUND_COUNT] = {
+    [MEMSIM_BOUND_UNKNOWN] = "unknown", [MEMSIM_BOUND_COMPUTE] = "compute",
+    [MEMSIM_BOUND_MEMORY] = "memory",   [MEMSIM_BOUND_LATENCY] = "latency",
+    [MEMSIM_BOUND_HOST] = "host",
+};
 
 static const char *const collective_names[MEMSIM_COLL_COUNT] = {
     [MEMSIM_COLL_ALL_REDUCE] = "all_reduce",
@@ -265,6 +270,10 @@ const char *memsim_phase_name(MemsimPhase p)
 const char *memsim_collective_name(MemsimCollectiveKind k)
 {
     return NAME_OF(collective_names, k);
+}
+const char *memsim_op_bound_name(MemsimOpBound b)
+{
+    return NAME_OF(bound_names, b);
 }
 
 /* ---- marks ---- */
@@ -325,4 +334,8 @@ int memsim_phase_from_name(const char *n)
 int memsim_collective_from_name(const char *n)
 {
     return lookup(collective_names, G_N_ELEMENTS(collective_names), n);
+}
+int memsim_op_bound_from_name(const char *n)
+{
+    return lookup(bound_names, G_N_ELEMENTS(bound_names), n);
 }

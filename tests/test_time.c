@@ -8,9 +8,11 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <memsim/estimate.h>
+#include <memsim/formats.h>
 #include <memsim/gen.h>
 #include <memsim/megatron.h>
 #include <memsim/sim.h>
+#include <glib/gstdio.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -237,6 +239,60 @@ Test(time, megatron_module_host_time)
     cr_expect_geq(r->steps[0].host_us, host, "the step's host time %.1f us lacks the modules' %.1f",
                   r->steps[0].host_us, host);
     memsim_report_free(rep);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_megatron_free(mg);
+}
+
+/* A written trace keeps its host-only ops (Op.bound in .mst, opinfo bound= in text): its
+ * replay puts the same time on the host's clock as the replay of the generated trace. */
+Test(time, host_ops_survive_the_trace_formats)
+{
+    GError *error = NULL;
+    const char *cmd = "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
+                      "--max-position-embeddings 256 --micro-batch-size 2 "
+                      "--global-batch-size 4 --bf16 --vocab-file v.json --merge-file m.txt";
+    MemsimMegatron *mg = memsim_megatron_parse(cmd, "test", &error);
+    cr_assert(mg, "%s", error ? error->message : "");
+    MemsimRun run = memsim_run_defaults();
+    memsim_megatron_apply(mg, &run);
+    memsim_run_set(&run, "steps", "1", NULL);
+    memsim_run_set(&run, "gpu", "h100-80gb", NULL);
+    MemsimTrace *t = memsim_generate(memsim_megatron_model(mg), &run, &error);
+    cr_assert(t, "%s", error ? error->message : "");
+    const MemsimTraceHeader *h = memsim_trace_header(t);
+    guint32 host_ops = 0;
+    for (guint32 i = 0; i < h->n_ops; i++)
+        host_ops += h->ops[i].bound == MEMSIM_BOUND_HOST;
+    cr_assert_gt(host_ops, 0, "the launch's trace has no host-only op");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    MemsimReport *base = memsim_replay_trace(t, &o, &error);
+    cr_assert(base, "%s", error ? error->message : "");
+    cr_assert_gt(base->ranks[0].steps[0].host_us, 0);
+    g_autofree char *dir = tu_tmpdir();
+    const char *names[] = {"t.mst", "t.txt"};
+    for (gsize k = 0; k < G_N_ELEMENTS(names); k++) {
+        g_autofree char *path = g_build_filename(dir, names[k], NULL);
+        cr_assert(memsim_trace_save(t, path, MEMSIM_FORMAT_AUTO, &error), "%s",
+                  error ? error->message : "");
+        MemsimTrace *back = memsim_trace_load(path, &error);
+        cr_assert(back, "%s: %s", names[k], error ? error->message : "");
+        const MemsimTraceHeader *hb = memsim_trace_header(back);
+        cr_assert_eq(hb->n_ops, h->n_ops);
+        for (guint32 i = 0; i < h->n_ops; i++)
+            cr_expect_eq(hb->ops[i].bound, h->ops[i].bound, "%s: op %u's bound", names[k], i);
+        MemsimReport *rep = memsim_replay_trace(back, &o, &error);
+        cr_assert(rep, "%s", error ? error->message : "");
+        cr_expect_eq(rep->ranks[0].steps[0].host_us, base->ranks[0].steps[0].host_us,
+                     "%s: host %.3f us, generated %.3f us", names[k],
+                     rep->ranks[0].steps[0].host_us, base->ranks[0].steps[0].host_us);
+        memsim_report_free(rep);
+        memsim_trace_free(back);
+        g_unlink(path);
+    }
+    g_rmdir(dir);
+    memsim_report_free(base);
     memsim_trace_free(t);
     memsim_run_clear(&run);
     memsim_megatron_free(mg);

@@ -166,6 +166,7 @@ static inline void tg_add_strings_ops(GRand *rng, MemsimTrace *t, int n_strings,
             .microbatch = ints[g_rand_int_range(rng, 0, G_N_ELEMENTS(ints))],
             .duration_us = tg_double(rng),
         };
+        op.bound = (uint8_t)g_rand_int_range(rng, 0, MEMSIM_BOUND_COUNT);
         memsim_trace_add_op(t, &op);
     }
 }
@@ -318,7 +319,7 @@ static inline void tg_assert_same_header(const MemsimTraceHeader *a, const Memsi
     for (guint32 i = 0; i < a->n_ops; i++) {
         const MemsimOpInfo *x = &a->ops[i], *y = &b->ops[i];
         if (!(x->name == y->name && x->phase == y->phase && x->layer == y->layer &&
-              x->microbatch == y->microbatch &&
+              x->microbatch == y->microbatch && x->bound == y->bound &&
               memcmp(&x->duration_us, &y->duration_us, sizeof(double)) == 0))
             cr_assert_fail("op %u differs", i);
     }

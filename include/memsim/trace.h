@@ -140,14 +140,15 @@ typedef struct {
  * (over its GEMM's waves), its memory traffic at the HBM bandwidth, or the shortest kernel;
  * UNKNOWN for recorded traces and untimed ops. HOST: no kernel — the duration is the host's
  * own time (a framework module's Python beyond the ops it dispatches), which the replay adds
- * to the host's clock, not to a stream; generated traces only (the trace formats do not carry
- * `bound`). */
+ * to the host's clock, not to a stream. The trace formats carry it (`.mst` Op.bound, the text
+ * format's opinfo bound=), so a written trace replays as the generated one does. */
 typedef enum {
     MEMSIM_BOUND_UNKNOWN = 0,
     MEMSIM_BOUND_COMPUTE,
     MEMSIM_BOUND_MEMORY,
     MEMSIM_BOUND_LATENCY,
     MEMSIM_BOUND_HOST,
+    MEMSIM_BOUND_COUNT
 } MemsimOpBound;
 
 typedef struct {
@@ -239,6 +240,7 @@ MEMSIM_API const char *memsim_event_kind_name(MemsimEventKind kind);
 MEMSIM_API const char *memsim_category_name(MemsimCategory cat);
 MEMSIM_API const char *memsim_phase_name(MemsimPhase phase);
 MEMSIM_API const char *memsim_collective_name(MemsimCollectiveKind kind);
+MEMSIM_API const char *memsim_op_bound_name(MemsimOpBound bound);
 
 /* What a MARK's text means to the replay and the reports. */
 typedef enum {
@@ -264,6 +266,7 @@ MEMSIM_API int memsim_event_kind_from_name(const char *name);
 MEMSIM_API int memsim_category_from_name(const char *name);
 MEMSIM_API int memsim_phase_from_name(const char *name);
 MEMSIM_API int memsim_collective_from_name(const char *name);
+MEMSIM_API int memsim_op_bound_from_name(const char *name);
 
 G_END_DECLS
 
