@@ -1002,7 +1002,7 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     return t;
 }
 
-MemsimTrace *memsim_snapshot_load(const char *path, GError **error)
+MemsimTrace *memsim_snapshot_load_tree(const char *path, GError **error)
 {
     MemsimPyDoc *doc = memsim_pickle_load_file(path, error);
     if (!doc)
@@ -1010,10 +1010,4 @@ MemsimTrace *memsim_snapshot_load(const char *path, GError **error)
     MemsimTrace *t = memsim_snapshot_from_pickle(doc, path, error);
     memsim_pickle_free(doc);
     return t;
-}
-
-gboolean memsim_snapshot_sniff(const guint8 *data, gsize len)
-{
-    /* PROTO opcode 0x80 followed by a protocol number 2..5. */
-    return len >= 2 && data[0] == 0x80 && data[1] >= 2 && data[1] <= 5;
 }
