@@ -432,7 +432,11 @@ typedef struct {
     guint64 owner;        /* serial of its list */
     guint64 n;            /* entries read (the index in error messages) */
     guint64 n_parsed;     /* entries that are not skipped (unknown actions) */
-    GArray *events;       /* MemsimEvent, provisional ids and streams */
+    GArray *events;       /* MemsimEvent, provisional ids and streams (see emit) */
+    guint n_events;
+    uint64_t last_handle; /* dev_stream's last answer */
+    guint16 last_stream;
+    gboolean any_stream;
     GArray *handles;      /* stream handles by provisional index */
     Map streams;          /* handle → provisional index */
     Map live;             /* addr → (provisional id, entry): allocated by the trace, not freed */
@@ -490,6 +494,7 @@ typedef struct {
     gsize chunk_left;
     guint64 held, limit_base;
     guint64 ops; /* opcodes run (the memory bound is checked every 4096) */
+    guint64 n_memo_first_free; /* fast_entry: memo indices from here are this entry's own */
 
     GArray *frames;       /* Frame */
     IdTable frame_ix;     /* frames by content */
@@ -1018,10 +1023,21 @@ static guint32 frame_of_dict(P *p, const Cont *d)
 
 /* The stack of the frame ids appended to stack_frames from `first` on: an existing one (and
  * they are taken back) or a new one. */
+static guint32 stack_intern_ids(P *p, const guint32 *ids, guint32 n);
+
 static guint32 stack_intern(P *p, guint32 first)
 {
     guint32 n = p->stack_frames->len - first;
-    const guint32 *ids = &g_array_index(p->stack_frames, guint32, first);
+    guint32 *copy = g_memdup2(&g_array_index(p->stack_frames, guint32, first), n * sizeof(guint32));
+    g_array_set_size(p->stack_frames, first);
+    guint32 id = stack_intern_ids(p, copy, n);
+    g_free(copy);
+    return id;
+}
+
+/* The stack of these frame ids: an existing one or a new one. */
+static guint32 stack_intern_ids(P *p, const guint32 *ids, guint32 n)
+{
     guint64 h64 = 0x84222325cbf29ce4ULL ^ n;
     for (guint32 i = 0; i < n; i++)
         h64 = mix64(h64 + ids[i] + 1);
@@ -1034,14 +1050,13 @@ static guint32 stack_intern(P *p, guint32 first)
         if (sl->hash == h) {
             const Stack *s = &g_array_index(p->stacks, Stack, sl->id1 - 1);
             if (s->n == n && memcmp(&g_array_index(p->stack_frames, guint32, s->first), ids,
-                                    n * sizeof(guint32)) == 0) {
-                g_array_set_size(p->stack_frames, first);
+                                    n * sizeof(guint32)) == 0)
                 return sl->id1 - 1;
-            }
         }
         j = (j + 1) & (p->stack_ix.cap - 1);
     }
-    Stack s = {n, first, h, 0, MEMSIM_CAT_OTHER, 0};
+    Stack s = {n, p->stack_frames->len, h, 0, MEMSIM_CAT_OTHER, 0};
+    g_array_append_vals(p->stack_frames, ids, n);
     guint32 id = p->stacks->len;
     g_array_append_val(p->stacks, s);
     hold(p, (gint64)(sizeof s + n * sizeof(guint32)));
@@ -1129,6 +1144,17 @@ static gboolean get_u64(P *p, const Cont *d, const Str *key, const char *where,
                        at_byte(v, buf));
     if (v->u.i < 0)
         return fail_at(p, where, "'%s' is negative (%" G_GINT64_FORMAT ")", key->data, v->u.i);
+    *out = (uint64_t)v->u.i;
+    return TRUE;
+}
+
+/* A field's value as get_u64 reads it, without a message: FALSE when get_u64 would fail. */
+static inline gboolean val_u64(const Val *v, gboolean required, uint64_t *out)
+{
+    if (!v)
+        return !required;
+    if (v->t != V_INT || v->u.i < 0)
+        return FALSE;
     *out = (uint64_t)v->u.i;
     return TRUE;
 }
@@ -1323,7 +1349,19 @@ static void dev_free(gpointer x)
     g_free(v);
 }
 
+static guint16 dev_stream_find(Dev *v, uint64_t handle);
+
 static guint16 dev_stream(Dev *v, uint64_t handle)
+{
+    if (v->any_stream && handle == v->last_handle)
+        return v->last_stream;
+    v->any_stream = TRUE;
+    v->last_handle = handle;
+    v->last_stream = dev_stream_find(v, handle);
+    return v->last_stream;
+}
+
+static guint16 dev_stream_find(Dev *v, uint64_t handle)
 {
     gboolean fresh;
     Slot *s = map_put(&v->streams, handle, &fresh);
@@ -1345,26 +1383,72 @@ static Action parse_action(P *p, const Str *a)
     return A_OTHER;
 }
 
+/* Events go into v->events[0..n_events); the array is grown ahead in runs of 4096 and cut
+ * to n_events at the end (dev_events). */
 static inline void emit(P *p, Dev *v, const MemsimEvent *ev)
 {
-    guint n = v->events->len;
-    g_array_set_size(v->events, n + 1);
-    ((MemsimEvent *)v->events->data)[n] = *ev;
+    if (G_UNLIKELY(v->n_events == v->events->len))
+        g_array_set_size(v->events, v->events->len + 4096);
+    ((MemsimEvent *)(void *)v->events->data)[v->n_events++] = *ev;
     hold(p, sizeof *ev);
 }
 
+static GArray *dev_events(Dev *v)
+{
+    g_array_set_size(v->events, v->n_events);
+    return v->events;
+}
+
 /* One entry of device_traces[dev], read as snapshot.c's read_entries and build_device read it. */
+static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs);
+
 static gboolean read_entry(P *p, Dev *v, const Val *ev_val)
+{
+    if (G_UNLIKELY(ev_val->t != V_CONT || ev_val->u.c->type != C_DICT || ev_val->u.c->consumed)) {
+        char where[80];
+        g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]", v->dev,
+                   v->n++);
+        return expect_dict(p, ev_val, where) && once(p, ev_val, where);
+    }
+    return read_entry_pairs(p, v, ev_val->u.c->items, ev_val->u.c->n);
+}
+
+/* An entry's key, value pairs (items[0..2 n_pairs)). */
+static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
 {
     char where[80];
     guint64 k = v->n++;
     /* the record's name, made only for a message */
 #define WHERE (g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]", \
                           v->dev, k), where)
-    if (G_UNLIKELY(ev_val->t != V_CONT || ev_val->u.c->type != C_DICT || ev_val->u.c->consumed))
-        return expect_dict(p, ev_val, WHERE) && once(p, ev_val, where);
-    const Cont *e = ev_val->u.c;
-    const Str *action = get_str(e, p->k_action);
+    /* the dict, for get_u64's messages */
+    Cont e_[1];
+    const Cont *e = e_;
+    e_->items = items;
+    e_->n = n_pairs;
+    /* the fields, in one pass (a repeated key: its last value, as dict_get) */
+    const Val *f_action = NULL, *f_size = NULL, *f_stream = NULL, *f_addr = NULL,
+              *f_free = NULL, *f_frames = NULL;
+    for (gsize i = 0; i < n_pairs; i++) {
+        const Val *kv = &items[2 * i];
+        if (kv->t != V_STR)
+            continue;
+        const Str *kk = kv->u.s;
+        const Val *vv = kv + 1;
+        if (kk == p->k_action)
+            f_action = vv;
+        else if (kk == p->k_addr)
+            f_addr = vv;
+        else if (kk == p->k_size)
+            f_size = vv;
+        else if (kk == p->k_stream)
+            f_stream = vv;
+        else if (kk == p->k_frames)
+            f_frames = vv;
+        else if (kk == p->k_device_free)
+            f_free = vv;
+    }
+    const Str *action = f_action && f_action->t == V_STR ? f_action->u.s : NULL;
     if (!action)
         return fail_at(p, WHERE, "missing or non-string 'action'");
     Action act = parse_action(p, action);
@@ -1379,14 +1463,14 @@ static gboolean read_entry(P *p, Dev *v, const Val *ev_val)
         return TRUE;
     }
     uint64_t addr = 0, size = 0, stream = 0;
-    if (!fast_u64(e, p->k_size, act != A_SNAPSHOT, &size))
+    if (!val_u64(f_size, act != A_SNAPSHOT, &size))
         return get_u64(p, e, p->k_size, WHERE, act != A_SNAPSHOT, &size);
-    if (!fast_u64(e, p->k_stream, FALSE, &stream))
+    if (!val_u64(f_stream, FALSE, &stream))
         return get_u64(p, e, p->k_stream, WHERE, FALSE, &stream);
     if (act == A_OOM) {
-        if (!fast_u64(e, p->k_device_free, FALSE, &addr))
+        if (!val_u64(f_free, FALSE, &addr))
             return get_u64(p, e, p->k_device_free, WHERE, FALSE, &addr);
-    } else if (act != A_SNAPSHOT && !fast_u64(e, p->k_addr, TRUE, &addr)) {
+    } else if (act != A_SNAPSHOT && !val_u64(f_addr, TRUE, &addr)) {
         return get_u64(p, e, p->k_addr, WHERE, TRUE, &addr);
     }
     if (act != A_SNAPSHOT && act != A_OOM && addr + size < addr)
@@ -1418,7 +1502,7 @@ static gboolean read_entry(P *p, Dev *v, const Val *ev_val)
             return fail_at(p, WHERE, "alloc of 0 bytes (such requests never reach the allocator)");
         guint8 cat = MEMSIM_CAT_OTHER;
         guint32 site = 0;
-        const Val *fr = dict_get(e, p->k_frames);
+        const Val *fr = f_frames;
         if (fr && fr->t == V_STACK) {
             site = stack_site(p, fr->id, &cat);
         } else if (fr && fr->t == V_CONT && fr->u.c->type == C_LIST) {
@@ -2227,6 +2311,326 @@ static gboolean make_seq(P *p, guint64 off, guint8 op, gsize from, guint8 type)
     return ok;
 }
 
+
+/* ---- the common case of a trace entry, decoded in one go ---------------------------------- */
+
+/* A trace entry as Python's pickler writes one inside a device list's MARK run:
+ *
+ *   EMPTY_DICT memo MARK (key value)* SETITEMS
+ *
+ * keys: a GET of a str or a new SHORT_BINUNICODE (+ memo); values: BININT1, BININT2,
+ * BININT, LONG1 of at most 8 bytes, None, a bool, BINFLOAT, a GET of a str or of a frames
+ * list read already, a new SHORT_BINUNICODE (+ memo), or the frames list: EMPTY_LIST memo
+ * and GETs of frames read already, in one APPEND or a MARK ... APPENDS run. That is every
+ * entry of a real snapshot but the first of each stack's frames. Such an entry is read
+ * straight from the bytes into read_entry(), with the memo stores the opcodes make, and
+ * nothing is pushed; anything else (or any doubt) leaves the position as it was and the
+ * opcodes run one by one. The result is the same either way; this is 3 times faster. */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FAST_INLINE static inline __attribute__((always_inline))
+#else
+#define FAST_INLINE static inline
+#endif
+
+#define FAST_MAX_PAIRS 16
+#define FAST_MAX_MEMO 24
+#define FAST_MAX_FRAMES 1024
+
+typedef struct {
+    guint64 idx;
+    guint32 h;
+} MemoSet;
+
+static inline guint32 le32(const guint8 *s)
+{
+    guint32 v;
+    memcpy(&v, s, 4);
+    return GUINT32_FROM_LE(v);
+}
+
+/* The handle at memo index i, or 0. */
+static inline guint32 memo_at(const P *p, guint64 i)
+{
+    return i < p->cap_memo ? p->memo[i] : 0;
+}
+
+static void memo_set(P *p, guint64 idx, guint32 h)
+{
+    if (G_UNLIKELY(idx >= p->cap_memo)) {
+        gsize cap = MAX(MAX(2 * p->cap_memo, (gsize)idx + 1), 1024);
+        hold(p, (gint64)((cap - p->cap_memo) * sizeof(guint32)));
+        p->memo = g_renew(guint32, p->memo, cap);
+        memset(p->memo + p->cap_memo, 0, (cap - p->cap_memo) * sizeof(guint32));
+        p->cap_memo = cap;
+    }
+    p->memo[idx] = h;
+    p->n_memo++;
+}
+
+typedef struct {
+    const guint8 *c, *e;
+    guint64 base; /* stream offset of buf[0] */
+    const guint8 *buf;
+    MemoSet memo[FAST_MAX_MEMO];
+    guint n_memo;
+    guint64 next; /* MEMOIZE's next index */
+} Fast;
+
+/* A FRAME opcode (protocol 4's framing, every 64 KiB) may come between any two opcodes;
+ * the one entry it falls into is read opcode by opcode. */
+FAST_INLINE void fast_skip_frames(Fast *f)
+{
+    (void)f;
+}
+
+/* An optional memo store of the value just read: the pickler's MEMOIZE (protocol 4+) or
+ * BINPUT / LONG_BINPUT with the next index (protocols 2, 3). */
+FAST_INLINE gboolean fast_memo(P *p, Fast *f, guint32 h)
+{
+    guint64 idx;
+    fast_skip_frames(f);
+    if (f->c < f->e && *f->c == 0x94) {
+        idx = f->next;
+        f->c++;
+    } else if (f->e - f->c >= 2 && *f->c == 'q') {
+        idx = f->c[1];
+        f->c += 2;
+    } else if (f->e - f->c >= 5 && *f->c == 'r') {
+        idx = le32(f->c + 1);
+        f->c += 5;
+    } else {
+        return TRUE; /* not memoized */
+    }
+    if (idx != f->next || memo_at(p, idx) || f->n_memo == FAST_MAX_MEMO)
+        return FALSE;
+    f->memo[f->n_memo++] = (MemoSet){idx, h};
+    f->next++;
+    return TRUE;
+}
+
+/* A GET of an index stored before this entry; 0 when it is anything else. */
+FAST_INLINE guint32 fast_get(P *p, Fast *f)
+{
+    guint64 idx;
+    fast_skip_frames(f);
+    if (f->e - f->c >= 2 && *f->c == 'h') {
+        idx = f->c[1];
+        f->c += 2;
+    } else if (f->e - f->c >= 5 && *f->c == 'j') {
+        idx = le32(f->c + 1);
+        f->c += 5;
+    } else {
+        return 0;
+    }
+    if (idx >= p->n_memo_first_free && idx >= f->next - f->n_memo)
+        return 0; /* (possibly) one of this entry's own stores */
+    return memo_at(p, idx);
+}
+
+FAST_INLINE gboolean fast_str(P *p, Fast *f, Val *v)
+{
+    fast_skip_frames(f);
+    if (f->c >= f->e)
+        return FALSE;
+    guint64 off = f->base + (guint64)(f->c - f->buf);
+    if (*f->c == 0x8c) {
+        if (f->e - f->c < 2 || f->e - f->c - 2 < f->c[1])
+            return FALSE;
+        const Str *s = intern(p, (const char *)f->c + 2, f->c[1], FALSE);
+        f->c += 2 + f->c[1];
+        *v = (Val){.t = V_STR, .off = off, .u.s = s};
+        return fast_memo(p, f, (guint32)H_STR << 29 | s->id);
+    }
+    guint32 h = fast_get(p, f);
+    if (H_KIND(h) != H_STR)
+        return FALSE;
+    const Str *s = g_ptr_array_index(p->str_by_id, H_INDEX(h));
+    if (s->bytes)
+        return FALSE;
+    *v = (Val){.t = V_STR, .off = NO_OFF, .u.s = s};
+    return TRUE;
+}
+
+FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
+{
+    fast_skip_frames(f);
+    if (f->c >= f->e)
+        return FALSE;
+    guint64 off = f->base + (guint64)(f->c - f->buf);
+    gsize left = (gsize)(f->e - f->c);
+    guint8 op = *f->c;
+    switch (op) {
+    case 'K':
+        if (left < 2)
+            return FALSE;
+        *v = int_val(off, f->c[1], FALSE);
+        f->c += 2;
+        return TRUE;
+    case 'M':
+        if (left < 3)
+            return FALSE;
+        *v = int_val(off, (gint64)read_le(f->c + 1, 2), FALSE);
+        f->c += 3;
+        return TRUE;
+    case 'J': {
+        if (left < 5)
+            return FALSE;
+        guint64 u = le32(f->c + 1);
+        *v = int_val(off, u >= 0x80000000u ? (gint64)u - 0x100000000 : (gint64)u, FALSE);
+        f->c += 5;
+        return TRUE;
+    }
+    case 0x8a: {
+        guint n = left >= 2 ? f->c[1] : 99;
+        if (n == 0 || n > 8 || left - 2 < n)
+            return FALSE;
+        /* little-endian two's complement (addresses: 6 bytes, times: 7) */
+        guint64 u = 0;
+        if (left >= 10) { /* one load, the bytes past the number masked off */
+            memcpy(&u, f->c + 2, 8);
+            u = GUINT64_FROM_LE(u);
+            if (n < 8)
+                u &= ~(~(guint64)0 << (8 * n));
+        } else {
+            u = read_le(f->c + 2, (int)n);
+        }
+        if (n < 8 && (f->c[1 + n] & 0x80))
+            u |= ~(guint64)0 << (8 * n);
+        *v = int_val(off, u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1, FALSE);
+        f->c += 2 + n;
+        return TRUE;
+    }
+    case 'N':
+        *v = (Val){.t = V_NONE, .off = NO_OFF};
+        f->c++;
+        return TRUE;
+    case 0x88:
+    case 0x89:
+        *v = (Val){.t = V_BOOL, .off = NO_OFF, .u.i = op == 0x88};
+        f->c++;
+        return TRUE;
+    case 0x8c:
+        return fast_str(p, f, v);
+    case 'h':
+    case 'j': {
+        guint32 h = fast_get(p, f);
+        if (H_KIND(h) == H_STACK) {
+            *v = (Val){.t = V_STACK, .off = NO_OFF, .id = H_INDEX(h)};
+            return TRUE;
+        }
+        if (H_KIND(h) != H_STR)
+            return FALSE;
+        const Str *s = g_ptr_array_index(p->str_by_id, H_INDEX(h));
+        *v = (Val){.t = s->bytes ? V_BYTES : V_STR, .off = NO_OFF, .u.s = s};
+        return TRUE;
+    }
+    case ']': {
+        /* a frames list of frames read already */
+        f->c++;
+        guint mi = f->n_memo;
+        if (!fast_memo(p, f, 0))
+            return FALSE;
+        guint32 ids[FAST_MAX_FRAMES];
+        guint32 nf = 0;
+        gboolean ok = TRUE;
+        fast_skip_frames(f);
+        if (f->c < f->e && *f->c == '(') {
+            f->c++;
+            while (ok && (fast_skip_frames(f), f->c < f->e) && *f->c != 'e') {
+                guint32 h = fast_get(p, f);
+                ok = H_KIND(h) == H_FRAME && nf < FAST_MAX_FRAMES;
+                if (ok)
+                    ids[nf++] = H_INDEX(h);
+            }
+            ok = ok && f->c < f->e;
+            f->c++;
+        } else if (f->c < f->e && (*f->c == 'h' || *f->c == 'j')) {
+            guint32 h = fast_get(p, f);
+            fast_skip_frames(f);
+            ok = H_KIND(h) == H_FRAME && f->c < f->e && *f->c == 'a';
+            if (ok)
+                ids[nf++] = H_INDEX(h);
+            f->c++;
+        }
+        if (!ok)
+            return FALSE;
+        guint32 sid = stack_intern_ids(p, ids, nf);
+        if (mi < f->n_memo)
+            f->memo[mi].h = (guint32)H_STACK << 29 | sid;
+        *v = (Val){.t = V_STACK, .off = NO_OFF, .id = sid};
+        return TRUE;
+    }
+    default:
+        return FALSE;
+    }
+}
+
+/* 1: the entry was read (or refused: p->failed); 0: not this case, nothing changed. */
+static int fast_entry(P *p, guint64 off)
+{
+    gsize f0 = fence(p);
+    if (!p->n_marks || f0 == 0)
+        return 0;
+    const Val *lv = &p->stack[f0 - 1];
+    if (lv->t != V_CONT || lv->u.c->type != C_LIST || lv->u.c->role != R_DEV ||
+        lv->u.c->placed || lv->u.c->consumed)
+        return 0;
+    Cont *dl = lv->u.c;
+    if (p->n_stack > f0) {
+        /* entries of this run read one opcode at a time: placed now, as APPENDS would
+         * place them, so that the entries stay in order */
+        for (gsize i = f0; i < p->n_stack; i++)
+            if (p->stack[i].t != V_CONT || p->stack[i].u.c->type != C_DICT)
+                return 0;
+        if (!list_append_from(p, off, 'e', f0))
+            return 1;
+    }
+    input_need(&p->in, 8192); /* as much as there is */
+    Fast f; /* (its memo array is filled as it goes, not cleared) */
+    f.c = p->in.buf + p->in.pos;
+    f.e = p->in.buf + p->in.end;
+    f.base = p->in.base;
+    f.buf = p->in.buf;
+    f.next = p->n_memo;
+    f.n_memo = 0;
+    p->n_memo_first_free = p->n_memo;
+    if (!fast_memo(p, &f, (guint32)H_RECORD << 29) || (fast_skip_frames(&f), f.c >= f.e) ||
+        *f.c != '(')
+        return 0;
+    f.c++;
+    Val items[2 * FAST_MAX_PAIRS];
+    guint n = 0;
+    for (;;) {
+        fast_skip_frames(&f);
+        if (f.c >= f.e)
+            goto no;
+        if (*f.c == 'u')
+            break;
+        if (n == FAST_MAX_PAIRS || !fast_str(p, &f, &items[2 * n]) || f.c >= f.e ||
+            !fast_value(p, &f, &items[2 * n + 1]))
+            goto no;
+        n++;
+    }
+    f.c++; /* SETITEMS */
+    /* as the opcodes would have done it: the memo stores, then the entry placed */
+    for (guint i = 0; i < f.n_memo; i++)
+        memo_set(p, f.memo[i].idx, f.memo[i].h);
+    p->ops += (guint64)(f.c - (p->in.buf + p->in.pos)) / 4;
+    p->in.pos = (gsize)(f.c - p->in.buf);
+    if (dl->index >= MAX_DEVICES)
+        return fail_at(p, "device_traces", "more devices than %u", MAX_DEVICES), 1;
+    Dev *d = dev_get(p, (guint32)dl->index);
+    if (d->owner && d->owner != dl->serial)
+        return fail(p, off, "a second list of trace entries for device %u", d->dev), 1;
+    d->owner = dl->serial;
+    read_entry_pairs(p, d, items, n);
+    dl->n_read++;
+    return 1;
+no:
+    return 0;
+}
+
 static gboolean finish(P *p, Val *root);
 
 /* Runs the opcodes up to STOP and reads the snapshot they hold. */
@@ -2439,6 +2843,11 @@ static gboolean run(P *p)
         }
 
         case '}':
+            if (fast_entry(p, off)) {
+                if (p->failed)
+                    return FALSE;
+                break;
+            }
             push_cont(p, C_DICT, off);
             break;
         case ']':
@@ -2862,9 +3271,11 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
 
     /* The events: renumbered, their streams ordered, frees of blocks no segment holds
      * dropped; the capacity of a recorded OOM. */
-    GArray *events = v ? v->events : g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
-    if (v)
+    GArray *events = v ? dev_events(v) : g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
+    if (v) {
         v->events = g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
+        v->n_events = 0;
+    }
     uint64_t capacity = 0;
     MemsimEvent *e = (MemsimEvent *)events->data;
     gsize out = 0;
@@ -3086,6 +3497,11 @@ static MemsimTrace *read_all(Input *in, const char *name, GError **error)
         p.actions[i] = intern0(&p, acts[i]);
     p.held = 0;
 
+    /* The memo: about one index per 24 bytes of a snapshot, reserved zeroed (untouched
+     * until used) so that it seldom moves. */
+    p.cap_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
+    p.memo = g_malloc0(p.cap_memo * sizeof(guint32));
+    advise_huge(p.memo, p.cap_memo * sizeof(guint32));
     memsim_trace_intern(p.t, "snapshot"); /* string 0, before the stacks */
     gboolean ok = run(&p);
 
@@ -3168,7 +3584,7 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
                     g_strerror(e));
         return NULL;
     }
-    Input in = {.kind = IN_PLAIN, .f = f, .cap = 1 << 20};
+    Input in = {.kind = IN_PLAIN, .f = f, .cap = 4 << 20};
     in.buf = g_malloc(in.cap);
     in.progress = opt ? opt->bytes_read : NULL;
     guint8 head[4];
