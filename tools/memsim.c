@@ -13,6 +13,8 @@
 #include <memsim/plan.h>
 #include <memsim/sim.h>
 
+#include "progress.h"
+
 #include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,15 @@ static int report_error(const char *cmd, GError *error)
     return EXIT_BAD;
 }
 
+/* Every command's --quiet. */
+static gboolean quiet;
+static GOptionEntry quiet_entries[] = {
+    {"quiet", 'q', 0, G_OPTION_ARG_NONE, &quiet,
+     "No progress bar on stderr (shown otherwise when stderr is a terminal and the work takes "
+     "over a second)",
+     NULL},
+    {NULL}};
+
 static GOptionContext *make_context(const char *cmd, const char *params, const char *summary,
                                     const char *description, GOptionEntry *entries)
 {
@@ -46,6 +57,7 @@ static GOptionContext *make_context(const char *cmd, const char *params, const c
     if (description)
         g_option_context_set_description(ctx, description);
     g_option_context_add_main_entries(ctx, entries, NULL);
+    g_option_context_add_main_entries(ctx, quiet_entries, NULL);
     return ctx;
 }
 
@@ -58,80 +70,8 @@ static gboolean parse(GOptionContext *ctx, const char *cmd, int *argc, char ***a
         g_error_free(error);
         return FALSE;
     }
+    progress_set_quiet(quiet);
     return TRUE;
-}
-
-/* ---- progress: a line on stderr for anything over a second, when it is a terminal ---- */
-
-typedef struct {
-    GThread *thread;
-    GMutex lock;
-    GCond cond;
-    gboolean done, shown;
-    const char *what;
-    const guint64 *count; /* events so far, or NULL */
-    const guint64 *total; /* with count: a bar of count / total (plan) */
-} Progress;
-
-static gpointer progress_main(gpointer data)
-{
-    Progress *p = data;
-    gint64 start = g_get_monotonic_time();
-    g_mutex_lock(&p->lock);
-    while (!p->done) {
-        gint64 until = g_get_monotonic_time() + (p->shown ? 250000 : 1000000);
-        while (!p->done && g_cond_wait_until(&p->cond, &p->lock, until))
-            ;
-        if (p->done)
-            break;
-        double secs = (double)(g_get_monotonic_time() - start) / 1e6;
-        guint64 total = p->total ? __atomic_load_n(p->total, __ATOMIC_RELAXED) : 0;
-        if (p->count && total) {
-            guint64 done = __atomic_load_n(p->count, __ATOMIC_RELAXED);
-            char bar[31];
-            int fill = (int)(done * 30 / total);
-            for (int i = 0; i < 30; i++)
-                bar[i] = i < fill ? '#' : '.';
-            bar[30] = '\0';
-            fprintf(stderr, "\r\033[Kmemsim: %s [%s] %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
-                    ", %.0f s", p->what, bar, done, total, secs);
-        } else if (p->count)
-            fprintf(stderr, "\r\033[Kmemsim: %s… %" G_GUINT64_FORMAT " events, %.0f s", p->what,
-                    __atomic_load_n(p->count, __ATOMIC_RELAXED), secs);
-        else
-            fprintf(stderr, "\r\033[Kmemsim: %s… %.0f s", p->what, secs);
-        p->shown = TRUE;
-    }
-    if (p->shown)
-        fputs("\r\033[K", stderr);
-    g_mutex_unlock(&p->lock);
-    return NULL;
-}
-
-static void progress_start(Progress *p, const char *what, const guint64 *count)
-{
-    memset(p, 0, sizeof *p);
-    if (!isatty(STDERR_FILENO))
-        return;
-    g_mutex_init(&p->lock);
-    g_cond_init(&p->cond);
-    p->what = what;
-    p->count = count;
-    p->thread = g_thread_new("progress", progress_main, p);
-}
-
-static void progress_stop(Progress *p)
-{
-    if (!p->thread)
-        return;
-    g_mutex_lock(&p->lock);
-    p->done = TRUE;
-    g_cond_signal(&p->cond);
-    g_mutex_unlock(&p->lock);
-    g_thread_join(p->thread);
-    g_mutex_clear(&p->lock);
-    g_cond_clear(&p->cond);
-    p->thread = NULL;
 }
 
 /* memsim_replay_path, counting events for the progress line. */
@@ -147,7 +87,7 @@ static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o,
     }
     guint64 count = 0;
     Progress pr;
-    progress_start(&pr, "replaying", &count);
+    progress_start(&pr, "replaying", "events", PROGRESS_COUNT, &count, NULL);
     const MemsimEvent *ev;
     guint32 rank;
     gsize n;
@@ -211,7 +151,7 @@ static gboolean exports_write(const char *cmd, const Exports *x, const MemsimRep
 {
     GError *error = NULL;
     Progress pr;
-    progress_start(&pr, "writing", NULL);
+    progress_start(&pr, "writing", NULL, PROGRESS_COUNT, NULL, NULL);
     gboolean ok = (!x->timeline || memsim_export_timeline_plot(tl, title, x->timeline, &error)) &&
                   (!x->perfetto || memsim_export_perfetto(tl, x->perfetto, &error)) &&
                   (!x->csv || memsim_export_timeline_csv(tl, x->csv, &error)) &&
@@ -432,7 +372,7 @@ static int cmd_convert(int argc, char **argv)
     }
     GError *error = NULL;
     Progress pr;
-    progress_start(&pr, "converting", NULL);
+    progress_start(&pr, "converting", NULL, PROGRESS_COUNT, NULL, NULL);
     gboolean ok = memsim_convert(argv[1], argv[2], &error);
     progress_stop(&pr);
     if (!ok) {
@@ -648,7 +588,7 @@ static int cmd_estimate(int argc, char **argv)
     eo.alloc_conf = alloc_conf ? alloc_conf : mg ? memsim_megatron_alloc_conf(mg) : NULL;
     tl = exports_timeline(&ex);
     Progress pr;
-    progress_start(&pr, "estimating", NULL);
+    progress_start(&pr, "estimating", NULL, PROGRESS_COUNT, NULL, NULL);
     if ((gpu_mem && !memsim_parse_gpu_mem("gpu-mem", gpu_mem, &eo.gpu_mem, &eo.device, &error)) ||
         (context && !memsim_parse_size_of("cuda-context", context, &eo.context_bytes, &error)) ||
         (nccl && !memsim_parse_size_of("nccl-mem", nccl, &eo.nccl_bytes, &error)) ||
@@ -740,9 +680,14 @@ static int cmd_gen(int argc, char **argv)
     }
     if (!run_sources("gen", model, megatron, dsconf, dssets, &run, &mg, &ds, &m))
         goto out;
-    if ((!m && !(m = owned = memsim_model_load(model, &error))) ||
-        !(t = memsim_generate(m, &run, &error)) ||
-        !memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error)) {
+    Progress pr;
+    progress_start(&pr, "generating", NULL, PROGRESS_COUNT, NULL, NULL);
+    gboolean ok = (m || (m = owned = memsim_model_load(model, &error))) &&
+                  (t = memsim_generate(m, &run, &error));
+    progress_phase(&pr, "writing");
+    ok = ok && memsim_trace_save(t, out_path, MEMSIM_FORMAT_AUTO, &error);
+    progress_stop(&pr);
+    if (!ok) {
         rc = report_error("gen", error);
         goto out;
     }
@@ -874,12 +819,15 @@ static int cmd_compare(int argc, char **argv)
         rc = report_error("compare", error);
         goto out;
     }
-    if (model ? !(m = memsim_model_load(model, &error)) || !(t = memsim_generate(m, &run, &error))
-              : !(t = memsim_trace_load(argv[1], &error))) {
-        rc = report_error("compare", error);
-        goto out;
-    }
-    if (!(c = memsim_compare_trace(t, (const char *const *)specs, &o, &error))) {
+    Progress pr;
+    progress_start(&pr, model ? "generating" : "reading", NULL, PROGRESS_COUNT, NULL, NULL);
+    gboolean ok = model ? (m = memsim_model_load(model, &error)) &&
+                              (t = memsim_generate(m, &run, &error))
+                        : (t = memsim_trace_load(argv[1], &error)) != NULL;
+    progress_phase(&pr, "comparing");
+    ok = ok && (c = memsim_compare_trace(t, (const char *const *)specs, &o, &error));
+    progress_stop(&pr);
+    if (!ok) {
         rc = report_error("compare", error);
         goto out;
     }
@@ -1042,8 +990,7 @@ static int cmd_plan(int argc, char **argv)
         goto out;
     }
     Progress pr;
-    progress_start(&pr, "planning", &plan_done);
-    pr.total = &plan_total;
+    progress_start(&pr, "planning", "layouts", PROGRESS_COUNT, &plan_done, &plan_total);
     plan = memsim_plan(m, &o, &error);
     progress_stop(&pr);
     if (!plan) {
