@@ -113,8 +113,8 @@ static gboolean file_fill(Input *in)
     size_t got = fread(in->zin + in->zend, 1, in->zcap - in->zend, in->f);
     in->zend += got;
     in->file_bytes += got;
-    if (in->progress)
-        *in->progress = in->file_bytes;
+    if (in->progress) /* (read by a progress display's thread) */
+        __atomic_store_n(in->progress, in->file_bytes, __ATOMIC_RELAXED);
     if (got == 0) {
         if (ferror(in->f)) {
             in->err = g_strdup_printf("read error: %s", g_strerror(errno));
@@ -137,8 +137,8 @@ static gboolean input_more(Input *in)
         size_t got = fread(in->buf + in->end, 1, in->cap - in->end, in->f);
         in->end += got;
         in->file_bytes += got;
-        if (in->progress)
-            *in->progress = in->file_bytes;
+        if (in->progress) /* (read by a progress display's thread) */
+            __atomic_store_n(in->progress, in->file_bytes, __ATOMIC_RELAXED);
         if (got == 0 && ferror(in->f))
             in->err = g_strdup_printf("read error: %s", g_strerror(errno));
         return got > 0;
@@ -521,6 +521,7 @@ typedef struct {
     Val settings;
     gboolean settings_none; /* allocator_settings: None */
     GPtrArray *devs;      /* Dev*, by device */
+    gboolean reserved_events; /* a device's events were reserved from the file's size */
     Cont *spare[256];     /* freed containers, kept with their item arrays for reuse */
     guint n_spare;
     Map pending;          /* addr → (device, freed): final blocks freed but not yet back */
@@ -1028,7 +1029,9 @@ static guint32 stack_intern_ids(P *p, const guint32 *ids, guint32 n);
 static guint32 stack_intern(P *p, guint32 first)
 {
     guint32 n = p->stack_frames->len - first;
-    guint32 *copy = g_memdup2(&g_array_index(p->stack_frames, guint32, first), n * sizeof(guint32));
+    guint32 *copy = n ? g_memdup2(&g_array_index(p->stack_frames, guint32, first),
+                                  n * sizeof(guint32))
+                      : NULL;
     g_array_set_size(p->stack_frames, first);
     guint32 id = stack_intern_ids(p, copy, n);
     g_free(copy);
@@ -1049,14 +1052,15 @@ static guint32 stack_intern_ids(P *p, const guint32 *ids, guint32 n)
         IdSlot *sl = &p->stack_ix.s[j];
         if (sl->hash == h) {
             const Stack *s = &g_array_index(p->stacks, Stack, sl->id1 - 1);
-            if (s->n == n && memcmp(&g_array_index(p->stack_frames, guint32, s->first), ids,
-                                    n * sizeof(guint32)) == 0)
+            if (s->n == n && (n == 0 || memcmp(&g_array_index(p->stack_frames, guint32, s->first),
+                                               ids, n * sizeof(guint32)) == 0))
                 return sl->id1 - 1;
         }
         j = (j + 1) & (p->stack_ix.cap - 1);
     }
     Stack s = {n, p->stack_frames->len, h, 0, MEMSIM_CAT_OTHER, 0};
-    g_array_append_vals(p->stack_frames, ids, n);
+    if (n)
+        g_array_append_vals(p->stack_frames, ids, n);
     guint32 id = p->stacks->len;
     g_array_append_val(p->stacks, s);
     hold(p, (gint64)(sizeof s + n * sizeof(guint32)));
@@ -1315,12 +1319,7 @@ static Dev *dev_get(P *p, guint32 d)
     if (!v) {
         v = g_new0(Dev, 1);
         v->dev = d;
-        /* about one event per 64 bytes of a snapshot: reserved (untouched until used) so
-         * that the array seldom moves */
-        v->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent),
-                                      (guint)MIN(p->in.total / 64 + 1024, (guint64)1 << 26));
-        advise_huge(v->events->data, (gsize)MIN(p->in.total / 64 + 1024, (guint64)1 << 26) *
-                                         sizeof(MemsimEvent));
+        v->events = g_array_new(FALSE, FALSE, sizeof(MemsimEvent)); /* (see emit) */
         v->handles = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         v->startb = g_array_new(FALSE, FALSE, sizeof(StartBlock));
         v->startseg = g_array_new(FALSE, FALSE, sizeof(StartSeg));
@@ -1385,10 +1384,24 @@ static Action parse_action(P *p, const Str *a)
 
 /* Events go into v->events[0..n_events); the array is grown ahead in runs of 4096 and cut
  * to n_events at the end (dev_events). */
+static void events_grow(P *p, Dev *v)
+{
+    if (v->events->len == 0 && !p->reserved_events) {
+        /* the first device's: about one event per 64 bytes of a snapshot, reserved
+         * (untouched until used) so that the array seldom moves */
+        guint reserve = (guint)MIN(p->in.total / 64 + 4096, (guint64)1 << 26);
+        g_array_set_size(v->events, reserve);
+        advise_huge(v->events->data, reserve * sizeof(MemsimEvent));
+        p->reserved_events = TRUE;
+    } else {
+        g_array_set_size(v->events, MAX(2 * v->events->len, 256u));
+    }
+}
+
 static inline void emit(P *p, Dev *v, const MemsimEvent *ev)
 {
     if (G_UNLIKELY(v->n_events == v->events->len))
-        g_array_set_size(v->events, v->events->len + 4096);
+        events_grow(p, v);
     ((MemsimEvent *)(void *)v->events->data)[v->n_events++] = *ev;
     hold(p, sizeof *ev);
 }
@@ -1925,7 +1938,13 @@ static gboolean read_dev_list(P *p, Cont *c, const Val *v, guint64 index)
     Cont *l = v->u.c;
     if (!once(p, v, where))
         return FALSE;
-    Dev *d = dev_get(p, (guint32)index);
+    /* (a device's state is made by its first entry) */
+    Dev *d = index < p->devs->len ? g_ptr_array_index(p->devs, index) : NULL;
+    Dev none = {0};
+    if (!d && (l->role == R_DEV || l->n == 0))
+        d = &none;
+    else if (!d)
+        d = dev_get(p, (guint32)index);
     if (l->role == R_DEV) {
         if ((c->serial && l->parent != c->serial) || l->index != index ||
             (d->owner != 0 && d->owner != l->serial))
@@ -3584,7 +3603,7 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
                     g_strerror(e));
         return NULL;
     }
-    Input in = {.kind = IN_PLAIN, .f = f, .cap = 4 << 20};
+    Input in = {.kind = IN_PLAIN, .f = f, .cap = 256 << 10};
     in.buf = g_malloc(in.cap);
     in.progress = opt ? opt->bytes_read : NULL;
     guint8 head[4];

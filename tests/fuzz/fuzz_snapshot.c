@@ -1,16 +1,15 @@
-/* libFuzzer target: the snapshot importer (formats/snapshot.c) and the replay behind it, on
- * arbitrary bytes.
+/* libFuzzer target: the streaming snapshot reader (formats/snapshot_stream.c: the pickle
+ * opcodes, the fast path of trace entries, the records, the starting state) and the replay
+ * behind it, on arbitrary bytes.
  *
  *     tests/fuzz/run-fuzzer.sh snapshot 600
  *
- * Each input that the restricted pickle reader accepts is imported as a PyTorch memory
- * snapshot; an import either gives a trace, which is then replayed under --verify (warnings,
+ * Each input either gives a trace, which is then replayed under --verify (warnings,
  * inconsistencies, a recorded OOM at its capacity included), or is refused with a
  * MEMSIM_ERROR_BAD_INPUT / MEMSIM_ERROR_UNSUPPORTED naming the input. Anything else aborts,
  * so that libFuzzer records the input; AddressSanitizer, UBSan and LeakSanitizer catch the
- * rest.
+ * rest. (fuzz_pickle covers pickle.c, the reference reader's tree.)
  */
-#include "formats/pickle.h"
 #include "formats/snapshot.h"
 
 #include <memsim/error.h>
@@ -25,13 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     GError *err = NULL;
-    MemsimPyDoc *doc = memsim_pickle_load(data, size, "fuzz", &err);
-    if (!doc) {
-        g_clear_error(&err);
-        return 0;
-    }
-    MemsimTrace *t = memsim_snapshot_from_pickle(doc, "fuzz", &err);
-    memsim_pickle_free(doc);
+    MemsimTrace *t = memsim_snapshot_read_bytes(data, size, "fuzz", &err);
     if (!t) {
         if (!err || err->domain != MEMSIM_ERROR ||
             (err->code != MEMSIM_ERROR_BAD_INPUT && err->code != MEMSIM_ERROR_UNSUPPORTED) ||
