@@ -359,6 +359,7 @@ typedef struct {
     uint64_t addr, size, stream;
     uint32_t stack;   /* alloc: its Python stack's string index + 1, 0 = none */
     uint8_t category; /* alloc: what its frames say it is */
+    gsize index;      /* in its device's list (entries of unknown actions are not kept) */
 } Entry;
 
 /* An alloc's frames (innermost first): its Python frames as one interned string, one
@@ -449,7 +450,7 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         const char *action = get_str(e, "action");
         if (!action)
             return fail(c, where, "missing or non-string 'action'");
-        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER};
+        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER, i};
         if (en.action == A_OTHER) {
             /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
              * (annotations) carry no allocator action; anything else is unknown here */
@@ -595,7 +596,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
     for (guint k = entries->len; k-- > 0;) {
         Entry *e = &g_array_index(entries, Entry, k);
         char where[80];
-        g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+        g_snprintf(where, sizeof where, "device_traces[%u][%zu]", device, e->index);
         switch (e->action) {
         case A_ALLOC:
             if (!g_hash_table_remove(live, &e->addr)) {
@@ -742,7 +743,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
         for (guint k = 0; k < entries->len; k++) {
             Entry *e = &g_array_index(entries, Entry, k);
             char where[80];
-            g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+            g_snprintf(where, sizeof where, "device_traces[%u][%zu]", device, e->index);
             MemsimEvent ev = {.stream = stream_index(handles, e->stream)};
             switch (e->action) {
             case A_ALLOC:

@@ -524,7 +524,8 @@ typedef struct {
     gboolean reserved_events; /* a device's events were reserved from the file's size */
     Cont *spare[256];     /* freed containers, kept with their item arrays for reuse */
     guint n_spare;
-    Map pending;          /* addr → (device, freed): final blocks freed but not yet back */
+    Map pending;          /* addr → (device, its last free_requested's entry + 1, or 0): the
+                             blocks the final state has allocated (pending a free or not) */
 } P;
 
 #define H_KIND(h) ((h) >> 29)
@@ -1276,7 +1277,7 @@ static gboolean read_segment(P *p, const Val *v, gsize i)
         }
         at += blk.size;
         g_array_append_val(seg.blocks, blk);
-        if (blk.pending) {
+        if (blk.allocated) {
             Slot *ps = map_put(&p->pending, blk.addr, NULL);
             ps->a = seg.device;
             ps->b = 0;
@@ -1534,10 +1535,11 @@ static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
         break;
     }
     case A_FREE_REQUESTED:
+        /* (a final block freed and not allocated again cannot be live at the end) */
         if (!p->segs_read)
-            map_put(&v->freed, addr, NULL);
+            map_put(&v->freed, addr, NULL)->b = k + 1;
         else if ((sl = map_find(&p->pending, addr)) && sl->a == v->dev)
-            sl->b = 1;
+            sl->b = k + 1;
         if ((sl = map_find(&v->live, addr))) {
             ev.id = sl->a;
             map_del(&v->live, sl);
@@ -3127,24 +3129,21 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
             Block *b = &g_array_index(s->blocks, Block, j);
             if (!b->allocated)
                 continue;
+            /* the entry + 1 of its last free in the trace, 0 for none */
+            Slot *ps = map_find(&p->pending, b->addr), *pf = v ? map_find(&v->freed, b->addr) : NULL;
+            uint64_t freed = ps && ps->a == device && ps->b ? ps->b : pf ? pf->b : 0;
             if (b->pending) {
-                Slot *ps = map_find(&p->pending, b->addr);
-                gboolean freed = (ps && ps->b) || (v && map_find(&v->freed, b->addr));
                 if (freed)
                     continue;
             } else if (v && map_find(&v->live, b->addr)) {
                 continue; /* allocated by the trace */
-            }
-            if (v && !b->pending) {
-                Slot *st = map_find(&v->start, b->addr);
-                if (st) {
-                    StartBlock *sb = &g_array_index(v->startb, StartBlock, st->a);
-                    g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]",
-                               device, sb->entry);
-                    fail_at(p, where, "free of 0x%" G_GINT64_MODIFIER "x, which is live again "
-                            "before any alloc", b->addr);
-                    goto out;
-                }
+            } else if (freed) {
+                /* freed by the trace and not allocated again, yet live at the end */
+                g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]",
+                           device, freed - 1);
+                fail_at(p, where, "free of 0x%" G_GINT64_MODIFIER "x, which is live again "
+                        "before any alloc", b->addr);
+                goto out;
             }
             Live0 l = {b->addr, b->size, b->requested, 0};
             gboolean fresh;
