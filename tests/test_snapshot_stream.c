@@ -22,8 +22,12 @@ static void same_trace(const char *what, MemsimTrace *a, MemsimTrace *b)
         cr_assert_str_eq(x->strings[i], y->strings[i], "%s: string %u", what, i);
     guint nw = x->warnings ? g_strv_length(x->warnings) : 0;
     cr_assert_eq(nw, y->warnings ? g_strv_length(y->warnings) : 0, "%s: warnings", what);
-    for (guint i = 0; i < nw; i++)
-        cr_assert_str_eq(x->warnings[i], y->warnings[i], "%s: warning %u", what, i);
+    for (guint i = 0; i < nw; i++) {
+        /* (each names its file first: compared from the file's name on) */
+        const char *wa = strstr(x->warnings[i], ": "), *wb = strstr(y->warnings[i], ": ");
+        cr_assert(wa && wb, "%s: warning %u", what, i);
+        cr_assert_str_eq(wa, wb, "%s: warning %u", what, i);
+    }
     for (guint32 r = 0; r < x->n_ranks; r++) {
         MemsimRankInfo *p = &x->ranks[r], *q = &y->ranks[r];
         cr_assert(p->device == q->device && p->n_streams == q->n_streams &&
@@ -100,13 +104,11 @@ Test(snapshot_stream, agrees_on_the_test_data)
     cr_assert_gt(compare_dir(bad) + compare_dir(good), 20);
 }
 
-/* A compressed copy reads as the plain file (by its first bytes, whatever its name). */
+/* A compressed copy reads as the plain file (by its first bytes, whatever its name): the
+ * shipped snapshot with unknown actions, whose warnings name the file. */
 Test(snapshot_stream, reads_zstd_and_gzip)
 {
-    g_autofree char *dir = tu_shared_path_or_skip("torch-snapshots");
-    if (!dir)
-        return;
-    g_autofree char *src = g_build_filename(dir, "Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle", NULL);
+    g_autofree char *src = tu_test_data("bad/inconsistent-unknown-actions.exit0.pickle");
     g_autofree char *tmp = tu_tmpdir();
     g_autofree char *zst = g_build_filename(tmp, "s.pickle.zst", NULL);
     g_autofree char *gz = g_build_filename(tmp, "s.bin", NULL);
@@ -128,13 +130,11 @@ Test(snapshot_stream, reads_zstd_and_gzip)
         GStatBuf st;
         cr_assert_eq(g_stat(files[i], &st), 0);
         cr_assert_eq(got, (guint64)st.st_size, "%s: %" G_GUINT64_FORMAT " bytes read", files[i], got);
-        memsim_trace_header(b)->name = g_strdup(memsim_trace_header(a)->name);
-        /* warnings name the file */
         same_trace(files[i], a, b);
         memsim_trace_free(b);
     }
     /* a cut compressed stream is refused */
-    g_autofree char *cut = g_strdup_printf("head -c 20000 '%s' > '%s.cut'", zst, zst);
+    g_autofree char *cut = g_strdup_printf("head -c 200 '%s' > '%s.cut'", zst, zst);
     cr_assert_eq(system(cut), 0);
     g_autofree char *cutname = g_strdup_printf("%s.cut", zst);
     MemsimTrace *c = memsim_snapshot_read(cutname, NULL, &err);
