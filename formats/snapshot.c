@@ -450,7 +450,11 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         const char *action = get_str(e, "action");
         if (!action)
             return fail(c, where, "missing or non-string 'action'");
-        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER, i};
+        /* the whole string is the action ("free\0..." is no "free") */
+        Entry en = {strlen(action) == memsim_py_dict_get(e, "action")->v.str.len
+                        ? parse_action(action)
+                        : A_OTHER,
+                    0, 0, 0, 0, MEMSIM_CAT_OTHER, i};
         if (en.action == A_OTHER) {
             /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
              * (annotations) carry no allocator action; anything else is unknown here */
