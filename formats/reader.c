@@ -77,6 +77,17 @@ MemsimTraceReader *memsim_trace_reader_open_source(MemsimSource *src, const char
 
 MemsimTraceReader *memsim_trace_reader_open(const char *path, GError **error)
 {
+    return memsim_trace_reader_open_counted(path, NULL, error);
+}
+
+static gboolean is_gzip(const guint8 *p, gsize n)
+{
+    return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
+}
+
+MemsimTraceReader *memsim_trace_reader_open_counted(const char *path, guint64 *bytes_read,
+                                                    GError **error)
+{
     FILE *f = g_fopen(path, "rb");
     if (!f) {
         int e = errno;
@@ -92,9 +103,13 @@ MemsimTraceReader *memsim_trace_reader_open(const char *path, GError **error)
         memsim_source_clear(&src);
         return NULL;
     }
-    if (n > 0 && !is_zstd(head, n) && !is_text(head, n) && memsim_snapshot_sniff(head, n)) {
+    /* A snapshot by its first bytes, also compressed (zstd, like .mst, or gzip): then by the
+     * first bytes inside. */
+    if (n > 0 && ((!is_zstd(head, n) && !is_text(head, n) && memsim_snapshot_sniff(head, n)) ||
+                  ((is_zstd(head, n) || is_gzip(head, n)) && memsim_snapshot_sniff_path(path)))) {
         memsim_source_clear(&src);
-        MemsimTrace *t = memsim_snapshot_load(path, error);
+        MemsimSnapshotReadOptions o = {.bytes_read = bytes_read};
+        MemsimTrace *t = memsim_snapshot_read(path, &o, error);
         if (!t)
             return NULL;
         return memsim_trace_reader_new_for_trace(t, TRUE, path, MEMSIM_FORMAT_SNAPSHOT);
@@ -177,7 +192,12 @@ static void sync_tables(MemsimTrace *t, const MemsimTraceHeader *src)
 
 MemsimTrace *memsim_trace_load(const char *path, GError **error)
 {
-    MemsimTraceReader *r = memsim_trace_reader_open(path, error);
+    return memsim_trace_load_counted(path, NULL, error);
+}
+
+MemsimTrace *memsim_trace_load_counted(const char *path, guint64 *bytes_read, GError **error)
+{
+    MemsimTraceReader *r = memsim_trace_reader_open_counted(path, bytes_read, error);
     if (!r)
         return NULL;
     if (r->format == MEMSIM_FORMAT_SNAPSHOT && ((TraceReader *)r)->owned) {

@@ -359,6 +359,7 @@ typedef struct {
     uint64_t addr, size, stream;
     uint32_t stack;   /* alloc: its Python stack's string index + 1, 0 = none */
     uint8_t category; /* alloc: what its frames say it is */
+    gsize index;      /* in its device's list (entries of unknown actions are not kept) */
 } Entry;
 
 /* An alloc's frames (innermost first): its Python frames as one interned string, one
@@ -449,7 +450,11 @@ static gboolean read_entries(Ctx *c, const MemsimPyValue *list, gsize dev, GArra
         const char *action = get_str(e, "action");
         if (!action)
             return fail(c, where, "missing or non-string 'action'");
-        Entry en = {parse_action(action), 0, 0, 0, 0, MEMSIM_CAT_OTHER};
+        /* the whole string is the action ("free\0..." is no "free") */
+        Entry en = {strlen(action) == memsim_py_dict_get(e, "action")->v.str.len
+                        ? parse_action(action)
+                        : A_OTHER,
+                    0, 0, 0, 0, MEMSIM_CAT_OTHER, i};
         if (en.action == A_OTHER) {
             /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
              * (annotations) carry no allocator action; anything else is unknown here */
@@ -595,7 +600,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
     for (guint k = entries->len; k-- > 0;) {
         Entry *e = &g_array_index(entries, Entry, k);
         char where[80];
-        g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+        g_snprintf(where, sizeof where, "device_traces[%u][%zu]", device, e->index);
         switch (e->action) {
         case A_ALLOC:
             if (!g_hash_table_remove(live, &e->addr)) {
@@ -742,7 +747,7 @@ static gboolean build_device(Ctx *c, MemsimTrace *t, guint32 device, GArray *seg
         for (guint k = 0; k < entries->len; k++) {
             Entry *e = &g_array_index(entries, Entry, k);
             char where[80];
-            g_snprintf(where, sizeof where, "device_traces[%u][%u]", device, k);
+            g_snprintf(where, sizeof where, "device_traces[%u][%zu]", device, e->index);
             MemsimEvent ev = {.stream = stream_index(handles, e->stream)};
             switch (e->action) {
             case A_ALLOC:
@@ -1002,7 +1007,7 @@ MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GEr
     return t;
 }
 
-MemsimTrace *memsim_snapshot_load(const char *path, GError **error)
+MemsimTrace *memsim_snapshot_load_tree(const char *path, GError **error)
 {
     MemsimPyDoc *doc = memsim_pickle_load_file(path, error);
     if (!doc)
@@ -1010,10 +1015,4 @@ MemsimTrace *memsim_snapshot_load(const char *path, GError **error)
     MemsimTrace *t = memsim_snapshot_from_pickle(doc, path, error);
     memsim_pickle_free(doc);
     return t;
-}
-
-gboolean memsim_snapshot_sniff(const guint8 *data, gsize len)
-{
-    /* PROTO opcode 0x80 followed by a protocol number 2..5. */
-    return len >= 2 && data[0] == 0x80 && data[1] >= 2 && data[1] <= 5;
 }

@@ -11,8 +11,32 @@
 #include <memsim/trace.h>
 #include "formats/pickle.h"
 
-/* Returns a new trace or NULL with error set (naming the file and the record). */
+typedef struct {
+    /* (optional) Bytes read from the file so far (compressed bytes for a compressed
+     * file), updated as the reader goes, for a progress display; not owned. */
+    guint64 *bytes_read;
+} MemsimSnapshotReadOptions;
+
+/* The streaming reader (snapshot_stream.c): a plain, zstd or gzip pickle (told by its first
+ * bytes). Returns a new trace or NULL with error set (naming the file, the byte or the
+ * record). `opt` may be NULL. */
+MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOptions *opt,
+                                  GError **error);
+/* The same on an uncompressed pickle in memory; `name` names it in messages. */
+MemsimTrace *memsim_snapshot_read_bytes(const guint8 *data, gsize len, const char *name,
+                                        GError **error);
+/* TRUE when the bytes start a zstd frame or a gzip member (a compressed snapshot). */
+gboolean memsim_snapshot_sniff_compressed(const guint8 *data, gsize len);
+
+/* TRUE when the file is a snapshot pickle: plain, or zstd / gzip with a pickle inside. */
+gboolean memsim_snapshot_sniff_path(const char *path);
+
+/* memsim_snapshot_read() with no options. */
 MemsimTrace *memsim_snapshot_load(const char *path, GError **error);
+
+/* The reference reader: the whole object tree (pickle.c), then the trace. The tests compare
+ * the streaming reader against it. */
+MemsimTrace *memsim_snapshot_load_tree(const char *path, GError **error);
 MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error);
 /* TRUE when the bytes look like a pickle (protocol 2 or later). */
 gboolean memsim_snapshot_sniff(const guint8 *data, gsize len);

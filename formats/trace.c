@@ -21,6 +21,9 @@ struct MemsimTrace {
     MemsimTraceSink sink;
     void *sink_user;
     GDestroyNotify sink_destroy;
+    /* The rank table likewise (a snapshot of thousands of devices adds a rank for each). */
+    MemsimRankInfo *ranks_buf;
+    guint32 ranks_cap;
 };
 
 MemsimTrace *memsim_trace_new(const char *name)
@@ -108,7 +111,15 @@ MemsimTraceHeader *memsim_trace_header(MemsimTrace *t)
 guint32 memsim_trace_add_rank(MemsimTrace *t, guint32 device, guint32 multiplicity)
 {
     MemsimTraceHeader *h = &t->header;
-    h->ranks = g_renew(MemsimRankInfo, h->ranks, h->n_ranks + 1);
+    guint32 cap = h->ranks && h->ranks == t->ranks_buf && h->n_ranks <= t->ranks_cap
+                      ? t->ranks_cap
+                      : h->n_ranks;
+    if (h->n_ranks + 1 > cap) {
+        cap = h->n_ranks < 4 ? 4 : h->n_ranks * 2;
+        h->ranks = g_renew(MemsimRankInfo, h->ranks, cap);
+        t->ranks_buf = h->ranks;
+        t->ranks_cap = cap;
+    }
     MemsimRankInfo *r = &h->ranks[h->n_ranks];
     memset(r, 0, sizeof *r);
     r->device = device;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "sim/export/json.h"
+#include "sim/sites.h"
 
 /* A token of the list starts a new policy when the part before its first ':' is a policy
  * name (or "all"); otherwise it continues the settings of the previous one, so that
@@ -372,6 +373,60 @@ char *memsim_comparison_to_text(const MemsimComparison *c)
                                        x->oom.event_index);
             else
                 g_string_append(s, "; no further failure\n");
+        }
+    }
+    /* Who holds the memory (snapshots, whose allocations name their site): at the peak of
+     * allocated bytes, shown once when every policy that reaches it has the same sites, and
+     * at each policy's OOM. */
+    for (guint k = 0; k < c->baseline->n_ranks; k++) {
+        const MemsimRankReport *first = NULL;
+        gboolean same = TRUE;
+        for (guint i = 0; i < c->n_runs; i++) {
+            const MemsimReport *rep = c->runs[i].report;
+            if (!rep || k >= rep->n_ranks || !rep->ranks[k].n_sites_at_peak)
+                continue;
+            const MemsimRankReport *x = &rep->ranks[k];
+            if (!first) {
+                first = x;
+                continue;
+            }
+            same = same && x->n_sites_at_peak == first->n_sites_at_peak;
+            for (uint32_t j = 0; same && j < x->n_sites_at_peak; j++)
+                same = x->sites_at_peak[j].bytes == first->sites_at_peak[j].bytes &&
+                       x->sites_at_peak[j].count == first->sites_at_peak[j].count &&
+                       strcmp(x->sites_at_peak[j].site, first->sites_at_peak[j].site) == 0;
+        }
+        if (!first)
+            continue;
+        g_autofree char *rank = multi ? g_strdup_printf(" [rank %u]", first->rank) : g_strdup("");
+        if (same) {
+            g_autofree char *what = g_strdup_printf("at the peak (event %" G_GUINT64_FORMAT
+                                                    ")%s, under every policy",
+                                                    first->peak_allocated_event, rank);
+            g_string_append_c(s, '\n');
+            report_text_sites(s, what, first->sites_at_peak, first->n_sites_at_peak);
+        }
+        for (guint i = 0; i < c->n_runs; i++) {
+            const MemsimReport *rep = c->runs[i].report;
+            if (!rep || k >= rep->n_ranks)
+                continue;
+            const MemsimRankReport *x = &rep->ranks[k];
+            if (!same && x->n_sites_at_peak) {
+                g_autofree char *what = g_strdup_printf("at the peak (event %" G_GUINT64_FORMAT
+                                                        ")%s under %s",
+                                                        x->peak_allocated_event, rank,
+                                                        c->runs[i].spec);
+                g_string_append_c(s, '\n');
+                report_text_sites(s, what, x->sites_at_peak, x->n_sites_at_peak);
+            }
+            if (x->n_sites_at_oom) {
+                g_autofree char *what = g_strdup_printf("at the OOM (event %" G_GUINT64_FORMAT
+                                                        ")%s under %s",
+                                                        x->sites_oom_event, rank,
+                                                        c->runs[i].spec);
+                g_string_append_c(s, '\n');
+                report_text_sites(s, what, x->sites_at_oom, x->n_sites_at_oom);
+            }
         }
     }
     g_string_append(s, "\nAt the moment of peak reserved: rounding = allocated - requested "

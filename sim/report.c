@@ -1,5 +1,6 @@
 /* Reports: freeing them, judging them on a device (memsim_device_capacity,
  * memsim_report_set_device), the JSON every command shares, and the human-readable table. */
+#include "sim/sites.h"
 #include <memsim/sim.h>
 
 #include <inttypes.h>
@@ -126,7 +127,7 @@ static const char *site_short(const char *site)
     return slash ? slash + 1 : site;
 }
 
-static void text_sites(GString *s, const char *what, const MemsimSite *x, uint32_t n)
+void report_text_sites(GString *s, const char *what, const MemsimSite *x, uint32_t n)
 {
     if (!n)
         return;
@@ -662,12 +663,12 @@ char *memsim_report_to_text(const MemsimReport *rep)
         if (r->n_sites_at_peak) {
             g_autofree char *what =
                 g_strdup_printf("at the peak (event %" PRIu64 ")", r->peak_allocated_event);
-            text_sites(s, what, r->sites_at_peak, r->n_sites_at_peak);
+            report_text_sites(s, what, r->sites_at_peak, r->n_sites_at_peak);
         }
         if (r->n_sites_at_oom) {
             g_autofree char *what =
                 g_strdup_printf("at the OOM (event %" PRIu64 ")", r->sites_oom_event);
-            text_sites(s, what, r->sites_at_oom, r->n_sites_at_oom);
+            report_text_sites(s, what, r->sites_at_oom, r->n_sites_at_oom);
         }
         if (r->has_recorded_final)
             g_string_append_printf(s, "  recorded final: %s allocated, %s reserved\n",

@@ -431,3 +431,27 @@ Test(snapshots, top_site_at_peak_silmont, .timeout = 120)
     /* its peak is in the backward pass: autograd's allocations, without Python frames */
     check_top_site("silmont2000__assignment2-systems__mem_snapshot.pickle", FALSE);
 }
+
+/* compare names who holds the memory too: at the peak (the same under both torch settings
+ * here, so once) and at each policy's OOM, as replay does; the top site is the one the
+ * independent reader above finds (dit.py:125). */
+Test(snapshots, compare_lists_the_sites, .timeout = 120)
+{
+    g_autofree char *dir = tu_shared_path_or_skip("torch-snapshots");
+    if (!dir)
+        return;
+    g_autofree char *path =
+        g_build_filename(dir, "Nesta-gitU__discrete_diffusion__memory_snapshot.json.pickle", NULL);
+    g_autofree char *out = NULL, *err = NULL;
+    const char *cmp[] = {"compare", path, "--allocators", "torch,bfc", NULL};
+    /* (exit status 1: bfc runs out before the recorded point) */
+    cr_expect_eq(tu_run_memsim(cmp, &out, &err), 1, "%s", err);
+    const char *oom = strstr(out, "who holds the memory at the OOM (event 911) under torch:\n");
+    cr_assert(oom, "%s", out);
+    /* its first line: the largest site */
+    const char *line = strchr(oom, '\n') + 1;
+    const char *end = strchr(line, '\n');
+    g_autofree char *first = g_strndup(line, end ? (gsize)(end - line) : strlen(line));
+    cr_expect(strstr(first, "dit.py:125 forward"), "%s", first);
+    cr_expect(strstr(out, "who holds the memory at the OOM (event 907) under bfc:"), "%s", out);
+}

@@ -47,6 +47,19 @@
  *       error, and that step's parts: compute, memory-bound, exposed host time, waiting
  *       (collectives, pipeline), and the host's time in all.
  *
+ *   memsim-bench snapshot [--events N] [--big-mb M] [--file F] [--big-file F] [--keep DIR]
+ *                         [--repeat R] [--python-big]
+ *       Issue 17's speed figures for PyTorch memory snapshots. Makes (or takes) a synthetic
+ *       snapshot of N trace entries (default 895,000) and one of about M MB (default 350; 0:
+ *       none) with tools/snapshot-gen.py (fixed seed; kept in DIR and reused when there),
+ *       then measures, R times each (default 5; the Python ones 3, or once on the big file,
+ *       only with --python-big): `memsim replay FILE` end to end as a child process (wall,
+ *       CPU, peak RSS), the plain Python model of the allocator on the same file
+ *       (tools/torch_alloc_model.py: pickle.load, then its replay), and Python's pickle.load
+ *       of the file alone; medians, the ratios, whether both models give the same peaks, and
+ *       the acceptance lines (≥ 25× the Python model, ≥ 5× pickle.load, < 100 MB on the
+ *       N-entry file; < 5 s and < 500 MB on the big one).
+ *
  *   memsim-bench families [--seq N] [--repeat R] [--limit S]
  *       For each model family, its largest preset (by parameter count) through `memsim
  *       estimate` with the run defaults (and --seq if given): generate + replay through torch,
@@ -1089,6 +1102,249 @@ static int bench_megatron(int argc, char **argv)
     return 0;
 }
 
+/* ---- snapshot ---- */
+
+typedef struct {
+    double wall, cpu; /* seconds */
+    long rss_kib;     /* peak resident set of the child */
+    char *out;        /* its stdout */
+} Child;
+
+/* Runs argv with stdout captured and stderr passed through; the child's own wall, CPU time
+ * and peak RSS (wait4). FALSE when it cannot start or exits with a status. */
+static gboolean run_child(char **argv, Child *c)
+{
+    memset(c, 0, sizeof *c);
+    int fds[2];
+    if (pipe(fds) != 0)
+        return FALSE;
+    gint64 t0 = g_get_monotonic_time();
+    pid_t pid = fork();
+    if (pid < 0)
+        return FALSE;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    GString *out = g_string_new(NULL);
+    char buf[65536];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0)
+        g_string_append_len(out, buf, got);
+    close(fds[0]);
+    int status = 0;
+    struct rusage ru;
+    wait4(pid, &status, 0, &ru);
+    c->wall = (double)(g_get_monotonic_time() - t0) / 1e6;
+    c->cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+             (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+    c->rss_kib = ru.ru_maxrss;
+    c->out = g_string_free(out, FALSE);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "memsim-bench: %s exited with status %d\n", argv[0],
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+
+/* A number after `key` in a line of text ("key 123"), or -1. */
+static double number_after(const char *text, const char *key)
+{
+    const char *k = text ? strstr(text, key) : NULL;
+    return k ? g_ascii_strtod(k + strlen(key), NULL) : -1;
+}
+
+typedef struct {
+    double wall, cpu, rss_mib; /* medians */
+    double py_model, py_load;  /* medians of CPU seconds, -1 when not run */
+    double peak_reserved, peak_allocated, py_reserved, py_allocated;
+    double mib;
+} SnapFigures;
+
+static gboolean bench_snapshot_file(const char *memsim, const char *file, int repeat,
+                                    gboolean python, SnapFigures *f)
+{
+    memset(f, 0, sizeof *f);
+    f->py_model = f->py_load = -1;
+    GStatBuf st;
+    if (g_stat(file, &st) != 0) {
+        fprintf(stderr, "memsim-bench: %s: cannot read\n", file);
+        return FALSE;
+    }
+    f->mib = (double)st.st_size / 1048576.0;
+    printf("%s: %.1f MiB\n", file, f->mib);
+    repeat = MAX(repeat, 1);
+    double *wall = g_new(double, (gsize)repeat), *cpu = g_new(double, (gsize)repeat),
+           *rss = g_new(double, (gsize)repeat);
+    for (int k = 0; k < repeat; k++) {
+        char *argv[] = {(char *)memsim, "replay", "--json", (char *)file, NULL};
+        Child c;
+        if (!run_child(argv, &c))
+            return FALSE;
+        wall[k] = c.wall;
+        cpu[k] = c.cpu;
+        rss[k] = (double)c.rss_kib / 1024.0;
+        f->peak_reserved = number_after(c.out, "\"peak_reserved\" : ");
+        f->peak_allocated = number_after(c.out, "\"peak_allocated\" : ");
+        printf("  memsim replay: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n", c.wall, c.cpu,
+               rss[k]);
+        g_free(c.out);
+    }
+    f->wall = median(wall, repeat);
+    f->cpu = median(cpu, repeat);
+    f->rss_mib = median(rss, repeat);
+    if (python) {
+        int pr = MIN(repeat, 3);
+        double *model = g_new(double, (gsize)pr), *load = g_new(double, (gsize)pr);
+        g_autofree char *script = g_build_filename(MEMSIM_SOURCE_ROOT, "tools",
+                                                   "torch_alloc_model.py", NULL);
+        for (int k = 0; k < pr; k++) {
+            char *argv[] = {"/usr/bin/python3", script, (char *)file, NULL};
+            Child c;
+            if (!run_child(argv, &c))
+                return FALSE;
+            model[k] = c.cpu;
+            f->py_reserved = number_after(c.out, "peak_reserved ");
+            f->py_allocated = number_after(c.out, "peak_allocated ");
+            printf("  Python model (pickle.load + its replay): %.3f s wall, %.3f s CPU, peak RSS "
+                   "%.1f MiB\n", c.wall, c.cpu, (double)c.rss_kib / 1024.0);
+            g_free(c.out);
+            char *argv2[] = {"/usr/bin/python3", "-c",
+                             "import pickle, sys, time\n"
+                             "t = time.process_time()\n"
+                             "with open(sys.argv[1], 'rb') as f:\n"
+                             "    pickle.load(f)\n"
+                             "print('load_cpu', time.process_time() - t)\n",
+                             (char *)file, NULL};
+            if (!run_child(argv2, &c))
+                return FALSE;
+            load[k] = number_after(c.out, "load_cpu ");
+            printf("  pickle.load alone: %.3f s CPU (in the interpreter; %.3f s wall for the "
+                   "process), peak RSS %.1f MiB\n", load[k], c.wall, (double)c.rss_kib / 1024.0);
+            g_free(c.out);
+        }
+        f->py_model = median(model, pr);
+        f->py_load = median(load, pr);
+        g_free(model);
+        g_free(load);
+    }
+    g_free(wall);
+    g_free(cpu);
+    g_free(rss);
+    return TRUE;
+}
+
+static int bench_snapshot(int argc, char **argv)
+{
+    gint64 n_events = 895000;
+    double big_mb = 350;
+    char *file = NULL, *big_file = NULL, *keep = NULL;
+    gint repeat = 5;
+    gboolean python_big = FALSE;
+    GOptionEntry entries[] = {
+        {"events", 0, 0, G_OPTION_ARG_INT64, &n_events, "Entries of the synthetic snapshot", "N"},
+        {"big-mb", 0, 0, G_OPTION_ARG_DOUBLE, &big_mb, "Size of the big one (0: none)", "M"},
+        {"file", 0, 0, G_OPTION_ARG_FILENAME, &file, "Take this snapshot instead", "F"},
+        {"big-file", 0, 0, G_OPTION_ARG_FILENAME, &big_file, "Take this big one instead", "F"},
+        {"keep", 0, 0, G_OPTION_ARG_FILENAME, &keep, "Keep (and reuse) the files here", "DIR"},
+        {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs of memsim (default 5)", "R"},
+        {"python-big", 0, 0, G_OPTION_ARG_NONE, &python_big,
+         "Also run Python on the big file (minutes, GBs)", NULL},
+        {NULL}};
+    GOptionContext *ctx = g_option_context_new("- PyTorch snapshot speed (issue 17)");
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    GError *error = NULL;
+    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        fprintf(stderr, "memsim-bench snapshot: %s\n", error->message);
+        return 2;
+    }
+    g_option_context_free(ctx);
+    if (repeat < 1)
+        repeat = 1;
+    g_autofree char *self = g_file_read_link("/proc/self/exe", NULL);
+    g_autofree char *bindir = self ? g_path_get_dirname(self) : g_strdup(".");
+    g_autofree char *memsim = g_build_filename(bindir, "memsim", NULL);
+    g_autofree char *gen = g_build_filename(MEMSIM_SOURCE_ROOT, "tools", "snapshot-gen.py", NULL);
+    g_autofree char *dir = keep ? g_strdup(keep) : g_dir_make_tmp("memsim-bench-XXXXXX", &error);
+    if (!dir || g_mkdir_with_parents(dir, 0755) != 0) {
+        fprintf(stderr, "memsim-bench snapshot: no directory for the files\n");
+        return 2;
+    }
+    g_autofree char *small = file ? g_strdup(file)
+                                  : g_strdup_printf("%s/snapshot-%" G_GINT64_FORMAT ".pickle", dir,
+                                                    n_events);
+    g_autofree char *big = big_file ? g_strdup(big_file)
+                         : big_mb > 0 ? g_strdup_printf("%s/snapshot-%.0fMB.pickle", dir, big_mb)
+                                      : NULL;
+    for (int i = 0; i < 2; i++) {
+        const char *path = i ? big : small;
+        if (!path || g_file_test(path, G_FILE_TEST_EXISTS))
+            continue;
+        char arg[64];
+        if (i)
+            g_snprintf(arg, sizeof arg, "--mb=%.0f", big_mb);
+        else
+            g_snprintf(arg, sizeof arg, "--events=%" G_GINT64_FORMAT, n_events);
+        char *gv[] = {"/usr/bin/python3", gen, (char *)path, arg, NULL};
+        Child c;
+        printf("generating %s ...\n", path);
+        fflush(stdout);
+        if (!run_child(gv, &c))
+            return 2;
+        printf("  %s  (%.1f s)\n", g_strstrip(c.out), c.wall);
+        g_free(c.out);
+    }
+
+    SnapFigures s, b;
+    if (!bench_snapshot_file(memsim, small, repeat, TRUE, &s))
+        return 2;
+    double vs_model = s.py_model / s.cpu, vs_load = s.py_load / s.cpu;
+    printf("\n%s (medians):\n"
+           "  memsim replay end to end: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n"
+           "  Python model:             %.3f s CPU   -> memsim %.1fx faster (CPU)\n"
+           "  pickle.load alone:        %.3f s CPU   -> memsim %.1fx faster (CPU)\n"
+           "  peaks: memsim reserved %.0f allocated %.0f; Python model reserved %.0f allocated "
+           "%.0f (%s)\n",
+           small, s.wall, s.cpu, s.rss_mib, s.py_model, vs_model, s.py_load, vs_load,
+           s.peak_reserved, s.peak_allocated, s.py_reserved, s.py_allocated,
+           s.peak_reserved == s.py_reserved && s.peak_allocated == s.py_allocated ? "the same"
+                                                                                   : "DIFFERENT");
+    gboolean ok = vs_model >= 25 && vs_load >= 5 && s.rss_mib < 100;
+    printf("  acceptance: >= 25x the Python model: %s; >= 5x pickle.load: %s; peak RSS < 100 MB: "
+           "%s\n",
+           vs_model >= 25 ? "yes" : "NO", vs_load >= 5 ? "yes" : "NO",
+           s.rss_mib < 100 ? "yes" : "NO");
+    if (big) {
+        if (!bench_snapshot_file(memsim, big, MIN(repeat, 3), python_big, &b))
+            return 2;
+        printf("\n%s (medians): memsim replay %.3f s wall, %.3f s CPU, peak RSS %.1f MiB",
+               big, b.wall, b.cpu, b.rss_mib);
+        if (b.py_model > 0)
+            printf("; Python model %.3f s CPU (%.1fx), pickle.load %.3f s CPU (%.1fx)",
+                   b.py_model, b.py_model / b.cpu, b.py_load, b.py_load / b.cpu);
+        printf("\n  acceptance: < 5 s: %s; < 500 MB: %s\n", b.wall < 5 ? "yes" : "NO",
+               b.rss_mib < 500 ? "yes" : "NO");
+        ok = ok && b.wall < 5 && b.rss_mib < 500;
+    }
+    if (!keep) { /* the generated files only */
+        if (!file)
+            g_remove(small);
+        if (big && !big_file)
+            g_remove(big);
+        g_rmdir(dir);
+    }
+    g_free(file);
+    g_free(big_file);
+    g_free(keep);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "megatron") == 0)
@@ -1105,6 +1361,8 @@ int main(int argc, char **argv)
         return bench_plan(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "steady") == 0)
         return bench_steady(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "snapshot") == 0)
+        return bench_snapshot(argc - 1, argv + 1);
     gint64 n_events = 10000000;
     char *allocator = NULL, *keep = NULL;
     gint repeat = 3;
@@ -1120,7 +1378,8 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error) || argc != 2 ||
         strcmp(argv[1], "replay") != 0) {
         fprintf(stderr,
-                "usage: memsim-bench replay|estimate|compare|export|plan|megatron|families|steady "
+                "usage: memsim-bench "
+                "replay|estimate|compare|export|plan|megatron|families|steady|snapshot "
                 "[OPTIONS] (the file's header says what each measures)\n"
                 "       memsim-bench replay [--events N] [--allocator SPEC] [--keep F] "
                 "[--repeat R]\n%s\n",

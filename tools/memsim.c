@@ -2,6 +2,7 @@
  *
  * Exit status: 0 success; 1 an answer of "does not fit" (a simulated OOM) or, for
  * `replay --verify`, a mismatch; 2 bad input or usage. */
+#include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
 #include <memsim/alloc.h>
 #include <memsim/export.h>
@@ -76,10 +77,25 @@ static gboolean parse(GOptionContext *ctx, const char *cmd, int *argc, char ***a
     return TRUE;
 }
 
-/* memsim_replay_path, counting events for the progress line. */
+/* A PyTorch snapshot is read whole before anything else happens: over this size, the bar
+ * shows the bytes read while it is. */
+#define BIG_INPUT ((guint64)50 << 20)
+
+static guint64 file_size(const char *path)
+{
+    GStatBuf st;
+    return g_stat(path, &st) == 0 ? (guint64)st.st_size : 0;
+}
+
+/* memsim_replay_path, counting bytes read (a big snapshot) and events for the progress line. */
 static MemsimReport *replay_file(const char *path, const MemsimReplayOptions *o, GError **error)
 {
-    MemsimTraceReader *rd = memsim_trace_reader_open(path, error);
+    guint64 bytes = 0, size = file_size(path);
+    Progress rd_pr;
+    progress_start(&rd_pr, "reading", NULL, PROGRESS_BYTES, size > BIG_INPUT ? &bytes : NULL,
+                   size > BIG_INPUT ? &size : NULL);
+    MemsimTraceReader *rd = memsim_trace_reader_open_counted(path, &bytes, error);
+    progress_stop(&rd_pr);
     if (!rd)
         return NULL;
     MemsimReplay *rp = memsim_replay_new(memsim_trace_reader_header(rd), o, error);
@@ -832,10 +848,12 @@ static int cmd_compare(int argc, char **argv)
         goto out;
     }
     Progress pr;
-    progress_start(&pr, model ? "generating" : "reading", NULL, PROGRESS_COUNT, NULL, NULL);
+    guint64 bytes = 0, size = model ? 0 : file_size(argv[1]);
+    progress_start(&pr, model ? "generating" : "reading", NULL, PROGRESS_BYTES,
+                   size > BIG_INPUT ? &bytes : NULL, size > BIG_INPUT ? &size : NULL);
     gboolean ok = model ? (m = memsim_model_load(model, &error)) &&
                               (t = memsim_generate(m, &run, &error))
-                        : (t = memsim_trace_load(argv[1], &error)) != NULL;
+                        : (t = memsim_trace_load_counted(argv[1], &bytes, &error)) != NULL;
     progress_phase(&pr, "comparing");
     ok = ok && (c = memsim_compare_trace(t, (const char *const *)specs, &o, &error));
     progress_stop(&pr);

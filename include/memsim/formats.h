@@ -41,6 +41,12 @@ typedef struct MemsimTraceReader MemsimTraceReader;
 /* Opens a trace of any supported format (detected from the content). Returns NULL and sets
  * error on failure. Free with memsim_trace_reader_free(). */
 MEMSIM_API MemsimTraceReader *memsim_trace_reader_open(const char *path, GError **error);
+/* The same, keeping *bytes_read (may be NULL; read from another thread for a progress
+ * display) at the bytes of the file read so far while a PyTorch snapshot — plain, .zst or
+ * .gz, which is read whole when opened — is read; other formats are read as the reader
+ * goes and leave it alone. */
+MEMSIM_API MemsimTraceReader *memsim_trace_reader_open_counted(const char *path, guint64 *bytes_read,
+                                                    GError **error);
 /* The header; owned by the reader, may change after each memsim_trace_reader_next(). */
 MEMSIM_API const MemsimTraceHeader *memsim_trace_reader_header(MemsimTraceReader *r);
 /* Next run of events, all of one rank. Returns the number of events (> 0) and points *events
@@ -56,6 +62,8 @@ MEMSIM_API void memsim_trace_reader_free(MemsimTraceReader *r);
 /* Reads a whole trace of any format into memory. Returns a new trace (memsim_trace_free)
  * or NULL with error set. */
 MEMSIM_API MemsimTrace *memsim_trace_load(const char *path, GError **error);
+/* The same, counting the bytes read as memsim_trace_reader_open_counted() does. */
+MEMSIM_API MemsimTrace *memsim_trace_load_counted(const char *path, guint64 *bytes_read, GError **error);
 
 typedef struct MemsimTraceWriter MemsimTraceWriter;
 

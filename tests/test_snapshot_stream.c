@@ -1,0 +1,146 @@
+/* The streaming snapshot reader (formats/snapshot_stream.c) against the reference reader
+ * (pickle.c's object tree read by snapshot.c): the same trace, header and events, for every
+ * real snapshot of ../shared/data/torch-snapshots and every snapshot of tests/data; the same
+ * refusals for the bad ones; compressed copies (zstd, gzip, made here by the zstd and gzip
+ * commands) read as the plain file. */
+#include "formats/snapshot.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <glib/gstdio.h>
+#include <string.h>
+
+static void same_trace(const char *what, MemsimTrace *a, MemsimTrace *b)
+{
+    MemsimTraceHeader *x = memsim_trace_header(a), *y = memsim_trace_header(b);
+    cr_assert_eq(x->n_ranks, y->n_ranks, "%s: ranks %u vs %u", what, x->n_ranks, y->n_ranks);
+    cr_assert_str_eq(x->alloc_conf ? x->alloc_conf : "-", y->alloc_conf ? y->alloc_conf : "-",
+                     "%s: alloc_conf", what);
+    cr_assert_eq(x->n_strings, y->n_strings, "%s: strings %u vs %u", what, x->n_strings,
+                 y->n_strings);
+    for (guint32 i = 0; i < x->n_strings; i++)
+        cr_assert_str_eq(x->strings[i], y->strings[i], "%s: string %u", what, i);
+    guint nw = x->warnings ? g_strv_length(x->warnings) : 0;
+    cr_assert_eq(nw, y->warnings ? g_strv_length(y->warnings) : 0, "%s: warnings", what);
+    for (guint i = 0; i < nw; i++) {
+        /* (each names its file first: compared from the file's name on) */
+        const char *wa = strstr(x->warnings[i], ": "), *wb = strstr(y->warnings[i], ": ");
+        cr_assert(wa && wb, "%s: warning %u", what, i);
+        cr_assert_str_eq(wa, wb, "%s: warning %u", what, i);
+    }
+    for (guint32 r = 0; r < x->n_ranks; r++) {
+        MemsimRankInfo *p = &x->ranks[r], *q = &y->ranks[r];
+        cr_assert(p->device == q->device && p->n_streams == q->n_streams &&
+                      p->has_final == q->has_final && p->final_reserved == q->final_reserved &&
+                      p->final_allocated == q->final_allocated && p->capacity == q->capacity &&
+                      p->n_inconsistent == q->n_inconsistent,
+                  "%s: rank %u's header", what, r);
+        for (guint32 s = 0; s < p->n_streams; s++)
+            cr_assert_eq(p->stream_handles[s], q->stream_handles[s], "%s: rank %u stream %u",
+                         what, r, s);
+        gsize n, m;
+        const MemsimEvent *e = memsim_trace_events(a, r, &n), *f = memsim_trace_events(b, r, &m);
+        cr_assert_eq(n, m, "%s: rank %u: %zu vs %zu events", what, r, n, m);
+        for (gsize i = 0; i < n; i++)
+            cr_assert(memcmp(&e[i], &f[i], sizeof e[i]) == 0,
+                      "%s: rank %u event %zu: kind %u/%u id %" G_GUINT64_FORMAT "/%"
+                      G_GUINT64_FORMAT " stream %u/%u", what, r, i, e[i].kind, f[i].kind,
+                      e[i].id, f[i].id, e[i].stream, f[i].stream);
+    }
+}
+
+/* Both readers on one file: both refuse it, or both give the same trace. */
+static void compare_file(const char *path, int *n_read)
+{
+    GError *e1 = NULL, *e2 = NULL;
+    MemsimTrace *a = memsim_snapshot_load_tree(path, &e1);
+    MemsimTrace *b = memsim_snapshot_read(path, NULL, &e2);
+    cr_assert_eq(a != NULL, b != NULL, "%s: the reference %s, the streaming reader %s", path,
+                 a ? "reads it" : e1->message, b ? "reads it" : e2->message);
+    if (a) {
+        same_trace(path, a, b);
+        (*n_read)++;
+    } else {
+        cr_assert_eq(e1->code, e2->code, "%s: error codes differ: %s / %s", path, e1->message,
+                     e2->message);
+        cr_assert(g_str_has_prefix(e2->message, path), "%s: %s", path, e2->message);
+    }
+    g_clear_error(&e1);
+    g_clear_error(&e2);
+    memsim_trace_free(a);
+    memsim_trace_free(b);
+}
+
+static int compare_dir(const char *dir)
+{
+    GDir *d = g_dir_open(dir, 0, NULL);
+    cr_assert(d, "%s", dir);
+    int n = 0, read = 0;
+    const char *name;
+    while ((name = g_dir_read_name(d))) {
+        if (!g_str_has_suffix(name, ".pickle") && !g_str_has_suffix(name, ".pkl"))
+            continue;
+        g_autofree char *path = g_build_filename(dir, name, NULL);
+        compare_file(path, &read);
+        n++;
+    }
+    g_dir_close(d);
+    cr_log_info("%s: %d files, %d read", dir, n, read);
+    return n;
+}
+
+Test(snapshot_stream, agrees_on_the_real_snapshots)
+{
+    g_autofree char *dir = tu_shared_path_or_skip("torch-snapshots");
+    if (!dir)
+        return;
+    cr_assert_geq(compare_dir(dir), 30);
+}
+
+Test(snapshot_stream, agrees_on_the_test_data)
+{
+    g_autofree char *bad = tu_test_data("bad");
+    g_autofree char *good = tu_test_data("good");
+    cr_assert_gt(compare_dir(bad) + compare_dir(good), 20);
+}
+
+/* A compressed copy reads as the plain file (by its first bytes, whatever its name): the
+ * shipped snapshot with unknown actions, whose warnings name the file. */
+Test(snapshot_stream, reads_zstd_and_gzip)
+{
+    g_autofree char *src = tu_test_data("bad/inconsistent-unknown-actions.exit0.pickle");
+    g_autofree char *tmp = tu_tmpdir();
+    g_autofree char *zst = g_build_filename(tmp, "s.pickle.zst", NULL);
+    g_autofree char *gz = g_build_filename(tmp, "s.bin", NULL);
+    g_autofree char *cmd = g_strdup_printf("zstd -q -c '%s' > '%s' && gzip -c '%s' > '%s'", src,
+                                           zst, src, gz);
+    if (system(cmd) != 0) {
+        tu_note_skip("reads_zstd_and_gzip", "the zstd or gzip command failed");
+        return;
+    }
+    GError *err = NULL;
+    MemsimTrace *a = memsim_snapshot_read(src, NULL, &err);
+    cr_assert(a, "%s", err ? err->message : "");
+    const char *files[] = {zst, gz};
+    for (int i = 0; i < 2; i++) {
+        guint64 got = 0;
+        MemsimSnapshotReadOptions o = {.bytes_read = &got};
+        MemsimTrace *b = memsim_snapshot_read(files[i], &o, &err);
+        cr_assert(b, "%s", err ? err->message : "");
+        GStatBuf st;
+        cr_assert_eq(g_stat(files[i], &st), 0);
+        cr_assert_eq(got, (guint64)st.st_size, "%s: %" G_GUINT64_FORMAT " bytes read", files[i], got);
+        same_trace(files[i], a, b);
+        memsim_trace_free(b);
+    }
+    /* a cut compressed stream is refused */
+    g_autofree char *cut = g_strdup_printf("head -c 200 '%s' > '%s.cut'", zst, zst);
+    cr_assert_eq(system(cut), 0);
+    g_autofree char *cutname = g_strdup_printf("%s.cut", zst);
+    MemsimTrace *c = memsim_snapshot_read(cutname, NULL, &err);
+    cr_assert_null(c);
+    cr_assert(err && err->code == MEMSIM_ERROR_BAD_INPUT && strstr(err->message, cutname),
+              "%s", err ? err->message : "");
+    g_clear_error(&err);
+    memsim_trace_free(a);
+}
