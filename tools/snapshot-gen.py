@@ -5,7 +5,8 @@ writes) of a training run, from a fixed seed.
     /usr/bin/python3 tools/snapshot-gen.py OUT.pickle [--events N | --mb M] [--seed S]
 
 Default 895,000 trace entries (about 53 MB: time_us and a frames list per allocation);
---mb M aims at a file of about M MB instead (--mb 350: about 9.5 million entries). The same arguments give the same bytes.
+--mb M aims at a file of about M MB instead (--mb 350: about 9.5 million entries). The
+same arguments give the same bytes.
 
 The run: a 24-layer transformer (hidden 2048, 4096 tokens a micro-batch) whose parameters
 are made first, then training steps: the input batch copied in on a copy stream, each
