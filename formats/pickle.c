@@ -1041,6 +1041,11 @@ static MemsimPyValue *run(Parser *p)
         counted:
             if (!need(p, off, op, u))
                 return NULL;
+            if ((op == 0x8c || op == 'X' || op == 0x8d) &&
+                !memsim_pickle_utf8_ok(p->data + p->pos, (gsize)u)) {
+                fail(p, off, "a str that is not UTF-8 text");
+                return NULL;
+            }
             push(p, new_string(p,
                                (op == 'C' || op == 'B' || op == 0x8e || op == 0x96)
                                    ? MEMSIM_PY_BYTES

@@ -83,4 +83,37 @@ void memsim_pickle_free(MemsimPyDoc *doc);
 const MemsimPyValue *memsim_py_dict_get(const MemsimPyValue *dict, const char *key);
 const char *memsim_py_type_name(MemsimPyType type);
 
+/* Whether n bytes are text as Python's unpickler decodes a str (BINUNICODE and its short and
+ * 8-byte forms: the 'utf-8' codec with 'surrogatepass', Modules/_pickle.c load_counted_binunicode):
+ * well-formed UTF-8, in which encoded surrogates (ED A0..BF xx) are allowed. */
+static inline gboolean memsim_pickle_utf8_ok(const guint8 *s, gsize n)
+{
+    gsize i = 0;
+    while (i < n) {
+        guint8 c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        gsize len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                                              : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (len == 0 || n - i < len)
+            return FALSE;
+        guint8 lo = 0x80, hi = 0xBF; /* the second byte's range */
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+        if (s[i + 1] < lo || s[i + 1] > hi)
+            return FALSE;
+        for (gsize k = 2; k < len; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF)
+                return FALSE;
+        i += len;
+    }
+    return TRUE;
+}
+
 #endif

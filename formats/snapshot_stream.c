@@ -2460,7 +2460,8 @@ FAST_INLINE gboolean fast_str(P *p, Fast *f, Val *v)
         return FALSE;
     guint64 off = f->base + (guint64)(f->c - f->buf);
     if (*f->c == 0x8c) {
-        if (f->e - f->c < 2 || f->e - f->c - 2 < f->c[1])
+        if (f->e - f->c < 2 || f->e - f->c - 2 < f->c[1] ||
+            !memsim_pickle_utf8_ok(f->c + 2, f->c[1])) /* the slow path says why */
             return FALSE;
         const Str *s = intern(p, (const char *)f->c + 2, f->c[1], FALSE);
         f->c += 2 + f->c[1];
@@ -2862,6 +2863,9 @@ static gboolean run(P *p)
             gboolean bytes = op == 'C' || op == 'B' || op == 0x8e || op == 0x96;
             if (!arg(p, off, op, u, &s))
                 return FALSE;
+            if ((op == 0x8c || op == 'X' || op == 0x8d) &&
+                !memsim_pickle_utf8_ok(s, (gsize)u))
+                return fail(p, off, "a str that is not UTF-8 text");
             push(p, (Val){.t = bytes ? V_BYTES : V_STR, .off = off,
                           .u.s = intern(p, (const char *)s, (gsize)u, bytes)});
             break;
