@@ -191,6 +191,26 @@ Test(time, mig_slice_profile)
     cr_expect_null(memsim_gpu_find("h100-80gb:1g.5gb"));
 }
 
+/* A small Megatron launch (2 layers, micro-batch 2 of global 4, one GPU, H100, one step):
+ * its parsed launch and run in *mg and *run, and its generated trace. */
+static MemsimTrace *small_launch(MemsimMegatron **mg, MemsimRun *run)
+{
+    GError *error = NULL;
+    const char *cmd = "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
+                      "--max-position-embeddings 256 --micro-batch-size 2 "
+                      "--global-batch-size 4 --bf16 --vocab-file v.json --merge-file m.txt";
+    *mg = memsim_megatron_parse(cmd, "test", &error);
+    cr_assert(*mg, "%s", error ? error->message : "");
+    *run = memsim_run_defaults();
+    memsim_megatron_apply(*mg, run);
+    memsim_run_set(run, "steps", "1", NULL);
+    memsim_run_set(run, "gpu", "h100-80gb", NULL);
+    MemsimTrace *t = memsim_generate(memsim_megatron_model(*mg), run, &error);
+    cr_assert(t, "%s", error ? error->message : "");
+    return t;
+}
+
 /* A Megatron launch's module calls carry their published host time (Transformer Engine pull
  * request #1191: 115 µs per TE module forward): one TE linear-module forward per linear
  * Megatron's TransformerLayer runs (megatron/core/transformer/attention.py linear_qkv,
@@ -200,18 +220,9 @@ Test(time, mig_slice_profile)
 Test(time, megatron_module_host_time)
 {
     GError *error = NULL;
-    const char *cmd = "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
-                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
-                      "--max-position-embeddings 256 --micro-batch-size 2 "
-                      "--global-batch-size 4 --bf16 --vocab-file v.json --merge-file m.txt";
-    MemsimMegatron *mg = memsim_megatron_parse(cmd, "test", &error);
-    cr_assert(mg, "%s", error ? error->message : "");
-    MemsimRun run = memsim_run_defaults();
-    memsim_megatron_apply(mg, &run);
-    memsim_run_set(&run, "steps", "1", NULL);
-    memsim_run_set(&run, "gpu", "h100-80gb", NULL);
-    MemsimTrace *t = memsim_generate(memsim_megatron_model(mg), &run, &error);
-    cr_assert(t, "%s", error ? error->message : "");
+    MemsimMegatron *mg;
+    MemsimRun run;
+    MemsimTrace *t = small_launch(&mg, &run);
     MemsimTraceHeader *h = memsim_trace_header(t);
     gsize n = 0;
     const MemsimEvent *ev = memsim_trace_events(t, 0, &n);
@@ -249,18 +260,9 @@ Test(time, megatron_module_host_time)
 Test(time, host_ops_survive_the_trace_formats)
 {
     GError *error = NULL;
-    const char *cmd = "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
-                      "--hidden-size 256 --num-attention-heads 4 --seq-length 256 "
-                      "--max-position-embeddings 256 --micro-batch-size 2 "
-                      "--global-batch-size 4 --bf16 --vocab-file v.json --merge-file m.txt";
-    MemsimMegatron *mg = memsim_megatron_parse(cmd, "test", &error);
-    cr_assert(mg, "%s", error ? error->message : "");
-    MemsimRun run = memsim_run_defaults();
-    memsim_megatron_apply(mg, &run);
-    memsim_run_set(&run, "steps", "1", NULL);
-    memsim_run_set(&run, "gpu", "h100-80gb", NULL);
-    MemsimTrace *t = memsim_generate(memsim_megatron_model(mg), &run, &error);
-    cr_assert(t, "%s", error ? error->message : "");
+    MemsimMegatron *mg;
+    MemsimRun run;
+    MemsimTrace *t = small_launch(&mg, &run);
     const MemsimTraceHeader *h = memsim_trace_header(t);
     guint32 host_ops = 0;
     for (guint32 i = 0; i < h->n_ops; i++)
