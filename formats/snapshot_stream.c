@@ -1388,9 +1388,12 @@ static Action parse_action(P *p, const Str *a)
 static void events_grow(P *p, Dev *v)
 {
     if (v->events->len == 0 && !p->reserved_events) {
-        /* the first device's: about one event per 64 bytes of a snapshot, reserved
-         * (untouched until used) so that the array seldom moves */
-        guint reserve = (guint)MIN(p->in.total / 64 + 4096, (guint64)1 << 26);
+        /* the first device's: room for an event per 20 bytes of the snapshot, reserved
+         * (untouched until used, so not resident) so that the array does not move: an entry
+         * of device_traces takes at least about 20 bytes of pickle (its dict, four memoized
+         * keys and values), and growing the array, or prepending the initial state to it
+         * without room, copies every event (tens of MB) */
+        guint reserve = (guint)MIN(p->in.total / 20 + 4096, (guint64)1 << 26);
         g_array_set_size(v->events, reserve);
         advise_huge(v->events->data, reserve * sizeof(MemsimEvent));
         p->reserved_events = TRUE;

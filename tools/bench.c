@@ -48,10 +48,11 @@
  *       (collectives, pipeline), and the host's time in all.
  *
  *   memsim-bench snapshot [--events N] [--big-mb M] [--file F] [--big-file F] [--keep DIR]
- *                         [--repeat R] [--python-big]
+ *                         [--repeat R] [--python-big] [--schema 2.0|2.1]
  *       Issue 17's speed figures for PyTorch memory snapshots. Makes (or takes) a synthetic
- *       snapshot of N trace entries (default 895,000) and one of about M MB (default 350; 0:
- *       none) with tools/snapshot-gen.py (fixed seed; kept in DIR and reused when there),
+ *       snapshot of N trace entries (default 895,000: 33 MB) and one of about M MB (default
+ *       350; 0: none) with tools/snapshot-gen.py (fixed seed, in the given schema: torch
+ *       2.0's entries by default, 2.1's with time_us and frames; kept in DIR and reused),
  *       then measures, R times each (default 5; the Python ones 3, or once on the big file,
  *       only with --python-big): `memsim replay FILE` end to end as a child process (wall,
  *       CPU, peak RSS), the plain Python model of the allocator on the same file
@@ -1244,7 +1245,7 @@ static int bench_snapshot(int argc, char **argv)
 {
     gint64 n_events = 895000;
     double big_mb = 350;
-    char *file = NULL, *big_file = NULL, *keep = NULL;
+    char *file = NULL, *big_file = NULL, *keep = NULL, *schema = NULL;
     gint repeat = 5;
     gboolean python_big = FALSE;
     GOptionEntry entries[] = {
@@ -1253,6 +1254,9 @@ static int bench_snapshot(int argc, char **argv)
         {"file", 0, 0, G_OPTION_ARG_FILENAME, &file, "Take this snapshot instead", "F"},
         {"big-file", 0, 0, G_OPTION_ARG_FILENAME, &big_file, "Take this big one instead", "F"},
         {"keep", 0, 0, G_OPTION_ARG_FILENAME, &keep, "Keep (and reuse) the files here", "DIR"},
+        {"schema", 0, 0, G_OPTION_ARG_STRING, &schema,
+         "The generator's schema: 2.0 (default; 895,000 entries make 33 MB) or 2.1 (time_us "
+         "and frames; 53 MB)", "S"},
         {"repeat", 0, 0, G_OPTION_ARG_INT, &repeat, "Runs of memsim (default 5)", "R"},
         {"python-big", 0, 0, G_OPTION_ARG_NONE, &python_big,
          "Also run Python on the big file (minutes, GBs)", NULL},
@@ -1267,6 +1271,12 @@ static int bench_snapshot(int argc, char **argv)
     g_option_context_free(ctx);
     if (repeat < 1)
         repeat = 1;
+    if (!schema)
+        schema = g_strdup("2.0");
+    if (strcmp(schema, "2.0") != 0 && strcmp(schema, "2.1") != 0) {
+        fprintf(stderr, "memsim-bench snapshot: --schema %s: 2.0 or 2.1\n", schema);
+        return 2;
+    }
     g_autofree char *self = g_file_read_link("/proc/self/exe", NULL);
     g_autofree char *bindir = self ? g_path_get_dirname(self) : g_strdup(".");
     g_autofree char *memsim = g_build_filename(bindir, "memsim", NULL);
@@ -1277,10 +1287,11 @@ static int bench_snapshot(int argc, char **argv)
         return 2;
     }
     g_autofree char *small = file ? g_strdup(file)
-                                  : g_strdup_printf("%s/snapshot-%" G_GINT64_FORMAT ".pickle", dir,
-                                                    n_events);
+                                  : g_strdup_printf("%s/snapshot-%" G_GINT64_FORMAT "-%s.pickle",
+                                                    dir, n_events, schema);
     g_autofree char *big = big_file ? g_strdup(big_file)
-                         : big_mb > 0 ? g_strdup_printf("%s/snapshot-%.0fMB.pickle", dir, big_mb)
+                         : big_mb > 0 ? g_strdup_printf("%s/snapshot-%.0fMB-%s.pickle", dir, big_mb,
+                                                        schema)
                                       : NULL;
     for (int i = 0; i < 2; i++) {
         const char *path = i ? big : small;
@@ -1291,7 +1302,8 @@ static int bench_snapshot(int argc, char **argv)
             g_snprintf(arg, sizeof arg, "--mb=%.0f", big_mb);
         else
             g_snprintf(arg, sizeof arg, "--events=%" G_GINT64_FORMAT, n_events);
-        char *gv[] = {"/usr/bin/python3", gen, (char *)path, arg, NULL};
+        g_autofree char *sarg = g_strdup_printf("--schema=%s", schema);
+        char *gv[] = {"/usr/bin/python3", gen, (char *)path, arg, sarg, NULL};
         Child c;
         printf("generating %s ...\n", path);
         fflush(stdout);
@@ -1342,6 +1354,7 @@ static int bench_snapshot(int argc, char **argv)
     g_free(file);
     g_free(big_file);
     g_free(keep);
+    g_free(schema);
     return ok ? 0 : 1;
 }
 

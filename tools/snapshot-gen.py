@@ -3,10 +3,18 @@
 writes) of a training run, from a fixed seed.
 
     /usr/bin/python3 tools/snapshot-gen.py OUT.pickle [--events N | --mb M] [--seed S]
+                                          [--schema 2.0|2.1]
 
-Default 895,000 trace entries (about 53 MB: time_us and a frames list per allocation);
---mb M aims at a file of about M MB instead (--mb 350: about 9.5 million entries). The
-same arguments give the same bytes.
+Default 895,000 trace entries; --mb M aims at a file of about M MB instead. The same
+arguments give the same bytes. --schema says which PyTorch's recording the file is:
+  2.0 (default): torch 2.0's _record_memory_history(True, trace_alloc_max_entries=N), whose
+      trace entries hold action, addr, size and stream only (trace_alloc_record_context
+      defaults to False, so they carry no frames; there is no time_us yet). About 37 bytes
+      an entry: 895,000 entries make about 33 MB, --mb 350 about 9.8 million entries.
+  2.1: torch 2.1 and later with _record_memory_history(context="alloc"): each entry has
+      time_us, and each allocation a frames list. About 59 bytes an entry: 895,000 entries
+      make about 53 MB.
+The live blocks of `segments` carry their frames in both (record_context defaults to True).
 
 The run: a 24-layer transformer (hidden 2048, 4096 tokens a micro-batch) whose parameters
 are made first, then training steps: the input batch copied in on a copy stream, each
@@ -23,10 +31,11 @@ through the torch policy it reproduces every address. The schema is
 torch/csrc/cuda/Module.cpp _cuda_memorySnapshot's: `segments` (device, address, total_size,
 allocated_size, active_size, requested_size, stream, segment_type, segment_pool_id,
 is_expandable, blocks with address, size, requested_size, state, frames), `device_traces`
-(action, addr, size, stream, time_us, frames: the Python frames of each alloc, a new list
-per allocation holding frame dicts shared by every stack that has them, as
-torch/csrc/profiler/combined_traceback.cpp py_symbolize makes them; frees carry an empty
-list, as with _record_memory_history(context="alloc")) and `allocator_settings`.
+(action, addr, size, stream; with --schema 2.1 also time_us, and for each alloc its Python
+frames: a new list per allocation holding frame dicts shared by every stack that has them,
+as torch/csrc/profiler/combined_traceback.cpp py_symbolize makes them) and
+`allocator_settings`. Both schemas draw the same random numbers: the same run, the same
+addresses and peaks.
 """
 import argparse
 import os
@@ -37,7 +46,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_alloc_model import Allocator  # noqa: E402
 
-EVENTS_PER_MB = 895093 / 53.27  # entries per MB of this generator's files (measured)
+# entries per MB of this generator's files (measured on 895,000-entry files)
+EVENTS_PER_MB = {"2.0": 895093 / 32.97, "2.1": 895093 / 53.27}
 H = 2048          # hidden size
 TOKENS = 4096     # tokens in a micro-batch (batch 2 x sequence 2048)
 LAYERS = 24
@@ -105,8 +115,9 @@ def build_sites(fr):
 
 
 class Run:
-    def __init__(self, seed, target):
+    def __init__(self, seed, target, schema):
         self.rng = random.Random(seed)
+        self.schema = schema
         self.alloc = Allocator()
         self.alloc.log = []
         self.entries = []
@@ -123,9 +134,11 @@ class Run:
 
     def _entry(self, action, addr, size, stream, frames=None):
         self.time_us += self.rng.randint(3, 40)
-        e = {"action": action, "addr": addr, "size": size, "stream": stream,
-             "time_us": self.time_us}
-        if frames is not None:  # Module.cpp adds `frames` to the entries that have a context
+        e = {"action": action, "addr": addr, "size": size, "stream": stream}
+        if self.schema != "2.0":  # TraceEntry's time_ came with torch 2.1
+            e["time_us"] = self.time_us
+        # Module.cpp adds `frames` to the entries that have a context (none in 2.0's default)
+        if frames is not None and self.schema != "2.0":
             e["frames"] = frames
         self.entries.append(e)
 
@@ -284,9 +297,11 @@ def main(argv):
     ap.add_argument("--events", type=int, default=895000, help="trace entries (default 895000)")
     ap.add_argument("--mb", type=float, help="aim at a file of about this many MB instead")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--schema", choices=["2.0", "2.1"], default="2.0",
+                    help="the PyTorch whose recording the file is (default 2.0)")
     args = ap.parse_args(argv[1:])
-    target = int(args.mb * EVENTS_PER_MB) if args.mb else args.events
-    r = Run(args.seed, target)
+    target = int(args.mb * EVENTS_PER_MB[args.schema]) if args.mb else args.events
+    r = Run(args.seed, target, args.schema)
     steps = r.run()
     snap = {
         "segments": r.segments(),
