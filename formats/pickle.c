@@ -247,10 +247,17 @@ static const OpInfo OPS[256] = {
     [0x98] = {"READONLY_BUFFER", FALSE},
 };
 
-static const char *op_name(guint8 op)
+const char *memsim_pickle_op_name(guint8 op)
 {
     return OPS[op].name ? OPS[op].name : "unknown";
 }
+
+gboolean memsim_pickle_op_allowed(guint8 op)
+{
+    return OPS[op].allowed;
+}
+
+#define op_name memsim_pickle_op_name
 
 /* ---- the parser ----------------------------------------------------------------------- */
 
@@ -290,9 +297,7 @@ static gboolean G_GNUC_PRINTF(3, 4) fail(Parser *p, gsize offset, const char *fm
     return FALSE;
 }
 
-/* A printable rendering of at most 40 bytes of a text argument, for error messages (the
- * bytes may be anything). Newly allocated. */
-static char *quote_arg(const guint8 *s, gsize n)
+char *memsim_pickle_quote(const guint8 *s, gsize n)
 {
     GString *q = g_string_new("\"");
     for (gsize i = 0; i < MIN(n, 40); i++) {
@@ -321,13 +326,7 @@ static gboolean need(Parser *p, gsize off, guint8 op, guint64 n)
     return TRUE;
 }
 
-static guint64 read_le(const guint8 *s, int n)
-{
-    guint64 v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | s[i];
-    return v;
-}
+#define read_le memsim_pickle_read_le
 
 /* The text argument of a protocol 0 opcode: the bytes up to the next newline, which is
  * consumed. */
@@ -622,9 +621,7 @@ static gboolean dict_target(Parser *p, gsize off, guint8 op, gsize at, Container
     return TRUE;
 }
 
-/* Parses an optionally signed decimal integer (the form Python's repr() writes), allowing
- * the surrounding whitespace that int() ignores. Sets *big when it does not fit int64. */
-static gboolean parse_decimal(const guint8 *s, gsize n, gint64 *val, gboolean *big)
+gboolean memsim_pickle_parse_decimal(const guint8 *s, gsize n, gint64 *val, gboolean *big)
 {
     while (n && g_ascii_isspace(s[n - 1]))
         n--;
@@ -682,37 +679,17 @@ static MemsimPyValue *new_int(Parser *p, gsize off, gint64 i, gboolean big)
     return v;
 }
 
-/* LONG1 / LONG4: little-endian two's complement of n bytes. */
+/* LONG1 / LONG4 */
 static MemsimPyValue *new_long_bytes(Parser *p, gsize off, const guint8 *s, gsize n)
 {
-    if (n == 0)
-        return new_int(p, off, 0, FALSE);
-    /* Bytes beyond the eighth must all repeat the sign of the eighth for the value to fit. */
-    if (n > 8) {
-        guint8 ext = (s[7] & 0x80) ? 0xff : 0x00;
-        for (gsize i = 8; i < n; i++)
-            if (s[i] != ext)
-                return new_int(p, off, 0, TRUE);
-        n = 8;
-    }
-    guint64 u = read_le(s, (int)n);
-    if (n < 8 && (s[n - 1] & 0x80))
-        u |= ~(guint64)0 << (8 * n);
-    /* Two's complement reinterpretation, done without implementation-defined conversion. */
-    gint64 i = u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1;
-    return new_int(p, off, i, FALSE);
+    gint64 i;
+    gboolean fits = memsim_pickle_long(s, n, &i);
+    return new_int(p, off, i, !fits);
 }
 
-/* UNICODE's argument is raw-unicode-escape: latin-1 bytes, except that \uXXXX and
- * \UXXXXXXXX preceded by an odd number of backslashes are code points (CPython's
- * _PyUnicode_DecodeRawUnicodeEscape). The result is UTF-8 (lone surrogates are kept, encoded
- * as Python's "surrogatepass" does). */
-static gboolean decode_raw_unicode_escape(Parser *p, gsize off, const guint8 *s, gsize n,
-                                          MemsimPyValue **out)
+gboolean memsim_pickle_raw_unicode(const guint8 *s, gsize n, char *buf, gsize *len, char *why,
+                                   gsize why_size)
 {
-    /* Each input byte yields at most 2 output bytes (a latin-1 byte ≥ 0x80); each escape at
-     * most 4 output bytes for its 6 or 10 input bytes. */
-    char *buf = arena_alloc(p->arena, 2 * n + 1);
     gsize o = 0;
     gsize i = 0;
     while (i < n) {
@@ -723,7 +700,7 @@ static gboolean decode_raw_unicode_escape(Parser *p, gsize off, const guint8 *s,
         }
         gsize bs = i;
         while (i < n && s[i] == '\\')
-            buf[o++] = s[i++];
+            buf[o++] = (char)s[i++];
         if (((i - bs) & 1) == 0 || i >= n || (s[i] != 'u' && s[i] != 'U'))
             continue;
         o--; /* the last backslash starts an escape */
@@ -731,16 +708,31 @@ static gboolean decode_raw_unicode_escape(Parser *p, gsize off, const guint8 *s,
         i++;
         guint32 ch = 0;
         for (int k = 0; k < count; k++, i++) {
-            if (i >= n || !g_ascii_isxdigit(s[i]))
-                return fail(p, off, "opcode 0x56 (UNICODE): truncated \\%c escape",
-                            count == 4 ? 'u' : 'U');
+            if (i >= n || !g_ascii_isxdigit(s[i])) {
+                g_snprintf(why, why_size, "truncated \\%c escape", count == 4 ? 'u' : 'U');
+                return FALSE;
+            }
             ch = (ch << 4) | (guint32)g_ascii_xdigit_value(s[i]);
         }
-        if (ch > 0x10ffff)
-            return fail(p, off, "opcode 0x56 (UNICODE): \\U escape out of range (0x%x)", ch);
+        if (ch > 0x10ffff) {
+            g_snprintf(why, why_size, "\\U escape out of range (0x%x)", ch);
+            return FALSE;
+        }
         o += (gsize)g_unichar_to_utf8(ch, buf + o);
     }
     buf[o] = '\0';
+    *len = o;
+    return TRUE;
+}
+
+static gboolean decode_raw_unicode_escape(Parser *p, gsize off, const guint8 *s, gsize n,
+                                          MemsimPyValue **out)
+{
+    char *buf = arena_alloc(p->arena, 2 * n + 1);
+    gsize o;
+    char why[64];
+    if (!memsim_pickle_raw_unicode(s, n, buf, &o, why, sizeof why))
+        return fail(p, off, "opcode 0x56 (UNICODE): %s", why);
     MemsimPyValue *v = new_value(p, MEMSIM_PY_STR, off);
     v->v.str.data = buf;
     v->v.str.len = o;
@@ -788,8 +780,8 @@ static gboolean read_memo_index(Parser *p, gsize off, guint8 op, guint64 *idx)
         return FALSE;
     gint64 v;
     gboolean big;
-    if (!parse_decimal(line, n, &v, &big) || big || v < 0) {
-        char *q = quote_arg(line, n);
+    if (!memsim_pickle_parse_decimal(line, n, &v, &big) || big || v < 0) {
+        char *q = memsim_pickle_quote(line, n);
         fail(p, off, "opcode 0x%02x (%s): bad memo index %s", op, op_name(op), q);
         g_free(q);
         return FALSE;
@@ -908,8 +900,8 @@ static MemsimPyValue *run(Parser *p)
                 push(p, new_bool(p, s[1] == '1'));
                 break;
             }
-            if (!parse_decimal(s, n, &i, &big)) {
-                char *q = quote_arg(s, n);
+            if (!memsim_pickle_parse_decimal(s, n, &i, &big)) {
+                char *q = memsim_pickle_quote(s, n);
                 fail(p, off, "opcode 0x49 (INT): %s is not a decimal integer", q);
                 g_free(q);
                 return NULL;
@@ -921,8 +913,8 @@ static MemsimPyValue *run(Parser *p)
                 return NULL;
             if (n && s[n - 1] == 'L')
                 n--;
-            if (!parse_decimal(s, n, &i, &big)) {
-                char *q = quote_arg(s, n);
+            if (!memsim_pickle_parse_decimal(s, n, &i, &big)) {
+                char *q = memsim_pickle_quote(s, n);
                 fail(p, off, "opcode 0x4c (LONG): %s is not a decimal integer", q);
                 g_free(q);
                 return NULL;
@@ -980,7 +972,7 @@ static MemsimPyValue *run(Parser *p)
                           strlen(text) == n;
             g_free(text);
             if (!ok) {
-                char *q = quote_arg(s, n);
+                char *q = memsim_pickle_quote(s, n);
                 fail(p, off, "opcode 0x46 (FLOAT): %s is not a number", q);
                 g_free(q);
                 return NULL;

@@ -83,6 +83,61 @@ void memsim_pickle_free(MemsimPyDoc *doc);
 const MemsimPyValue *memsim_py_dict_get(const MemsimPyValue *dict, const char *key);
 const char *memsim_py_type_name(MemsimPyType type);
 
+/* The name of a pickle opcode as pickletools.opcodes lists it (protocols 0 to 5), or
+ * "unknown"; and whether the restricted readers (pickle.c, snapshot_stream.c) accept it:
+ * plain data, the memo and framing only. */
+const char *memsim_pickle_op_name(guint8 op);
+gboolean memsim_pickle_op_allowed(guint8 op);
+
+/* A printable rendering of at most 40 bytes of a text argument, for error messages (the
+ * bytes may be anything). Newly allocated. */
+char *memsim_pickle_quote(const guint8 *s, gsize n);
+
+/* UNICODE's argument, raw-unicode-escape: latin-1 bytes, except that \uXXXX and \UXXXXXXXX
+ * preceded by an odd number of backslashes are code points (CPython's
+ * _PyUnicode_DecodeRawUnicodeEscape). Decoded to UTF-8 (lone surrogates kept, encoded as
+ * Python's "surrogatepass" does) into buf, which has room for 2 n + 1 bytes (each input byte
+ * yields at most 2 output bytes, each escape at most 4 for its 6 or 10), NUL-terminated;
+ * *len its length. FALSE, with the reason in why, for a bad escape. */
+gboolean memsim_pickle_raw_unicode(const guint8 *s, gsize n, char *buf, gsize *len, char *why,
+                                   gsize why_size);
+
+/* n ≤ 8 bytes, little-endian. */
+static inline guint64 memsim_pickle_read_le(const guint8 *s, int n)
+{
+    guint64 v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | s[i];
+    return v;
+}
+
+/* LONG1 / LONG4's argument: n bytes of little-endian two's complement. FALSE when the value
+ * does not fit in int64 (bytes beyond the eighth must all repeat the sign of the eighth). */
+static inline gboolean memsim_pickle_long(const guint8 *s, gsize n, gint64 *val)
+{
+    *val = 0;
+    if (n == 0)
+        return TRUE;
+    if (n > 8) {
+        guint8 ext = (s[7] & 0x80) ? 0xff : 0x00;
+        for (gsize i = 8; i < n; i++)
+            if (s[i] != ext)
+                return FALSE;
+        n = 8;
+    }
+    guint64 u = memsim_pickle_read_le(s, (int)n);
+    if (n < 8 && (s[n - 1] & 0x80))
+        u |= ~(guint64)0 << (8 * n);
+    /* two's complement reinterpretation, without implementation-defined conversion */
+    *val = u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1;
+    return TRUE;
+}
+
+/* An optionally signed decimal integer (the form Python's repr() writes, as INT, LONG, GET
+ * and PUT carry it), with the surrounding whitespace int() ignores. FALSE when it is not one;
+ * *big when it does not fit in int64 (*val is then not set). */
+gboolean memsim_pickle_parse_decimal(const guint8 *s, gsize n, gint64 *val, gboolean *big);
+
 /* Whether n bytes are text as Python's unpickler decodes a str (BINUNICODE and its short and
  * 8-byte forms: the 'utf-8' codec with 'surrogatepass', Modules/_pickle.c load_counted_binunicode):
  * well-formed UTF-8, in which encoded surrogates (ED A0..BF xx) are allowed. */

@@ -36,6 +36,7 @@
 
 #include <memsim/error.h>
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,28 +46,14 @@
  * becomes a rank, and a rank costs the replay tens of KiB however small its trace. */
 #define MAX_DEVICES 4096u
 
-/* Something odd the importer reads anyway: one line per kind with its count. */
-typedef struct {
-    char *kind;  /* e.g. "entries of the unknown action 'foo' skipped" */
-    char *first; /* where the first one is, and what it says */
-    uint64_t count;
-} Odd;
 
 typedef struct {
     const char *file;
     GError **error;
-    GArray *odd;          /* Odd, in the order first met */
-    GHashTable *by_kind;  /* kind → index in odd */
-    GHashTable *per_dev;  /* device → inconsistencies (uint64_t*) */
+    MemsimSnapOdd *odd;   /* the odd facts met */
     MemsimTrace *t;       /* where stacks are interned */
 } Ctx;
 
-static void odd_clear(gpointer p)
-{
-    Odd *o = p;
-    g_free(o->kind);
-    g_free(o->first);
-}
 
 /* Notes an odd fact of kind `kind` at `where`; `device` >= 0 counts it as an inconsistency of
  * that device's recording (--verify then reports a mismatch). */
@@ -76,26 +63,11 @@ static void odd(Ctx *c, int64_t device, const char *kind, const char *where, con
 static void odd(Ctx *c, int64_t device, const char *kind, const char *where, const char *fmt,
                 ...)
 {
-    gpointer idx;
-    if (g_hash_table_lookup_extended(c->by_kind, kind, NULL, &idx)) {
-        g_array_index(c->odd, Odd, GPOINTER_TO_UINT(idx)).count++;
-    } else {
-        va_list ap;
-        va_start(ap, fmt);
-        g_autofree char *msg = g_strdup_vprintf(fmt, ap);
-        va_end(ap);
-        Odd o = {g_strdup(kind), g_strdup_printf("%s: %s", where, msg), 1};
-        g_hash_table_insert(c->by_kind, g_strdup(kind), GUINT_TO_POINTER(c->odd->len));
-        g_array_append_val(c->odd, o);
-    }
-    if (device >= 0) {
-        uint64_t *n = g_hash_table_lookup(c->per_dev, &device);
-        if (!n) {
-            n = g_new0(uint64_t, 1);
-            g_hash_table_insert(c->per_dev, g_memdup2(&device, sizeof device), n);
-        }
-        (*n)++;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    memsim_snap_odd_note(c->odd, device, kind, where, msg);
 }
 
 static gboolean fail(Ctx *c, const char *where, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
@@ -848,24 +820,6 @@ out:
     return ok;
 }
 
-/* The odd facts as the header's warnings, and each rank's count of inconsistencies. */
-static void odd_finish(Ctx *c, MemsimTrace *t)
-{
-    MemsimTraceHeader *h = memsim_trace_header(t);
-    if (c->odd->len) {
-        h->warnings = g_new0(char *, c->odd->len + 1);
-        for (guint i = 0; i < c->odd->len; i++) {
-            const Odd *o = &g_array_index(c->odd, Odd, i);
-            h->warnings[i] = g_strdup_printf("%s: %" G_GUINT64_FORMAT " %s (first: %s)", c->file,
-                                             o->count, o->kind, o->first);
-        }
-    }
-    for (guint32 i = 0; i < h->n_ranks; i++) {
-        int64_t d = h->ranks[i].device;
-        uint64_t *n = g_hash_table_lookup(c->per_dev, &d);
-        h->ranks[i].n_inconsistent = n ? *n : 0;
-    }
-}
 
 static MemsimTrace *from_pickle(Ctx *cp, MemsimPyDoc *doc, const char *name)
 {
@@ -991,19 +945,15 @@ out:
 
 MemsimTrace *memsim_snapshot_from_pickle(MemsimPyDoc *doc, const char *name, GError **error)
 {
-    Ctx c = {name, error, g_array_new(FALSE, FALSE, sizeof(Odd)),
-             g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-             g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free),
-             memsim_trace_new(name)};
-    g_array_set_clear_func(c.odd, odd_clear);
+    MemsimSnapOdd o;
+    memsim_snap_odd_init(&o);
+    Ctx c = {name, error, &o, memsim_trace_new(name)};
     MemsimTrace *t = from_pickle(&c, doc, name);
     if (t)
-        odd_finish(&c, t);
+        memsim_snap_odd_finish(&o, t, name);
     else
         memsim_trace_free(c.t);
-    g_array_unref(c.odd);
-    g_hash_table_unref(c.by_kind);
-    g_hash_table_unref(c.per_dev);
+    memsim_snap_odd_clear(&o);
     return t;
 }
 

@@ -34,6 +34,23 @@ gboolean memsim_snapshot_sniff_path(const char *path);
 /* memsim_snapshot_read() with no options. */
 MemsimTrace *memsim_snapshot_load(const char *path, GError **error);
 
+/* The odd facts a snapshot reader reads anyway (snapshot_odd.c): noted as they are met, one
+ * warning line per kind (its count, where the first one is and what it says) and each
+ * device's count of inconsistencies (device < 0: not an inconsistency of a device's
+ * recording) go into the trace's header at the end. */
+typedef struct {
+    GArray *odd;
+    GHashTable *by_kind; /* kind → index in odd */
+    GHashTable *per_dev; /* device → inconsistencies (uint64_t *) */
+} MemsimSnapOdd;
+
+void memsim_snap_odd_init(MemsimSnapOdd *o);
+void memsim_snap_odd_note(MemsimSnapOdd *o, int64_t device, const char *kind, const char *where,
+                          const char *msg);
+/* The header's warnings (each naming `file`) and the ranks' n_inconsistent. */
+void memsim_snap_odd_finish(const MemsimSnapOdd *o, MemsimTrace *t, const char *file);
+void memsim_snap_odd_clear(MemsimSnapOdd *o);
+
 /* The reference reader: the whole object tree (pickle.c), then the trace. The tests compare
  * the streaming reader against it. */
 MemsimTrace *memsim_snapshot_load_tree(const char *path, GError **error);

@@ -465,10 +465,6 @@ typedef struct {
 
 /* ---- the reader ---------------------------------------------------------------------------- */
 
-typedef struct {
-    char *kind, *first;
-    uint64_t count;
-} Odd;
 
 typedef struct {
     const char *name;
@@ -510,9 +506,7 @@ typedef struct {
     const Str *actions[10];
 
     MemsimTrace *t;
-    GArray *odd;
-    GHashTable *by_kind;
-    GHashTable *per_dev;
+    MemsimSnapOdd odd;
     GArray *segs;         /* Segment */
     guint64 segs_owner, dtraces_owner;
     guint64 n_dev_lists;
@@ -532,7 +526,7 @@ typedef struct {
 #define H_INDEX(h) ((h) & ((1u << 29) - 1))
 enum { H_EMPTY, H_STR, H_CONT, H_FRAME, H_STACK, H_SCALAR, H_RECORD };
 
-static const char *op_name(guint8 op);
+#define op_name memsim_pickle_op_name
 
 static gboolean G_GNUC_PRINTF(3, 4) fail(P *p, guint64 off, const char *fmt, ...)
 {
@@ -577,38 +571,17 @@ static gboolean over_limit(P *p)
     return p->held > here(p) * STREAM_MEM_PER_BYTE + STREAM_MEM_BASE;
 }
 
-static void odd_clear(gpointer x)
-{
-    Odd *o = x;
-    g_free(o->kind);
-    g_free(o->first);
-}
 
 static void odd(P *p, int64_t device, const char *kind, const char *where, const char *fmt, ...)
     G_GNUC_PRINTF(5, 6);
 
 static void odd(P *p, int64_t device, const char *kind, const char *where, const char *fmt, ...)
 {
-    gpointer idx;
-    if (g_hash_table_lookup_extended(p->by_kind, kind, NULL, &idx)) {
-        g_array_index(p->odd, Odd, GPOINTER_TO_UINT(idx)).count++;
-    } else {
-        va_list ap;
-        va_start(ap, fmt);
-        g_autofree char *msg = g_strdup_vprintf(fmt, ap);
-        va_end(ap);
-        Odd o = {g_strdup(kind), g_strdup_printf("%s: %s", where, msg), 1};
-        g_hash_table_insert(p->by_kind, g_strdup(kind), GUINT_TO_POINTER(p->odd->len));
-        g_array_append_val(p->odd, o);
-    }
-    if (device >= 0) {
-        uint64_t *n = g_hash_table_lookup(p->per_dev, &device);
-        if (!n) {
-            n = g_new0(uint64_t, 1);
-            g_hash_table_insert(p->per_dev, g_memdup2(&device, sizeof device), n);
-        }
-        (*n)++;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    memsim_snap_odd_note(&p->odd, device, kind, where, msg);
 }
 
 /* ---- strings ------------------------------------------------------------------------------- */
@@ -1975,111 +1948,7 @@ static gboolean read_dev_list(P *p, Cont *c, const Val *v, guint64 index)
     return TRUE;
 }
 
-/* ---- opcodes (pickle.c's table) ------------------------------------------------------- */
-
-typedef struct {
-    const char *name;
-    gboolean allowed;
-} OpInfo;
-
-static const OpInfo OPS[256] = {
-    ['('] = {"MARK", TRUE},
-    ['.'] = {"STOP", TRUE},
-    ['0'] = {"POP", TRUE},
-    ['1'] = {"POP_MARK", TRUE},
-    ['2'] = {"DUP", TRUE},
-    ['F'] = {"FLOAT", TRUE},
-    ['I'] = {"INT", TRUE},
-    ['J'] = {"BININT", TRUE},
-    ['K'] = {"BININT1", TRUE},
-    ['L'] = {"LONG", TRUE},
-    ['M'] = {"BININT2", TRUE},
-    ['N'] = {"NONE", TRUE},
-    ['P'] = {"PERSID", FALSE},
-    ['Q'] = {"BINPERSID", FALSE},
-    ['R'] = {"REDUCE", FALSE},
-    /* Python 2 str in its quoted repr form: it needs Python's escape decoder and never
-     * appears in a Python 3 snapshot. */
-    ['S'] = {"STRING", FALSE},
-    ['T'] = {"BINSTRING", TRUE},
-    ['U'] = {"SHORT_BINSTRING", TRUE},
-    ['V'] = {"UNICODE", TRUE},
-    ['X'] = {"BINUNICODE", TRUE},
-    ['a'] = {"APPEND", TRUE},
-    ['b'] = {"BUILD", FALSE},
-    ['c'] = {"GLOBAL", FALSE},
-    ['d'] = {"DICT", TRUE},
-    ['}'] = {"EMPTY_DICT", TRUE},
-    ['e'] = {"APPENDS", TRUE},
-    ['g'] = {"GET", TRUE},
-    ['h'] = {"BINGET", TRUE},
-    ['i'] = {"INST", FALSE},
-    ['j'] = {"LONG_BINGET", TRUE},
-    ['l'] = {"LIST", TRUE},
-    [']'] = {"EMPTY_LIST", TRUE},
-    ['o'] = {"OBJ", FALSE},
-    ['p'] = {"PUT", TRUE},
-    ['q'] = {"BINPUT", TRUE},
-    ['r'] = {"LONG_BINPUT", TRUE},
-    ['s'] = {"SETITEM", TRUE},
-    ['t'] = {"TUPLE", TRUE},
-    [')'] = {"EMPTY_TUPLE", TRUE},
-    ['u'] = {"SETITEMS", TRUE},
-    ['B'] = {"BINBYTES", TRUE},
-    ['C'] = {"SHORT_BINBYTES", TRUE},
-    ['G'] = {"BINFLOAT", TRUE},
-    [0x80] = {"PROTO", TRUE},
-    [0x81] = {"NEWOBJ", FALSE},
-    [0x82] = {"EXT1", FALSE},
-    [0x83] = {"EXT2", FALSE},
-    [0x84] = {"EXT4", FALSE},
-    [0x85] = {"TUPLE1", TRUE},
-    [0x86] = {"TUPLE2", TRUE},
-    [0x87] = {"TUPLE3", TRUE},
-    [0x88] = {"NEWTRUE", TRUE},
-    [0x89] = {"NEWFALSE", TRUE},
-    [0x8a] = {"LONG1", TRUE},
-    [0x8b] = {"LONG4", TRUE},
-    [0x8c] = {"SHORT_BINUNICODE", TRUE},
-    [0x8d] = {"BINUNICODE8", TRUE},
-    [0x8e] = {"BINBYTES8", TRUE},
-    [0x8f] = {"EMPTY_SET", FALSE},
-    [0x90] = {"ADDITEMS", FALSE},
-    [0x91] = {"FROZENSET", FALSE},
-    [0x92] = {"NEWOBJ_EX", FALSE},
-    [0x93] = {"STACK_GLOBAL", FALSE},
-    [0x94] = {"MEMOIZE", TRUE},
-    [0x95] = {"FRAME", TRUE},
-    [0x96] = {"BYTEARRAY8", TRUE},
-    [0x97] = {"NEXT_BUFFER", FALSE},
-    [0x98] = {"READONLY_BUFFER", FALSE},
-};
-
-static const char *op_name(guint8 op)
-{
-    return OPS[op].name ? OPS[op].name : "unknown";
-}
-
-static char *quote_arg(const guint8 *s, gsize n)
-{
-    GString *q = g_string_new("\"");
-    for (gsize i = 0; i < MIN(n, 40); i++) {
-        if (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\')
-            g_string_append_c(q, (char)s[i]);
-        else
-            g_string_append_printf(q, "\\x%02x", s[i]);
-    }
-    g_string_append(q, n > 40 ? "\"..." : "\"");
-    return g_string_free(q, FALSE);
-}
-
-static guint64 read_le(const guint8 *s, int n)
-{
-    guint64 v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | s[i];
-    return v;
-}
+#define read_le memsim_pickle_read_le
 
 static gboolean arg_slow(P *p, guint64 off, guint8 op, guint64 n, const guint8 **s);
 
@@ -2136,41 +2005,6 @@ static gboolean read_line(P *p, guint64 off, guint8 op, const guint8 **line, gsi
     }
 }
 
-static gboolean parse_decimal(const guint8 *s, gsize n, gint64 *val, gboolean *big)
-{
-    while (n && g_ascii_isspace(s[n - 1]))
-        n--;
-    while (n && g_ascii_isspace(*s))
-        s++, n--;
-    gboolean neg = FALSE;
-    if (n && (*s == '-' || *s == '+')) {
-        neg = *s == '-';
-        s++, n--;
-    }
-    if (n == 0)
-        return FALSE;
-    guint64 mag = 0;
-    *big = FALSE;
-    for (gsize i = 0; i < n; i++) {
-        if (!g_ascii_isdigit(s[i]))
-            return FALSE;
-        guint d = (guint)(s[i] - '0');
-        if (!*big && mag > (G_MAXUINT64 - d) / 10)
-            *big = TRUE;
-        if (!*big)
-            mag = mag * 10 + d;
-    }
-    if (!*big) {
-        if (neg && mag <= (guint64)G_MAXINT64 + 1)
-            *val = mag == (guint64)G_MAXINT64 + 1 ? G_MININT64 : -(gint64)mag;
-        else if (!neg && mag <= (guint64)G_MAXINT64)
-            *val = (gint64)mag;
-        else
-            *big = TRUE;
-    }
-    return TRUE;
-}
-
 static Val int_val(guint64 off, gint64 i, gboolean big)
 {
     Val v = {.t = big ? V_BIGINT : V_INT, .off = off};
@@ -2181,58 +2015,20 @@ static Val int_val(guint64 off, gint64 i, gboolean big)
 
 static Val long_bytes(guint64 off, const guint8 *s, gsize n)
 {
-    if (n == 0)
-        return int_val(off, 0, FALSE);
-    if (n > 8) {
-        guint8 ext = (s[7] & 0x80) ? 0xff : 0x00;
-        for (gsize i = 8; i < n; i++)
-            if (s[i] != ext)
-                return int_val(off, 0, TRUE);
-        n = 8;
-    }
-    guint64 u = read_le(s, (int)n);
-    if (n < 8 && (s[n - 1] & 0x80))
-        u |= ~(guint64)0 << (8 * n);
-    gint64 i = u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1;
-    return int_val(off, i, FALSE);
+    gint64 i;
+    gboolean fits = memsim_pickle_long(s, n, &i);
+    return int_val(off, i, !fits);
 }
 
-/* UNICODE's raw-unicode-escape argument as UTF-8 (pickle.c decode_raw_unicode_escape). */
+/* UNICODE's raw-unicode-escape argument as UTF-8 (memsim_pickle_raw_unicode). */
 static gboolean raw_unicode(P *p, guint64 off, const guint8 *s, gsize n, Val *out)
 {
-    char *buf = g_malloc(2 * n + 1);
-    gsize o = 0, i = 0;
-    while (i < n) {
-        if (s[i] != '\\') {
-            o += (gsize)g_unichar_to_utf8(s[i], buf + o);
-            i++;
-            continue;
-        }
-        gsize bs = i;
-        while (i < n && s[i] == '\\')
-            buf[o++] = (char)s[i++];
-        if (((i - bs) & 1) == 0 || i >= n || (s[i] != 'u' && s[i] != 'U'))
-            continue;
-        o--;
-        int count = s[i] == 'u' ? 4 : 8;
-        i++;
-        guint32 ch = 0;
-        for (int k = 0; k < count; k++, i++) {
-            if (i >= n || !g_ascii_isxdigit(s[i])) {
-                g_free(buf);
-                return fail(p, off, "opcode 0x56 (UNICODE): truncated \\%c escape",
-                            count == 4 ? 'u' : 'U');
-            }
-            ch = (ch << 4) | (guint32)g_ascii_xdigit_value(s[i]);
-        }
-        if (ch > 0x10ffff) {
-            g_free(buf);
-            return fail(p, off, "opcode 0x56 (UNICODE): \\U escape out of range (0x%x)", ch);
-        }
-        o += (gsize)g_unichar_to_utf8(ch, buf + o);
-    }
+    g_autofree char *buf = g_malloc(2 * n + 1);
+    gsize o;
+    char why[64];
+    if (!memsim_pickle_raw_unicode(s, n, buf, &o, why, sizeof why))
+        return fail(p, off, "opcode 0x56 (UNICODE): %s", why);
     *out = (Val){.t = V_STR, .off = off, .u.s = intern(p, buf, o, FALSE)};
-    g_free(buf);
     return TRUE;
 }
 
@@ -2682,7 +2478,7 @@ static gboolean run(P *p)
                         p->held >> 20, STREAM_MEM_PER_BYTE, STREAM_MEM_BASE >> 20);
         const guint64 off = here(p);
         const guint8 op = p->in.buf[p->in.pos++];
-        const guint8 *s;
+        const guint8 *s = NULL;
         gsize n;
         guint64 u;
         gint64 i;
@@ -2759,8 +2555,8 @@ static gboolean run(P *p)
                 push(p, (Val){.t = V_BOOL, .off = NO_OFF, .u.i = s[1] == '1'});
                 break;
             }
-            if (!parse_decimal(s, n, &i, &big)) {
-                g_autofree char *q = quote_arg(s, n);
+            if (!memsim_pickle_parse_decimal(s, n, &i, &big)) {
+                g_autofree char *q = memsim_pickle_quote(s, n);
                 return fail(p, off, "opcode 0x49 (INT): %s is not a decimal integer", q);
             }
             push(p, int_val(off, i, big));
@@ -2770,8 +2566,8 @@ static gboolean run(P *p)
                 return FALSE;
             if (n && s[n - 1] == 'L')
                 n--;
-            if (!parse_decimal(s, n, &i, &big)) {
-                g_autofree char *q = quote_arg(s, n);
+            if (!memsim_pickle_parse_decimal(s, n, &i, &big)) {
+                g_autofree char *q = memsim_pickle_quote(s, n);
                 return fail(p, off, "opcode 0x4c (LONG): %s is not a decimal integer", q);
             }
             push(p, int_val(off, i, big));
@@ -2815,7 +2611,7 @@ static gboolean run(P *p)
             char *end = NULL;
             double d = g_ascii_strtod(text, &end);
             if (!(n > 0 && end && *end == '\0' && !g_ascii_isspace(text[0]) && strlen(text) == n)) {
-                g_autofree char *q = quote_arg(s, n);
+                g_autofree char *q = memsim_pickle_quote(s, n);
                 return fail(p, off, "opcode 0x46 (FLOAT): %s is not a number", q);
             }
             push(p, (Val){.t = V_FLOAT, .off = off, .u.f = d});
@@ -2949,8 +2745,8 @@ static gboolean run(P *p)
         case 'g': { /* GET */
             if (!read_line(p, off, op, &s, &n))
                 return FALSE;
-            if (!parse_decimal(s, n, &i, &big) || big || i < 0) {
-                g_autofree char *q = quote_arg(s, n);
+            if (!memsim_pickle_parse_decimal(s, n, &i, &big) || big || i < 0) {
+                g_autofree char *q = memsim_pickle_quote(s, n);
                 return fail(p, off, "opcode 0x%02x (%s): bad memo index %s", op, op_name(op), q);
             }
             if (!(op == 'p' ? memo_put(p, off, op, (guint64)i) : memo_get(p, off, op, (guint64)i)))
@@ -3489,10 +3285,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GError **error)
     p.stacks = g_array_new(FALSE, FALSE, sizeof(Stack));
     p.stack_frames = g_array_new(FALSE, FALSE, sizeof(guint32));
     p.t = memsim_trace_new(name);
-    p.odd = g_array_new(FALSE, FALSE, sizeof(Odd));
-    g_array_set_clear_func(p.odd, odd_clear);
-    p.by_kind = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    p.per_dev = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+    memsim_snap_odd_init(&p.odd);
     p.segs = g_array_new(FALSE, FALSE, sizeof(Segment));
     g_array_set_clear_func(p.segs, segment_clear);
     p.devs = g_ptr_array_new_with_free_func(dev_free);
@@ -3536,20 +3329,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GError **error)
 
     MemsimTrace *t = p.t;
     if (ok) {
-        MemsimTraceHeader *h = memsim_trace_header(t);
-        if (p.odd->len) {
-            h->warnings = g_new0(char *, p.odd->len + 1);
-            for (guint i = 0; i < p.odd->len; i++) {
-                const Odd *o = &g_array_index(p.odd, Odd, i);
-                h->warnings[i] = g_strdup_printf("%s: %" G_GUINT64_FORMAT " %s (first: %s)", name,
-                                                 o->count, o->kind, o->first);
-            }
-        }
-        for (guint32 i = 0; i < h->n_ranks; i++) {
-            int64_t d = h->ranks[i].device;
-            uint64_t *n = g_hash_table_lookup(p.per_dev, &d);
-            h->ranks[i].n_inconsistent = n ? *n : 0;
-        }
+        memsim_snap_odd_finish(&p.odd, t, name);
     } else {
         memsim_trace_free(t);
         t = NULL;
@@ -3575,9 +3355,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GError **error)
     g_array_unref(p.stacks);
     g_array_unref(p.stack_frames);
     g_free(p.stack_ix.s);
-    g_array_unref(p.odd);
-    g_hash_table_unref(p.by_kind);
-    g_hash_table_unref(p.per_dev);
+    memsim_snap_odd_clear(&p.odd);
     g_array_unref(p.segs);
     g_ptr_array_unref(p.devs);
     map_clear(&p.pending);
