@@ -20,8 +20,116 @@
 #include <string.h>
 
 #include <glib/gstdio.h>
+#include <gmodule.h>
 
 #include "sim/export/outfile.h"
+
+/* ---- cairo, loaded when a plot is drawn ----
+ *
+ * libcairo pulls in a dozen libraries (pixman, fontconfig, freetype, png, X11, xcb, ...):
+ * linked, they cost every process ~10 ms of start-up, more than a whole `memsim estimate` of
+ * a small model. They are opened here, the first time a plot is drawn; the names below are
+ * its functions from then on. */
+#define CAIRO_FUNCS(X) \
+    X(arc) \
+    X(clip) \
+    X(close_path) \
+    X(create) \
+    X(destroy) \
+    X(fill) \
+    X(image_surface_create) \
+    X(line_to) \
+    X(move_to) \
+    X(new_sub_path) \
+    X(paint) \
+    X(pdf_surface_create_for_stream) \
+    X(rectangle) \
+    X(restore) \
+    X(save) \
+    X(select_font_face) \
+    X(set_dash) \
+    X(set_font_size) \
+    X(set_line_join) \
+    X(set_line_width) \
+    X(set_source_rgb) \
+    X(set_source_rgba) \
+    X(show_text) \
+    X(status) \
+    X(status_to_string) \
+    X(stroke) \
+    X(surface_destroy) \
+    X(surface_finish) \
+    X(surface_flush) \
+    X(surface_status) \
+    X(surface_write_to_png_stream) \
+    X(svg_surface_create_for_stream) \
+    X(svg_surface_set_document_unit) \
+    X(text_extents)
+
+#define X(f) static __typeof__(cairo_##f) *p_cairo_##f;
+CAIRO_FUNCS(X)
+#undef X
+
+static gboolean cairo_load(GError **error)
+{
+    static gsize done = 0;
+    static char *failed = NULL;
+    if (g_once_init_enter(&done)) {
+        GModule *m = g_module_open("libcairo.so.2", G_MODULE_BIND_LAZY | G_MODULE_BIND_LOCAL);
+        const char *missing = NULL;
+#define X(f)                                                                                 \
+    if (m && !missing && !g_module_symbol(m, "cairo_" #f, (gpointer *)&p_cairo_##f))      \
+        missing = "cairo_" #f;
+        CAIRO_FUNCS(X)
+#undef X
+        if (!m)
+            failed = g_strdup_printf("cannot open libcairo.so.2 (Debian: libcairo2): %s",
+                                     g_module_error());
+        else if (missing)
+            failed = g_strdup_printf("libcairo.so.2 has no %s", missing);
+        g_once_init_leave(&done, 1);
+    }
+    if (failed) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "plots: %s", failed);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+#define cairo_arc (*p_cairo_arc)
+#define cairo_clip (*p_cairo_clip)
+#define cairo_close_path (*p_cairo_close_path)
+#define cairo_create (*p_cairo_create)
+#define cairo_destroy (*p_cairo_destroy)
+#define cairo_fill (*p_cairo_fill)
+#define cairo_image_surface_create (*p_cairo_image_surface_create)
+#define cairo_line_to (*p_cairo_line_to)
+#define cairo_move_to (*p_cairo_move_to)
+#define cairo_new_sub_path (*p_cairo_new_sub_path)
+#define cairo_paint (*p_cairo_paint)
+#define cairo_pdf_surface_create_for_stream (*p_cairo_pdf_surface_create_for_stream)
+#define cairo_rectangle (*p_cairo_rectangle)
+#define cairo_restore (*p_cairo_restore)
+#define cairo_save (*p_cairo_save)
+#define cairo_select_font_face (*p_cairo_select_font_face)
+#define cairo_set_dash (*p_cairo_set_dash)
+#define cairo_set_font_size (*p_cairo_set_font_size)
+#define cairo_set_line_join (*p_cairo_set_line_join)
+#define cairo_set_line_width (*p_cairo_set_line_width)
+#define cairo_set_source_rgb (*p_cairo_set_source_rgb)
+#define cairo_set_source_rgba (*p_cairo_set_source_rgba)
+#define cairo_show_text (*p_cairo_show_text)
+#define cairo_status (*p_cairo_status)
+#define cairo_status_to_string (*p_cairo_status_to_string)
+#define cairo_stroke (*p_cairo_stroke)
+#define cairo_surface_destroy (*p_cairo_surface_destroy)
+#define cairo_surface_finish (*p_cairo_surface_finish)
+#define cairo_surface_flush (*p_cairo_surface_flush)
+#define cairo_surface_status (*p_cairo_surface_status)
+#define cairo_surface_write_to_png_stream (*p_cairo_surface_write_to_png_stream)
+#define cairo_svg_surface_create_for_stream (*p_cairo_svg_surface_create_for_stream)
+#define cairo_svg_surface_set_document_unit (*p_cairo_svg_surface_set_document_unit)
+#define cairo_text_extents (*p_cairo_text_extents)
 
 #define PLOT_W 1200.0
 #define MARGIN_L 84.0
@@ -688,6 +796,8 @@ static cairo_surface_t *svg_surface(cairo_write_func_t fn, void *closure, const 
 
 char *memsim_export_timeline_svg(const MemsimTimeline *tl, const char *title, GError **error)
 {
+    if (!cairo_load(error))
+        return NULL;
     Layout L;
     layout(&L, tl, title);
     GString *out = g_string_new(NULL);
@@ -716,6 +826,8 @@ gboolean memsim_export_timeline_plot(const MemsimTimeline *tl, const char *title
                     "%s: unknown plot format (the name must end in .svg, .png or .pdf)", path);
         return FALSE;
     }
+    if (!cairo_load(error))
+        return FALSE;
     Layout L;
     layout(&L, tl, title);
     MemsimOutFile o;
