@@ -79,8 +79,9 @@ static const Case cases[] = {
      NULL, TRUE},
     {"hsdp ga8", "gpt2",
      {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL}, NULL, TRUE},
-    /* pipelines: 1F1B's steady forward-backward pairs repeat (each simulated: they meet the
-     * neighbouring stages); GPipe's and the interleaved schedule's slots run one by one */
+    /* pipelines: 1F1B's steady forward-backward pairs repeat, and the interleaved schedule's
+     * groups (each simulated: they meet the neighbouring stages); GPipe's slots run one by
+     * one */
     {"1f1b pp2 mb4", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL,
      FALSE},
     {"1f1b pp2 mb8", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL}, NULL,
@@ -100,6 +101,19 @@ static const Case cases[] = {
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
       "microbatches", "8", NULL},
      NULL, FALSE},
+    /* the interleaved schedule's units: a group of micro-batches through every chunk */
+    {"interleaved pp2 v2 mb32", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "32", NULL},
+     NULL, TRUE},
+    {"interleaved tp2 pp2 v3 mb48", "gpt2",
+     {SMALL, "gpus", "4", "tp", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages",
+      "3", "microbatches", "48", NULL},
+     NULL, TRUE},
+    {"interleaved pp4 v3 mb64 ckpt expandable", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "pp-schedule", "interleaved", "virtual-stages", "3",
+      "microbatches", "64", "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE},
 };
 
 static MemsimReport *estimate(const Case *c, gboolean full)
