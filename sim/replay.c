@@ -2404,6 +2404,23 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 free_done(r, &v);
                 goto next;
             }
+        } else if (G_UNLIKELY(r->memory_only) && ev->kind != MEMSIM_EV_ALLOC &&
+                   ev->kind != MEMSIM_EV_FREE && (ev->kind != MEMSIM_EV_OP || ev->id < h->n_ops)) {
+            /* a repetition run again for its memory (memory_catch_up): the events step() took
+             * once; of an op, what the memory's reports read (which op runs, its phase) */
+            r->cur_stream = ev->stream;
+            if (ev->kind == MEMSIM_EV_OP) {
+                const MemsimOpInfo *op = &h->ops[ev->id];
+                r->cur_op = (int64_t)ev->id;
+                if (op->microbatch > r->mb_top)
+                    r->mb_top = op->microbatch;
+                if (op->phase != r->cur_phase) {
+                    r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
+                    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+                    track_peaks(r, h, index, &st);
+                }
+            }
+            goto next;
         }
         if (!step(r, h, rank, index, ev, error)) {
             *used = i + 1;
