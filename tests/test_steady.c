@@ -1,7 +1,8 @@
 /* The steady state (MEMSIM_EV_REPEAT, traces/loop.c, sim/replay.c): a run estimated with the
- * repeated micro-batches generated once and, where the allocator's state repeats, added
- * instead of simulated, against the same run generated and simulated micro-batch by
- * micro-batch (MEMSIM_NO_SKIP=1). Every rank's peaks (allocated, reserved, active, requested)
+ * repeated micro-batches generated once and, where the allocator's state repeats (and, in a
+ * pipeline, the stages' clocks and the messages between them), added instead of simulated,
+ * against the same run generated and simulated micro-batch by micro-batch
+ * (MEMSIM_NO_SKIP=1). Every rank's peaks (allocated, reserved, active, requested)
  * are equal to the byte, and so are the op at the peak, the bytes by category there, every
  * step's peaks, the breakdowns and the event indices; the simulated time agrees but for the
  * rounding of its sums. */
