@@ -2296,6 +2296,7 @@ static gboolean cross_cut(MemsimReplay *rp, const MemsimTraceHeader *h, gboolean
             continue;
         step_sums_add(r, a->sums, b->sums, (double)M);
         cut_advance(r, a, b, D, (double)M);
+        r->rep.steady_timed += M * (b->done - a->done);
         if (r->op_next != UINT64_MAX)
             r->op_next += M * (b->done - a->done) * r->unit->len;
     }
