@@ -132,6 +132,7 @@ typedef struct {
     /* steady state: the unit a REPEAT announced, captured as it runs */
     GArray *unit;       /* MemsimEvent */
     uint64_t unit_len, unit_times, unit_from, unit_shift;
+    uint32_t unit_mbs; /* the micro-batches a repetition runs on (unit_microbatches) */
     gboolean capturing;
     int32_t mb_top; /* the highest micro-batch of the ops run */
     /* time the repetitions added without running (the clocks stay where the last one left
@@ -1671,6 +1672,24 @@ static void repeat_free(RankSim *r)
     r->watch = FALSE;
 }
 
+/* How many micro-batches a repetition of the unit moves on by: those its backward ops run (a
+ * micro-batch of the loop, a 1F1B pair's one backward, an interleaved unit's group of g: its
+ * backwards start at a group's first, its forwards run a warm-up later, across two groups
+ * on some stages), at least 1. */
+static uint32_t unit_microbatches(RankSim *r, const MemsimTraceHeader *h)
+{
+    GHashTable *seen = g_hash_table_new(NULL, NULL);
+    for (guint i = 0; i < r->unit->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops &&
+            h->ops[e->id].phase == MEMSIM_PHASE_BACKWARD && h->ops[e->id].microbatch >= 0)
+            g_hash_table_add(seen, GINT_TO_POINTER(h->ops[e->id].microbatch + 1));
+    }
+    uint32_t n = g_hash_table_size(seen);
+    g_hash_table_unref(seen);
+    return n ? n : 1;
+}
+
 /* The captured unit has run once: its repetitions begin. */
 static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                              uint64_t index, GError **error)
@@ -1689,7 +1708,8 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
         uses |= e->kind == MEMSIM_EV_USE;
         peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
-    r->rep.steady_repeated += r->unit_times;
+    r->unit_mbs = unit_microbatches(r, h);
+    r->rep.steady_repeated += r->unit_times * r->unit_mbs;
     RepeatRun *q = g_new0(RepeatRun, 1);
     r->repeat = q;
     q->rep = 1;
@@ -1777,10 +1797,10 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
                 mb = h->ops[e->id].microbatch;
         }
         /* the template is micro-batch mb (0-based); `rep` more ran after it */
-        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
+        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + (rep + 1) * r->unit_mbs) : 0;
         r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
     }
-    r->rep.steady_skipped += M;
+    r->rep.steady_skipped += M * r->unit_mbs;
     return TRUE;
 }
 
@@ -2167,12 +2187,13 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
         if (J && !r->rep.steady_skipped) {
             int32_t mb = unit_microbatch(r, h);
             /* the template completes micro-batch mb; start + j more ran after it */
-            r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + start + j + 1) : 0;
+            r->rep.steady_after =
+                mb >= 0 ? (uint32_t)(mb + (start + j + 1) * r->unit_mbs) : 0;
             r->rep.steady_step = two[1].n_steps ? two[1].step.step : 0;
         }
         r->unit_times -= J; /* the ids go on from the last repetition run */
         r->rep.n_events += J * K;
-        r->rep.steady_skipped += J;
+        r->rep.steady_skipped += J * r->unit_mbs;
         for (j += J; j < S; j++) {
             if (!memory_rep(rp, h, rank, error))
                 return FALSE;
@@ -2296,7 +2317,7 @@ static gboolean cross_cut(MemsimReplay *rp, const MemsimTraceHeader *h, gboolean
             continue;
         step_sums_add(r, a->sums, b->sums, (double)M);
         cut_advance(r, a, b, D, (double)M);
-        r->rep.steady_timed += M * (b->done - a->done);
+        r->rep.steady_timed += M * (b->done - a->done) * r->unit_mbs;
         if (r->op_next != UINT64_MAX)
             r->op_next += M * (b->done - a->done) * r->unit->len;
     }

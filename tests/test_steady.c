@@ -137,6 +137,18 @@ static const Case cases[] = {
     {"gpipe pp2 mb8 expandable", "gpt2",
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "gpipe", "microbatches", "8", NULL},
      "expandable_segments:True", FALSE, FALSE, 0},
+    {"interleaved pp2 v2 mb64", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "64", NULL},
+     NULL, TRUE, TRUE, 0},
+    {"interleaved pp2 v2 mb64 ckpt expandable", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "64", "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE, TRUE, 0},
+    {"interleaved pp4 v3 mb256", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "pp-schedule", "interleaved", "virtual-stages", "3",
+      "microbatches", "256", NULL},
+     NULL, TRUE, TRUE, 0},
     {"interleaved pp2 v2 mb8", "gpt2",
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
       "microbatches", "8", NULL},
@@ -241,7 +253,8 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
         if (c->skips)
             cr_expect(skipped > 0, "%s: every repetition simulated", c->name);
         /* a pipeline's stages: their time is added together */
-        if (c->skips && g_str_has_prefix(c->name, "1f1b"))
+        if (c->skips && (g_str_has_prefix(c->name, "1f1b") ||
+                         g_str_has_prefix(c->name, "interleaved")))
             cr_expect(timed > 0, "%s: no pipeline period added", c->name);
         if (c->repeats)
             cr_expect(repeated > 0, "%s: no micro-batch repeated", c->name);

@@ -1724,47 +1724,74 @@ typedef struct {
  * forward and one backward per micro-batch, then the cool-down backwards): its forward-backward
  * pairs are the units of traces/loop.c's steady state; a middle pair that repeats the one
  * before it is generated once, the micro-batches in flight then handed on to the pairs after
- * the repeated ones. GPipe's forwards pile up and the interleaved schedule's pairs move
- * between chunks: they run slot by slot. */
+ * the repeated ones. The interleaved schedule's steady pairs (forward_backward_pipelining_
+ * with_interleaving) go through the chunks group by group (get_schedule_table: a group of g
+ * micro-batches through every chunk in turn): v g pairs, a group's worth, make its unit, the
+ * next unit the same g micro-batches later; with a last group shorter than g the table does
+ * not repeat to its end, and the schedule runs slot by slot. GPipe's forwards pile up: slot
+ * by slot too. */
 typedef struct {
     LoopSteady s;
-    int warm, pairs;
+    int warm;  /* the warm-up forwards */
+    int units; /* the steady phase's whole units */
+    int len;   /* a unit's pairs */
+    int shift; /* how many micro-batches later a unit runs than the one before */
+    int v;
 } PipeSteady;
 
-static void pipe_steady_init(PipeSteady *ps, MemsimPipeSchedule kind, int p, int r, int m, int v)
+static void pipe_steady_init(PipeSteady *ps, MemsimPipeSchedule kind, int p, int r, int m, int v,
+                             int g)
 {
     memset(ps, 0, sizeof *ps);
-    ps->warm = p - r - 1 < m ? p - r - 1 : m;
-    ps->pairs = m - ps->warm;
-    ps->s.on = loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && v == 1 && ps->pairs >= 5;
+    ps->v = v;
+    if (kind == MEMSIM_PP_1F1B || v == 1) {
+        ps->warm = p - r - 1 < m ? p - r - 1 : m;
+        ps->len = ps->shift = 1;
+    } else {
+        /* schedule()'s interleaved warm-up */
+        ps->warm = 2 * (p - r - 1) + (v - 1) * g;
+        if (ps->warm > m * v)
+            ps->warm = m * v;
+        ps->len = v * g;
+        ps->shift = g;
+    }
+    ps->units = (m * v - ps->warm) / ps->len;
+    ps->s.on = loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && ps->units >= 5 &&
+               (v == 1 || (g > 0 && m % g == 0));
 }
 
 /* Before slot i. */
 static void pipe_steady_before(AgGraph *g, PipeSteady *ps, guint i)
 {
     int k = (int)i - ps->warm;
-    if (!ps->s.on || k < 0 || k % 2 || k / 2 >= ps->pairs)
+    if (!ps->s.on || k < 0 || k % (2 * ps->len) || k / (2 * ps->len) >= ps->units)
         return;
-    loop_steady_begin(g, &ps->s, k / 2 >= 1 && k / 2 <= ps->pairs - 2);
+    int u = k / (2 * ps->len);
+    loop_steady_begin(g, &ps->s, u >= 1 && u <= ps->units - 2);
 }
 
-/* After slot i: the slots to go on after (those of the repeated pairs). */
-static guint pipe_steady_after(AgGraph *g, PipeSteady *ps, guint i, InFlight *fl)
+/* After slot i: the slots to go on after (those of the repeated units). */
+static guint pipe_steady_after(AgGraph *g, PipeSteady *ps, guint i, InFlight *fl, int m)
 {
     int k = (int)i - ps->warm;
-    if (!ps->s.on || k < 0 || k % 2 != 1 || k / 2 >= ps->pairs)
+    if (!ps->s.on || k < 0 || (k + 1) % (2 * ps->len) || k / (2 * ps->len) >= ps->units)
         return 0;
-    int j = k / 2; /* the pair that ended */
-    int n = j >= 2 ? loop_steady_end(g, &ps->s, ps->pairs - 2 - j) : 0;
+    int u = k / (2 * ps->len); /* the unit that ended */
+    int n = u >= 2 ? loop_steady_end(g, &ps->s, ps->units - 2 - u) : 0;
     if (n <= 0)
         return 0;
-    /* micro-batches b .. f-1 are in flight: they become b + n .. f + n - 1 */
-    int f = ps->warm + j + 1, b = j + 1;
-    for (int mb = f - 1; mb >= b; mb--) {
-        fl[mb + n] = fl[mb];
-        fl[mb] = (InFlight){0};
-    }
-    return 2 * (guint)n;
+    /* the micro-batches in flight (on every chunk) run n units later: n shift micro-batches
+     * later */
+    const int d = n * ps->shift, v = ps->v;
+    for (int mb = m - 1 - d; mb >= 0; mb--)
+        for (int c = 0; c < v; c++) {
+            InFlight *from = &fl[mb * v + c];
+            if (from->in || from->out) {
+                fl[(mb + d) * v + c] = *from;
+                *from = (InFlight){0};
+            }
+        }
+    return 2 * (guint)(n * ps->len);
 }
 
 /* The order of (forward?, micro-batch, chunk) a stage runs (DISTRIBUTED.md §5.3). */
@@ -2379,7 +2406,8 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v,
                                  o->microbatch_group > 0 ? o->microbatch_group : pp);
         PipeSteady ps;
-        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v);
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v,
+                         o->microbatch_group > 0 ? o->microbatch_group : pp);
         for (guint i = 0; i < sched->len; i++) {
             pipe_steady_before(g, &ps, i);
             Slot sl2 = g_array_index(sched, Slot, i);
@@ -2433,7 +2461,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                     f->in = NULL;
                 }
             }
-            i += pipe_steady_after(g, &ps, i, fl);
+            i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
         g_array_unref(sched);
         /* finish_embedding_wgrad_compute: the deferred output-layer wgrads, then the buffers
@@ -2535,7 +2563,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
         loop_mark_step(g, step);
         GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v, pp);
         PipeSteady ps;
-        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v);
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v, pp);
         for (guint i = 0; i < sched->len; i++) {
             pipe_steady_before(g, &ps, i);
             Slot sl = g_array_index(sched, Slot, i);
@@ -2590,7 +2618,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                         }
                     }
             }
-            i += pipe_steady_after(g, &ps, i, fl);
+            i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
         g_array_unref(sched);
         loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
