@@ -56,6 +56,14 @@ typedef struct {
 
 #define SITE_NONE UINT32_MAX
 
+/* The step's work sums (MemsimStepPeaks) a repetition adds to: compute, memory-bound,
+ * latency-bound, communication, host, bubble. */
+#define N_SUMS 6
+
+/* The memory states a rank's catching up keeps (memory_catch_up): periods of up to CUTS - 1
+ * repetitions are found. */
+#define CUTS 16
+
 typedef struct {
     MemsimReplay *rp;
     MemsimAlloc *alloc;
@@ -124,6 +132,7 @@ typedef struct {
     /* steady state: the unit a REPEAT announced, captured as it runs */
     GArray *unit;       /* MemsimEvent */
     uint64_t unit_len, unit_times, unit_from, unit_shift;
+    uint32_t unit_mbs; /* the micro-batches a repetition runs on (unit_microbatches) */
     gboolean capturing;
     int32_t mb_top; /* the highest micro-batch of the ops run */
     /* time the repetitions added without running (the clocks stay where the last one left
@@ -135,13 +144,65 @@ typedef struct {
     uint64_t ev_hash;
     struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
     struct RepeatRun *repeat;     /* repetitions under way, or NULL */
-    double unit_pre_sums[5];
+    double unit_pre_sums[N_SUMS];
+    /* the cross-rank steady state: waiting at a repetition's boundary for the other ranks
+     * (cross_cut), and the rank's part of the last two cuts */
+    gboolean at_cut;
+    struct RankCut *cuts;
+    /* while watched: the clocks (clock_bit) that decided a max — the later of several times —
+     * or were set from another time, since the last cut */
+    gboolean watch, watch_over;
+    uint64_t bound, written;
+    gboolean memory_only; /* events change the memory alone (memory_catch_up) */
+    /* the memory's prints (steady_print) at the last cuts of repeat run print_serial, by the
+     * repetitions done then (print_done; UINT64_MAX: none) */
+    uint64_t print_serial;
+    uint64_t prints[CUTS], print_done[CUTS];
 } RankSim;
+
+/* A clock's bit in RankSim.bound and .written: the host's, then the streams' (gpu_free,
+ * last_end, wait_until); -1 past 64. */
+#define CLK_FREE 0
+#define CLK_END 1
+#define CLK_WAIT 2
+static inline int clock_bit(int kind, uint32_t stream)
+{
+    return stream < 21 ? 1 + 3 * (int)stream + kind : -1;
+}
+
+static inline void clock_note(RankSim *r, int bit, gboolean bound, gboolean written)
+{
+    if (bit < 0) {
+        r->watch_over = TRUE;
+        return;
+    }
+    if (bound)
+        r->bound |= (uint64_t)1 << bit;
+    if (written)
+        r->written |= (uint64_t)1 << bit;
+}
+
+/* The start max(host, stream free, stream waits) = `start` on `stream`: each clock that is the
+ * latest decided it. */
+static void watch_start(RankSim *r, uint32_t stream, double cpu, double fr, double wu,
+                        double start)
+{
+    clock_note(r, 0, cpu >= start, FALSE);
+    clock_note(r, clock_bit(CLK_FREE, stream), fr >= start, FALSE);
+    clock_note(r, clock_bit(CLK_WAIT, stream), wu >= start, FALSE);
+}
+
+/* clock = max(clock, other): the clock decides it when it is the later, else it is set. */
+static void watch_max(RankSim *r, int bit, double clock, double other)
+{
+    clock_note(r, bit, clock >= other, other > clock);
+}
 
 typedef struct SteadyState SteadyState;
 static void steady_pre(RankSim *r);
 static void repeat_free(RankSim *r);
 static void steady_clear(SteadyState *s);
+static void cuts_free(RankSim *r);
 
 /* Host-side cost of issuing one op (PyTorch eager dispatch + kernel launch). */
 #define LAUNCH_US 10.0
@@ -167,6 +228,12 @@ struct MemsimReplay {
     RankSim *ranks;
     GHashTable *channels; /* (from << 32 | to) → Channel*, created on the first send */
     gboolean woken;       /* a parked rank can go on */
+    /* the cross-rank steady state (memsim_replay_trace only): ranks whose repeated unit meets
+     * other ranks wait at its boundaries; the cuts where they all do, the last two kept */
+    gboolean cross;
+    uint64_t n_cuts;     /* cuts kept since the last skip (0: none) */
+    uint64_t n_repeats;  /* repeat runs begun, for telling them apart */
+    GArray *inflight[2]; /* InFlight of the last two cuts */
 };
 
 static void channel_free(gpointer p)
@@ -296,6 +363,7 @@ static void rank_clear(RankSim *r)
         g_free(r->unit_pre);
     }
     repeat_free(r);
+    cuts_free(r);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
     if (r->expected)
@@ -341,6 +409,9 @@ void memsim_replay_abort(MemsimReplay *rp)
     g_free(rp->ranks);
     if (rp->channels)
         g_hash_table_unref(rp->channels);
+    for (int k = 0; k < 2; k++)
+        if (rp->inflight[k])
+            g_array_unref(rp->inflight[k]);
     memsim_trace_header_clear(&rp->header);
     g_free(rp->allocator);
     g_free(rp->alloc_conf);
@@ -867,6 +938,10 @@ static void recv_done(RankSim *r, const MemsimTraceHeader *h, guint32 rank, doub
             start - r->wait_start;
     double *fr = stream_slot(r->gpu_free, r->wait_stream);
     double *le = stream_slot(r->last_end, r->wait_stream);
+    if (G_UNLIKELY(r->watch)) {
+        watch_max(r, clock_bit(CLK_FREE, r->wait_stream), *fr, end);
+        watch_max(r, clock_bit(CLK_END, r->wait_stream), *le, end);
+    }
     if (end > *fr)
         *fr = end;
     if (end > *le)
@@ -905,6 +980,9 @@ static gboolean meet(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         start = MAX(r->cpu_us, MAX(*stream_slot(r->gpu_free, ev->stream),
                                    *stream_slot(r->wait_until, ev->stream)));
         dur = 0.0;
+        if (G_UNLIKELY(r->watch))
+            watch_start(r, ev->stream, r->cpu_us, *stream_slot(r->gpu_free, ev->stream),
+                        *stream_slot(r->wait_until, ev->stream), start);
     }
     if (ev->aux == MEMSIM_COLL_SEND) {
         RankSim *q = &rp->ranks[peer];
@@ -1095,7 +1173,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         r->cur_op = (int64_t)ev->id;
         if (h->ops[ev->id].microbatch > r->mb_top)
             r->mb_top = h->ops[ev->id].microbatch;
-        double dur = r->rp->opt.untimed ? 0.0 : h->ops[ev->id].duration_us;
+        double dur = r->rp->opt.untimed || r->memory_only ? 0.0 : h->ops[ev->id].duration_us;
         if (h->ops[ev->id].bound == MEMSIM_BOUND_HOST) {
             /* host time without a kernel: the host's clock moves, no stream's */
             r->cpu_us += dur;
@@ -1106,7 +1184,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         /* With a profile's dispatch cost (a generated trace), every op the program runs is
          * dispatched by the host, kernels or not (views, autograd nodes); without one, the
          * timed ops are charged LAUNCH_US. */
-        if (dur == 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed) {
+        if (dur == 0.0 && r->rp->opt.dispatch_us > 0 && !r->rp->opt.untimed &&
+            !r->memory_only) {
             r->cpu_us += r->rp->opt.dispatch_us;
             if (r->steps->len)
                 g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).host_us +=
@@ -1135,6 +1214,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
                 start = *fr;
             if (*wu > start)
                 start = *wu;
+            if (G_UNLIKELY(r->watch)) {
+                watch_start(r, ev->stream, r->cpu_us, *fr, *wu, start);
+                clock_note(r, clock_bit(CLK_FREE, ev->stream), FALSE, TRUE);
+                clock_note(r, clock_bit(CLK_END, ev->stream), FALSE, TRUE);
+            }
             *fr = start + dur;
             *stream_slot(r->last_end, ev->stream) = start + dur;
             r->op_next = index + 1;
@@ -1199,7 +1283,16 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     case MEMSIM_EV_WAIT: {
         if (ev->id >= 65536)
             return bad(error, h, rank, index, "wait on stream %" PRIu64 " (out of range)", ev->id);
+        if (r->memory_only)
+            return TRUE;
         double end = *stream_slot(r->last_end, (uint32_t)ev->id);
+        if (G_UNLIKELY(r->watch)) {
+            double *to = ev->flags & MEMSIM_EVF_HOST ? &r->cpu_us
+                                                     : stream_slot(r->wait_until, ev->stream);
+            clock_note(r, clock_bit(CLK_END, (uint32_t)ev->id), end >= *to, FALSE);
+            watch_max(r, ev->flags & MEMSIM_EVF_HOST ? 0 : clock_bit(CLK_WAIT, ev->stream), *to,
+                      end);
+        }
         if (ev->flags & MEMSIM_EVF_HOST) {
             if (end > r->cpu_us)
                 r->cpu_us = end; /* the host blocks (synchronize) */
@@ -1235,7 +1328,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (ev->aux >= MEMSIM_COLL_COUNT)
             return bad(error, h, rank, index, "collective kind %" PRIu64 " is out of range",
                        ev->aux);
-        if (G_UNLIKELY(ev->flags & MEMSIM_EVF_PEER))
+        if (G_UNLIKELY(ev->flags & MEMSIM_EVF_PEER) && !r->memory_only)
             return meet(r, h, rank, index, ev, error);
         return TRUE;
     default:
@@ -1309,7 +1402,11 @@ static void add_block(void *user, const MemsimBlockInfo *b)
     c.segment_flags = b->segment_flags;
     c.addr = b->addr;
     c.size = b->size;
-    c.requested = b->requested;
+    /* a free block's request is the last one it served: nothing reads it but a listing of
+     * the blocks (a snapshot export), which a skipping replay does not make */
+    c.requested = b->state == MEMSIM_BLOCK_FREE || b->state == MEMSIM_BLOCK_UNMAPPED
+                      ? 0
+                      : b->requested;
     c.state = b->state;
     g_array_append_val(s->blocks, c);
 }
@@ -1500,8 +1597,6 @@ static gboolean steady_rename(RankSim *r, uint64_t from, uint64_t moved)
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                     const MemsimEvent *events, gsize n, gsize *used, GError **error);
 
-/* The step's work sums (MemsimStepPeaks) a repetition adds to. */
-#define N_SUMS 5
 static void step_sums(RankSim *r, double *v)
 {
     memset(v, 0, N_SUMS * sizeof *v);
@@ -1513,6 +1608,21 @@ static void step_sums(RankSim *r, double *v)
     v[2] = sp->latency_us;
     v[3] = sp->comm_us;
     v[4] = sp->host_us;
+    v[5] = sp->bubble_us;
+}
+
+/* Adds `times` × (v − u) to the step's work sums. */
+static void step_sums_add(RankSim *r, const double *u, const double *v, double times)
+{
+    if (!r->steps->len)
+        return;
+    MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
+    sp->compute_us += times * (v[0] - u[0]);
+    sp->memory_us += times * (v[1] - u[1]);
+    sp->latency_us += times * (v[2] - u[2]);
+    sp->comm_us += times * (v[3] - u[3]);
+    sp->host_us += times * (v[4] - u[4]);
+    sp->bubble_us += times * (v[5] - u[5]);
 }
 
 /* The state before a unit's first run: the period before the first repetition's. */
@@ -1541,6 +1651,11 @@ typedef struct RepeatRun {
     uint64_t hashes[RING];
     MemsimEvent *buf;
     uint64_t index; /* the event whose capture completed the unit (for messages) */
+    /* the unit meets other ranks and may be skipped with them (cross_cut): the rank waits at
+     * the start of each repetition (held_rep: the one it last waited before) */
+    gboolean cross;
+    uint64_t held_rep;
+    uint64_t serial; /* which repeat run of the replay (MemsimReplay.n_repeats) */
 } RepeatRun;
 
 static void repeat_free(RankSim *r)
@@ -1554,6 +1669,25 @@ static void repeat_free(RankSim *r)
     g_free(q);
     r->repeat = NULL;
     r->ev_logging = FALSE;
+    r->watch = FALSE;
+}
+
+/* How many micro-batches a repetition of the unit moves on by: those its backward ops run (a
+ * micro-batch of the loop, a 1F1B pair's one backward, an interleaved unit's group of g: its
+ * backwards start at a group's first, its forwards run a warm-up later, across two groups
+ * on some stages), at least 1. */
+static uint32_t unit_microbatches(RankSim *r, const MemsimTraceHeader *h)
+{
+    GHashTable *seen = g_hash_table_new(NULL, NULL);
+    for (guint i = 0; i < r->unit->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops &&
+            h->ops[e->id].phase == MEMSIM_PHASE_BACKWARD && h->ops[e->id].microbatch >= 0)
+            g_hash_table_add(seen, GINT_TO_POINTER(h->ops[e->id].microbatch + 1));
+    }
+    uint32_t n = g_hash_table_size(seen);
+    g_hash_table_unref(seen);
+    return n ? n : 1;
 }
 
 /* The captured unit has run once: its repetitions begin. */
@@ -1574,7 +1708,8 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
         uses |= e->kind == MEMSIM_EV_USE;
         peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
-    r->rep.steady_repeated += r->unit_times;
+    r->unit_mbs = unit_microbatches(r, h);
+    r->rep.steady_repeated += r->unit_times * r->unit_mbs;
     RepeatRun *q = g_new0(RepeatRun, 1);
     r->repeat = q;
     q->rep = 1;
@@ -1585,6 +1720,13 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
      * stay with the allocator's event tokens, which holds for one rank, whose clock meets no
      * other's */
     q->may_skip = steady_may_skip(r) && !peer && !(uses && rp->n_ranks != 1);
+    /* ... unless all the ranks it meets repeat with it: their cuts (cross_cut); a block used
+     * on another stream would make the memory depend on the clocks the ranks share */
+    q->cross = rp->cross && peer && !uses && steady_may_skip(r);
+    r->watch = q->cross;
+    r->bound = r->written = 0;
+    r->watch_over = FALSE;
+    q->serial = ++rp->n_repeats;
     for (int k = 0; k < RING; k++)
         steady_init(&q->st[k]);
     if (q->may_skip) {
@@ -1643,15 +1785,7 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
             for (guint k = 0; k < clocks[c]->len; k++, at++)
                 g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
     }
-    if (r->steps->len) {
-        MemsimStepPeaks *sp = &g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1);
-        const double *u = q->sums[(rep - p) % RING], *v = q->sums[rep % RING];
-        sp->compute_us += periods * (v[0] - u[0]);
-        sp->memory_us += periods * (v[1] - u[1]);
-        sp->latency_us += periods * (v[2] - u[2]);
-        sp->comm_us += periods * (v[3] - u[3]);
-        sp->host_us += periods * (v[4] - u[4]);
-    }
+    step_sums_add(r, q->sums[(rep - p) % RING], q->sums[rep % RING], periods);
     r->rep.n_events += M * K;
     if (r->op_next != UINT64_MAX)
         r->op_next += M * K;
@@ -1663,11 +1797,25 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
                 mb = h->ops[e->id].microbatch;
         }
         /* the template is micro-batch mb (0-based); `rep` more ran after it */
-        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + rep + 1) : 0;
+        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + (rep + 1) * r->unit_mbs) : 0;
         r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
     }
-    r->rep.steady_skipped += M;
+    r->rep.steady_skipped += M * r->unit_mbs;
     return TRUE;
+}
+
+/* The events of repetition q->rep: the unit's, its own tensors' ids moved. */
+static void repeat_fill(RankSim *r)
+{
+    RepeatRun *q = r->repeat;
+    const uint64_t moved = q->rep * r->unit_shift, from = r->unit_from;
+    for (guint i = 0; i < r->unit->len; i++) {
+        q->buf[i] = g_array_index(r->unit, MemsimEvent, i);
+        if ((q->buf[i].kind == MEMSIM_EV_ALLOC || q->buf[i].kind == MEMSIM_EV_FREE ||
+             q->buf[i].kind == MEMSIM_EV_USE) &&
+            q->buf[i].id >= from)
+            q->buf[i].id += moved;
+    }
 }
 
 /* Runs the repetitions until they end or the rank parks (r->repeat stays then). */
@@ -1680,15 +1828,14 @@ static gboolean repeat_pump(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
     const uint64_t N = r->unit_times, from = r->unit_from, shift = r->unit_shift;
     gboolean ok = TRUE, done = FALSE;
     while (q->rep <= N) {
+        if (q->pos == 0 && q->cross && q->held_rep != q->rep) {
+            /* at a boundary: waits for the other ranks (cross_cut), then goes on */
+            q->held_rep = q->rep;
+            r->at_cut = TRUE;
+            return TRUE;
+        }
         if (q->pos == 0) {
-            uint64_t moved = q->rep * shift;
-            for (guint i = 0; i < K; i++) {
-                q->buf[i] = g_array_index(r->unit, MemsimEvent, i);
-                if ((q->buf[i].kind == MEMSIM_EV_ALLOC || q->buf[i].kind == MEMSIM_EV_FREE ||
-                     q->buf[i].kind == MEMSIM_EV_USE) &&
-                    q->buf[i].id >= from)
-                    q->buf[i].id += moved;
-            }
+            repeat_fill(r);
             r->ev_hash = 0xCBF29CE484222325ull;
         }
         gsize used;
@@ -1726,6 +1873,513 @@ static gboolean repeat_pump(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
     return ok;
 }
 
+/* ---- the steady state across ranks ----
+ *
+ * A unit that meets other ranks (a pipeline stage's forward-backward pair: its sends and recvs
+ * name the neighbouring stages) cannot be added alone: its clocks are tied to theirs. Two
+ * facts make it possible with them:
+ *
+ * 1. The ranks form a Kahn network (the top of this file): from a cut — each rank at some
+ *    point of its program, with the messages sent before the sender's point and received
+ *    after the receiver's — what every rank does next is a function of the ranks' states
+ *    there and of those messages alone, whichever rank the simulator runs first. A rank whose
+ *    repeated unit meets others waits at the start of each repetition (at_cut); when no rank
+ *    can run and every rank waits so or has ended its program, the ranks are at a cut.
+ *
+ * 2. Without blocks used on other streams (record_stream: no USE in the unit and no block
+ *    waiting for a stream event) time and memory do not touch: the clocks are maxima and sums
+ *    of op durations and message times, which no allocation changes, and an allocation or a
+ *    free is the same at any time. (An allocation that fails stops the rank, and with it its
+ *    clocks: see memory_catch_up.)
+ *
+ * So the times repeat when a cut is the one before it, D later: each clock that decided
+ * something (the later of several times: an op's start, a wait, a recv's end) moved by D,
+ * every other either set from such times or moved by its own increments by less than D (the
+ * host's dispatch costs, far behind the streams), what the next event takes from the last
+ * timed op D later, and the messages in flight the same, their start times D later. From there
+ * every later period does what this one did, D later: M of them are added, as many as every
+ * rank still has repetitions for (each rank a_k repetitions a period): the clocks and the
+ * messages in flight move by M D (a clock behind by its own increments), the step's work sums
+ * by M times the period's. Each rank's memory then catches up alone with its M a_k
+ * repetitions (memory_catch_up): they run for their allocations and frees only, until the
+ * memory state repeats with a period of its own (the micro-batches a stage holds move through
+ * the cache's blocks one by one: a stage holding n takes n + 1 repetitions, or a multiple, to
+ * come back to the same blocks); the whole periods left are added, the rest run. */
+
+typedef struct {
+    gint64 key; /* the channel */
+    guint pos;  /* its place in the channel's queue */
+    Sent sent;
+} InFlight;
+
+/* A rank's time at a cut. */
+typedef struct RankCut {
+    gboolean at_cut; /* else the rank's program has ended */
+    uint64_t serial; /* the repeat run */
+    uint64_t done;   /* its repetitions done */
+    GArray *clocks;  /* as SteadyState.clocks */
+    guint n_clocks[3];
+    double sums[N_SUMS];
+    gboolean op_here; /* the last timed op is right before the next event */
+    uint16_t op_stream;
+    double op_start, op_dur;
+    uint64_t bound, written; /* the clocks' since the cut before (RankSim.bound, .written) */
+    gboolean over;
+} RankCut;
+
+static void cuts_free(RankSim *r)
+{
+    if (!r->cuts)
+        return;
+    for (int k = 0; k < 2; k++)
+        g_array_unref(r->cuts[k].clocks);
+    g_free(r->cuts);
+    r->cuts = NULL;
+}
+
+static gint inflight_cmp(gconstpointer a, gconstpointer b)
+{
+    const InFlight *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+static void inflight_take(MemsimReplay *rp, GArray *out)
+{
+    g_array_set_size(out, 0);
+    GHashTableIter it;
+    gpointer k, v;
+    g_hash_table_iter_init(&it, rp->channels);
+    while (g_hash_table_iter_next(&it, &k, &v)) {
+        const Channel *c = v;
+        for (guint i = c->head; i < c->sent->len; i++) {
+            InFlight f = {*(const gint64 *)k, i - c->head, g_array_index(c->sent, Sent, i)};
+            g_array_append_val(out, f);
+        }
+    }
+    g_array_sort(out, inflight_cmp);
+}
+
+/* The bit of the k-th clock of a cut (host, gpu_free, last_end, wait_until). */
+static int cut_clock_bit(const RankCut *x, guint k)
+{
+    if (k == 0)
+        return 0;
+    k--;
+    for (int c = 0; c < 3; k -= x->n_clocks[c], c++)
+        if (k < x->n_clocks[c])
+            return clock_bit(c == 0 ? CLK_FREE : c == 1 ? CLK_END : CLK_WAIT, k);
+    return -1;
+}
+
+/* How a clock went over the period from cut a to cut b, the network's times D later. */
+typedef enum {
+    CLOCK_BAD,    /* not as the period says */
+    CLOCK_PERIOD, /* D later, or set over the period from times that are */
+    CLOCK_BEHIND, /* moved by less than D by its own increments and decided nothing */
+} ClockWay;
+
+/* A clock that decided some max must be D later. One that decided nothing and moved by less
+ * than D (or by D) was, at each comparison of the next period, further behind (or as far)
+ * than at the same one of this period, where it lost: it loses there too. If it was set from
+ * other times over this period it is what they are, D later, on the next; else it moved by
+ * its own increments (the host's dispatch costs), which the next period adds again. */
+static ClockWay clock_way(const RankCut *a, const RankCut *b, guint k, double D)
+{
+    const double x = g_array_index(a->clocks, double, k), y = g_array_index(b->clocks, double, k);
+    const int bit = cut_clock_bit(b, k);
+    if (bit < 0)
+        return CLOCK_BAD;
+    if (near(y - x, D, y))
+        return CLOCK_PERIOD;
+    if ((b->bound >> bit & 1) || y - x > D)
+        return CLOCK_BAD;
+    return b->written >> bit & 1 ? CLOCK_PERIOD : CLOCK_BEHIND;
+}
+
+/* Whether rank cut b is rank cut a, D later. */
+static gboolean cut_clocks(const RankCut *a, const RankCut *b, double D)
+{
+    if (b->over || a->clocks->len != b->clocks->len ||
+        memcmp(a->n_clocks, b->n_clocks, sizeof a->n_clocks))
+        return FALSE;
+    for (guint k = 0; k < b->clocks->len; k++)
+        if (clock_way(a, b, k, D) == CLOCK_BAD)
+            return FALSE;
+    if (a->op_here != b->op_here)
+        return FALSE;
+    return !b->op_here || (a->op_stream == b->op_stream && a->op_dur == b->op_dur &&
+                           near(b->op_start - a->op_start, D, b->op_start));
+}
+
+/* D: how far a clock that decided something moved (0 when none did). */
+static double cut_period(MemsimReplay *rp, guint c, guint p)
+{
+    for (guint k = 0; k < rp->n_ranks; k++) {
+        const RankCut *a = &rp->ranks[k].cuts[p], *b = &rp->ranks[k].cuts[c];
+        if (!b->at_cut || a->clocks->len != b->clocks->len)
+            continue;
+        for (guint i = 0; i < b->clocks->len; i++) {
+            int bit = cut_clock_bit(b, i);
+            if (bit >= 0 && (b->bound >> bit & 1))
+                return g_array_index(b->clocks, double, i) - g_array_index(a->clocks, double, i);
+        }
+    }
+    return 0.0;
+}
+
+/* The clocks of a rank M periods on. */
+static void cut_advance(RankSim *r, const RankCut *a, const RankCut *b, double D, double M)
+{
+    GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
+    for (guint k = 0; k < b->clocks->len; k++) {
+        double *v = k == 0 ? &r->cpu_us : NULL;
+        guint i = k - 1;
+        for (int c = 0; c < 3 && !v; i -= b->n_clocks[c], c++)
+            if (i < b->n_clocks[c])
+                v = &g_array_index(arrays[c], double, i);
+        const double x = g_array_index(a->clocks, double, k),
+                     y = g_array_index(b->clocks, double, k);
+        *v += M * (clock_way(a, b, k, D) == CLOCK_BEHIND ? y - x : D);
+    }
+    r->op_start += M * D;
+}
+
+/* The micro-batch (0-based) a unit completes: the lowest its ops run in (a pipeline's pair
+ * runs a later micro-batch's forward and an earlier one's backward), -1 when none says. */
+static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h)
+{
+    int32_t mb = -1;
+    for (guint i = 0; i < r->unit->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops && h->ops[e->id].microbatch >= 0 &&
+            (mb < 0 || h->ops[e->id].microbatch < mb))
+            mb = h->ops[e->id].microbatch;
+    }
+    return mb;
+}
+
+/* Runs repetition q->rep of rank `rank` for its memory alone (memory_only: its clocks, work
+ * sums and meetings are the network's, added apart). */
+static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                           GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    repeat_fill(r);
+    gsize used;
+    r->memory_only = TRUE;
+    gboolean ok = run(rp, h, rank, r->repeat->buf, r->unit->len, &used, error);
+    r->memory_only = FALSE;
+    r->repeat->rep++;
+    return ok;
+}
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static void print_block(void *user, const MemsimBlockInfo *b)
+{
+    uint64_t *hsh = user;
+    const gboolean idle = b->state == MEMSIM_BLOCK_FREE || b->state == MEMSIM_BLOCK_UNMAPPED;
+    /* the segment is the block's when the block starts it, else known from the block before */
+    uint64_t x = (*hsh ^ b->segment) * 0x100000001B3ull;
+    x = (x ^ b->segment_size ^ (uint64_t)b->stream << 48) * 0x100000001B3ull;
+    x = (x ^ b->addr ^ (uint64_t)b->segment_flags << 56) * 0x100000001B3ull;
+    x = (x ^ b->size ^ (uint64_t)b->state << 58) * 0x100000001B3ull;
+    *hsh = mix64(x ^ (idle ? 0 : b->requested));
+}
+
+/* A hash of what steady_equal compares (the ids taken back as steady_take takes them): equal
+ * states have equal prints. */
+static uint64_t steady_print(RankSim *r, uint64_t from, uint64_t moved)
+{
+    uint64_t hsh = 0x9E3779B97F4A7C15ull, live = 0;
+    memsim_alloc_foreach_block(r->alloc, print_block, &hsh);
+    for (size_t i = 0; i <= r->tensors.mask; i++) {
+        const IdSlot *sl = &r->tensors.slots[i];
+        if (!sl->key1)
+            continue;
+        uint64_t id = sl->key1 - 1;
+        if (id >= from + moved)
+            id -= moved;
+        const IdVal *v = &sl->val;
+        live += mix64(mix64(mix64(id ^ v->addr) ^ v->size) ^ v->req ^
+                      ((uint64_t)v->category << 32 | (uint64_t)v->stream << 40) ^
+                      (uint64_t)v->site << 8); /* the live set in any order */
+    }
+    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+    hsh = mix64(hsh ^ live);
+    G_STATIC_ASSERT(sizeof st % sizeof(uint64_t) == 0);
+    uint64_t words[sizeof st / sizeof(uint64_t)];
+    memcpy(words, &st, sizeof st);
+    for (gsize i = 0; i < G_N_ELEMENTS(words); i++)
+        hsh = mix64(hsh ^ words[i]);
+    const int64_t w[] = {r->best_allocated, r->best_reserved, r->last_allocated,
+                         (int64_t)r->epoch, r->cur_op, r->cur_phase, r->steps->len};
+    for (gsize i = 0; i < G_N_ELEMENTS(w); i++)
+        hsh = mix64(hsh ^ (uint64_t)w[i]);
+    for (int c = 0; c < MEMSIM_CAT_COUNT; c++)
+        hsh = mix64(hsh ^ (uint64_t)r->live_cat[c] ^ (uint64_t)r->live_req[c] << 1);
+    return hsh;
+}
+
+/* The memory of rank `rank` S repetitions on: they run for their allocations and frees until
+ * the state after one is the state after an earlier one (steady_equal, the ids taken back: a
+ * period of P repetitions), then the whole periods left are added and the rest run. Each
+ * state is hashed (steady_print); when a hash comes back after P repetitions the state is
+ * taken and compared with the one P repetitions later. An allocation that fails stops the
+ * rank (*stopped): its clocks would have stopped there too, which the network's periods do
+ * not say. */
+static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                                uint64_t S, SteadyState *two, gboolean *stopped, GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    RepeatRun *q = r->repeat;
+    const uint64_t K = r->unit->len, start = q->rep - 1;
+    /* the prints after repetition d (of this run) at [d % CUTS], those of the cuts before */
+    uint64_t *prints = r->prints, *at = r->print_done;
+    if (r->print_serial != q->serial)
+        for (int l = 0; l < CUTS; l++)
+            at[l] = UINT64_MAX;
+    r->print_serial = q->serial;
+    uint64_t j = 0, cand = 0, cand_at = 0;
+    for (;;) {
+        const uint64_t d = start + j, moved = d * r->unit_shift;
+        uint64_t P = 0;
+        if (cand && j == cand_at + cand) {
+            /* the candidate period, state by state */
+            steady_take(r, &two[1], r->unit_from, moved);
+            if (steady_equal(&two[0], &two[1]))
+                P = cand;
+            cand = 0;
+        }
+        if (at[d % CUTS] != d) {
+            prints[d % CUTS] = steady_print(r, r->unit_from, moved);
+            at[d % CUTS] = d;
+        }
+        for (uint64_t l = 1; l < CUTS && l <= d && !cand && !P; l++)
+            if (at[(d - l) % CUTS] == d - l && prints[(d - l) % CUTS] == prints[d % CUTS]) {
+                cand = l;
+                cand_at = j;
+                steady_take(r, &two[0], r->unit_from, moved);
+            }
+        if (!P) {
+            if (j == S)
+                break;
+            if (!memory_rep(rp, h, rank, error))
+                return FALSE;
+            j++;
+            if (r->stopped) {
+                *stopped = TRUE;
+                return TRUE;
+            }
+            continue;
+        }
+        const uint64_t J = (S - j) / P * P;
+        if (J && !r->rep.steady_skipped) {
+            int32_t mb = unit_microbatch(r, h);
+            /* the template completes micro-batch mb; start + j more ran after it */
+            r->rep.steady_after =
+                mb >= 0 ? (uint32_t)(mb + (start + j + 1) * r->unit_mbs) : 0;
+            r->rep.steady_step = two[1].n_steps ? two[1].step.step : 0;
+        }
+        r->unit_times -= J; /* the ids go on from the last repetition run */
+        r->rep.n_events += J * K;
+        r->rep.steady_skipped += J * r->unit_mbs;
+        for (j += J; j < S; j++) {
+            if (!memory_rep(rp, h, rank, error))
+                return FALSE;
+            if (r->stopped) {
+                *stopped = TRUE;
+                return TRUE;
+            }
+        }
+        break;
+    }
+    q->held_rep = q->rep; /* at a boundary: it goes on without waiting there again */
+    return TRUE;
+}
+
+/* The ranks are at a cut (every one waits at a repetition's boundary or has ended): keeps its
+ * times, and when they repeat those of the cut before, adds the periods every rank has room
+ * for. *restart: a rank ran out of memory while catching up (the replay must run again
+ * without skipping). */
+static gboolean cross_cut(MemsimReplay *rp, const MemsimTraceHeader *h, gboolean *restart,
+                          GError **error)
+{
+    const guint c = rp->n_cuts % 2, p = c ^ 1;
+    gboolean same = rp->n_cuts > 0, any = FALSE;
+    for (int k = 0; k < 2; k++)
+        if (!rp->inflight[k])
+            rp->inflight[k] = g_array_new(FALSE, FALSE, sizeof(InFlight));
+    for (guint k = 0; k < rp->n_ranks; k++) {
+        RankSim *r = &rp->ranks[k];
+        if (!r->cuts) {
+            r->cuts = g_new0(RankCut, 2);
+            for (int j = 0; j < 2; j++)
+                r->cuts[j].clocks = g_array_new(FALSE, FALSE, sizeof(double));
+        }
+        RankCut *x = &r->cuts[c];
+        x->at_cut = r->at_cut && r->repeat && !r->stopped;
+        same = same && x->at_cut == r->cuts[p].at_cut;
+        if (!x->at_cut)
+            continue;
+        any = TRUE;
+        const RepeatRun *q = r->repeat;
+        x->serial = q->serial;
+        x->done = q->rep - 1;
+        g_array_set_size(x->clocks, 0);
+        g_array_append_val(x->clocks, r->cpu_us);
+        GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
+        for (int j = 0; j < 3; j++) {
+            clocks_add(x->clocks, arrays[j]);
+            x->n_clocks[j] = arrays[j]->len;
+        }
+        step_sums(r, x->sums);
+        x->op_here = r->op_next == r->rep.n_events;
+        x->op_stream = r->op_stream;
+        x->op_start = r->op_start;
+        x->op_dur = r->op_dur;
+        x->bound = r->bound;
+        x->written = r->written;
+        x->over = r->watch_over;
+        r->bound = r->written = 0;
+        r->watch_over = FALSE;
+        if (r->print_serial != q->serial) {
+            for (int l = 0; l < CUTS; l++)
+                r->print_done[l] = UINT64_MAX;
+            r->print_serial = q->serial;
+        }
+        r->prints[x->done % CUTS] = steady_print(r, r->unit_from, x->done * r->unit_shift);
+        r->print_done[x->done % CUTS] = x->done;
+        same = same && x->serial == r->cuts[p].serial && x->done > r->cuts[p].done &&
+               x->done - r->cuts[p].done <= r->unit_times - x->done;
+    }
+    inflight_take(rp, rp->inflight[c]);
+    rp->n_cuts = any ? rp->n_cuts + 1 : 0;
+    if (!same)
+        return TRUE;
+    const double D = cut_period(rp, c, p);
+    uint64_t M = UINT64_MAX;
+    for (guint k = 0; k < rp->n_ranks && same; k++) {
+        RankSim *r = &rp->ranks[k];
+        const RankCut *a = &r->cuts[p], *b = &r->cuts[c];
+        if (!b->at_cut)
+            continue;
+        same = cut_clocks(a, b, D);
+        M = MIN(M, (r->unit_times - b->done) / (b->done - a->done));
+    }
+    const GArray *fa = rp->inflight[p], *fb = rp->inflight[c];
+    same = same && fa->len == fb->len && M && M != UINT64_MAX;
+    for (guint i = 0; i < fb->len && same; i++) {
+        const InFlight *x = &g_array_index(fa, InFlight, i), *y = &g_array_index(fb, InFlight, i);
+        same = x->key == y->key && x->pos == y->pos && x->sent.dur == y->sent.dur &&
+               near(y->sent.start - x->sent.start, D, y->sent.start);
+    }
+    if (!same)
+        return TRUE;
+    /* no block waits for a stream event: the memory does not depend on the clocks */
+    SteadyState ring[2];
+    for (int j = 0; j < 2; j++)
+        steady_init(&ring[j]);
+    for (guint k = 0; k < rp->n_ranks && same; k++) {
+        RankSim *r = &rp->ranks[k];
+        if (!r->cuts[c].at_cut)
+            continue;
+        steady_take(r, &ring[0], r->unit_from, r->cuts[c].done * r->unit_shift);
+        same = !ring[0].pending;
+    }
+    /* the memory of each rank, M periods on */
+    gboolean ok = TRUE;
+    for (guint k = 0; k < rp->n_ranks && same && ok && !*restart; k++) {
+        RankSim *r = &rp->ranks[k];
+        const RankCut *a = &r->cuts[p], *b = &r->cuts[c];
+        if (b->at_cut)
+            ok = memory_catch_up(rp, h, k, M * (b->done - a->done), ring, restart, error);
+    }
+    for (int j = 0; j < 2; j++)
+        steady_clear(&ring[j]);
+    if (!same || !ok || *restart)
+        return ok;
+    /* the times M periods on: every rank's clocks and sums, the messages in flight */
+    for (guint k = 0; k < rp->n_ranks; k++) {
+        RankSim *r = &rp->ranks[k];
+        const RankCut *a = &r->cuts[p], *b = &r->cuts[c];
+        if (!b->at_cut)
+            continue;
+        step_sums_add(r, a->sums, b->sums, (double)M);
+        cut_advance(r, a, b, D, (double)M);
+        r->rep.steady_timed += M * (b->done - a->done) * r->unit_mbs;
+        if (r->op_next != UINT64_MAX)
+            r->op_next += M * (b->done - a->done) * r->unit->len;
+    }
+    GHashTableIter it;
+    gpointer key, val;
+    g_hash_table_iter_init(&it, rp->channels);
+    while (g_hash_table_iter_next(&it, &key, &val)) {
+        Channel *ch = val;
+        for (guint i = ch->head; i < ch->sent->len; i++)
+            g_array_index(ch->sent, Sent, i).start += (double)M * D;
+    }
+    rp->n_cuts = 0; /* the sums kept are those before the periods added */
+    return TRUE;
+}
+
+/* No rank can run: the ranks waiting at a boundary go on, after a cut when every rank waits so
+ * or has ended (ended[k]: rank k has no events left). FALSE when none was waiting. */
+static gboolean cross_release(MemsimReplay *rp, const MemsimTraceHeader *h,
+                              const gboolean *ended, gboolean *restart, gboolean *failed,
+                              GError **error)
+{
+    gboolean any = FALSE, all = TRUE;
+    for (guint32 k = 0; k < rp->n_ranks; k++) {
+        RankSim *r = &rp->ranks[k];
+        if (r->at_cut)
+            any = TRUE;
+        else if (r->waiting || r->repeat || !ended[k])
+            all = FALSE;
+    }
+    if (!any)
+        return FALSE;
+    if (all && !cross_cut(rp, h, restart, error)) {
+        *failed = TRUE;
+        return TRUE;
+    }
+    for (guint32 k = 0; k < rp->n_ranks; k++)
+        rp->ranks[k].at_cut = FALSE;
+    return TRUE;
+}
+
+/* How many events of the program `n` events stand for: a REPEAT is none itself, its unit's
+ * repetitions are theirs. */
+static uint64_t events_counted(const MemsimEvent *ev, gsize n)
+{
+    uint64_t count = n;
+    for (gsize i = 0; i < n; i++)
+        if (G_UNLIKELY(ev[i].kind == MEMSIM_EV_REPEAT))
+            count += (ev[i].aux > 0 && ev[i].size > 0 ? ev[i].aux * ev[i].size : 0) - 1;
+    return count;
+}
+
+/* The rank stopped (out of memory): the events left are counted, not applied, with the
+ * repetitions of a unit it was capturing. */
+static void stop_count(RankSim *r, const MemsimEvent *ev, gsize n)
+{
+    if (r->capturing) {
+        r->capturing = FALSE;
+        r->rep.n_events += r->unit_times * r->unit_len;
+    }
+    r->rep.n_events += events_counted(ev, n);
+}
+
 /* Applies events of rank `rank` in program order until they run out or the rank parks at a
  * recv; *used: how many were taken (the recv included; on an error, the bad event too). */
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
@@ -1740,7 +2394,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
     /* A stopped rank's events are counted, not applied. Only an ALLOC that fails stops a
      * rank, so the test is made at the start and after those (and after step()). */
     if (G_UNLIKELY(r->stopped)) {
-        r->rep.n_events += n;
+        r->rep.n_events += events_counted(events, n);
         return TRUE;
     }
     for (gsize i = 0; i < n; i++) {
@@ -1762,7 +2416,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                     goto next;
                 }
                 out_of_memory(r, h, index, ev);
-                r->rep.n_events += n - i - 1; /* counted, not applied */
+                stop_count(r, events + i + 1, n - i - 1); /* counted, not applied */
                 break;
             }
         } else if (plain && ev->kind == MEMSIM_EV_FREE) {
@@ -1772,6 +2426,23 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 free_done(r, &v);
                 goto next;
             }
+        } else if (G_UNLIKELY(r->memory_only) && ev->kind != MEMSIM_EV_ALLOC &&
+                   ev->kind != MEMSIM_EV_FREE && (ev->kind != MEMSIM_EV_OP || ev->id < h->n_ops)) {
+            /* a repetition run again for its memory (memory_catch_up): the events step() took
+             * once; of an op, what the memory's reports read (which op runs, its phase) */
+            r->cur_stream = ev->stream;
+            if (ev->kind == MEMSIM_EV_OP) {
+                const MemsimOpInfo *op = &h->ops[ev->id];
+                r->cur_op = (int64_t)ev->id;
+                if (op->microbatch > r->mb_top)
+                    r->mb_top = op->microbatch;
+                if (op->phase != r->cur_phase) {
+                    r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
+                    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+                    track_peaks(r, h, index, &st);
+                }
+            }
+            goto next;
         }
         if (!step(r, h, rank, index, ev, error)) {
             *used = i + 1;
@@ -1782,7 +2453,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
             break;
         }
         if (G_UNLIKELY(r->stopped)) {
-            r->rep.n_events += n - i - 1; /* counted, not applied */
+            stop_count(r, events + i + 1, n - i - 1); /* counted, not applied */
             break;
         }
     next:
@@ -1792,7 +2463,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 return FALSE;
             }
             if (G_UNLIKELY(r->stopped)) {
-                r->rep.n_events += n - i - 1; /* counted, not applied */
+                stop_count(r, events + i + 1, n - i - 1); /* counted, not applied */
                 break;
             }
             if (G_UNLIKELY(r->repeat || r->waiting)) { /* parked inside a repetition */
@@ -2013,21 +2684,26 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
     return rep;
 }
 
-MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
-                                  GError **error)
+/* memsim_replay_trace; `cross`: ranks whose repeated unit meets others may be skipped with
+ * them (cross_cut). */
+static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                  gboolean cross, GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
     MemsimReplay *rp = memsim_replay_new(h, opt, error);
     if (!rp)
         return NULL;
-    /* The events are all here: each rank runs from where it parked, nothing is held. */
+    /* The events are all here: each rank runs from where it parked, nothing is held. Ranks
+     * whose repeated unit meets others may wait at its boundaries for a cut (cross_cut). */
+    rp->cross = cross;
     gsize *pos = g_new0(gsize, h->n_ranks ? h->n_ranks : 1);
+    gboolean *ended = g_new0(gboolean, h->n_ranks ? h->n_ranks : 1);
     for (;;) {
         guint32 k;
         gsize n = 0;
         const MemsimEvent *ev = NULL;
         for (k = 0; k < h->n_ranks; k++) {
-            if (rp->ranks[k].waiting)
+            if (rp->ranks[k].waiting || rp->ranks[k].at_cut)
                 continue;
             if (rp->ranks[k].repeat) /* repetitions parked at a recv go on first */
                 break;
@@ -2038,6 +2714,7 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
         if (k < h->n_ranks && rp->ranks[k].repeat) {
             if (!repeat_pump(rp, h, k, error)) {
                 g_free(pos);
+                g_free(ended);
                 memsim_replay_abort(rp);
                 return NULL;
             }
@@ -2047,10 +2724,25 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
             gsize used;
             if (!run(rp, h, k, ev + pos[k], n - pos[k], &used, error)) {
                 g_free(pos);
+                g_free(ended);
                 memsim_replay_abort(rp);
                 return NULL;
             }
             pos[k] += used;
+            continue;
+        }
+        for (k = 0; k < h->n_ranks; k++) {
+            memsim_trace_events(trace, k, &n);
+            ended[k] = pos[k] >= n;
+        }
+        gboolean failed = FALSE, restart = FALSE;
+        if (cross_release(rp, h, ended, &restart, &failed, error)) {
+            if (failed || restart) {
+                g_free(pos);
+                g_free(ended);
+                memsim_replay_abort(rp);
+                return failed ? NULL : replay_trace(trace, opt, FALSE, error);
+            }
             continue;
         }
         RankSim *r = first_waiting(rp, &k);
@@ -2059,5 +2751,12 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
         recv_done(r, h, k, r->wait_start, 0.0); /* no send will come: it ends on its own */
     }
     g_free(pos);
+    g_free(ended);
     return memsim_replay_finish(rp);
+}
+
+MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                  GError **error)
+{
+    return replay_trace(trace, opt, TRUE, error);
 }

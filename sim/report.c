@@ -286,6 +286,8 @@ char *memsim_report_to_json(const MemsimReport *rep)
             json_builder_begin_object(b);
             add_int(b, "repeated_microbatches", (int64_t)r->steady_repeated);
             add_int(b, "skipped_microbatches", (int64_t)r->steady_skipped);
+            if (r->steady_timed)
+                add_int(b, "timed_microbatches", (int64_t)r->steady_timed);
             if (r->steady_skipped) {
                 add_int(b, "after_microbatch", r->steady_after);
                 add_int(b, "of", r->steady_of);
@@ -587,13 +589,19 @@ char *memsim_report_to_text(const MemsimReport *rep)
         if (r->steady_skipped)
             g_string_append_printf(s, "  steady state after micro-batch %u of %u (step %u): %" PRIu64
                                    " repeated micro-batches generated once, %" PRIu64
-                                   " of them not simulated one by one\n",
+                                   " of them not simulated one by one",
                                    r->steady_after, r->steady_of, r->steady_step,
                                    r->steady_repeated, r->steady_skipped);
         else if (r->steady_repeated)
             g_string_append_printf(s, "  steady state: %" PRIu64 " repeated micro-batches "
-                                   "generated once, each simulated\n",
-                                   r->steady_repeated);
+                                   "generated once, each simulated%s",
+                                   r->steady_repeated, r->steady_timed ? " for its memory" : "");
+        if (r->steady_timed)
+            g_string_append_printf(s, ", the time of %" PRIu64 " of them added by the pipeline's "
+                                   "periods",
+                                   r->steady_timed);
+        if (r->steady_repeated)
+            g_string_append(s, "\n");
         if (r->host_peak)
             g_string_append_printf(s, "  host memory (offloaded state) at its most: %s\n",
                                    FB(r->host_peak));

@@ -1,7 +1,8 @@
 /* The steady state (MEMSIM_EV_REPEAT, traces/loop.c, sim/replay.c): a run estimated with the
- * repeated micro-batches generated once and, where the allocator's state repeats, added
- * instead of simulated, against the same run generated and simulated micro-batch by
- * micro-batch (MEMSIM_NO_SKIP=1). Every rank's peaks (allocated, reserved, active, requested)
+ * repeated micro-batches generated once and, where the allocator's state repeats (and, in a
+ * pipeline, the stages' clocks and the messages between them), added instead of simulated,
+ * against the same run generated and simulated micro-batch by micro-batch
+ * (MEMSIM_NO_SKIP=1). Every rank's peaks (allocated, reserved, active, requested)
  * are equal to the byte, and so are the op at the peak, the bytes by category there, every
  * step's peaks, the breakdowns and the event indices; the simulated time agrees but for the
  * rounding of its sums. */
@@ -20,7 +21,9 @@ typedef struct {
     const char *model;
     const char *settings[24]; /* key, value, ..., NULL */
     const char *alloc_conf;
-    gboolean repeats; /* the generator must find a repeating micro-batch */
+    gboolean repeats;      /* the generator must find a repeating micro-batch */
+    gboolean skips;        /* the replay must add some repetitions instead of simulating them */
+    memsim_size_t gpu_mem; /* 0: room enough, no rank runs out of memory */
 } Case;
 
 #define GA(n) "grad-accum", #n
@@ -28,92 +31,128 @@ typedef struct {
 
 static const Case cases[] = {
     /* one GPU, 1 to 256 micro-batches */
-    {"1gpu ga1", "gpt2", {SMALL, GA(1), NULL}, NULL, FALSE},
-    {"1gpu ga2", "gpt2", {SMALL, GA(2), NULL}, NULL, FALSE},
-    {"1gpu ga4", "gpt2", {SMALL, GA(4), NULL}, NULL, FALSE},
-    {"1gpu ga5", "gpt2", {SMALL, GA(5), NULL}, NULL, TRUE},
-    {"1gpu ga6", "gpt2", {SMALL, GA(6), NULL}, NULL, TRUE},
-    {"1gpu ga8", "gpt2", {SMALL, GA(8), NULL}, NULL, TRUE},
-    {"1gpu ga16", "gpt2", {SMALL, GA(16), NULL}, NULL, TRUE},
-    {"1gpu ga64", "gpt2", {SMALL, GA(64), NULL}, NULL, TRUE},
-    {"1gpu ga256", "gpt2", {SMALL, GA(256), NULL}, NULL, TRUE},
-    {"1gpu ga256 3 steps", "gpt2", {SMALL, GA(256), "steps", "3", NULL}, NULL, TRUE},
-    {"1gpu ga16 ckpt", "gpt2", {SMALL, GA(16), "checkpointing", "full", NULL}, NULL, TRUE},
-    {"1gpu ga64 ckpt", "gpt2", {SMALL, GA(64), "checkpointing", "full", NULL}, NULL, TRUE},
-    {"1gpu ga16 expandable", "gpt2", {SMALL, GA(16), NULL}, "expandable_segments:True", TRUE},
+    {"1gpu ga1", "gpt2", {SMALL, GA(1), NULL}, NULL, FALSE, FALSE, 0},
+    {"1gpu ga2", "gpt2", {SMALL, GA(2), NULL}, NULL, FALSE, FALSE, 0},
+    {"1gpu ga4", "gpt2", {SMALL, GA(4), NULL}, NULL, FALSE, FALSE, 0},
+    {"1gpu ga5", "gpt2", {SMALL, GA(5), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga6", "gpt2", {SMALL, GA(6), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga8", "gpt2", {SMALL, GA(8), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga16", "gpt2", {SMALL, GA(16), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga64", "gpt2", {SMALL, GA(64), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga256", "gpt2", {SMALL, GA(256), NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga256 3 steps", "gpt2", {SMALL, GA(256), "steps", "3", NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga16 ckpt", "gpt2", {SMALL, GA(16), "checkpointing", "full", NULL}, NULL, TRUE, FALSE,
+     0},
+    {"1gpu ga64 ckpt", "gpt2", {SMALL, GA(64), "checkpointing", "full", NULL}, NULL, TRUE, FALSE,
+     0},
+    {"1gpu ga16 expandable", "gpt2", {SMALL, GA(16), NULL}, "expandable_segments:True", TRUE, FALSE,
+     0},
     {"1gpu ga64 ckpt expandable", "gpt2", {SMALL, GA(64), "checkpointing", "full", NULL},
-     "expandable_segments:True", TRUE},
-    {"1gpu ga8 keep-outputs", "gpt2", {SMALL, GA(8), "keep-outputs", "true", NULL}, NULL, TRUE},
+     "expandable_segments:True", TRUE, FALSE, 0},
+    {"1gpu ga8 keep-outputs", "gpt2", {SMALL, GA(8), "keep-outputs", "true", NULL}, NULL, TRUE,
+     FALSE, 0},
     {"1gpu ga8 fp32 sgd", "gpt2",
-     {SMALL, GA(8), "precision", "fp32", "optimizer", "sgd-momentum", NULL}, NULL, TRUE},
-    {"1gpu ga8 zero_grad in place", "gpt2", {SMALL, GA(8), "zero-grad", "zero", NULL}, NULL,
-     TRUE},
-    {"1gpu ga8 lora", "llama-3.2-1b",
-     {SMALL, GA(8), "finetune", "lora", "lora-rank", "8", NULL}, NULL, TRUE},
-    {"1gpu ga12 llama ckpt", "llama-3.2-1b", {SMALL, GA(12), "checkpointing", "full", NULL},
-     NULL, TRUE},
-    {"1gpu ga8 max_split", "gpt2", {SMALL, GA(8), NULL}, "max_split_size_mb:64", TRUE},
+     {SMALL, GA(8), "precision", "fp32", "optimizer", "sgd-momentum", NULL}, NULL, TRUE, FALSE, 0},
+    {"1gpu ga8 zero_grad in place", "gpt2", {SMALL, GA(8), "zero-grad", "zero", NULL}, NULL, TRUE,
+     FALSE, 0},
+    {"1gpu ga8 lora", "llama-3.2-1b", {SMALL, GA(8), "finetune", "lora", "lora-rank", "8", NULL},
+     NULL, TRUE, FALSE, 0},
+    {"1gpu ga12 llama ckpt", "llama-3.2-1b", {SMALL, GA(12), "checkpointing", "full", NULL}, NULL,
+     TRUE, FALSE, 0},
+    {"1gpu ga8 max_split", "gpt2", {SMALL, GA(8), NULL}, "max_split_size_mb:64", TRUE, FALSE, 0},
     /* data parallel with accumulation */
-    {"ddp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "ddp", NULL}, NULL, TRUE},
+    {"ddp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "ddp", NULL}, NULL, TRUE, FALSE, 0},
     {"ddp ga32 ckpt", "gpt2",
-     {SMALL, GA(32), "gpus", "4", "method", "ddp", "checkpointing", "full", NULL}, NULL, TRUE},
+     {SMALL, GA(32), "gpus", "4", "method", "ddp", "checkpointing", "full", NULL}, NULL, TRUE,
+     FALSE, 0},
     {"ddp ga16 expandable", "gpt2", {SMALL, GA(16), "gpus", "2", "method", "ddp", NULL},
-     "expandable_segments:True", TRUE},
-    {"zero1 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero1", NULL}, NULL, TRUE},
-    {"zero2 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero2", NULL}, NULL, TRUE},
+     "expandable_segments:True", TRUE, FALSE, 0},
+    {"zero1 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero1", NULL}, NULL, TRUE, FALSE,
+     0},
+    {"zero2 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero2", NULL}, NULL, TRUE, FALSE,
+     0},
     {"zero2 ga16 ckpt expandable", "gpt2",
      {SMALL, GA(16), "gpus", "4", "method", "zero2", "checkpointing", "full", NULL},
-     "expandable_segments:True", TRUE},
-    {"zero3 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero3", NULL}, NULL, TRUE},
+     "expandable_segments:True", TRUE, FALSE, 0},
+    {"zero3 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "zero3", NULL}, NULL, TRUE, FALSE,
+     0},
     {"zero3 ga32 ckpt", "gpt2",
-     {SMALL, GA(32), "gpus", "8", "method", "zero3", "checkpointing", "full", NULL}, NULL,
-     TRUE},
-    {"fsdp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp", NULL}, NULL, TRUE},
+     {SMALL, GA(32), "gpus", "8", "method", "zero3", "checkpointing", "full", NULL}, NULL, TRUE,
+     FALSE, 0},
+    {"fsdp ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp", NULL}, NULL, TRUE, FALSE, 0},
     {"fsdp ga16 ckpt", "gpt2",
-     {SMALL, GA(16), "gpus", "4", "method", "fsdp", "checkpointing", "full", NULL}, NULL, TRUE},
+     {SMALL, GA(16), "gpus", "4", "method", "fsdp", "checkpointing", "full", NULL}, NULL, TRUE,
+     FALSE, 0},
     {"fsdp ga16 expandable", "gpt2", {SMALL, GA(16), "gpus", "4", "method", "fsdp", NULL},
-     "expandable_segments:True", TRUE},
-    {"fsdp2 ga8", "gpt2",
-     {SMALL, GA(8), "gpus", "4", "method", "fsdp", "fsdp-version", "2", NULL}, NULL, TRUE},
-    {"fsdp-grad-op ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp-grad-op", NULL},
-     NULL, TRUE},
-    {"hsdp ga8", "gpt2",
-     {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL}, NULL, TRUE},
-    /* pipelines: 1F1B's steady forward-backward pairs repeat, and the interleaved schedule's
-     * groups (each simulated: they meet the neighbouring stages); GPipe's slots run one by
-     * one */
+     "expandable_segments:True", TRUE, FALSE, 0},
+    {"fsdp2 ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp", "fsdp-version", "2", NULL},
+     NULL, TRUE, FALSE, 0},
+    {"fsdp-grad-op ga8", "gpt2", {SMALL, GA(8), "gpus", "4", "method", "fsdp-grad-op", NULL}, NULL,
+     TRUE, FALSE, 0},
+    {"hsdp ga8", "gpt2", {SMALL, GA(8), "gpus", "16", "method", "hsdp", "gpus-per-node", "8", NULL},
+     NULL, TRUE, FALSE, 0},
+    /* pipelines: 1F1B's steady forward-backward pairs repeat; they meet the neighbouring
+     * stages, and the pipeline's periods are added for all its stages at once
+     * (sim/replay.c cross_cut), each stage's memory catching up until it repeats */
     {"1f1b pp2 mb4", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL,
-     FALSE},
-    {"1f1b pp2 mb8", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL}, NULL,
-     TRUE},
+     FALSE, FALSE, 0},
+    {"1f1b pp2 mb8", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL}, NULL, TRUE,
+     TRUE, 0},
+    {"1f1b pp2 mb8 expandable", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", NULL},
+     "expandable_segments:True", TRUE, TRUE, 0},
+    {"1f1b pp2 mb8 ckpt", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "microbatches", "8", "checkpointing", "full", NULL}, NULL,
+     TRUE, TRUE, 0},
+    {"1f1b pp4 mb8", "gpt2", {SMALL, "gpus", "4", "pp", "4", "microbatches", "8", NULL}, NULL, TRUE,
+     FALSE, 0},
     {"1f1b pp4 mb16 ckpt", "gpt2",
      {SMALL, "gpus", "4", "pp", "4", "microbatches", "16", "checkpointing", "full", NULL}, NULL,
-     TRUE},
+     TRUE, TRUE, 0},
+    {"1f1b pp2 mb64", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "64", NULL}, NULL,
+     TRUE, TRUE, 0},
+    {"1f1b pp2 mb64 ckpt expandable", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "microbatches", "64", "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE, TRUE, 0},
+    {"1f1b pp4 mb64", "gpt2", {SMALL, "gpus", "4", "pp", "4", "microbatches", "64", NULL}, NULL,
+     TRUE, TRUE, 0},
     {"1f1b pp4 mb64 expandable", "gpt2",
-     {SMALL, "gpus", "4", "pp", "4", "microbatches", "64", NULL}, "expandable_segments:True",
-     TRUE},
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "64", NULL}, "expandable_segments:True", TRUE,
+     TRUE, 0},
+    {"1f1b pp8 mb64", "llama-3.2-1b", {SMALL, "gpus", "8", "pp", "8", "microbatches", "64", NULL},
+     NULL, TRUE, TRUE, 0},
+    {"1f1b pp2 mb256", "gpt2", {SMALL, "gpus", "2", "pp", "2", "microbatches", "256", NULL}, NULL,
+     TRUE, TRUE, 0},
+    {"1f1b pp4 mb256 expandable", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "microbatches", "256", NULL}, "expandable_segments:True", TRUE,
+     TRUE, 0},
+    {"1f1b pp8 mb256", "llama-3.2-1b", {SMALL, "gpus", "8", "pp", "8", "microbatches", "256", NULL},
+     NULL, TRUE, TRUE, 0},
     {"1f1b tp2 pp2 dp2 mb256", "gpt2",
-     {SMALL, "gpus", "8", "tp", "2", "pp", "2", "microbatches", "256", NULL}, NULL, TRUE},
+     {SMALL, "gpus", "8", "tp", "2", "pp", "2", "microbatches", "256", NULL}, NULL, TRUE, TRUE, 0},
+    /* a device a little too small: stage 0's cache grows in the steady phase, the allocator
+     * frees its cached blocks and retries, and the stages run out of memory later */
+    {"1f1b pp4 mb64 short of memory", "llama-3.2-1b",
+     {"seq", "512", "gpus", "4", "pp", "4", "microbatches", "64", NULL}, NULL, TRUE, FALSE,
+     5457838080},
     {"gpipe pp2 mb8 expandable", "gpt2",
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "gpipe", "microbatches", "8", NULL},
-     "expandable_segments:True", FALSE},
+     "expandable_segments:True", FALSE, FALSE, 0},
+    {"interleaved pp2 v2 mb64", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "64", NULL},
+     NULL, TRUE, TRUE, 0},
+    {"interleaved pp2 v2 mb64 ckpt expandable", "gpt2",
+     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
+      "microbatches", "64", "checkpointing", "full", NULL},
+     "expandable_segments:True", TRUE, TRUE, 0},
+    {"interleaved pp4 v3 mb256", "gpt2",
+     {SMALL, "gpus", "4", "pp", "4", "pp-schedule", "interleaved", "virtual-stages", "3",
+      "microbatches", "256", NULL},
+     NULL, TRUE, TRUE, 0},
     {"interleaved pp2 v2 mb8", "gpt2",
      {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
       "microbatches", "8", NULL},
-     NULL, FALSE},
-    /* the interleaved schedule's units: a group of micro-batches through every chunk */
-    {"interleaved pp2 v2 mb32", "gpt2",
-     {SMALL, "gpus", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages", "2",
-      "microbatches", "32", NULL},
-     NULL, TRUE},
-    {"interleaved tp2 pp2 v3 mb48", "gpt2",
-     {SMALL, "gpus", "4", "tp", "2", "pp", "2", "pp-schedule", "interleaved", "virtual-stages",
-      "3", "microbatches", "48", NULL},
-     NULL, TRUE},
-    {"interleaved pp4 v3 mb64 ckpt expandable", "gpt2",
-     {SMALL, "gpus", "4", "pp", "4", "pp-schedule", "interleaved", "virtual-stages", "3",
-      "microbatches", "64", "checkpointing", "full", NULL},
-     "expandable_segments:True", TRUE},
+     NULL, FALSE, FALSE, 0},
 };
 
 static MemsimReport *estimate(const Case *c, gboolean full)
@@ -126,7 +165,7 @@ static MemsimReport *estimate(const Case *c, gboolean full)
     memsim_run_adapt(&run, m);
     MemsimEstimateOptions o = MEMSIM_ESTIMATE_OPTIONS_INIT;
     o.alloc_conf = c->alloc_conf;
-    o.gpu_mem = (memsim_size_t)1 << 40; /* room: no run stops out of memory */
+    o.gpu_mem = c->gpu_mem ? c->gpu_mem : (memsim_size_t)1 << 40; /* room: no run stops */
     if (full)
         g_setenv("MEMSIM_NO_SKIP", "1", TRUE);
     else
@@ -140,8 +179,8 @@ static MemsimReport *estimate(const Case *c, gboolean full)
     return rep;
 }
 
-#define SAME(field)                                                                            \
-    cr_expect_eq(a->field, b->field, "%s, rank %u: " #field " %lld (skip-ahead) != %lld (full)", \
+#define SAME(field)                                                                                \
+    cr_expect_eq(a->field, b->field, "%s, rank %u: " #field " %lld (skip-ahead) != %lld (full)",   \
                  c->name, k, (long long)(a->field), (long long)(b->field))
 
 static void compare(const Case *c, const MemsimReport *skip, const MemsimReport *full)
@@ -172,8 +211,8 @@ static void compare(const Case *c, const MemsimReport *skip, const MemsimReport 
         SAME(fits);
         SAME(device_total);
         SAME(host_peak);
-        cr_expect_str_eq(a->peak_op_name, b->peak_op_name, "%s, rank %u: op at the peak",
-                         c->name, k);
+        cr_expect_str_eq(a->peak_op_name, b->peak_op_name, "%s, rank %u: op at the peak", c->name,
+                         k);
         for (int cat = 0; cat < MEMSIM_CAT_COUNT; cat++) {
             SAME(peak_by_category[cat]);
             SAME(peak_by_category_requested[cat]);
@@ -192,8 +231,8 @@ static void compare(const Case *c, const MemsimReport *skip, const MemsimReport 
             cr_expect(memcmp(&a->breakdowns[s], &b->breakdowns[s], sizeof a->breakdowns[s]) == 0,
                       "%s, rank %u: breakdown %s", c->name, k, a->breakdowns[s].name);
         double tol = 1e-9 * (1.0 + fabs(b->time_us));
-        cr_expect(fabs(a->time_us - b->time_us) <= tol, "%s, rank %u: time %.17g != %.17g",
-                  c->name, k, a->time_us, b->time_us);
+        cr_expect(fabs(a->time_us - b->time_us) <= tol, "%s, rank %u: time %.17g != %.17g", c->name,
+                  k, a->time_us, b->time_us);
         cr_expect_eq(b->steady_repeated, 0, "%s: the full simulation repeated", c->name);
     }
 }
@@ -205,11 +244,18 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
         const Case *c = &cases[i];
         MemsimReport *skip = estimate(c, FALSE), *full = estimate(c, TRUE);
         compare(c, skip, full);
-        uint64_t repeated = 0, skipped = 0;
+        uint64_t repeated = 0, skipped = 0, timed = 0;
         for (guint k = 0; k < skip->n_ranks; k++) {
             repeated += skip->ranks[k].steady_repeated;
             skipped += skip->ranks[k].steady_skipped;
+            timed += skip->ranks[k].steady_timed;
         }
+        if (c->skips)
+            cr_expect(skipped > 0, "%s: every repetition simulated", c->name);
+        /* a pipeline's stages: their time is added together */
+        if (c->skips && (g_str_has_prefix(c->name, "1f1b") ||
+                         g_str_has_prefix(c->name, "interleaved")))
+            cr_expect(timed > 0, "%s: no pipeline period added", c->name);
         if (c->repeats)
             cr_expect(repeated > 0, "%s: no micro-batch repeated", c->name);
         else
@@ -217,8 +263,9 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
                          (unsigned long long)repeated);
         n_repeat += repeated > 0;
         n_skip += skipped > 0;
-        cr_log_info("%-28s repeated %6llu skipped %6llu", c->name, (unsigned long long)repeated,
-                    (unsigned long long)skipped);
+        cr_log_info("%-28s repeated %6llu skipped %6llu timed %6llu", c->name,
+                    (unsigned long long)repeated, (unsigned long long)skipped,
+                    (unsigned long long)timed);
         memsim_report_free(skip);
         memsim_report_free(full);
     }
@@ -231,9 +278,9 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
  * fits goes on. */
 Test(steady, host_memory_is_checked_up_front, .timeout = 300)
 {
-    const char *big[] = {"estimate", "--model", "llama-2-70b", "--gpus", "64", "--tp", "8", "--pp",
-                         "4", "--microbatches", "256", "--seq", "4096", "--gpu", "h100-80gb",
-                         NULL};
+    const char *big[] = {
+        "estimate", "--model",        "llama-2-70b", "--gpus", "64",   "--tp",  "8",         "--pp",
+        "4",        "--microbatches", "256",         "--seq",  "4096", "--gpu", "h100-80gb", NULL};
     const char *env[] = {"MEMSIM_HOST_MEMORY=64MiB", NULL};
     const char *bin = g_getenv("MEMSIM_BIN");
     cr_assert(bin != NULL);
@@ -255,8 +302,8 @@ Test(steady, host_memory_is_checked_up_front, .timeout = 300)
     g_free(err);
     /* the same machine takes a single GPU's 256 micro-batches: their repetitions are generated
      * once */
-    const char *small[] = {bin, "estimate", "--model", "gpt2", "--seq", "128", "--grad-accum",
-                           "256", NULL};
+    const char *small[] = {bin,   "estimate",     "--model", "gpt2", "--seq",
+                           "128", "--grad-accum", "256",     NULL};
     rc = tu_run(small, env, &out, &err);
     cr_expect(rc == 0 || rc == 1, "exit %d: %s", rc, err);
     cr_expect(strstr(out, "steady state after micro-batch"), "%s", out);

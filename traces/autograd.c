@@ -999,8 +999,16 @@ AgTensor *gg_checkpoint_sac(AgGraph *g, guint sac_ops, AgRegionFn fn, void *user
     ck->module = g->ctx.module;
     ck->sac_ops = sac_ops;
     ck->holders = g_array_new(FALSE, FALSE, sizeof(Holder));
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         ck->inputs[i] = gt_ref(inputs[i]);
+        /* kept for the recomputation in backward (torch/utils/checkpoint.py: the
+         * non-reentrant _CheckpointFrame.save_inputs stores them as saved tensors, the
+         * reentrant CheckpointFunction.forward ctx.save_for_backward(*tensor_inputs)): an
+         * activation from the checkpoint on, not only once the recomputation's first op
+         * saves one again (gn_save) */
+        if (inputs[i] && inputs[i]->st && inputs[i]->st->category == MEMSIM_CAT_TEMPORARY)
+            gt_set_category(g, inputs[i], MEMSIM_CAT_ACTIVATION);
+    }
     ck->live_holders = 1; /* the region itself, until its forward ends */
     AgCkpt *outer = g->ctx.ckpt;
     g->ctx.ckpt = ck;

@@ -1719,82 +1719,79 @@ typedef struct {
     AgTensor *out;  /* output (storage freed after send) or loss */
 } InFlight;
 
-/* The steady phase of a pipeline stage: its forward-backward pairs are the units of
- * traces/loop.c's steady state; a middle unit that repeats the one before it is generated
- * once, the micro-batches in flight then handed on to the units after the repeated ones.
- * - 1F1B (megatron/core/pipeline_parallel/schedules.py
- *   forward_backward_pipelining_without_interleaving: num_warmup_microbatches forwards, then
- *   one forward and one backward per micro-batch, then the cool-down backwards): a unit is
- *   one pair, and the next unit's micro-batches are one further on.
- * - Interleaved (forward_backward_pipelining_with_interleaving): the pairs walk
- *   get_schedule_table, groups of g micro-batches each through every chunk in turn, so the
- *   pattern of chunks repeats every g v pairs: a unit is g v pairs, and the next unit's
- *   micro-batches are g further on. Only where the micro-batches fill whole groups.
- * - GPipe's forwards pile up: nothing repeats, and it runs slot by slot. */
+/* The steady phase of a 1F1B stage (megatron/core/pipeline_parallel/schedules.py
+ * forward_backward_pipelining_without_interleaving: num_warmup_microbatches forwards, then one
+ * forward and one backward per micro-batch, then the cool-down backwards): its forward-backward
+ * pairs are the units of traces/loop.c's steady state; a middle pair that repeats the one
+ * before it is generated once, the micro-batches in flight then handed on to the pairs after
+ * the repeated ones. The interleaved schedule's steady pairs (forward_backward_pipelining_
+ * with_interleaving) go through the chunks group by group (get_schedule_table: a group of g
+ * micro-batches through every chunk in turn): v g pairs, a group's worth, make its unit, the
+ * next unit the same g micro-batches later; with a last group shorter than g the table does
+ * not repeat to its end, and the schedule runs slot by slot. GPipe's forwards pile up: slot
+ * by slot too. */
 typedef struct {
     LoopSteady s;
-    int warm;  /* warm-up forwards */
-    int unit;  /* pairs per unit */
-    int units; /* whole units of the steady phase */
-    int shift; /* micro-batches a unit moves on by */
+    int warm;  /* the warm-up forwards */
+    int units; /* the steady phase's whole units */
+    int len;   /* a unit's pairs */
+    int shift; /* how many micro-batches later a unit runs than the one before */
+    int v;
 } PipeSteady;
 
 static void pipe_steady_init(PipeSteady *ps, MemsimPipeSchedule kind, int p, int r, int m, int v,
                              int g)
 {
     memset(ps, 0, sizeof *ps);
-    if (kind == MEMSIM_PP_GPIPE)
-        return;
-    int total = m * v;
-    if (v == 1) {
+    ps->v = v;
+    if (kind == MEMSIM_PP_1F1B || v == 1) {
         ps->warm = p - r - 1 < m ? p - r - 1 : m;
-        ps->unit = 1;
-        ps->shift = 1;
+        ps->len = ps->shift = 1;
     } else {
-        if (g < 1 || m % g)
-            return;
-        int warm = 2 * (p - r - 1) + (v - 1) * g; /* as schedule() counts it */
-        ps->warm = warm < total ? warm : total;
-        ps->unit = g * v;
+        /* schedule()'s interleaved warm-up */
+        ps->warm = 2 * (p - r - 1) + (v - 1) * g;
+        if (ps->warm > m * v)
+            ps->warm = m * v;
+        ps->len = v * g;
         ps->shift = g;
     }
-    ps->units = (total - ps->warm) / ps->unit;
-    ps->s.on = loop_skip_enabled() && ps->units >= 5;
+    ps->units = (m * v - ps->warm) / ps->len;
+    ps->s.on = loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && ps->units >= 5 &&
+               (v == 1 || (g > 0 && m % g == 0));
 }
 
 /* Before slot i. */
 static void pipe_steady_before(AgGraph *g, PipeSteady *ps, guint i)
 {
     int k = (int)i - ps->warm;
-    if (!ps->s.on || k < 0 || k % (2 * ps->unit) || k / (2 * ps->unit) >= ps->units)
+    if (!ps->s.on || k < 0 || k % (2 * ps->len) || k / (2 * ps->len) >= ps->units)
         return;
-    int u = k / (2 * ps->unit);
+    int u = k / (2 * ps->len);
     loop_steady_begin(g, &ps->s, u >= 1 && u <= ps->units - 2);
 }
 
 /* After slot i: the slots to go on after (those of the repeated units). */
-static guint pipe_steady_after(AgGraph *g, PipeSteady *ps, guint i, InFlight *fl, int m, int v)
+static guint pipe_steady_after(AgGraph *g, PipeSteady *ps, guint i, InFlight *fl, int m)
 {
     int k = (int)i - ps->warm;
-    if (!ps->s.on || k < 0 || k % (2 * ps->unit) != 2 * ps->unit - 1 ||
-        k / (2 * ps->unit) >= ps->units)
+    if (!ps->s.on || k < 0 || (k + 1) % (2 * ps->len) || k / (2 * ps->len) >= ps->units)
         return 0;
-    int j = k / (2 * ps->unit); /* the unit that ended */
-    int n = j >= 2 ? loop_steady_end(g, &ps->s, ps->units - 2 - j) : 0;
+    int u = k / (2 * ps->len); /* the unit that ended */
+    int n = u >= 2 ? loop_steady_end(g, &ps->s, ps->units - 2 - u) : 0;
     if (n <= 0)
         return 0;
-    /* the micro-batches in flight (forwarded, not yet backwarded) move on by n units */
-    int d = n * ps->shift;
+    /* the micro-batches in flight (on every chunk) run n units later: n shift micro-batches
+     * later */
+    const int d = n * ps->shift, v = ps->v;
     for (int mb = m - 1 - d; mb >= 0; mb--)
         for (int c = 0; c < v; c++) {
-            InFlight *x = &fl[mb * v + c];
-            if (x->in || x->out) {
-                g_assert(!fl[(mb + d) * v + c].in && !fl[(mb + d) * v + c].out);
-                fl[(mb + d) * v + c] = *x;
-                *x = (InFlight){0};
+            InFlight *from = &fl[mb * v + c];
+            if (from->in || from->out) {
+                fl[(mb + d) * v + c] = *from;
+                *from = (InFlight){0};
             }
         }
-    return 2 * (guint)(n * ps->unit);
+    return 2 * (guint)(n * ps->len);
 }
 
 /* The order of (forward?, micro-batch, chunk) a stage runs (DISTRIBUTED.md §5.3). */
@@ -2406,10 +2403,11 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
     for (int step = 1; step <= run->steps; step++) {
         loop_mark_step(g, step);
-        int group = o->microbatch_group > 0 ? o->microbatch_group : pp;
-        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v, group);
+        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v,
+                                 o->microbatch_group > 0 ? o->microbatch_group : pp);
         PipeSteady ps;
-        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v, group);
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v,
+                         o->microbatch_group > 0 ? o->microbatch_group : pp);
         for (guint i = 0; i < sched->len; i++) {
             pipe_steady_before(g, &ps, i);
             Slot sl2 = g_array_index(sched, Slot, i);
@@ -2463,7 +2461,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
                     f->in = NULL;
                 }
             }
-            i += pipe_steady_after(g, &ps, i, fl, mbs, v);
+            i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
         g_array_unref(sched);
         /* finish_embedding_wgrad_compute: the deferred output-layer wgrads, then the buffers
@@ -2620,7 +2618,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
                         }
                     }
             }
-            i += pipe_steady_after(g, &ps, i, fl, mbs, v);
+            i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
         g_array_unref(sched);
         loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);

@@ -232,12 +232,16 @@ typedef struct {
      * repetitions of the one before them (steady_repeated), and how many of those the replay
      * did not run one by one because the allocator's state, the live tensors and the clocks
      * relative to the host were the same after a repetition as before it (steady_skipped:
-     * their peaks are the last simulated one's, their time and counts added). The first
-     * point where that happened: after micro-batch steady_after (1-based) of steady_of, in
-     * step steady_step; 0 when nothing was skipped. */
+     * their peaks are the last simulated one's, their time and counts added; a pipeline
+     * stage's repetitions, whose time is added with the other stages', count here when their
+     * memory was not run either). The first point where that happened: after micro-batch
+     * steady_after (1-based) of steady_of, in step steady_step; 0 when nothing was skipped.
+     * steady_timed: the repetitions of a pipeline stage whose time was added with the other
+     * stages' (their memory run alone, or added as steady_skipped says). */
     uint64_t steady_repeated;
     uint64_t steady_skipped;
     uint32_t steady_after, steady_of, steady_step;
+    uint64_t steady_timed;
 } MemsimRankReport;
 
 typedef struct MemsimReport {
