@@ -1710,6 +1710,18 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     }
     r->unit_mbs = unit_microbatches(r, h);
     r->rep.steady_repeated += r->unit_times * r->unit_mbs;
+    /* the repetitions' ops are the template's (its micro-batch): the micro-batches they run
+     * on go as far as the template's plus unit_mbs for each (a loop's last micro-batch may
+     * be one of them) */
+    int32_t top = -1;
+    for (guint i = 0; i < K; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops && h->ops[e->id].microbatch > top)
+            top = h->ops[e->id].microbatch;
+    }
+    if (top >= 0 && (int64_t)top + (int64_t)(r->unit_times * r->unit_mbs) > r->mb_top)
+        r->mb_top = (int32_t)MIN((int64_t)top + (int64_t)(r->unit_times * r->unit_mbs),
+                                 (int64_t)G_MAXINT32);
     RepeatRun *q = g_new0(RepeatRun, 1);
     r->repeat = q;
     q->rep = 1;

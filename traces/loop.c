@@ -337,7 +337,7 @@ int loop_steady_end(AgGraph *g, LoopSteady *s, int left)
     GgUnitState a_end = *b;
     a_end.event = s->place[n - 1];
     uint64_t shift = end.storage - b->storage;
-    for (int L = 1; L <= n - 2; L++) {
+    for (int L = 0; L <= n - 2; L++) {
         /* every unit from k-1-L on made as many ids */
         const GgUnitState *before = &s->start[n - 2 - L];
         if (s->start[n - 1 - L].storage - before->storage != shift)
@@ -372,11 +372,14 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
         LoopSteady steady = {.on = loop_skip_enabled() && run->grad_accum >= 5 &&
                                    (!hooks || hooks->skip_microbatches)};
         const int last = run->grad_accum - 1;
+        /* without a method's hooks the last micro-batch is like the middle ones (what follows
+         * it, the optimizer step, is outside the unit) */
+        const int end = hooks ? last : last + 1;
         for (int mb = 0; mb < run->grad_accum; mb++) {
             /* the first micro-batch makes the gradients and the method's buffers; the last is
              * the accumulation boundary (DDP's no_sync ends, DeepSpeed's
              * is_gradient_accumulation_boundary) */
-            loop_steady_begin(g, &steady, mb >= 1 && mb < last);
+            loop_steady_begin(g, &steady, mb >= 1 && mb < end);
             c->phase = MEMSIM_PHASE_FORWARD;
             c->microbatch = run->grad_accum > 1 ? mb : -1;
             c->category = MEMSIM_CAT_TEMPORARY;
@@ -404,7 +407,7 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
             gt_unref(g, loss);
             if (hooks && hooks->after_backward)
                 hooks->after_backward(hooks->user);
-            int skip = mb >= 2 ? loop_steady_end(g, &steady, last - 1 - mb) : 0;
+            int skip = mb >= 2 ? loop_steady_end(g, &steady, end - 1 - mb) : 0;
             if (skip > 0) {
                 if (hooks)
                     hooks->skip_microbatches(hooks->user, skip);
