@@ -279,21 +279,14 @@ AgGraph *gg_new(MemsimTrace *trace, guint32 rank, const AgRules *rules)
     g->ctx.category = MEMSIM_CAT_TEMPORARY;
     g->ctx.grad_enabled = true;
     /* the ranks of one trace are alike: room for as many events as the largest rank made so
-     * far, and an eighth more, spares the array its copies while it grows. The first rank's
-     * array starts at 2^20 events (40 MB): above glibc's largest mmap threshold (32 MB), so
-     * it is mapped, its untouched pages never resident, and growing it remaps the pages
-     * instead of copying them as a heap block's growth does */
+     * far, and an eighth more, spares the array its copies while it grows */
     guint reserve = 4096;
-    gsize most = 0;
     for (guint32 r = 0; r < memsim_trace_header(trace)->n_ranks; r++) {
         gsize n = 0;
         memsim_trace_events(trace, r, &n);
-        most = MAX(most, n);
         if (n + n / 8 > reserve)
             reserve = (guint)(n + n / 8);
     }
-    if (most == 0)
-        reserve = 1u << 20;
     g->events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), reserve);
     g_array_set_size(g->events, reserve);
     g->next_storage = 1;
