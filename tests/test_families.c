@@ -301,6 +301,24 @@ Test(families, sliding_window_mask_from_the_window_on)
  * and the other three the 2048 left, 683, 683, 682. Each expert's gate projection is one
  * [rows, I] bf16 tensor (bf16-mixed autocast), so the trace allocates rows · I · 2 bytes for
  * it; the peak rises by at least the hot expert's one extra [1024, I] buffer. */
+/* The forward's peak of live activations (and, with `temporaries`, the peak of temporaries
+ * added) of one step of `m` at seq 64. */
+static int64_t forward_live(MemsimModel *m, gboolean temporaries)
+{
+    GError *error = NULL;
+    MemsimRun r = memsim_run_defaults();
+    tu_set(&r, "seq", "64");
+    tu_set(&r, "steps", "1");
+    MemsimTrace *t = memsim_generate(m, &r, &error);
+    cr_assert(t, "%s", error ? error->message : "?");
+    int64_t live = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD);
+    if (temporaries)
+        live += tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
+    memsim_trace_free(t);
+    memsim_run_clear(&r);
+    return live;
+}
+
 static int64_t count_allocs(MemsimTrace *t, int64_t size)
 {
     gsize n;
@@ -398,16 +416,8 @@ Test(families, olmo_has_no_norm_parameters_and_clip_qkv_keeps_copies)
     cr_expect_eq(memsim_model_n_params(a), L * (4 * H * H + 3 * H * I) + 2 * V * H);
     int64_t fwd[2];
     MemsimModel *ms[2] = {a, b};
-    for (int i = 0; i < 2; i++) {
-        MemsimRun r = memsim_run_defaults();
-        tu_set(&r, "seq", "64");
-        tu_set(&r, "steps", "1");
-        MemsimTrace *t = memsim_generate(ms[i], &r, &error);
-        cr_assert(t, "%s", error ? error->message : "?");
-        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD);
-        memsim_trace_free(t);
-        memsim_run_clear(&r);
-    }
+    for (int i = 0; i < 2; i++)
+        fwd[i] = forward_live(ms[i], FALSE);
     cr_expect_eq(fwd[1] - fwd[0], L * 3 * S * H * 2,
                  "forward activations %" G_GINT64_FORMAT " → %" G_GINT64_FORMAT, fwd[0], fwd[1]);
     memsim_model_free(a);
@@ -453,20 +463,12 @@ Test(families, qwen2_vl_reads_the_text_model_with_the_multimodal_rotary)
         GError *error = NULL;
         MemsimModel *m = memsim_model_load(paths[i], &error);
         cr_assert(m, "%s", error ? error->message : "?");
-        MemsimRun r = memsim_run_defaults();
-        tu_set(&r, "seq", "64");
-        tu_set(&r, "steps", "1");
-        MemsimTrace *t = memsim_generate(m, &r, &error);
-        cr_assert(t, "%s", error ? error->message : "?");
-        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD) +
-                 tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
+        fwd[i] = forward_live(m, TRUE);
         if (i > 0)
             cr_expect_eq(
                 memsim_model_n_params(m),
                 (int64_t)(2 * 1000 * 64 + 64 +
                           L * (64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 128)));
-        memsim_trace_free(t);
-        memsim_run_clear(&r);
         memsim_model_free(m);
     }
     int64_t want = (L * 2 * B * S * hd - 2 * S * hd) * 4;
@@ -511,15 +513,7 @@ Test(families, gemma3_sliding_layers_rotate_with_their_own_tables)
         GError *error = NULL;
         MemsimModel *m = memsim_model_load(paths[i], &error);
         cr_assert(m, "%s", error ? error->message : "?");
-        MemsimRun r = memsim_run_defaults();
-        tu_set(&r, "seq", "64");
-        tu_set(&r, "steps", "1");
-        MemsimTrace *t = memsim_generate(m, &r, &error);
-        cr_assert(t, "%s", error ? error->message : "?");
-        fwd[i] = tu_peak_live(t, MEMSIM_CAT_ACTIVATION, MEMSIM_PHASE_FORWARD) +
-                 tu_peak_live(t, MEMSIM_CAT_TEMPORARY, MEMSIM_PHASE_FORWARD);
-        memsim_trace_free(t);
-        memsim_run_clear(&r);
+        fwd[i] = forward_live(m, TRUE);
         memsim_model_free(m);
     }
     cr_expect_eq(fwd[0] - fwd[1], 2 * S * hd * 4, "%" G_GINT64_FORMAT " vs %" G_GINT64_FORMAT,
