@@ -1690,6 +1690,27 @@ static uint32_t unit_microbatches(RankSim *r, const MemsimTraceHeader *h)
     return n ? n : 1;
 }
 
+/* The micro-batch (0-based) a unit completes: the lowest its ops run in (a pipeline's pair
+ * runs a later micro-batch's forward and an earlier one's backward), -1 when none says; *top
+ * (when not NULL) the highest, -1 likewise. */
+static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h, int32_t *top)
+{
+    int32_t mb = -1, hi = -1;
+    for (guint i = 0; i < r->unit->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind != MEMSIM_EV_OP || e->id >= h->n_ops || h->ops[e->id].microbatch < 0)
+            continue;
+        int32_t m = h->ops[e->id].microbatch;
+        if (mb < 0 || m < mb)
+            mb = m;
+        if (m > hi)
+            hi = m;
+    }
+    if (top)
+        *top = hi;
+    return mb;
+}
+
 /* The captured unit has run once: its repetitions begin. */
 static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                              uint64_t index, GError **error)
@@ -1713,12 +1734,8 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     /* the repetitions' ops are the template's (its micro-batch): the micro-batches they run
      * on go as far as the template's plus unit_mbs for each (a loop's last micro-batch may
      * be one of them) */
-    int32_t top = -1;
-    for (guint i = 0; i < K; i++) {
-        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops && h->ops[e->id].microbatch > top)
-            top = h->ops[e->id].microbatch;
-    }
+    int32_t top;
+    unit_microbatch(r, h, &top);
     if (top >= 0 && (int64_t)top + (int64_t)(r->unit_times * r->unit_mbs) > r->mb_top)
         r->mb_top = (int32_t)MIN((int64_t)top + (int64_t)(r->unit_times * r->unit_mbs),
                                  (int64_t)G_MAXINT32);
@@ -1802,12 +1819,7 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
     if (r->op_next != UINT64_MAX)
         r->op_next += M * K;
     if (!r->rep.steady_skipped) {
-        int32_t mb = -1;
-        for (guint i = 0; i < K && mb < 0; i++) {
-            const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-            if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops)
-                mb = h->ops[e->id].microbatch;
-        }
+        int32_t mb = unit_microbatch(r, h, NULL);
         /* the template is micro-batch mb (0-based); `rep` more ran after it */
         r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + (rep + 1) * r->unit_mbs) : 0;
         r->rep.steady_step = cur->n_steps ? cur->step.step : 0;
@@ -2058,20 +2070,6 @@ static void cut_advance(RankSim *r, const RankCut *a, const RankCut *b, double D
     r->op_start += M * D;
 }
 
-/* The micro-batch (0-based) a unit completes: the lowest its ops run in (a pipeline's pair
- * runs a later micro-batch's forward and an earlier one's backward), -1 when none says. */
-static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h)
-{
-    int32_t mb = -1;
-    for (guint i = 0; i < r->unit->len; i++) {
-        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-        if (e->kind == MEMSIM_EV_OP && e->id < h->n_ops && h->ops[e->id].microbatch >= 0 &&
-            (mb < 0 || h->ops[e->id].microbatch < mb))
-            mb = h->ops[e->id].microbatch;
-    }
-    return mb;
-}
-
 /* Runs repetition q->rep of rank `rank` for its memory alone (memory_only: its clocks, work
  * sums and meetings are the network's, added apart). */
 static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
@@ -2197,7 +2195,7 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
         }
         const uint64_t J = (S - j) / P * P;
         if (J && !r->rep.steady_skipped) {
-            int32_t mb = unit_microbatch(r, h);
+            int32_t mb = unit_microbatch(r, h, NULL);
             /* the template completes micro-batch mb; start + j more ran after it */
             r->rep.steady_after =
                 mb >= 0 ? (uint32_t)(mb + (start + j + 1) * r->unit_mbs) : 0;
