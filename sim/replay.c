@@ -62,7 +62,7 @@ typedef struct {
 
 /* The memory states a rank's catching up keeps (memory_catch_up): periods of up to CUTS - 1
  * repetitions are found. */
-#define CUTS 16
+#define CUTS 130
 
 typedef struct {
     MemsimReplay *rp;

@@ -181,7 +181,16 @@ struct AgGraph {
     bool costing;     /* the last op is the last record's (allocations add to it) */
     /* the storages allocated now (ALLOC without its FREE), for gg_unit_state */
     int64_t live_n, live_bytes;
+    /* categories changed since gg_unit_mark of events before it (Recat, in order): what
+     * gg_unit_repeats takes back to see the unit before as it was at its end */
+    GArray *recat;
+    guint recat_from;
 };
+
+typedef struct {
+    guint event;
+    uint8_t old;
+} Recat;
 
 static inline guint32 opkey_hash(const char *name, int32_t phase, int32_t layer, int32_t mb)
 {
@@ -445,6 +454,8 @@ void gg_free(AgGraph *g)
         gt_unref(g, g->workspace[i]);
     apply_costs(g);
     g_free(g->costs);
+    if (g->recat)
+        g_array_unref(g->recat);
     g_array_set_size(g->events, g->n_events);
     memsim_trace_append_array(g->trace, g->rank, g->events);
     g->events = NULL;
@@ -745,8 +756,13 @@ void gt_set_category(AgGraph *g, AgTensor *t, uint8_t cat)
 {
     if (!t || !t->st || t->st->nbytes == 0)
         return;
+    MemsimEvent *ev = &g_array_index(g->events, MemsimEvent, t->st->event);
+    if (t->st->event < g->recat_from && ev->category != cat) {
+        Recat r = {t->st->event, ev->category};
+        g_array_append_val(g->recat, r);
+    }
     t->st->category = cat;
-    g_array_index(g->events, MemsimEvent, t->st->event).category = cat;
+    ev->category = cat;
 }
 
 AgTensor *gg_leaf(AgGraph *g, DType dt, int nd, const int64_t *shape, bool requires_grad,
@@ -1450,6 +1466,14 @@ void gg_unit_state(AgGraph *g, GgUnitState *u)
     u->host = g->host_now;
 }
 
+void gg_unit_mark(AgGraph *g)
+{
+    if (!g->recat)
+        g->recat = g_array_new(FALSE, FALSE, sizeof(Recat));
+    g_array_set_size(g->recat, 0);
+    g->recat_from = g->n_events;
+}
+
 guint gg_repeat_placeholder(AgGraph *g)
 {
     MemsimEvent ev = {.kind = MEMSIM_EV_REPEAT};
@@ -1465,33 +1489,24 @@ static bool same_op(const MemsimTraceHeader *h, uint64_t a, uint64_t b)
            x->duration_us == y->duration_us && x->bound == y->bound;
 }
 
-bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a,
-                     const GgUnitState *a_end, const GgUnitState *b, const GgUnitState *b_end)
+/* Whether b's events are a's (cat_a: a's categories, when not the events' own), the ids of
+ * tensors made from `from` on moved by `shift`. */
+static bool unit_events_repeat(AgGraph *g, const MemsimTraceHeader *h, const MemsimEvent *ev,
+                               uint64_t from, const GgUnitState *a, const GgUnitState *b,
+                               guint len, uint64_t shift, const uint8_t *cat_a)
 {
-    guint len = a_end->event - a->event;
-    uint64_t shift = b->storage - a->storage;
-    if (b_end->event - b->event != len || b_end->storage - b->storage != shift ||
-        b_end->cost - b->cost != a_end->cost - a->cost)
-        return false;
-    /* the live set is the same at the three boundaries (count, bytes, host bytes) */
-    if (a->live_n != b->live_n || b->live_n != b_end->live_n || a->live_bytes != b->live_bytes ||
-        b->live_bytes != b_end->live_bytes || a->host != b->host || b->host != b_end->host)
-        return false;
-    const MemsimTraceHeader *h = memsim_trace_header(g->trace);
-    const MemsimEvent *ev = (const MemsimEvent *)g->events->data;
-    /* ids from `before`'s unit on are the units' own: b's are a's moved by `shift`; older
-     * ones (parameters, gradients, what the step holds) are the same */
-    uint64_t from = before->storage;
     for (guint i = 0; i < len; i++) {
         const MemsimEvent *x = &ev[a->event + i], *y = &ev[b->event + i];
+        const uint8_t xc = cat_a ? cat_a[i] : x->category;
         if (x->kind != y->kind || x->stream != y->stream || x->flags != y->flags ||
-            x->category != y->category || x->size != y->size || x->addr != y->addr ||
-            x->aux != y->aux)
+            xc != y->category || x->size != y->size || x->addr != y->addr || x->aux != y->aux)
             return false;
         switch (x->kind) {
         case MEMSIM_EV_ALLOC:
         case MEMSIM_EV_FREE:
         case MEMSIM_EV_USE:
+            /* ids from `before`'s unit on are the units' own: b's are a's moved by `shift`;
+             * older ones (parameters, gradients, what the step holds) are the same */
             if (y->id != (x->id >= from ? x->id + shift : x->id))
                 return false;
             /* an id of `before`'s unit in b: no id of a's moves onto it */
@@ -1509,6 +1524,41 @@ bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a
                 return false;
         }
     }
+    return true;
+}
+
+bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a,
+                     const GgUnitState *a_end, const GgUnitState *b, const GgUnitState *b_end)
+{
+    guint len = a_end->event - a->event;
+    uint64_t shift = b->storage - a->storage;
+    if (b_end->event - b->event != len || b_end->storage - b->storage != shift ||
+        b_end->cost - b->cost != a_end->cost - a->cost)
+        return false;
+    /* the live set is the same at the three boundaries (count, bytes, host bytes) */
+    if (a->live_n != b->live_n || b->live_n != b_end->live_n || a->live_bytes != b->live_bytes ||
+        b->live_bytes != b_end->live_bytes || a->host != b->host || b->host != b_end->host)
+        return false;
+    const MemsimTraceHeader *h = memsim_trace_header(g->trace);
+    const MemsimEvent *ev = (const MemsimEvent *)g->events->data;
+    /* a's categories as they were at its end: an op after it may have changed one (a
+     * checkpointed region's recomputation saves a tensor of a's forward: gn_save); b's
+     * change there in turn, by the same ops again */
+    uint8_t *cat_a = NULL;
+    if (g->recat && g->recat->len && g->recat_from <= b->event) {
+        cat_a = g_malloc(len);
+        for (guint i = 0; i < len; i++)
+            cat_a[i] = ev[a->event + i].category;
+        for (guint k = g->recat->len; k-- > 0;) {
+            const Recat *r = &g_array_index(g->recat, Recat, k);
+            if (r->event >= a->event && r->event < a_end->event)
+                cat_a[r->event - a->event] = r->old;
+        }
+    }
+    bool same = unit_events_repeat(g, h, ev, before->storage, a, b, len, shift, cat_a);
+    g_free(cat_a);
+    if (!same)
+        return false;
     for (guint i = 0; i < a_end->cost - a->cost; i++) {
         const OpCost *x = &g->costs[a->cost + i], *y = &g->costs[b->cost + i];
         if (x->flops != y->flops || x->bytes != y->bytes || y->pos - x->pos != b->event - a->event)

@@ -257,6 +257,8 @@ typedef struct {
     int64_t live_n, live_bytes, host;
 } GgUnitState;
 void gg_unit_state(AgGraph *g, GgUnitState *u);
+/* A unit starts: gg_unit_repeats sees the units before it as they were here. */
+void gg_unit_mark(AgGraph *g);
 /* Emits a REPEAT of nothing (a unit boundary); returns its index for gg_repeat_set. */
 guint gg_repeat_placeholder(AgGraph *g);
 /* Whether unit b (events and ids from `b` to `b_end`) is unit a (from `a` to `a_end`) again:

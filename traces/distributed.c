@@ -1756,8 +1756,12 @@ static void pipe_steady_init(PipeSteady *ps, MemsimPipeSchedule kind, int p, int
         ps->shift = g;
     }
     ps->units = (m * v - ps->warm) / ps->len;
-    ps->s.on = loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && ps->units >= 5 &&
-               (v == 1 || (g > 0 && m % g == 0));
+    /* a steady unit frees what the forwards of the warm-up, or the units as many pairs
+     * before, made */
+    loop_steady_init(&ps->s,
+                     loop_skip_enabled() && kind != MEMSIM_PP_GPIPE && ps->units >= 5 &&
+                         (v == 1 || (g > 0 && m % g == 0)),
+                     (ps->warm + ps->len - 1) / ps->len + 1);
 }
 
 /* Before slot i. */
@@ -2463,6 +2467,7 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
             }
             i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
+        loop_steady_clear(&ps.s);
         g_array_unref(sched);
         /* finish_embedding_wgrad_compute: the deferred output-layer wgrads, then the buffers
          * emptied (megatron/core/utils.py drain_embedding_wgrad_compute) */
@@ -2620,6 +2625,7 @@ static gboolean megatron_program(const MemsimModel *m, const MemsimRun *run, Mem
             }
             i += pipe_steady_after(g, &ps, i, fl, mbs);
         }
+        loop_steady_clear(&ps.s);
         g_array_unref(sched);
         loop_optimizer_step(g, &opt, &hooks, NULL, step, step == run->steps);
     }

@@ -308,18 +308,40 @@ bool loop_skip_enabled(void)
  * loop's tensors die within the next micro-batch; a 1F1B stage's in-flight micro-batches
  * within its warm-up). */
 
+void loop_steady_init(LoopSteady *s, bool on, int reach)
+{
+    memset(s, 0, sizeof *s);
+    s->on = on;
+    /* unit k-1-L made what unit k frees: L up to n - 2 */
+    s->cap = MAX(16, reach + 4);
+    if (on) {
+        s->start = g_new(GgUnitState, s->cap);
+        s->place = g_new(guint, s->cap);
+    }
+}
+
+void loop_steady_clear(LoopSteady *s)
+{
+    g_free(s->start);
+    g_free(s->place);
+    s->start = NULL;
+    s->place = NULL;
+    s->on = false;
+}
+
 void loop_steady_begin(AgGraph *g, LoopSteady *s, bool middle)
 {
     if (!s->on)
         return;
     /* a boundary REPEAT before each middle unit */
     guint ph = middle ? gg_repeat_placeholder(g) : G_MAXUINT;
-    if (s->n == LOOP_STEADY_UNITS) {
-        memmove(&s->start[0], &s->start[1], (LOOP_STEADY_UNITS - 1) * sizeof s->start[0]);
-        memmove(&s->place[0], &s->place[1], (LOOP_STEADY_UNITS - 1) * sizeof s->place[0]);
+    if (s->n == s->cap) {
+        memmove(&s->start[0], &s->start[1], (size_t)(s->cap - 1) * sizeof s->start[0]);
+        memmove(&s->place[0], &s->place[1], (size_t)(s->cap - 1) * sizeof s->place[0]);
         s->n--;
     }
     gg_unit_state(g, &s->start[s->n]);
+    gg_unit_mark(g);
     s->place[s->n] = ph;
     s->n++;
 }
@@ -369,8 +391,11 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
         loop_mark_step(g, step);
         if (hooks && hooks->before_step)
             hooks->before_step(hooks->user, step);
-        LoopSteady steady = {.on = loop_skip_enabled() && run->grad_accum >= 5 &&
-                                   (!hooks || hooks->skip_microbatches)};
+        LoopSteady steady;
+        /* a micro-batch's tensors die within the next */
+        loop_steady_init(&steady, loop_skip_enabled() && run->grad_accum >= 5 &&
+                                      (!hooks || hooks->skip_microbatches),
+                         1);
         const int last = run->grad_accum - 1;
         /* without a method's hooks the last micro-batch is like the middle ones (what follows
          * it, the optimizer step, is outside the unit) */
@@ -414,6 +439,7 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
                 mb += skip;
             }
         }
+        loop_steady_clear(&steady);
         loop_optimizer_step(g, o, hooks, md->trainable, step, step == run->steps);
     }
     /* the end of the program: what is alive stays alive in the trace */

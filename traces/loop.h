@@ -83,13 +83,16 @@ bool loop_skip_enabled(void);
  * that may repeat (a REPEAT placeholder goes before them); loop_steady_end after a middle
  * one, with how many middle units follow it: when it repeats the unit before it, the REPEAT
  * says that many more, and it returns that many (the caller goes on after them), else 0. */
-#define LOOP_STEADY_UNITS 16
 typedef struct {
     bool on;
-    int n; /* units noted (the last LOOP_STEADY_UNITS) */
-    GgUnitState start[LOOP_STEADY_UNITS];
-    guint place[LOOP_STEADY_UNITS]; /* their placeholders (G_MAXUINT: none) */
+    int n, cap; /* units noted (the last cap) */
+    GgUnitState *start;
+    guint *place; /* their placeholders (G_MAXUINT: none) */
 } LoopSteady;
+/* `reach`: how many units back the tensors a unit frees may have been made (the
+ * micro-batches a pipeline stage holds in flight); the units noted reach that far and more. */
+void loop_steady_init(LoopSteady *s, bool on, int reach);
+void loop_steady_clear(LoopSteady *s);
 void loop_steady_begin(AgGraph *g, LoopSteady *s, bool middle);
 int loop_steady_end(AgGraph *g, LoopSteady *s, int left);
 
