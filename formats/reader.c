@@ -109,10 +109,7 @@ MemsimTraceReader *memsim_trace_reader_open_counted(const char *path, guint64 *b
                   ((is_zstd(head, n) || is_gzip(head, n)) && memsim_snapshot_sniff_path(path)))) {
         memsim_source_clear(&src);
         MemsimSnapshotReadOptions o = {.bytes_read = bytes_read};
-        MemsimTrace *t = memsim_snapshot_read(path, &o, error);
-        if (!t)
-            return NULL;
-        return memsim_trace_reader_new_for_trace(t, TRUE, path, MEMSIM_FORMAT_SNAPSHOT);
+        return memsim_snapshot_reader(path, &o, error);
     }
     return memsim_trace_reader_open_source(&src, path, MEMSIM_FORMAT_AUTO, error);
 }
@@ -200,11 +197,9 @@ MemsimTrace *memsim_trace_load_counted(const char *path, guint64 *bytes_read, GE
     MemsimTraceReader *r = memsim_trace_reader_open_counted(path, bytes_read, error);
     if (!r)
         return NULL;
-    if (r->format == MEMSIM_FORMAT_SNAPSHOT && ((TraceReader *)r)->owned) {
-        /* Already in memory: hand the trace over. */
-        TraceReader *tr = (TraceReader *)r;
-        MemsimTrace *t = tr->trace;
-        tr->owned = FALSE;
+    MemsimTrace *t = r->format == MEMSIM_FORMAT_SNAPSHOT ? memsim_snapshot_reader_take(r) : NULL;
+    if (t) {
+        /* Read whole already: each rank's events made at once, not chunk by chunk. */
         gsize bad;
         char *why = NULL;
         for (guint32 k = 0; k < r->header.n_ranks && !why; k++) {
@@ -224,7 +219,7 @@ MemsimTrace *memsim_trace_load_counted(const char *path, guint64 *bytes_read, GE
         return t;
     }
     const MemsimTraceHeader *src = memsim_trace_reader_header(r);
-    MemsimTrace *t = memsim_trace_new(src->name);
+    t = memsim_trace_new(src->name);
     MemsimTraceHeader *h = memsim_trace_header(t);
     h->alloc_conf = g_strdup(src->alloc_conf);
     h->capacity = src->capacity;

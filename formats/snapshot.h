@@ -8,6 +8,7 @@
 #ifndef MEMSIM_FORMATS_SNAPSHOT_H
 #define MEMSIM_FORMATS_SNAPSHOT_H
 
+#include <memsim/formats.h>
 #include <memsim/trace.h>
 #include "formats/pickle.h"
 
@@ -22,6 +23,14 @@ typedef struct {
  * record). `opt` may be NULL. */
 MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOptions *opt,
                                   GError **error);
+/* The same as a reader (format MEMSIM_FORMAT_SNAPSHOT): the trace entries stay packed as
+ * parsed (16 bytes each) and each rank's events are made from them chunk by chunk as the
+ * reader is read, so that a replay never holds them all. */
+MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshotReadOptions *opt,
+                                          GError **error);
+/* The whole trace of such a reader that has not been read from (each rank's events made at
+ * once); the reader is left empty. NULL when `r` is not one. */
+MemsimTrace *memsim_snapshot_reader_take(MemsimTraceReader *r);
 /* The same on an uncompressed pickle in memory; `name` names it in messages. */
 MemsimTrace *memsim_snapshot_read_bytes(const guint8 *data, gsize len, const char *name,
                                         GError **error);

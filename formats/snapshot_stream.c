@@ -49,12 +49,14 @@
  * numbers them) and one pass renumbers ids and streams, so that the trace is the one
  * snapshot.c makes, event for event.
  */
+#include "formats/formats-internal.h"
 #include "formats/snapshot.h"
 #include "formats/torch_settings.h"
 
 #include <memsim/error.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -427,13 +429,37 @@ typedef struct {
     gboolean small, expandable;
 } StartSeg;
 
+/* A parsed trace entry in 16 bytes instead of a MemsimEvent's 40 (a snapshot of a million
+ * entries then takes 16 MB, not 40): `a` the address (ALLOC, segments, OOM's device_free) or
+ * the id (FREE, MARK), `b` the size (PK_SIZE_BITS), the provisional stream (8 bits) and the
+ * kind (4 bits). The rest of an event of the kind is implied (ALLOC: the next id, flags
+ * MEMSIM_EVF_ADDR; EMPTY_CACHE: MEMSIM_EVF_INFERRED); an ALLOC's site and category, when
+ * not 0, are in PackedSite records. */
+typedef struct {
+    uint64_t a, b;
+} Packed;
+
+typedef struct {
+    guint64 at; /* the event's index */
+    guint32 site;
+    guint8 category;
+} PackedSite;
+
+#define PK_SIZE_BITS 52
+#define PK_SIZE_MASK ((G_GUINT64_CONSTANT(1) << PK_SIZE_BITS) - 1)
+
 typedef struct {
     guint32 dev;
     guint64 owner;        /* serial of its list */
     guint64 n;            /* entries read (the index in error messages) */
     guint64 n_parsed;     /* entries that are not skipped (unknown actions) */
-    GArray *events;       /* MemsimEvent, provisional ids and streams (see emit) */
+    /* the parsed events, provisional ids and streams (see emit): packed (Packed, their
+     * ALLOCs' sites in `sites`), or, from the first that does not pack on, MemsimEvent in
+     * `events` (wide) */
+    GArray *packed, *sites, *events;
     guint n_events;
+    gboolean wide;
+    gboolean any_oom;
     uint64_t last_handle; /* dev_stream's last answer */
     guint16 last_stream;
     gboolean any_stream;
@@ -516,6 +542,8 @@ typedef struct {
     gboolean settings_none; /* allocator_settings: None */
     GPtrArray *devs;      /* Dev*, by device */
     gboolean reserved_events; /* a device's events were reserved from the file's size */
+    GPtrArray *codes;     /* RankCode*, by rank: the events left packed (a lazy reader's), or
+                             NULL: each rank's events decoded into the trace */
     Cont *spare[256];     /* freed containers, kept with their item arrays for reuse */
     guint n_spare;
     Map pending;          /* addr → (device, its last free_requested's entry + 1, or 0): the
@@ -1294,6 +1322,8 @@ static Dev *dev_get(P *p, guint32 d)
         v = g_new0(Dev, 1);
         v->dev = d;
         v->events = g_array_new(FALSE, FALSE, sizeof(MemsimEvent)); /* (see emit) */
+        v->packed = g_array_new(FALSE, FALSE, sizeof(Packed));
+        v->sites = g_array_new(FALSE, FALSE, sizeof(PackedSite));
         v->handles = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         v->startb = g_array_new(FALSE, FALSE, sizeof(StartBlock));
         v->startseg = g_array_new(FALSE, FALSE, sizeof(StartSeg));
@@ -1310,6 +1340,8 @@ static void dev_free(gpointer x)
     if (!v)
         return;
     g_array_unref(v->events);
+    g_array_unref(v->packed);
+    g_array_unref(v->sites);
     g_array_unref(v->handles);
     g_array_unref(v->startb);
     g_array_unref(v->startseg);
@@ -1356,37 +1388,139 @@ static Action parse_action(P *p, const Str *a)
     return A_OTHER;
 }
 
-/* Events go into v->events[0..n_events); the array is grown ahead in runs of 4096 and cut
- * to n_events at the end (dev_events). */
-static void events_grow(P *p, Dev *v)
+/* Room for the events of the first device: an event per 20 bytes of the snapshot, reserved
+ * (untouched until used, so not resident) so that the array does not move: an entry of
+ * device_traces takes at least about 20 bytes of pickle (its dict, four memoized keys and
+ * values), and growing the array copies every event (tens of MB). Others grow by doubling. */
+static void events_grow(P *p, Dev *v, GArray *a, guint elt)
 {
-    if (v->events->len == 0 && !p->reserved_events) {
-        /* the first device's: room for an event per 20 bytes of the snapshot, reserved
-         * (untouched until used, so not resident) so that the array does not move: an entry
-         * of device_traces takes at least about 20 bytes of pickle (its dict, four memoized
-         * keys and values), and growing the array, or prepending the initial state to it
-         * without room, copies every event (tens of MB) */
+    if (a->len == 0 && !p->reserved_events) {
         guint reserve = (guint)MIN(p->in.total / 20 + 4096, (guint64)1 << 26);
-        g_array_set_size(v->events, reserve);
-        advise_huge(v->events->data, reserve * sizeof(MemsimEvent));
+        g_array_set_size(a, reserve);
+        advise_huge(a->data, (gsize)reserve * elt);
         p->reserved_events = TRUE;
     } else {
-        g_array_set_size(v->events, MAX(2 * v->events->len, 256u));
+        g_array_set_size(a, MAX(2 * a->len, 256u));
     }
+}
+
+/* The provisional event packed record k is (alloc_id: the id of the ALLOC it is, if one). */
+static inline void unpack(const Packed *pk, uint64_t alloc_id, MemsimEvent *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = (uint8_t)(pk->b >> 60);
+    ev->stream = (uint16_t)(pk->b >> PK_SIZE_BITS & 0xff);
+    switch (ev->kind) {
+    case MEMSIM_EV_ALLOC:
+        ev->id = alloc_id;
+        ev->flags = MEMSIM_EVF_ADDR;
+        ev->addr = pk->a;
+        ev->size = pk->b & PK_SIZE_MASK;
+        break;
+    case MEMSIM_EV_FREE:
+    case MEMSIM_EV_MARK:
+        ev->id = pk->a;
+        break;
+    case MEMSIM_EV_EMPTY_CACHE:
+        ev->flags = MEMSIM_EVF_INFERRED;
+        break;
+    default: /* segments, OOM */
+        ev->addr = pk->a;
+        ev->size = pk->b & PK_SIZE_MASK;
+        break;
+    }
+}
+
+/* Whether unpack gives `ev` back from its packed record (alloc_id: the id an ALLOC gets). */
+static inline gboolean packs(const MemsimEvent *ev, uint64_t alloc_id, Packed *pk)
+{
+    if (ev->size > PK_SIZE_MASK || ev->stream > 0xff)
+        return FALSE;
+    pk->b = ev->size | (uint64_t)ev->stream << PK_SIZE_BITS | (uint64_t)ev->kind << 60;
+    switch (ev->kind) {
+    case MEMSIM_EV_ALLOC:
+        pk->a = ev->addr;
+        return ev->id == alloc_id && ev->flags == MEMSIM_EVF_ADDR;
+    case MEMSIM_EV_FREE:
+    case MEMSIM_EV_MARK:
+        pk->a = ev->id;
+        pk->b &= ~PK_SIZE_MASK;
+        return !ev->size && !ev->addr && !ev->flags && !ev->aux && !ev->category;
+    case MEMSIM_EV_EMPTY_CACHE:
+        pk->a = 0;
+        return !ev->size && !ev->addr && !ev->id && ev->flags == MEMSIM_EVF_INFERRED &&
+               !ev->aux && !ev->category;
+    case MEMSIM_EV_SEG_ALLOC:
+    case MEMSIM_EV_SEG_FREE:
+    case MEMSIM_EV_SEG_MAP:
+    case MEMSIM_EV_SEG_UNMAP:
+    case MEMSIM_EV_OOM:
+        pk->a = ev->addr;
+        return !ev->id && !ev->flags && !ev->aux && !ev->category;
+    default:
+        return FALSE;
+    }
+}
+
+/* From now on the device's events are MemsimEvent: those packed so far are unpacked. */
+static void go_wide(P *p, Dev *v)
+{
+    GArray *w = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), MAX(2 * v->n_events, 256u));
+    g_array_set_size(w, MAX(2 * v->n_events, 256u));
+    MemsimEvent *e = (MemsimEvent *)(void *)w->data;
+    const Packed *pk = (const Packed *)(void *)v->packed->data;
+    const PackedSite *ps = (const PackedSite *)(void *)v->sites->data;
+    guint si = 0;
+    uint64_t alloc_id = 1;
+    for (guint i = 0; i < v->n_events; i++) {
+        unpack(&pk[i], alloc_id, &e[i]);
+        if (e[i].kind == MEMSIM_EV_ALLOC) {
+            alloc_id++;
+            if (si < v->sites->len && ps[si].at == i) {
+                e[i].aux = ps[si].site;
+                e[i].category = ps[si].category;
+                si++;
+            }
+        }
+    }
+    g_array_unref(v->events);
+    v->events = w;
+    g_array_set_size(v->packed, 0);
+    g_array_set_size(v->sites, 0);
+    v->wide = TRUE;
+    (void)p;
 }
 
 static inline void emit(P *p, Dev *v, const MemsimEvent *ev)
 {
+    v->any_oom |= ev->kind == MEMSIM_EV_OOM;
+    if (G_LIKELY(!v->wide)) {
+        Packed pk;
+        /* (ALLOC ids are given in order from 1: Dev.next_id, already moved on) */
+        uint64_t alloc_id = ev->kind == MEMSIM_EV_ALLOC ? v->next_id - 1 : 0;
+        if (G_LIKELY(packs(ev, alloc_id, &pk))) {
+            if (G_UNLIKELY(v->n_events == v->packed->len))
+                events_grow(p, v, v->packed, sizeof(Packed));
+            if (ev->kind == MEMSIM_EV_ALLOC && (ev->aux || ev->category)) {
+                if (ev->aux > G_MAXUINT32) {
+                    go_wide(p, v);
+                    goto wide;
+                }
+                PackedSite s = {v->n_events, (guint32)ev->aux, ev->category};
+                g_array_append_val(v->sites, s);
+                hold(p, sizeof s);
+            }
+            ((Packed *)(void *)v->packed->data)[v->n_events++] = pk;
+            hold(p, sizeof pk);
+            return;
+        }
+        go_wide(p, v);
+    }
+wide:
     if (G_UNLIKELY(v->n_events == v->events->len))
-        events_grow(p, v);
+        events_grow(p, v, v->events, sizeof(MemsimEvent));
     ((MemsimEvent *)(void *)v->events->data)[v->n_events++] = *ev;
     hold(p, sizeof *ev);
-}
-
-static GArray *dev_events(Dev *v)
-{
-    g_array_set_size(v->events, v->n_events);
-    return v->events;
 }
 
 /* One entry of device_traces[dev], read as snapshot.c's read_entries and build_device read it. */
@@ -2854,6 +2988,102 @@ typedef struct {
     guint32 sb; /* index in Dev.startb + 1, 0 = from the final state */
 } Live0;
 
+/* A rank's events as the trace has them, made from what was parsed as they are asked for:
+ * the starting state (INIT_SEGMENT / INIT_BLOCK), then the parsed events renumbered (ids
+ * after the starting blocks', those of blocks live at the start theirs), their streams in
+ * handle order, frees of blocks no segment holds dropped, then the EMPTY_CACHE a last run of
+ * segment frees makes. */
+typedef struct {
+    GArray *init;      /* MemsimEvent */
+    GArray *packed;    /* Packed, with sites; or NULL and `wide` */
+    GArray *sites;
+    GArray *wide;      /* MemsimEvent */
+    guint n;           /* parsed events */
+    guint16 *smap;     /* provisional stream → the trace's */
+    guint n_smap;
+    uint64_t *start_id; /* Dev.startb index → id (0: the free is dropped) */
+    uint64_t n_init;
+    gboolean tail;
+    guint16 tail_stream;
+    gsize total;       /* events in all */
+    /* where the next call goes on */
+    gsize at_init, at, at_site;
+    uint64_t alloc_id;
+    gboolean tail_done;
+} RankCode;
+
+static void rank_code_free(gpointer x)
+{
+    RankCode *c = x;
+    if (!c)
+        return;
+    if (c->init)
+        g_array_unref(c->init);
+    if (c->packed)
+        g_array_unref(c->packed);
+    if (c->sites)
+        g_array_unref(c->sites);
+    if (c->wide)
+        g_array_unref(c->wide);
+    g_free(c->smap);
+    g_free(c->start_id);
+    g_free(c);
+}
+
+/* The parsed event i, provisional. */
+static inline void code_parsed(RankCode *c, gsize i, MemsimEvent *ev)
+{
+    if (c->wide) {
+        *ev = g_array_index(c->wide, MemsimEvent, i);
+        return;
+    }
+    const Packed *pk = &g_array_index(c->packed, Packed, i);
+    unpack(pk, c->alloc_id, ev);
+    if (ev->kind == MEMSIM_EV_ALLOC) {
+        c->alloc_id++;
+        if (c->at_site < c->sites->len) {
+            const PackedSite *ps = &g_array_index(c->sites, PackedSite, c->at_site);
+            if (ps->at == i) {
+                ev->aux = ps->site;
+                ev->category = ps->category;
+                c->at_site++;
+            }
+        }
+    }
+}
+
+/* Up to `max` next events into out; 0 at the end. */
+static gsize rank_code_next(RankCode *c, MemsimEvent *out, gsize max)
+{
+    gsize k = 0;
+    while (k < max && c->at_init < c->init->len)
+        out[k++] = g_array_index(c->init, MemsimEvent, c->at_init++);
+    while (k < max && c->at < c->n) {
+        MemsimEvent ev;
+        code_parsed(c, c->at++, &ev);
+        ev.stream = ev.stream < c->n_smap ? c->smap[ev.stream] : 0;
+        if (ev.kind == MEMSIM_EV_ALLOC) {
+            ev.id += c->n_init;
+        } else if (ev.kind == MEMSIM_EV_FREE) {
+            if (ev.id & START_ID) {
+                ev.id = c->start_id[ev.id & ~START_ID];
+                if (!ev.id)
+                    continue;
+            } else {
+                ev.id += c->n_init;
+            }
+        }
+        out[k++] = ev;
+    }
+    if (k < max && c->at == c->n && c->tail && !c->tail_done) {
+        MemsimEvent ec = {.kind = MEMSIM_EV_EMPTY_CACHE, .flags = MEMSIM_EVF_INFERRED,
+                          .stream = c->tail_stream};
+        out[k++] = ec;
+        c->tail_done = TRUE;
+    }
+    return k;
+}
+
 static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const TorchSettings *rounder,
                            uint64_t max_split)
 {
@@ -3095,67 +3325,91 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
     uint64_t n_init = next_id - 1;
 
     /* The events: renumbered, their streams ordered, frees of blocks no segment holds
-     * dropped; the capacity of a recorded OOM. */
-    GArray *events = v ? dev_events(v) : g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
-    if (v) {
-        v->events = g_array_new(FALSE, TRUE, sizeof(MemsimEvent));
-        v->n_events = 0;
-    }
+     * dropped (RankCode); the capacity of a recorded OOM. */
+    RankCode *c = g_new0(RankCode, 1);
+    c->init = init;
+    init = NULL;
+    c->n_init = n_init;
+    c->alloc_id = 1;
+    c->total = c->init->len;
     uint64_t capacity = 0;
-    MemsimEvent *e = (MemsimEvent *)events->data;
-    gsize out = 0;
-    for (gsize i = 0; i < events->len; i++) {
-        MemsimEvent ev = e[i];
-        ev.stream = (guint16)map_find(&sidx, g_array_index(v->handles, uint64_t, ev.stream))->a;
-        switch (ev.kind) {
-        case MEMSIM_EV_ALLOC:
-            ev.id += n_init;
-            break;
-        case MEMSIM_EV_FREE:
-            if (ev.id & START_ID) {
-                StartBlock *sb = &g_array_index(v->startb, StartBlock, ev.id & ~START_ID);
-                if (!sb->id) {
-                    g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]",
-                               device, sb->entry);
-                    odd(p, device, "frees of an address no segment holds, skipped", where,
-                        "free of 0x%" G_GINT64_MODIFIER "x", sb->addr);
-                    continue;
-                }
-                ev.id = sb->id;
-            } else {
-                ev.id += n_init;
-            }
-            break;
-        case MEMSIM_EV_SEG_ALLOC:
-        case MEMSIM_EV_SEG_MAP:
-            held += ev.size;
-            break;
-        case MEMSIM_EV_SEG_FREE:
-        case MEMSIM_EV_SEG_UNMAP:
-            held -= MIN(held, ev.size);
-            break;
-        case MEMSIM_EV_OOM:
-            /* c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc records the
-             * OOM with cudaMemGetInfo's device_free after releasing its cached blocks: the
-             * allocator could have had what it held then plus that. */
-            if (!capacity && held + ev.addr >= held)
-                capacity = held + ev.addr;
-            break;
-        default:
-            break;
+    if (v) {
+        c->n = v->n_events;
+        if (v->wide) {
+            c->wide = v->events;
+            g_array_set_size(c->wide, v->n_events);
+            v->events = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        } else {
+            c->packed = v->packed;
+            c->sites = v->sites;
+            g_array_set_size(c->packed, v->n_events);
+            v->packed = g_array_new(FALSE, FALSE, sizeof(Packed));
+            v->sites = g_array_new(FALSE, FALSE, sizeof(PackedSite));
         }
-        e[out++] = ev;
+        v->n_events = 0;
+        c->n_smap = v->handles->len;
+        c->smap = g_new(guint16, MAX(c->n_smap, 1));
+        for (guint i = 0; i < c->n_smap; i++)
+            c->smap[i] = (guint16)map_find(&sidx, g_array_index(v->handles, uint64_t, i))->a;
+        c->start_id = g_new0(uint64_t, MAX(v->startb->len, 1));
+        guint64 dropped = 0;
+        for (guint i = 0; i < v->startb->len; i++) {
+            /* each found by the free that is its one START_ID event */
+            StartBlock *sb = &g_array_index(v->startb, StartBlock, i);
+            c->start_id[i] = sb->id;
+            if (!sb->id) {
+                g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]",
+                           device, sb->entry);
+                odd(p, device, "frees of an address no segment holds, skipped", where,
+                    "free of 0x%" G_GINT64_MODIFIER "x", sb->addr);
+                dropped++;
+            }
+        }
+        c->total += c->n - dropped;
+        if (v->release_run) {
+            c->tail = TRUE;
+            c->tail_stream = c->smap[v->release_stream];
+            c->total++;
+        }
+        /* c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc records the OOM
+         * with cudaMemGetInfo's device_free after releasing its cached blocks: the allocator
+         * could have had what it held then plus that. */
+        for (gsize i = 0; v->any_oom && i < c->n && !capacity; i++) {
+            MemsimEvent ev;
+            code_parsed(c, i, &ev);
+            switch (ev.kind) {
+            case MEMSIM_EV_SEG_ALLOC:
+            case MEMSIM_EV_SEG_MAP:
+                held += ev.size;
+                break;
+            case MEMSIM_EV_SEG_FREE:
+            case MEMSIM_EV_SEG_UNMAP:
+                held -= MIN(held, ev.size);
+                break;
+            case MEMSIM_EV_OOM:
+                if (held + ev.addr >= held)
+                    capacity = held + ev.addr;
+                break;
+            default:
+                break;
+            }
+        }
+        c->alloc_id = 1;
+        c->at_site = 0;
     }
-    g_array_set_size(events, out);
-    if (v && v->release_run) {
-        MemsimEvent ec = {.kind = MEMSIM_EV_EMPTY_CACHE, .flags = MEMSIM_EVF_INFERRED,
-                          .stream = (guint16)map_find(&sidx, g_array_index(v->handles, uint64_t,
-                                                                           v->release_stream))->a};
-        g_array_append_val(events, ec);
-    }
-    g_array_prepend_vals(events, init->data, init->len);
     ri->capacity = capacity;
-    memsim_trace_append_array(t, rank, events);
+    if (p->codes) {
+        if (p->codes->len <= rank)
+            g_ptr_array_set_size(p->codes, rank + 1);
+        g_ptr_array_index(p->codes, rank) = c;
+    } else {
+        GArray *events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), (guint)c->total);
+        g_array_set_size(events, (guint)c->total);
+        gsize got = rank_code_next(c, (MemsimEvent *)(void *)events->data, c->total);
+        g_assert(got == c->total);
+        rank_code_free(c);
+        memsim_trace_append_array(t, rank, events);
+    }
     ok = TRUE;
 out:
     map_clear(&sidx);
@@ -3163,7 +3417,8 @@ out:
     map_clear(&live);
     g_array_unref(start);
     g_array_unref(lives);
-    g_array_unref(init);
+    if (init)
+        g_array_unref(init);
     g_array_unref(final_segs);
     return ok;
 }
@@ -3269,9 +3524,11 @@ static void segment_clear(gpointer x)
         g_array_unref(s->blocks);
 }
 
-static MemsimTrace *read_all(Input *in, const char *name, GError **error)
+static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GError **error)
 {
     P p = {0};
+    if (codes)
+        p.codes = g_ptr_array_new_with_free_func(rank_code_free);
     p.name = name;
     p.error = error;
     p.in = *in;
@@ -3330,10 +3587,17 @@ static MemsimTrace *read_all(Input *in, const char *name, GError **error)
     MemsimTrace *t = p.t;
     if (ok) {
         memsim_snap_odd_finish(&p.odd, t, name);
+        if (codes) {
+            g_ptr_array_set_size(p.codes, memsim_trace_header(t)->n_ranks);
+            *codes = p.codes;
+            p.codes = NULL;
+        }
     } else {
         memsim_trace_free(t);
         t = NULL;
     }
+    if (p.codes)
+        g_ptr_array_unref(p.codes);
 
     while (p.n_stack)
         val_unref(&p, &p.stack[--p.n_stack]);
@@ -3372,7 +3636,7 @@ MemsimTrace *memsim_snapshot_read_bytes(const guint8 *data, gsize len, const cha
 {
     Input in = {.kind = IN_MEMORY, .buf = (guint8 *)data, .cap = len, .end = len, .eof = TRUE,
                 .total = len};
-    return read_all(&in, name ? name : "<snapshot>", error);
+    return read_all(&in, name ? name : "<snapshot>", NULL, error);
 }
 
 gboolean memsim_snapshot_sniff_compressed(const guint8 *d, gsize n)
@@ -3381,8 +3645,8 @@ gboolean memsim_snapshot_sniff_compressed(const guint8 *d, gsize n)
            (n >= 2 && d[0] == 0x1f && d[1] == 0x8b);
 }
 
-MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOptions *opt,
-                                  GError **error)
+static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions *opt,
+                              GPtrArray **codes, GError **error)
 {
     FILE *f = g_fopen(path, "rb");
     if (!f) {
@@ -3420,7 +3684,7 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
         in.zcap = 1 << 20;
         in.zin = g_malloc(in.zcap);
     }
-    MemsimTrace *t = read_all(&in, path, error);
+    MemsimTrace *t = read_all(&in, path, codes, error);
     if (t && in.kind != IN_PLAIN && !in.z_done) {
         /* the pickle ended (STOP) before the compressed stream did: check the rest */
         while (input_need(&in, in.end - in.pos + 1))
@@ -3430,6 +3694,10 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s", path, in.err);
         memsim_trace_free(t);
         t = NULL;
+        if (codes) {
+            g_ptr_array_unref(*codes);
+            *codes = NULL;
+        }
     }
     if (in.zs)
         ZSTD_freeDStream(in.zs);
@@ -3441,6 +3709,112 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
     g_free(in.buf);
     g_free(in.err);
     fclose(f);
+    return t;
+}
+
+MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOptions *opt,
+                                  GError **error)
+{
+    return read_file(path, opt, NULL, error);
+}
+
+/* ---- the snapshot as a reader: each rank's events made chunk by chunk ------------------- */
+
+typedef struct {
+    MemsimTraceReader base;
+    MemsimTrace *t;    /* the header's, no events */
+    GPtrArray *codes;  /* RankCode*, by rank */
+    guint32 rank;
+    gsize pos;         /* events of the rank given so far */
+    MemsimEvent *buf;
+} SnapReader;
+
+static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
+                              GError **error)
+{
+    SnapReader *r = (SnapReader *)base;
+    while (r->rank < base->header.n_ranks) {
+        RankCode *c = g_ptr_array_index(r->codes, r->rank);
+        gsize n = c ? rank_code_next(c, r->buf, MEMSIM_CHUNK_EVENTS) : 0;
+        if (n) {
+            gsize bad;
+            char *why = memsim_events_check(&base->header, r->rank, r->buf, n, &bad);
+            if (why) {
+                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
+                                     base->name, r->rank, r->pos + bad, why);
+                g_free(why);
+                return 0;
+            }
+            *rank = r->rank;
+            *events = r->buf;
+            r->pos += n;
+            return n;
+        }
+        /* the rank is done: what it held goes */
+        if (c)
+            g_ptr_array_index(r->codes, r->rank) = NULL, rank_code_free(c);
+        r->rank++;
+        r->pos = 0;
+    }
+    return 0;
+}
+
+static gsize snap_reader_buffer_bytes(MemsimTraceReader *base)
+{
+    return MEMSIM_CHUNK_EVENTS * sizeof(MemsimEvent);
+}
+
+static void snap_reader_clear(MemsimTraceReader *base)
+{
+    SnapReader *r = (SnapReader *)base;
+    memsim_trace_free(r->t);
+    if (r->codes)
+        g_ptr_array_unref(r->codes);
+    g_free(r->buf);
+}
+
+static const MemsimReaderOps snap_reader_ops = {
+    .next = snap_reader_next,
+    .clear = snap_reader_clear,
+    .buffer_bytes = snap_reader_buffer_bytes,
+};
+
+MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshotReadOptions *opt,
+                                          GError **error)
+{
+    GPtrArray *codes = NULL;
+    MemsimTrace *t = read_file(path, opt, &codes, error);
+    if (!t)
+        return NULL;
+    SnapReader *r = (SnapReader *)memsim_trace_reader_alloc(
+        sizeof(SnapReader), &snap_reader_ops, MEMSIM_FORMAT_SNAPSHOT, NULL, path);
+    r->t = t;
+    r->codes = codes;
+    r->buf = g_new(MemsimEvent, MEMSIM_CHUNK_EVENTS);
+    memsim_trace_header_copy(&r->base.header, memsim_trace_header(t));
+    return &r->base;
+}
+
+MemsimTrace *memsim_snapshot_reader_take(MemsimTraceReader *base)
+{
+    if (base->ops != &snap_reader_ops)
+        return NULL;
+    SnapReader *r = (SnapReader *)base;
+    g_assert(r->rank == 0 && r->pos == 0);
+    MemsimTrace *t = r->t;
+    for (guint32 k = 0; k < r->codes->len; k++) {
+        RankCode *c = g_ptr_array_index(r->codes, k);
+        if (!c)
+            continue;
+        GArray *events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), (guint)c->total);
+        g_array_set_size(events, (guint)c->total);
+        gsize got = rank_code_next(c, (MemsimEvent *)(void *)events->data, c->total);
+        g_assert(got == c->total);
+        g_ptr_array_index(r->codes, k) = NULL;
+        rank_code_free(c);
+        memsim_trace_append_array(t, k, events);
+    }
+    r->t = memsim_trace_new(NULL);
     return t;
 }
 

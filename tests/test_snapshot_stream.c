@@ -6,6 +6,8 @@
 #include "formats/snapshot.h"
 #include "testutil.h"
 
+#include <memsim/formats.h>
+
 #include <criterion/criterion.h>
 #include <glib/gstdio.h>
 #include <string.h>
@@ -49,6 +51,44 @@ static void same_trace(const char *what, MemsimTrace *a, MemsimTrace *b)
     }
 }
 
+/* The reader a replay reads (memsim_snapshot_reader: the entries kept packed, each rank's
+ * events made chunk by chunk) gives the events of the whole trace `b`, and the trace it
+ * hands over whole (memsim_trace_load) is `b` too. */
+static void same_chunks(const char *path, MemsimTrace *b)
+{
+    GError *err = NULL;
+    MemsimTraceReader *r = memsim_snapshot_reader(path, NULL, &err);
+    cr_assert(r, "%s: %s", path, err ? err->message : "");
+    const MemsimTraceHeader *h = memsim_trace_reader_header(r);
+    cr_assert_eq(h->n_ranks, memsim_trace_header(b)->n_ranks, "%s: ranks", path);
+    gsize *pos = g_new0(gsize, h->n_ranks + 1);
+    guint32 rank, last = 0;
+    const MemsimEvent *ev;
+    gsize n;
+    while ((n = memsim_trace_reader_next(r, &rank, &ev, &err)) > 0) {
+        cr_assert(rank >= last && rank < h->n_ranks, "%s: rank %u after %u", path, rank, last);
+        last = rank;
+        gsize m;
+        const MemsimEvent *want = memsim_trace_events(b, rank, &m);
+        cr_assert_leq(pos[rank] + n, m, "%s: rank %u: more than %zu events", path, rank, m);
+        cr_assert(memcmp(ev, want + pos[rank], n * sizeof *ev) == 0,
+                  "%s: rank %u: a chunk from event %zu differs", path, rank, pos[rank]);
+        pos[rank] += n;
+    }
+    cr_assert(!err, "%s: %s", path, err ? err->message : "");
+    for (guint32 k = 0; k < h->n_ranks; k++) {
+        gsize m;
+        memsim_trace_events(b, k, &m);
+        cr_assert_eq(pos[k], m, "%s: rank %u: %zu of %zu events", path, k, pos[k], m);
+    }
+    g_free(pos);
+    memsim_trace_reader_free(r);
+    MemsimTrace *whole = memsim_trace_load(path, &err);
+    cr_assert(whole, "%s: %s", path, err ? err->message : "");
+    same_trace(path, whole, b);
+    memsim_trace_free(whole);
+}
+
 /* Both readers on one file: both refuse it, or both give the same trace. */
 static void compare_file(const char *path, int *n_read)
 {
@@ -59,6 +99,7 @@ static void compare_file(const char *path, int *n_read)
                  a ? "reads it" : e1->message, b ? "reads it" : e2->message);
     if (a) {
         same_trace(path, a, b);
+        same_chunks(path, b);
         (*n_read)++;
     } else {
         cr_assert_eq(e1->code, e2->code, "%s: error codes differ: %s / %s", path, e1->message,
