@@ -429,36 +429,33 @@ typedef struct {
     gboolean small, expandable;
 } StartSeg;
 
-/* A parsed trace entry in 16 bytes instead of a MemsimEvent's 40 (a snapshot of a million
- * entries then takes 16 MB, not 40): `a` the address (ALLOC, segments, OOM's device_free) or
- * the id (FREE, MARK), `b` the size (PK_SIZE_BITS), the provisional stream (8 bits) and the
- * kind (4 bits). The rest of an event of the kind is implied (ALLOC: the next id, flags
- * MEMSIM_EVF_ADDR; EMPTY_CACHE: MEMSIM_EVF_INFERRED); an ALLOC's site and category, when
- * not 0, are in PackedSite records. */
-typedef struct {
-    uint64_t a, b;
-} Packed;
+/* A parsed trace entry, coded in a few bytes (as a MemsimEvent it takes 40: a snapshot of a
+ * million entries would hold 40 MB of fresh pages): a byte with the kind and the flags below,
+ * then varints: the stream when it is not the last event's; ALLOC: the size, the address (as
+ * the zigzag of its difference from the last address coded), the site and the category
+ * where there is one (PK_SITE); FREE: how many ALLOCs back its block's was, or (PK_START) the
+ * index of a block live at the start; MARK: the string; segments and OOM: the size and the
+ * address. The rest of an event is implied: an ALLOC's id is its rank among the ALLOCs, its
+ * flags MEMSIM_EVF_ADDR; an EMPTY_CACHE's MEMSIM_EVF_INFERRED. */
+enum { PK_STREAM = 0x10, PK_SITE = 0x20, PK_START = 0x40 };
+#define PK_MAX_BYTES 40 /* an event's code at most */
 
 typedef struct {
-    guint64 at; /* the event's index */
-    guint32 site;
-    guint8 category;
-} PackedSite;
-
-#define PK_SIZE_BITS 52
-#define PK_SIZE_MASK ((G_GUINT64_CONSTANT(1) << PK_SIZE_BITS) - 1)
+    guint16 stream;  /* the last event's */
+    uint64_t addr;   /* the last address coded */
+    uint64_t allocs; /* ALLOCs so far */
+} Coder;
 
 typedef struct {
     guint32 dev;
     guint64 owner;        /* serial of its list */
     guint64 n;            /* entries read (the index in error messages) */
     guint64 n_parsed;     /* entries that are not skipped (unknown actions) */
-    /* the parsed events, provisional ids and streams (see emit): packed (Packed, their
-     * ALLOCs' sites in `sites`), or, from the first that does not pack on, MemsimEvent in
-     * `events` (wide) */
-    GArray *packed, *sites, *events;
+    /* the parsed events, provisional ids and streams, coded (see emit): code[0..code_len) */
+    guint8 *code;
+    gsize code_len, code_cap;
+    Coder enc;
     guint n_events;
-    gboolean wide;
     gboolean any_oom;
     uint64_t last_handle; /* dev_stream's last answer */
     guint16 last_stream;
@@ -1321,9 +1318,6 @@ static Dev *dev_get(P *p, guint32 d)
     if (!v) {
         v = g_new0(Dev, 1);
         v->dev = d;
-        v->events = g_array_new(FALSE, FALSE, sizeof(MemsimEvent)); /* (see emit) */
-        v->packed = g_array_new(FALSE, FALSE, sizeof(Packed));
-        v->sites = g_array_new(FALSE, FALSE, sizeof(PackedSite));
         v->handles = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         v->startb = g_array_new(FALSE, FALSE, sizeof(StartBlock));
         v->startseg = g_array_new(FALSE, FALSE, sizeof(StartSeg));
@@ -1339,9 +1333,7 @@ static void dev_free(gpointer x)
     Dev *v = x;
     if (!v)
         return;
-    g_array_unref(v->events);
-    g_array_unref(v->packed);
-    g_array_unref(v->sites);
+    g_free(v->code);
     g_array_unref(v->handles);
     g_array_unref(v->startb);
     g_array_unref(v->startseg);
@@ -1388,139 +1380,156 @@ static Action parse_action(P *p, const Str *a)
     return A_OTHER;
 }
 
-/* Room for the events of the first device: an event per 20 bytes of the snapshot, reserved
- * (untouched until used, so not resident) so that the array does not move: an entry of
+/* Room for the events of the first device: about 8 bytes for each 20 bytes of the snapshot,
+ * reserved (untouched until used, so not resident) so that it does not move: an entry of
  * device_traces takes at least about 20 bytes of pickle (its dict, four memoized keys and
- * values), and growing the array copies every event (tens of MB). Others grow by doubling. */
-static void events_grow(P *p, Dev *v, GArray *a, guint elt)
+ * values) and its code about 5 on average; moving it copies every event. Others, and beyond
+ * that, grow by doubling. */
+static void code_grow(P *p, Dev *v)
 {
-    if (a->len == 0 && !p->reserved_events) {
-        guint reserve = (guint)MIN(p->in.total / 20 + 4096, (guint64)1 << 26);
-        g_array_set_size(a, reserve);
-        advise_huge(a->data, (gsize)reserve * elt);
+    gsize cap;
+    if (!v->code_cap && !p->reserved_events) {
+        cap = (gsize)MIN(p->in.total / 20 * 8 + 4096, (guint64)1 << 32);
         p->reserved_events = TRUE;
     } else {
-        g_array_set_size(a, MAX(2 * a->len, 256u));
+        cap = MAX(2 * v->code_cap, (gsize)4096);
     }
+    v->code = g_realloc(v->code, cap);
+    v->code_cap = cap;
+    if (!v->code_len)
+        advise_huge(v->code, cap);
 }
 
-/* The provisional event packed record k is (alloc_id: the id of the ALLOC it is, if one). */
-static inline void unpack(const Packed *pk, uint64_t alloc_id, MemsimEvent *ev)
+static inline guint8 *put_varint(guint8 *o, uint64_t x)
 {
-    memset(ev, 0, sizeof *ev);
-    ev->kind = (uint8_t)(pk->b >> 60);
-    ev->stream = (uint16_t)(pk->b >> PK_SIZE_BITS & 0xff);
+    while (x >= 0x80) {
+        *o++ = (guint8)(x | 0x80);
+        x >>= 7;
+    }
+    *o++ = (guint8)x;
+    return o;
+}
+
+static inline const guint8 *get_varint(const guint8 *i, uint64_t *x)
+{
+    uint64_t v = 0;
+    int sh = 0;
+    while (*i & 0x80) {
+        v |= (uint64_t)(*i++ & 0x7f) << sh;
+        sh += 7;
+    }
+    *x = v | (uint64_t)*i++ << sh;
+    return i;
+}
+
+static inline uint64_t zig(uint64_t d)
+{
+    return d << 1 ^ (uint64_t)((int64_t)d >> 63);
+}
+
+static inline uint64_t unzig(uint64_t z)
+{
+    return z >> 1 ^ (~(z & 1) + 1);
+}
+
+/* Codes one event at o (PK_MAX_BYTES of room); returns where the next goes. */
+static inline guint8 *encode(Coder *c, const MemsimEvent *ev, guint8 *o)
+{
+    guint8 *h = o++, b = ev->kind;
+    if (ev->stream != c->stream) {
+        b |= PK_STREAM;
+        o = put_varint(o, ev->stream);
+        c->stream = ev->stream;
+    }
     switch (ev->kind) {
     case MEMSIM_EV_ALLOC:
-        ev->id = alloc_id;
-        ev->flags = MEMSIM_EVF_ADDR;
-        ev->addr = pk->a;
-        ev->size = pk->b & PK_SIZE_MASK;
+        c->allocs++;
+        g_assert(ev->id == c->allocs && ev->flags == MEMSIM_EVF_ADDR); /* (read_entry_pairs) */
+        o = put_varint(o, ev->size);
+        o = put_varint(o, zig(ev->addr - c->addr));
+        c->addr = ev->addr;
+        if (ev->aux || ev->category) {
+            b |= PK_SITE;
+            o = put_varint(o, ev->aux);
+            *o++ = ev->category;
+        }
         break;
     case MEMSIM_EV_FREE:
+        if (ev->id & START_ID) {
+            b |= PK_START;
+            o = put_varint(o, ev->id & ~START_ID);
+        } else {
+            o = put_varint(o, c->allocs - ev->id);
+        }
+        break;
     case MEMSIM_EV_MARK:
-        ev->id = pk->a;
+        o = put_varint(o, ev->id);
+        break;
+    case MEMSIM_EV_EMPTY_CACHE:
+        break;
+    default: /* segments, OOM */
+        o = put_varint(o, ev->size);
+        o = put_varint(o, zig(ev->addr - c->addr));
+        c->addr = ev->addr;
+        break;
+    }
+    *h = b;
+    return o;
+}
+
+/* The event coded at i (provisional, as emit was given it); returns where the next is. */
+static inline const guint8 *decode(Coder *c, const guint8 *i, MemsimEvent *ev)
+{
+    const guint8 b = *i++;
+    uint64_t x;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = b & 0x0f;
+    if (b & PK_STREAM) {
+        i = get_varint(i, &x);
+        c->stream = (guint16)x;
+    }
+    ev->stream = c->stream;
+    switch (ev->kind) {
+    case MEMSIM_EV_ALLOC:
+        ev->id = ++c->allocs;
+        ev->flags = MEMSIM_EVF_ADDR;
+        i = get_varint(i, &ev->size);
+        i = get_varint(i, &x);
+        ev->addr = c->addr += unzig(x);
+        if (b & PK_SITE) {
+            i = get_varint(i, &ev->aux);
+            ev->category = *i++;
+        }
+        break;
+    case MEMSIM_EV_FREE:
+        i = get_varint(i, &x);
+        ev->id = b & PK_START ? x | START_ID : c->allocs - x;
+        break;
+    case MEMSIM_EV_MARK:
+        i = get_varint(i, &ev->id);
         break;
     case MEMSIM_EV_EMPTY_CACHE:
         ev->flags = MEMSIM_EVF_INFERRED;
         break;
-    default: /* segments, OOM */
-        ev->addr = pk->a;
-        ev->size = pk->b & PK_SIZE_MASK;
+    default:
+        i = get_varint(i, &ev->size);
+        i = get_varint(i, &x);
+        ev->addr = c->addr += unzig(x);
         break;
     }
-}
-
-/* Whether unpack gives `ev` back from its packed record (alloc_id: the id an ALLOC gets). */
-static inline gboolean packs(const MemsimEvent *ev, uint64_t alloc_id, Packed *pk)
-{
-    if (ev->size > PK_SIZE_MASK || ev->stream > 0xff)
-        return FALSE;
-    pk->b = ev->size | (uint64_t)ev->stream << PK_SIZE_BITS | (uint64_t)ev->kind << 60;
-    switch (ev->kind) {
-    case MEMSIM_EV_ALLOC:
-        pk->a = ev->addr;
-        return ev->id == alloc_id && ev->flags == MEMSIM_EVF_ADDR;
-    case MEMSIM_EV_FREE:
-    case MEMSIM_EV_MARK:
-        pk->a = ev->id;
-        pk->b &= ~PK_SIZE_MASK;
-        return !ev->size && !ev->addr && !ev->flags && !ev->aux && !ev->category;
-    case MEMSIM_EV_EMPTY_CACHE:
-        pk->a = 0;
-        return !ev->size && !ev->addr && !ev->id && ev->flags == MEMSIM_EVF_INFERRED &&
-               !ev->aux && !ev->category;
-    case MEMSIM_EV_SEG_ALLOC:
-    case MEMSIM_EV_SEG_FREE:
-    case MEMSIM_EV_SEG_MAP:
-    case MEMSIM_EV_SEG_UNMAP:
-    case MEMSIM_EV_OOM:
-        pk->a = ev->addr;
-        return !ev->id && !ev->flags && !ev->aux && !ev->category;
-    default:
-        return FALSE;
-    }
-}
-
-/* From now on the device's events are MemsimEvent: those packed so far are unpacked. */
-static void go_wide(P *p, Dev *v)
-{
-    GArray *w = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), MAX(2 * v->n_events, 256u));
-    g_array_set_size(w, MAX(2 * v->n_events, 256u));
-    MemsimEvent *e = (MemsimEvent *)(void *)w->data;
-    const Packed *pk = (const Packed *)(void *)v->packed->data;
-    const PackedSite *ps = (const PackedSite *)(void *)v->sites->data;
-    guint si = 0;
-    uint64_t alloc_id = 1;
-    for (guint i = 0; i < v->n_events; i++) {
-        unpack(&pk[i], alloc_id, &e[i]);
-        if (e[i].kind == MEMSIM_EV_ALLOC) {
-            alloc_id++;
-            if (si < v->sites->len && ps[si].at == i) {
-                e[i].aux = ps[si].site;
-                e[i].category = ps[si].category;
-                si++;
-            }
-        }
-    }
-    g_array_unref(v->events);
-    v->events = w;
-    g_array_set_size(v->packed, 0);
-    g_array_set_size(v->sites, 0);
-    v->wide = TRUE;
-    (void)p;
+    return i;
 }
 
 static inline void emit(P *p, Dev *v, const MemsimEvent *ev)
 {
     v->any_oom |= ev->kind == MEMSIM_EV_OOM;
-    if (G_LIKELY(!v->wide)) {
-        Packed pk;
-        /* (ALLOC ids are given in order from 1: Dev.next_id, already moved on) */
-        uint64_t alloc_id = ev->kind == MEMSIM_EV_ALLOC ? v->next_id - 1 : 0;
-        if (G_LIKELY(packs(ev, alloc_id, &pk))) {
-            if (G_UNLIKELY(v->n_events == v->packed->len))
-                events_grow(p, v, v->packed, sizeof(Packed));
-            if (ev->kind == MEMSIM_EV_ALLOC && (ev->aux || ev->category)) {
-                if (ev->aux > G_MAXUINT32) {
-                    go_wide(p, v);
-                    goto wide;
-                }
-                PackedSite s = {v->n_events, (guint32)ev->aux, ev->category};
-                g_array_append_val(v->sites, s);
-                hold(p, sizeof s);
-            }
-            ((Packed *)(void *)v->packed->data)[v->n_events++] = pk;
-            hold(p, sizeof pk);
-            return;
-        }
-        go_wide(p, v);
-    }
-wide:
-    if (G_UNLIKELY(v->n_events == v->events->len))
-        events_grow(p, v, v->events, sizeof(MemsimEvent));
-    ((MemsimEvent *)(void *)v->events->data)[v->n_events++] = *ev;
-    hold(p, sizeof *ev);
+    if (G_UNLIKELY(v->code_cap - v->code_len < PK_MAX_BYTES))
+        code_grow(p, v);
+    guint8 *o = encode(&v->enc, ev, v->code + v->code_len);
+    gsize n = (gsize)(o - (v->code + v->code_len));
+    v->code_len += n;
+    v->n_events++;
+    hold(p, (gint64)n);
 }
 
 /* One entry of device_traces[dev], read as snapshot.c's read_entries and build_device read it. */
@@ -2386,6 +2395,24 @@ FAST_INLINE guint32 fast_get(P *p, Fast *f)
     return memo_at(p, idx);
 }
 
+/* A value written field by field: one built whole and then copied is read back (16 bytes at a
+ * time) before its parts are stored, which stalls on each of a million entries. */
+static inline void val_set(Val *v, guint8 t, guint64 off, gint64 i)
+{
+    v->t = t;
+    v->id = 0;
+    v->off = off;
+    v->u.i = i;
+}
+
+static inline void val_set_s(Val *v, guint8 t, guint64 off, const Str *s)
+{
+    v->t = t;
+    v->id = 0;
+    v->off = off;
+    v->u.s = s;
+}
+
 FAST_INLINE gboolean fast_str(P *p, Fast *f, Val *v)
 {
     fast_skip_frames(f);
@@ -2398,7 +2425,7 @@ FAST_INLINE gboolean fast_str(P *p, Fast *f, Val *v)
             return FALSE;
         const Str *s = intern(p, (const char *)f->c + 2, f->c[1], FALSE);
         f->c += 2 + f->c[1];
-        *v = (Val){.t = V_STR, .off = off, .u.s = s};
+        val_set_s(v, V_STR, off, s);
         return fast_memo(p, f, (guint32)H_STR << 29 | s->id);
     }
     guint32 h = fast_get(p, f);
@@ -2407,7 +2434,7 @@ FAST_INLINE gboolean fast_str(P *p, Fast *f, Val *v)
     const Str *s = g_ptr_array_index(p->str_by_id, H_INDEX(h));
     if (s->bytes)
         return FALSE;
-    *v = (Val){.t = V_STR, .off = NO_OFF, .u.s = s};
+    val_set_s(v, V_STR, NO_OFF, s);
     return TRUE;
 }
 
@@ -2423,20 +2450,20 @@ FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
     case 'K':
         if (left < 2)
             return FALSE;
-        *v = int_val(off, f->c[1], FALSE);
+        val_set(v, V_INT, off, f->c[1]);
         f->c += 2;
         return TRUE;
     case 'M':
         if (left < 3)
             return FALSE;
-        *v = int_val(off, (gint64)read_le(f->c + 1, 2), FALSE);
+        val_set(v, V_INT, off, (gint64)read_le(f->c + 1, 2));
         f->c += 3;
         return TRUE;
     case 'J': {
         if (left < 5)
             return FALSE;
         guint64 u = le32(f->c + 1);
-        *v = int_val(off, u >= 0x80000000u ? (gint64)u - 0x100000000 : (gint64)u, FALSE);
+        val_set(v, V_INT, off, u >= 0x80000000u ? (gint64)u - 0x100000000 : (gint64)u);
         f->c += 5;
         return TRUE;
     }
@@ -2456,7 +2483,7 @@ FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
         }
         if (n < 8 && (f->c[1 + n] & 0x80))
             u |= ~(guint64)0 << (8 * n);
-        *v = int_val(off, u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1, FALSE);
+        val_set(v, V_INT, off, u <= (guint64)G_MAXINT64 ? (gint64)u : -(gint64)(~u) - 1);
         f->c += 2 + n;
         return TRUE;
     }
@@ -2481,7 +2508,7 @@ FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
         if (H_KIND(h) != H_STR)
             return FALSE;
         const Str *s = g_ptr_array_index(p->str_by_id, H_INDEX(h));
-        *v = (Val){.t = s->bytes ? V_BYTES : V_STR, .off = NO_OFF, .u.s = s};
+        val_set_s(v, s->bytes ? V_BYTES : V_STR, NO_OFF, s);
         return TRUE;
     }
     case ']': {
@@ -2995,9 +3022,7 @@ typedef struct {
  * segment frees makes. */
 typedef struct {
     GArray *init;      /* MemsimEvent */
-    GArray *packed;    /* Packed, with sites; or NULL and `wide` */
-    GArray *sites;
-    GArray *wide;      /* MemsimEvent */
+    guint8 *code;      /* the parsed events (Dev.code) */
     guint n;           /* parsed events */
     guint16 *smap;     /* provisional stream → the trace's */
     guint n_smap;
@@ -3007,8 +3032,9 @@ typedef struct {
     guint16 tail_stream;
     gsize total;       /* events in all */
     /* where the next call goes on */
-    gsize at_init, at, at_site;
-    uint64_t alloc_id;
+    gsize at_init, at;
+    const guint8 *rd;
+    Coder dec;
     gboolean tail_done;
 } RankCode;
 
@@ -3019,37 +3045,25 @@ static void rank_code_free(gpointer x)
         return;
     if (c->init)
         g_array_unref(c->init);
-    if (c->packed)
-        g_array_unref(c->packed);
-    if (c->sites)
-        g_array_unref(c->sites);
-    if (c->wide)
-        g_array_unref(c->wide);
+    g_free(c->code);
     g_free(c->smap);
     g_free(c->start_id);
     g_free(c);
 }
 
-/* The parsed event i, provisional. */
-static inline void code_parsed(RankCode *c, gsize i, MemsimEvent *ev)
+/* The next parsed event, provisional. */
+static inline void code_parsed(RankCode *c, MemsimEvent *ev)
 {
-    if (c->wide) {
-        *ev = g_array_index(c->wide, MemsimEvent, i);
-        return;
-    }
-    const Packed *pk = &g_array_index(c->packed, Packed, i);
-    unpack(pk, c->alloc_id, ev);
-    if (ev->kind == MEMSIM_EV_ALLOC) {
-        c->alloc_id++;
-        if (c->at_site < c->sites->len) {
-            const PackedSite *ps = &g_array_index(c->sites, PackedSite, c->at_site);
-            if (ps->at == i) {
-                ev->aux = ps->site;
-                ev->category = ps->category;
-                c->at_site++;
-            }
-        }
-    }
+    c->rd = decode(&c->dec, c->rd, ev);
+    c->at++;
+}
+
+/* Back to the first parsed event. */
+static void code_rewind(RankCode *c)
+{
+    c->rd = c->code;
+    c->at = 0;
+    memset(&c->dec, 0, sizeof c->dec);
 }
 
 /* Up to `max` next events into out; 0 at the end. */
@@ -3060,7 +3074,7 @@ static gsize rank_code_next(RankCode *c, MemsimEvent *out, gsize max)
         out[k++] = g_array_index(c->init, MemsimEvent, c->at_init++);
     while (k < max && c->at < c->n) {
         MemsimEvent ev;
-        code_parsed(c, c->at++, &ev);
+        code_parsed(c, &ev);
         ev.stream = ev.stream < c->n_smap ? c->smap[ev.stream] : 0;
         if (ev.kind == MEMSIM_EV_ALLOC) {
             ev.id += c->n_init;
@@ -3330,22 +3344,13 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
     c->init = init;
     init = NULL;
     c->n_init = n_init;
-    c->alloc_id = 1;
     c->total = c->init->len;
     uint64_t capacity = 0;
     if (v) {
         c->n = v->n_events;
-        if (v->wide) {
-            c->wide = v->events;
-            g_array_set_size(c->wide, v->n_events);
-            v->events = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
-        } else {
-            c->packed = v->packed;
-            c->sites = v->sites;
-            g_array_set_size(c->packed, v->n_events);
-            v->packed = g_array_new(FALSE, FALSE, sizeof(Packed));
-            v->sites = g_array_new(FALSE, FALSE, sizeof(PackedSite));
-        }
+        c->code = v->code;
+        v->code = NULL;
+        v->code_len = v->code_cap = 0;
         v->n_events = 0;
         c->n_smap = v->handles->len;
         c->smap = g_new(guint16, MAX(c->n_smap, 1));
@@ -3374,9 +3379,10 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
         /* c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc records the OOM
          * with cudaMemGetInfo's device_free after releasing its cached blocks: the allocator
          * could have had what it held then plus that. */
+        code_rewind(c);
         for (gsize i = 0; v->any_oom && i < c->n && !capacity; i++) {
             MemsimEvent ev;
-            code_parsed(c, i, &ev);
+            code_parsed(c, &ev);
             switch (ev.kind) {
             case MEMSIM_EV_SEG_ALLOC:
             case MEMSIM_EV_SEG_MAP:
@@ -3394,8 +3400,7 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
                 break;
             }
         }
-        c->alloc_id = 1;
-        c->at_site = 0;
+        code_rewind(c);
     }
     ri->capacity = capacity;
     if (p->codes) {
