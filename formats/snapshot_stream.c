@@ -1624,11 +1624,9 @@ static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
     Slot *sl;
     switch (act) {
     case A_ALLOC: {
-        if (map_find(&v->live, addr))
-            return fail_at(p, WHERE, "alloc at 0x%" G_GINT64_MODIFIER "x, which is still "
-                           "allocated", addr);
-        sl = map_find(&v->start, addr);
-        if (sl && g_array_index(v->startb, StartBlock, sl->a).entry == G_MAXUINT64)
+        /* its slot in the blocks the trace allocated (still there: refused) */
+        sl = map_put(&v->live, addr, &fresh);
+        if (!fresh)
             return fail_at(p, WHERE, "alloc at 0x%" G_GINT64_MODIFIER "x, which is still "
                            "allocated", addr);
         if (size == 0)
@@ -1648,7 +1646,6 @@ static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
         ev.flags = MEMSIM_EVF_ADDR;
         ev.aux = site;
         ev.category = cat;
-        sl = map_put(&v->live, addr, NULL);
         sl->a = v->next_id++;
         sl->b = k;
         break;
