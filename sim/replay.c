@@ -1650,6 +1650,7 @@ typedef struct RepeatRun {
     double sums[RING][N_SUMS];
     uint64_t hashes[RING];
     MemsimEvent *buf;
+    guint *mem, n_mem; /* the unit's events memory_rep reads (noted at its first run) */
     uint64_t index; /* the event whose capture completed the unit (for messages) */
     /* the unit meets other ranks and may be skipped with them (cross_cut): the rank waits at
      * the start of each repetition (held_rep: the one it last waited before) */
@@ -1666,6 +1667,7 @@ static void repeat_free(RankSim *r)
     for (int k = 0; k < RING; k++)
         steady_clear(&q->st[k]);
     g_free(q->buf);
+    g_free(q->mem);
     g_free(q);
     r->repeat = NULL;
     r->ev_logging = FALSE;
@@ -2071,17 +2073,89 @@ static void cut_advance(RankSim *r, const RankCut *a, const RankCut *b, double D
 }
 
 /* Runs repetition q->rep of rank `rank` for its memory alone (memory_only: its clocks, work
- * sums and meetings are the network's, added apart). */
+ * sums and meetings are the network's, added apart). What run() does with memory_only set,
+ * over the unit's events that it reads (allocations, frees, ops; the rest it only counts),
+ * each one's id moved as it goes instead of a copy of the unit (repeat_fill) per repetition;
+ * anything else than a valid allocation, free or op goes through step() as there. */
 static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                            GError **error)
 {
     RankSim *r = &rp->ranks[rank];
-    repeat_fill(r);
-    gsize used;
+    RepeatRun *q = r->repeat;
+    const MemsimEvent *unit = (const MemsimEvent *)r->unit->data;
+    const guint K = r->unit->len;
+    if (!q->mem) {
+        q->mem = g_new(guint, K ? K : 1);
+        for (guint i = 0; i < K; i++)
+            if (unit[i].kind == MEMSIM_EV_ALLOC || unit[i].kind == MEMSIM_EV_FREE ||
+                unit[i].kind == MEMSIM_EV_OP)
+                q->mem[q->n_mem++] = i;
+    }
+    const uint64_t moved = q->rep * r->unit_shift, from = r->unit_from,
+                   base = r->rep.n_events;
+    gboolean ok = TRUE;
     r->memory_only = TRUE;
-    gboolean ok = run(rp, h, rank, r->repeat->buf, r->unit->len, &used, error);
+    for (guint k = 0; k < q->n_mem && !r->stopped; k++) {
+        const guint i = q->mem[k];
+        const uint64_t index = base + i;
+        r->rep.n_events = index + 1;
+        MemsimEvent ev = unit[i];
+        if (ev.kind == MEMSIM_EV_OP) {
+            if (G_UNLIKELY(ev.id >= h->n_ops)) {
+                ok = step(r, h, rank, index, &ev, error);
+                if (!ok)
+                    break;
+                continue;
+            }
+            r->cur_stream = ev.stream;
+            const MemsimOpInfo *op = &h->ops[ev.id];
+            r->cur_op = (int64_t)ev.id;
+            if (op->microbatch > r->mb_top)
+                r->mb_top = op->microbatch;
+            if (op->phase != r->cur_phase) {
+                r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
+                MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+                track_peaks(r, h, index, &st);
+            }
+            continue;
+        }
+        if (ev.id >= from)
+            ev.id += moved;
+        if (ev.kind == MEMSIM_EV_ALLOC && ev.size - 1 < ((uint64_t)1 << 60) - 1 &&
+            ev.category < MEMSIM_CAT_COUNT && ev.id != UINT64_MAX) {
+            idmap_reserve(&r->tensors);
+            IdSlot *slot = idmap_slot(&r->tensors, ev.id);
+            if (G_LIKELY(slot->key1 == 0)) {
+                r->cur_stream = ev.stream;
+                r->saw_oom = FALSE;
+                memsim_addr_t addr = 0;
+                if (G_LIKELY(r->a_malloc(r->a_state, ev.size, ev.stream, &addr) ==
+                             MEMSIM_ALLOC_OK))
+                    alloc_done(r, h, index, &ev, slot, addr);
+                else
+                    out_of_memory(r, h, index, &ev); /* the rest is counted, not applied */
+                continue;
+            }
+        } else if (ev.kind == MEMSIM_EV_FREE) {
+            IdVal v;
+            if (G_LIKELY(idmap_remove(&r->tensors, ev.id, &v))) {
+                r->cur_stream = ev.stream;
+                free_done(r, &v);
+                continue;
+            }
+        }
+        ok = step(r, h, rank, index, &ev, error);
+        if (!ok)
+            break;
+    }
+    if (ok) {
+        /* run() leaves the stream of the last event it applied */
+        if (!r->stopped && K)
+            r->cur_stream = unit[K - 1].stream;
+        r->rep.n_events = base + K;
+    }
     r->memory_only = FALSE;
-    r->repeat->rep++;
+    q->rep++;
     return ok;
 }
 
