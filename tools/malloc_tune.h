@@ -18,22 +18,27 @@
  * taken from the heap, and a heap kept up to 1 GiB, serve the next trace from the memory the
  * last one freed.
  *
- * The first 256 MiB of the heap are also reserved at once and advised for transparent huge
- * pages (madvise(2) MADV_HUGEPAGE; the kernel's default THP mode serves only advised ranges):
- * the memory a trace touches first then faults in 2 MiB at a time instead of 4 KiB. The
- * reservation is address space only: pages are backed when touched. This is what glibc's
- * glibc.malloc.hugetlb=1 tunable does for the heap, which a program cannot set for itself. */
+ * The first GiB of the heap is also reserved at once and advised for transparent huge pages
+ * (madvise(2) MADV_HUGEPAGE; the kernel's default THP mode serves only advised ranges): the
+ * memory a trace touches first then faults in 2 MiB at a time instead of 4 KiB, and its
+ * accesses miss the TLB less. The reservation is address space only: pages are backed when
+ * touched. This is what glibc's glibc.malloc.hugetlb=1 tunable does for its heaps, which a
+ * program cannot set for itself. The threads of a plan share that heap (one arena): glibc
+ * would give each its own, mapped apart and not advised. */
 static inline void memsim_tools_malloc_tune(void)
 {
 #ifdef __GLIBC__
+    const size_t pad = (size_t)1 << 30;
+    const uintptr_t huge = (uintptr_t)2 << 20;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    mallopt(M_TOP_PAD, 256 << 20); /* the next growth of the heap takes 256 MiB more */
+    mallopt(M_ARENA_MAX, 1);
+    mallopt(M_TOP_PAD, (int)pad); /* the next growth of the heap takes a GiB more */
     void *first = malloc(1 << 20); /* beyond the heap's start: it grows */
     uintptr_t lo = ((uintptr_t)first + huge - 1) & ~(huge - 1);
     uintptr_t hi = (uintptr_t)sbrk(0) & ~(huge - 1);
-    if (first && hi > lo)
+    /* (where the heap could not grow, malloc mapped the block elsewhere: nothing advised) */
+    if (first && hi > lo && hi - lo <= pad + ((size_t)2 << 20))
         madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* fails harmlessly without THP */
     free(first);
     mallopt(M_TOP_PAD, 128 << 10); /* glibc's default (DEFAULT_TOP_PAD) again */
