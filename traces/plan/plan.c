@@ -635,9 +635,11 @@ static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
 /* Generates the trace of member g at micro-batch index j and replays it as memsim estimate
  * would: through torch with the default settings and, when that does not fit, through the
  * exact policy (a lower bound of torch's peak under any setting) before expandable_segments.
- * With `need`, a miss is measured too: the same run without a memory limit — replayed
- * first, since below the capacity it is the limited run as well, and its requested bytes
- * bound every setting. */
+ * The same run without a memory limit is replayed first: below the capacity it is the
+ * limited run as well; above, it measures the miss, and its requested bytes bound every
+ * setting, so that a run they do not fit is settled without the limited replays (the one
+ * that runs out of memory simulates every micro-batch: the steady state's skipping stops
+ * where an allocation fails). With `need`, a miss is measured in any case. */
 static void probe(Sweep *sw, Group *g, int j, gboolean need)
 {
     Probe *p = &g->probes[j];
@@ -665,7 +667,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         return;
     }
     MemsimReport *rep = NULL;
-    if (!p->done && need && !sw->opt.exhaustive) {
+    if (!p->done && !sw->opt.exhaustive) {
         MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
         gboolean below = TRUE;
         for (guint i = 0; i < u->n_ranks; i++)
