@@ -71,6 +71,7 @@
 #include "traces/plan/sweep.h"
 #include "traces/model.h"
 #include "traces/settings.h"
+#include "sim/replay_bound.h"
 
 #define DEFAULT_MAX_BATCH 256
 #define DEFAULT_TOP 5
@@ -169,6 +170,31 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
         /* a generated trace that does not replay is a bug of the generator */
         g_error("plan: replaying a generated trace failed: %s", e->message);
     }
+    judge_end(&j, rep);
+    return rep;
+}
+
+/* replay() without a memory limit for a probe whose miss need not be measured: NULL when some
+ * rank's requested bytes pass what the device leaves them (gpu_mem less the context and
+ * NCCL: needs_more_than's test, made at each allocation), where the replay stops. */
+static MemsimReport *replay_unless_over(Sweep *sw, MemsimTrace *t, const MemsimRun *run)
+{
+    Judge j;
+    GError *e = NULL;
+    if (!judge_begin(&j, run, 0, sw->ctx, sw->opt.nccl_bytes, 0, &e))
+        g_error("plan: %s", e->message);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
+    gboolean over = FALSE;
+    MemsimReport *rep = memsim_replay_trace_bounded(
+        t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e);
+    g_mutex_lock(&sw->lock);
+    sw->n_replays++;
+    g_mutex_unlock(&sw->lock);
+    if (over)
+        return NULL;
+    if (!rep)
+        g_error("plan: replaying a generated trace failed: %s", e->message);
     judge_end(&j, rep);
     return rep;
 }
@@ -668,7 +694,16 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
     }
     MemsimReport *rep = NULL;
     if (!p->done && !sw->opt.exhaustive) {
-        MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
+        /* a miss that need not be measured stops where its requested bytes show it (it is
+         * measured later if it is shown: probe with `need`) */
+        MemsimReport *u = need ? replay(sw, t, &r, NULL, NULL, 0, 0)
+                               : replay_unless_over(sw, t, &r);
+        if (!u) {
+            p->done = TRUE;
+            count(sw, &sw->n_pruned_exact);
+            memsim_trace_free(t);
+            return;
+        }
         gboolean below = TRUE;
         for (guint i = 0; i < u->n_ranks; i++)
             below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= sw->gpu_mem - sw->ctx;
