@@ -1045,7 +1045,7 @@ static void family_search(Sweep *sw, Degrees *f)
             }
         Group *g = chain[(n - 1) / 2];
         int j = at[(n - 1) / 2];
-        probe(sw, g, j, j == 0); /* a miss at the smallest b may be shown: measure it */
+        probe(sw, g, j, FALSE); /* a miss shown is measured at the end (collect) */
         if (!g->probes[j].failed)
             learn(sw, g, b, g->probes[j].fits);
         if (g->probes[j].fits)
