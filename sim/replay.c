@@ -42,6 +42,7 @@
 
 #include "sim/alloc/instance.h"
 #include "sim/idmap.h"
+#include "sim/replay_bound.h"
 
 typedef struct {
     memsim_addr_t addr, end;
@@ -234,6 +235,10 @@ struct MemsimReplay {
     uint64_t n_cuts;     /* cuts kept since the last skip (0: none) */
     uint64_t n_repeats;  /* repeat runs begun, for telling them apart */
     GArray *inflight[2]; /* InFlight of the last two cuts */
+    /* memsim_replay_trace_bounded: the requested bytes past which the replay gives up
+     * (G_MAXINT64: never), and whether an allocation passed them */
+    int64_t requested_limit;
+    gboolean over_limit;
 };
 
 static void channel_free(gpointer p)
@@ -424,6 +429,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
     static const MemsimReplayOptions defaults = MEMSIM_REPLAY_OPTIONS_INIT;
     MemsimReplay *rp = g_new0(MemsimReplay, 1);
     rp->opt = opt ? *opt : defaults;
+    rp->requested_limit = G_MAXINT64;
     memsim_trace_header_copy(&rp->header, header);
     rp->capacity = rp->opt.capacity ? rp->opt.capacity : header->capacity;
 
@@ -828,6 +834,18 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
     r->live_cat[ev->category] += (int64_t)v.size;
     r->live_req[ev->category] += (int64_t)v.req;
     note_peaks(r, h, index, st);
+    if (G_UNLIKELY(st->requested.current > r->rp->requested_limit))
+        r->rp->over_limit = TRUE; /* the caller gives up (over_limit) */
+}
+
+#define OVER_LIMIT_QUARK g_quark_from_static_string("memsim-replay-over-limit")
+
+/* An allocation passed the bound of memsim_replay_trace_bounded: the replay stops as on an
+ * error (every loop returns), which that function turns into its answer. */
+static gboolean over_limit(GError **error)
+{
+    g_set_error_literal(error, OVER_LIMIT_QUARK, 0, "requested bytes over the bound");
+    return FALSE;
 }
 
 /* An ALLOC the policy could not serve: the replay of this rank stops. */
@@ -1102,6 +1120,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         idmap_reserve(&r->tensors);
         alloc_done(r, h, index, ev, idmap_slot(&r->tensors, ev->id), addr);
+        if (G_UNLIKELY(r->rp->over_limit))
+            return over_limit(error);
         break;
     }
     case MEMSIM_EV_FREE: {
@@ -1650,6 +1670,7 @@ typedef struct RepeatRun {
     double sums[RING][N_SUMS];
     uint64_t hashes[RING];
     MemsimEvent *buf;
+    guint *mem, n_mem; /* the unit's events memory_rep reads (noted at its first run) */
     uint64_t index; /* the event whose capture completed the unit (for messages) */
     /* the unit meets other ranks and may be skipped with them (cross_cut): the rank waits at
      * the start of each repetition (held_rep: the one it last waited before) */
@@ -1666,6 +1687,7 @@ static void repeat_free(RankSim *r)
     for (int k = 0; k < RING; k++)
         steady_clear(&q->st[k]);
     g_free(q->buf);
+    g_free(q->mem);
     g_free(q);
     r->repeat = NULL;
     r->ev_logging = FALSE;
@@ -2071,17 +2093,93 @@ static void cut_advance(RankSim *r, const RankCut *a, const RankCut *b, double D
 }
 
 /* Runs repetition q->rep of rank `rank` for its memory alone (memory_only: its clocks, work
- * sums and meetings are the network's, added apart). */
+ * sums and meetings are the network's, added apart). What run() does with memory_only set,
+ * over the unit's events that it reads (allocations, frees, ops; the rest it only counts),
+ * each one's id moved as it goes instead of a copy of the unit (repeat_fill) per repetition;
+ * anything else than a valid allocation, free or op goes through step() as there. */
 static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                            GError **error)
 {
     RankSim *r = &rp->ranks[rank];
-    repeat_fill(r);
-    gsize used;
+    RepeatRun *q = r->repeat;
+    const MemsimEvent *unit = (const MemsimEvent *)r->unit->data;
+    const guint K = r->unit->len;
+    if (!q->mem) {
+        q->mem = g_new(guint, K ? K : 1);
+        for (guint i = 0; i < K; i++)
+            if (unit[i].kind == MEMSIM_EV_ALLOC || unit[i].kind == MEMSIM_EV_FREE ||
+                unit[i].kind == MEMSIM_EV_OP)
+                q->mem[q->n_mem++] = i;
+    }
+    const uint64_t moved = q->rep * r->unit_shift, from = r->unit_from,
+                   base = r->rep.n_events;
+    gboolean ok = TRUE;
     r->memory_only = TRUE;
-    gboolean ok = run(rp, h, rank, r->repeat->buf, r->unit->len, &used, error);
+    for (guint k = 0; k < q->n_mem && !r->stopped; k++) {
+        const guint i = q->mem[k];
+        const uint64_t index = base + i;
+        r->rep.n_events = index + 1;
+        MemsimEvent ev = unit[i];
+        if (ev.kind == MEMSIM_EV_OP) {
+            if (G_UNLIKELY(ev.id >= h->n_ops)) {
+                ok = step(r, h, rank, index, &ev, error);
+                if (!ok)
+                    break;
+                continue;
+            }
+            r->cur_stream = ev.stream;
+            const MemsimOpInfo *op = &h->ops[ev.id];
+            r->cur_op = (int64_t)ev.id;
+            if (op->microbatch > r->mb_top)
+                r->mb_top = op->microbatch;
+            if (op->phase != r->cur_phase) {
+                r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
+                MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+                track_peaks(r, h, index, &st);
+            }
+            continue;
+        }
+        if (ev.id >= from)
+            ev.id += moved;
+        if (ev.kind == MEMSIM_EV_ALLOC && ev.size - 1 < ((uint64_t)1 << 60) - 1 &&
+            ev.category < MEMSIM_CAT_COUNT && ev.id != UINT64_MAX) {
+            idmap_reserve(&r->tensors);
+            IdSlot *slot = idmap_slot(&r->tensors, ev.id);
+            if (G_LIKELY(slot->key1 == 0)) {
+                r->cur_stream = ev.stream;
+                r->saw_oom = FALSE;
+                memsim_addr_t addr = 0;
+                if (G_LIKELY(r->a_malloc(r->a_state, ev.size, ev.stream, &addr) ==
+                             MEMSIM_ALLOC_OK)) {
+                    alloc_done(r, h, index, &ev, slot, addr);
+                    if (G_UNLIKELY(rp->over_limit)) {
+                        ok = over_limit(error);
+                        break;
+                    }
+                } else
+                    out_of_memory(r, h, index, &ev); /* the rest is counted, not applied */
+                continue;
+            }
+        } else if (ev.kind == MEMSIM_EV_FREE) {
+            IdVal v;
+            if (G_LIKELY(idmap_remove(&r->tensors, ev.id, &v))) {
+                r->cur_stream = ev.stream;
+                free_done(r, &v);
+                continue;
+            }
+        }
+        ok = step(r, h, rank, index, &ev, error);
+        if (!ok)
+            break;
+    }
+    if (ok) {
+        /* run() leaves the stream of the last event it applied */
+        if (!r->stopped && K)
+            r->cur_stream = unit[K - 1].stream;
+        r->rep.n_events = base + K;
+    }
     r->memory_only = FALSE;
-    r->repeat->rep++;
+    q->rep++;
     return ok;
 }
 
@@ -2423,6 +2521,10 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                 if (G_LIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) ==
                              MEMSIM_ALLOC_OK)) {
                     alloc_done(r, h, index, ev, slot, addr);
+                    if (G_UNLIKELY(rp->over_limit)) {
+                        *used = i + 1;
+                        return over_limit(error);
+                    }
                     goto next;
                 }
                 out_of_memory(r, h, index, ev);
@@ -2697,12 +2799,13 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
 /* memsim_replay_trace; `cross`: ranks whose repeated unit meets others may be skipped with
  * them (cross_cut). */
 static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
-                                  gboolean cross, GError **error)
+                                  gboolean cross, int64_t requested_limit, GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
     MemsimReplay *rp = memsim_replay_new(h, opt, error);
     if (!rp)
         return NULL;
+    rp->requested_limit = requested_limit;
     /* The events are all here: each rank runs from where it parked, nothing is held. Ranks
      * whose repeated unit meets others may wait at its boundaries for a cut (cross_cut). */
     rp->cross = cross;
@@ -2751,7 +2854,7 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
                 g_free(pos);
                 g_free(ended);
                 memsim_replay_abort(rp);
-                return failed ? NULL : replay_trace(trace, opt, FALSE, error);
+                return failed ? NULL : replay_trace(trace, opt, FALSE, requested_limit, error);
             }
             continue;
         }
@@ -2768,5 +2871,19 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error)
 {
-    return replay_trace(trace, opt, TRUE, error);
+    return replay_trace(trace, opt, TRUE, G_MAXINT64, error);
+}
+
+MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                          int64_t requested_limit, gboolean *over,
+                                          GError **error)
+{
+    GError *e = NULL;
+    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, &e);
+    *over = e && e->domain == OVER_LIMIT_QUARK;
+    if (*over)
+        g_clear_error(&e);
+    else if (e)
+        g_propagate_error(error, e);
+    return rep;
 }

@@ -105,6 +105,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "malloc_tune.h"
+
 static long peak_rss_kib(void)
 {
     /* VmHWM of this process (the high-water mark; reset before each phase). */
@@ -1360,6 +1362,7 @@ static int bench_snapshot(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    memsim_tools_malloc_tune(); /* as the memsim command runs */
     if (argc >= 2 && strcmp(argv[1], "megatron") == 0)
         return bench_megatron(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)

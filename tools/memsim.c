@@ -14,6 +14,7 @@
 #include <memsim/plan.h>
 #include <memsim/sim.h>
 
+#include "malloc_tune.h"
 #include "progress.h"
 
 #include <locale.h>
@@ -1096,6 +1097,7 @@ int main(int argc, char **argv)
     if (!g_get_charset(NULL))
         setlocale(LC_CTYPE, "C.UTF-8");
     g_set_prgname("memsim");
+    memsim_tools_malloc_tune();
     if (argc < 2) {
         usage(stderr);
         return EXIT_BAD;

@@ -71,6 +71,7 @@
 #include "traces/plan/sweep.h"
 #include "traces/model.h"
 #include "traces/settings.h"
+#include "sim/replay_bound.h"
 
 #define DEFAULT_MAX_BATCH 256
 #define DEFAULT_TOP 5
@@ -169,6 +170,31 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
         /* a generated trace that does not replay is a bug of the generator */
         g_error("plan: replaying a generated trace failed: %s", e->message);
     }
+    judge_end(&j, rep);
+    return rep;
+}
+
+/* replay() without a memory limit for a probe whose miss need not be measured: NULL when some
+ * rank's requested bytes pass what the device leaves them (gpu_mem less the context and
+ * NCCL: needs_more_than's test, made at each allocation), where the replay stops. */
+static MemsimReport *replay_unless_over(Sweep *sw, MemsimTrace *t, const MemsimRun *run)
+{
+    Judge j;
+    GError *e = NULL;
+    if (!judge_begin(&j, run, 0, sw->ctx, sw->opt.nccl_bytes, 0, &e))
+        g_error("plan: %s", e->message);
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
+    gboolean over = FALSE;
+    MemsimReport *rep = memsim_replay_trace_bounded(
+        t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e);
+    g_mutex_lock(&sw->lock);
+    sw->n_replays++;
+    g_mutex_unlock(&sw->lock);
+    if (over)
+        return NULL;
+    if (!rep)
+        g_error("plan: replaying a generated trace failed: %s", e->message);
     judge_end(&j, rep);
     return rep;
 }
@@ -635,9 +661,11 @@ static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
 /* Generates the trace of member g at micro-batch index j and replays it as memsim estimate
  * would: through torch with the default settings and, when that does not fit, through the
  * exact policy (a lower bound of torch's peak under any setting) before expandable_segments.
- * With `need`, a miss is measured too: the same run without a memory limit — replayed
- * first, since below the capacity it is the limited run as well, and its requested bytes
- * bound every setting. */
+ * The same run without a memory limit is replayed first: below the capacity it is the
+ * limited run as well; above, it measures the miss, and its requested bytes bound every
+ * setting, so that a run they do not fit is settled without the limited replays (the one
+ * that runs out of memory simulates every micro-batch: the steady state's skipping stops
+ * where an allocation fails). With `need`, a miss is measured in any case. */
 static void probe(Sweep *sw, Group *g, int j, gboolean need)
 {
     Probe *p = &g->probes[j];
@@ -665,8 +693,17 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         return;
     }
     MemsimReport *rep = NULL;
-    if (!p->done && need && !sw->opt.exhaustive) {
-        MemsimReport *u = replay(sw, t, &r, NULL, NULL, 0, 0);
+    if (!p->done && !sw->opt.exhaustive) {
+        /* a miss that need not be measured stops where its requested bytes show it (it is
+         * measured later if it is shown: probe with `need`) */
+        MemsimReport *u = need ? replay(sw, t, &r, NULL, NULL, 0, 0)
+                               : replay_unless_over(sw, t, &r);
+        if (!u) {
+            p->done = TRUE;
+            count(sw, &sw->n_pruned_exact);
+            memsim_trace_free(t);
+            return;
+        }
         gboolean below = TRUE;
         for (guint i = 0; i < u->n_ranks; i++)
             below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= sw->gpu_mem - sw->ctx;
@@ -1008,7 +1045,7 @@ static void family_search(Sweep *sw, Degrees *f)
             }
         Group *g = chain[(n - 1) / 2];
         int j = at[(n - 1) / 2];
-        probe(sw, g, j, j == 0); /* a miss at the smallest b may be shown: measure it */
+        probe(sw, g, j, FALSE); /* a miss shown is measured at the end (collect) */
         if (!g->probes[j].failed)
             learn(sw, g, b, g->probes[j].fits);
         if (g->probes[j].fits)
