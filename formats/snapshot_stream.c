@@ -499,8 +499,9 @@ typedef struct {
     gsize n_stack, cap_stack;
     gsize *marks;
     gsize n_marks, cap_marks;
-    guint32 *memo; /* handles, see memo_handle */
-    gsize cap_memo, n_memo;
+    guint32 *memo; /* handles, see memo_handle: memo[0..cap_memo) set (0: none), the rest
+                      of memo[0..alloc_memo) allocated, not yet written */
+    gsize cap_memo, n_memo, alloc_memo;
     GPtrArray *conts; /* memo's containers by index (NULL: free slot) */
     GArray *free_conts;
     GArray *scalars;  /* memo's other values */
@@ -1731,6 +1732,22 @@ static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
 
 /* ---- the memo ------------------------------------------------------------------------------ */
 
+/* Makes memo[idx] one of the set (zeroed) ones: the memo is zeroed as it is reached, 4096
+ * entries at a time, not when allocated (a zeroed allocation of megabytes is written whole
+ * when the heap reuses memory, and a million entries use one index each). */
+static void memo_reserve(P *p, guint64 idx)
+{
+    if (idx >= p->alloc_memo) {
+        gsize cap = MAX(MAX(2 * p->alloc_memo, (gsize)idx + 1), 1024);
+        hold(p, (gint64)((cap - p->alloc_memo) * sizeof(guint32)));
+        p->memo = g_renew(guint32, p->memo, cap);
+        p->alloc_memo = cap;
+    }
+    gsize to = MIN(p->alloc_memo, MAX((gsize)idx + 1, p->cap_memo + 4096));
+    memset(p->memo + p->cap_memo, 0, (to - p->cap_memo) * sizeof(guint32));
+    p->cap_memo = to;
+}
+
 static void memo_release(P *p, guint32 h)
 {
     if (H_KIND(h) == H_CONT) {
@@ -1767,13 +1784,8 @@ static gboolean memo_put(P *p, guint64 off, guint8 op, guint64 idx)
         return fail(p, off, "opcode 0x%02x (%s): memo index %" G_GUINT64_FORMAT
                     " is larger than a file of %" G_GUINT64_FORMAT " bytes can use",
                     op, op_name(op), idx, bound);
-    if (idx >= p->cap_memo) {
-        gsize cap = MAX(MAX(2 * p->cap_memo, (gsize)idx + 1), 1024);
-        hold(p, (gint64)((cap - p->cap_memo) * sizeof(guint32)));
-        p->memo = g_renew(guint32, p->memo, cap);
-        memset(p->memo + p->cap_memo, 0, (cap - p->cap_memo) * sizeof(guint32));
-        p->cap_memo = cap;
-    }
+    if (idx >= p->cap_memo)
+        memo_reserve(p, idx);
     const Val *v = &p->stack[p->n_stack - 1];
     guint32 h, i;
     switch (v->t) {
@@ -2321,13 +2333,8 @@ static inline guint32 memo_at(const P *p, guint64 i)
 
 static void memo_set(P *p, guint64 idx, guint32 h)
 {
-    if (G_UNLIKELY(idx >= p->cap_memo)) {
-        gsize cap = MAX(MAX(2 * p->cap_memo, (gsize)idx + 1), 1024);
-        hold(p, (gint64)((cap - p->cap_memo) * sizeof(guint32)));
-        p->memo = g_renew(guint32, p->memo, cap);
-        memset(p->memo + p->cap_memo, 0, (cap - p->cap_memo) * sizeof(guint32));
-        p->cap_memo = cap;
-    }
+    if (G_UNLIKELY(idx >= p->cap_memo))
+        memo_reserve(p, idx);
     p->memo[idx] = h;
     p->n_memo++;
 }
@@ -3578,11 +3585,11 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
         p.actions[i] = intern0(&p, acts[i]);
     p.held = 0;
 
-    /* The memo: about one index per 24 bytes of a snapshot, reserved zeroed (untouched
-     * until used) so that it seldom moves. */
-    p.cap_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
-    p.memo = g_malloc0(p.cap_memo * sizeof(guint32));
-    advise_huge(p.memo, p.cap_memo * sizeof(guint32));
+    /* The memo: about one index per 24 bytes of a snapshot, reserved (untouched until used,
+     * zeroed as it is reached: memo_reserve) so that it seldom moves. */
+    p.alloc_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
+    p.memo = g_malloc(p.alloc_memo * sizeof(guint32));
+    advise_huge(p.memo, p.alloc_memo * sizeof(guint32));
     memsim_trace_intern(p.t, "snapshot"); /* string 0, before the stacks */
     gboolean ok = run(&p);
 
