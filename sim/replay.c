@@ -888,6 +888,66 @@ static inline void free_done(RankSim *r, const IdVal *v)
         site_move(r, v->site, v->size, -1, 0);
 }
 
+/* The short paths of run() and memory_rep for the events most of a trace is: an ALLOC of a
+ * fresh id and a FREE of a live one; everything else (and every error) goes through step(). */
+typedef enum {
+    FAST_NO,   /* not one for the short path: step() takes it */
+    FAST_DONE,
+    FAST_OOM,  /* the policy could not serve it: the rank stops (out_of_memory) */
+    FAST_OVER, /* memsim_replay_trace_bounded's bound was passed (over_limit) */
+} FastWay;
+
+static inline FastWay fast_alloc(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                                 const MemsimEvent *ev)
+{
+    if (!(ev->size - 1 < ((uint64_t)1 << 60) - 1 && ev->category < MEMSIM_CAT_COUNT &&
+          ev->id != UINT64_MAX))
+        return FAST_NO;
+    idmap_reserve(&r->tensors);
+    IdSlot *slot = idmap_slot(&r->tensors, ev->id);
+    if (G_UNLIKELY(slot->key1 != 0))
+        return FAST_NO;
+    r->cur_stream = ev->stream;
+    r->saw_oom = FALSE;
+    memsim_addr_t addr = 0;
+    if (G_UNLIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK)) {
+        out_of_memory(r, h, index, ev);
+        return FAST_OOM;
+    }
+    alloc_done(r, h, index, ev, slot, addr);
+    return G_UNLIKELY(r->rp->over_limit) ? FAST_OVER : FAST_DONE;
+}
+
+static inline gboolean fast_free(RankSim *r, const MemsimEvent *ev)
+{
+    IdVal v;
+    if (G_UNLIKELY(!idmap_remove(&r->tensors, ev->id, &v)))
+        return FALSE;
+    r->cur_stream = ev->stream;
+    free_done(r, &v);
+    return TRUE;
+}
+
+/* An event of a repetition run again for its memory (memory_catch_up) that is neither an
+ * ALLOC nor a FREE, nor an op outside the table: step() took it once; of an op, what the
+ * memory's reports read (which op runs, its phase). */
+static inline void memory_event(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                                const MemsimEvent *ev)
+{
+    r->cur_stream = ev->stream;
+    if (ev->kind != MEMSIM_EV_OP)
+        return;
+    const MemsimOpInfo *op = &h->ops[ev->id];
+    r->cur_op = (int64_t)ev->id;
+    if (op->microbatch > r->mb_top)
+        r->mb_top = op->microbatch;
+    if (op->phase != r->cur_phase) {
+        r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
+        MemsimAllocStats st = memsim_alloc_stats(r->alloc);
+        track_peaks(r, h, index, &st);
+    }
+}
+
 static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                     const char *fmt, ...) G_GNUC_PRINTF(5, 6);
 
@@ -2120,53 +2180,22 @@ static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32
         const uint64_t index = base + i;
         r->rep.n_events = index + 1;
         MemsimEvent ev = unit[i];
-        if (ev.kind == MEMSIM_EV_OP) {
-            if (G_UNLIKELY(ev.id >= h->n_ops)) {
-                ok = step(r, h, rank, index, &ev, error);
-                if (!ok)
-                    break;
-                continue;
-            }
-            r->cur_stream = ev.stream;
-            const MemsimOpInfo *op = &h->ops[ev.id];
-            r->cur_op = (int64_t)ev.id;
-            if (op->microbatch > r->mb_top)
-                r->mb_top = op->microbatch;
-            if (op->phase != r->cur_phase) {
-                r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
-                MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-                track_peaks(r, h, index, &st);
-            }
+        if (ev.kind == MEMSIM_EV_OP && G_LIKELY(ev.id < h->n_ops)) {
+            memory_event(r, h, index, &ev);
             continue;
         }
-        if (ev.id >= from)
+        if (ev.kind != MEMSIM_EV_OP && ev.id >= from)
             ev.id += moved;
-        if (ev.kind == MEMSIM_EV_ALLOC && ev.size - 1 < ((uint64_t)1 << 60) - 1 &&
-            ev.category < MEMSIM_CAT_COUNT && ev.id != UINT64_MAX) {
-            idmap_reserve(&r->tensors);
-            IdSlot *slot = idmap_slot(&r->tensors, ev.id);
-            if (G_LIKELY(slot->key1 == 0)) {
-                r->cur_stream = ev.stream;
-                r->saw_oom = FALSE;
-                memsim_addr_t addr = 0;
-                if (G_LIKELY(r->a_malloc(r->a_state, ev.size, ev.stream, &addr) ==
-                             MEMSIM_ALLOC_OK)) {
-                    alloc_done(r, h, index, &ev, slot, addr);
-                    if (G_UNLIKELY(rp->over_limit)) {
-                        ok = over_limit(error);
-                        break;
-                    }
-                } else
-                    out_of_memory(r, h, index, &ev); /* the rest is counted, not applied */
-                continue;
+        if (ev.kind == MEMSIM_EV_ALLOC) {
+            FastWay w = fast_alloc(r, h, index, &ev);
+            if (w == FAST_OVER) {
+                ok = over_limit(error);
+                break;
             }
-        } else if (ev.kind == MEMSIM_EV_FREE) {
-            IdVal v;
-            if (G_LIKELY(idmap_remove(&r->tensors, ev.id, &v))) {
-                r->cur_stream = ev.stream;
-                free_done(r, &v);
-                continue;
-            }
+            if (w != FAST_NO)
+                continue; /* (after an OOM the rank has stopped: the loop ends) */
+        } else if (ev.kind == MEMSIM_EV_FREE && fast_free(r, &ev)) {
+            continue;
         }
         ok = step(r, h, rank, index, &ev, error);
         if (!ok)
@@ -2510,50 +2539,24 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         const MemsimEvent *ev = &events[i];
         if (G_UNLIKELY(r->capturing))
             g_array_append_val(r->unit, *ev);
-        if (plain && ev->kind == MEMSIM_EV_ALLOC && ev->size - 1 < ((uint64_t)1 << 60) - 1 &&
-            ev->category < MEMSIM_CAT_COUNT && ev->id != UINT64_MAX) {
-            idmap_reserve(&r->tensors);
-            IdSlot *slot = idmap_slot(&r->tensors, ev->id);
-            if (G_LIKELY(slot->key1 == 0)) {
-                r->cur_stream = ev->stream;
-                r->saw_oom = FALSE;
-                memsim_addr_t addr = 0;
-                if (G_LIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) ==
-                             MEMSIM_ALLOC_OK)) {
-                    alloc_done(r, h, index, ev, slot, addr);
-                    if (G_UNLIKELY(rp->over_limit)) {
-                        *used = i + 1;
-                        return over_limit(error);
-                    }
-                    goto next;
-                }
-                out_of_memory(r, h, index, ev);
+        if (plain && ev->kind == MEMSIM_EV_ALLOC) {
+            FastWay w = fast_alloc(r, h, index, ev);
+            if (w == FAST_DONE)
+                goto next;
+            if (w == FAST_OVER) {
+                *used = i + 1;
+                return over_limit(error);
+            }
+            if (w == FAST_OOM) {
                 stop_count(r, events + i + 1, n - i - 1); /* counted, not applied */
                 break;
             }
         } else if (plain && ev->kind == MEMSIM_EV_FREE) {
-            IdVal v;
-            if (G_LIKELY(idmap_remove(&r->tensors, ev->id, &v))) {
-                r->cur_stream = ev->stream;
-                free_done(r, &v);
+            if (G_LIKELY(fast_free(r, ev)))
                 goto next;
-            }
         } else if (G_UNLIKELY(r->memory_only) && ev->kind != MEMSIM_EV_ALLOC &&
                    ev->kind != MEMSIM_EV_FREE && (ev->kind != MEMSIM_EV_OP || ev->id < h->n_ops)) {
-            /* a repetition run again for its memory (memory_catch_up): the events step() took
-             * once; of an op, what the memory's reports read (which op runs, its phase) */
-            r->cur_stream = ev->stream;
-            if (ev->kind == MEMSIM_EV_OP) {
-                const MemsimOpInfo *op = &h->ops[ev->id];
-                r->cur_op = (int64_t)ev->id;
-                if (op->microbatch > r->mb_top)
-                    r->mb_top = op->microbatch;
-                if (op->phase != r->cur_phase) {
-                    r->cur_phase = op->phase < MEMSIM_PHASE_COUNT ? op->phase : 0;
-                    MemsimAllocStats st = memsim_alloc_stats(r->alloc);
-                    track_peaks(r, h, index, &st);
-                }
-            }
+            memory_event(r, h, index, ev);
             goto next;
         }
         if (!step(r, h, rank, index, ev, error)) {
