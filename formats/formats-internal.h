@@ -171,6 +171,10 @@ static inline gboolean memsim_event_ok(const MemsimTraceHeader *h, uint32_t n_st
 /* Events of `rank` (< h->n_ranks); sets *bad to the index of the first bad one. */
 char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const MemsimEvent *events,
                           gsize n, gsize *bad);
+/* The same as an error (MEMSIM_ERROR_BAD_INPUT) naming `name`, the rank and the bad event's
+ * index in the rank's program (`at`: that of events[0]); FALSE when one is bad. */
+gboolean memsim_events_check_named(const MemsimTraceHeader *h, const char *name, guint32 rank,
+                                   gsize at, const MemsimEvent *events, gsize n, GError **error);
 
 /* Header growth: appends strings / ops (copies). */
 void memsim_header_append_string(MemsimTraceHeader *h, const char *s, gsize len);

@@ -11,7 +11,6 @@
 #include "formats/snapshot.h"
 
 #include <errno.h>
-#include <inttypes.h>
 #include <string.h>
 
 #include <glib/gstdio.h>
@@ -132,14 +131,9 @@ static gsize trace_reader_next(MemsimTraceReader *base, guint32 *rank, const Mem
         const MemsimEvent *ev = memsim_trace_events(r->trace, r->rank, &n);
         if (r->pos < n) {
             gsize m = MIN(n - r->pos, (gsize)MEMSIM_CHUNK_EVENTS);
-            gsize bad;
-            char *why = memsim_events_check(&base->header, r->rank, ev + r->pos, m, &bad);
-            if (why) {
-                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
-                                     base->name, r->rank, r->pos + bad, why);
-                g_free(why);
+            if (!memsim_events_check_named(&base->header, base->name, r->rank, r->pos,
+                                           ev + r->pos, m, error))
                 return 0;
-            }
             *rank = r->rank;
             *events = ev + r->pos;
             r->pos += m;
@@ -200,19 +194,14 @@ MemsimTrace *memsim_trace_load_counted(const char *path, guint64 *bytes_read, GE
     MemsimTrace *t = r->format == MEMSIM_FORMAT_SNAPSHOT ? memsim_snapshot_reader_take(r) : NULL;
     if (t) {
         /* Read whole already: each rank's events made at once, not chunk by chunk. */
-        gsize bad;
-        char *why = NULL;
-        for (guint32 k = 0; k < r->header.n_ranks && !why; k++) {
+        gboolean ok = TRUE;
+        for (guint32 k = 0; k < r->header.n_ranks && ok; k++) {
             gsize n;
             const MemsimEvent *ev = memsim_trace_events(t, k, &n);
-            why = memsim_events_check(&r->header, k, ev, n, &bad);
-            if (why)
-                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
-                                     path, k, bad, why);
+            ok = memsim_events_check_named(&r->header, path, k, 0, ev, n, error);
         }
         memsim_trace_reader_free(r);
-        if (why) {
-            g_free(why);
+        if (!ok) {
             memsim_trace_free(t);
             return NULL;
         }

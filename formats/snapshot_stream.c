@@ -56,7 +56,6 @@
 #include <memsim/error.h>
 
 #include <errno.h>
-#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -3102,6 +3101,17 @@ static gsize rank_code_next(RankCode *c, MemsimEvent *out, gsize max)
     return k;
 }
 
+/* All of a rank's events at once, as its program in `t`; frees `c`. */
+static void rank_code_append(MemsimTrace *t, guint32 rank, RankCode *c)
+{
+    GArray *events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), (guint)c->total);
+    g_array_set_size(events, (guint)c->total);
+    gsize got = rank_code_next(c, (MemsimEvent *)(void *)events->data, c->total);
+    g_assert(got == c->total);
+    rank_code_free(c);
+    memsim_trace_append_array(t, rank, events);
+}
+
 static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const TorchSettings *rounder,
                            uint64_t max_split)
 {
@@ -3412,12 +3422,7 @@ static gboolean build_rank(P *p, guint32 device, GArray *segs, Dev *v, const Tor
             g_ptr_array_set_size(p->codes, rank + 1);
         g_ptr_array_index(p->codes, rank) = c;
     } else {
-        GArray *events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), (guint)c->total);
-        g_array_set_size(events, (guint)c->total);
-        gsize got = rank_code_next(c, (MemsimEvent *)(void *)events->data, c->total);
-        g_assert(got == c->total);
-        rank_code_free(c);
-        memsim_trace_append_array(t, rank, events);
+        rank_code_append(t, rank, c);
     }
     ok = TRUE;
 out:
@@ -3746,14 +3751,9 @@ static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const Mems
         RankCode *c = g_ptr_array_index(r->codes, r->rank);
         gsize n = c ? rank_code_next(c, r->buf, MEMSIM_CHUNK_EVENTS) : 0;
         if (n) {
-            gsize bad;
-            char *why = memsim_events_check(&base->header, r->rank, r->buf, n, &bad);
-            if (why) {
-                memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s",
-                                     base->name, r->rank, r->pos + bad, why);
-                g_free(why);
+            if (!memsim_events_check_named(&base->header, base->name, r->rank, r->pos, r->buf, n,
+                                           error))
                 return 0;
-            }
             *rank = r->rank;
             *events = r->buf;
             r->pos += n;
@@ -3813,15 +3813,9 @@ MemsimTrace *memsim_snapshot_reader_take(MemsimTraceReader *base)
     MemsimTrace *t = r->t;
     for (guint32 k = 0; k < r->codes->len; k++) {
         RankCode *c = g_ptr_array_index(r->codes, k);
-        if (!c)
-            continue;
-        GArray *events = g_array_sized_new(FALSE, FALSE, sizeof(MemsimEvent), (guint)c->total);
-        g_array_set_size(events, (guint)c->total);
-        gsize got = rank_code_next(c, (MemsimEvent *)(void *)events->data, c->total);
-        g_assert(got == c->total);
         g_ptr_array_index(r->codes, k) = NULL;
-        rank_code_free(c);
-        memsim_trace_append_array(t, k, events);
+        if (c)
+            rank_code_append(t, k, c);
     }
     r->t = memsim_trace_new(NULL);
     return t;

@@ -222,6 +222,19 @@ char *memsim_events_check(const MemsimTraceHeader *h, guint32 rank, const Memsim
     return NULL;
 }
 
+gboolean memsim_events_check_named(const MemsimTraceHeader *h, const char *name, guint32 rank,
+                                   gsize at, const MemsimEvent *events, gsize n, GError **error)
+{
+    gsize bad;
+    char *why = memsim_events_check(h, rank, events, n, &bad);
+    if (!why)
+        return TRUE;
+    memsim_set_bad_input(error, "%s: rank %" PRIu32 ", event %" G_GSIZE_FORMAT ": %s", name, rank,
+                         at + bad, why);
+    g_free(why);
+    return FALSE;
+}
+
 void memsim_header_append_string(MemsimTraceHeader *h, const char *s, gsize len)
 {
     /* The array stays NULL-terminated like the in-memory trace's. Arrays come from several
