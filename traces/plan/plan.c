@@ -149,9 +149,12 @@ gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits,
 
 /* Replays `t` as memsim_estimate would with these settings (traces/estimate/judge.h);
  * `reserve` more bytes are kept off the allocator's capacity (the exact bound judges NCCL's
- * share up front). */
-static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
-                            const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
+ * share up front). `stop_over` (no memory limit: gpu_mem 0): NULL as soon as some rank's
+ * requested bytes pass what the device leaves them (the sweep's gpu_mem less the context and
+ * NCCL: needs_more_than's test, made at each allocation), where the replay stops. */
+static MemsimReport *replay_as(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
+                               const char *allocator, const char *alloc_conf,
+                               memsim_size_t gpu_mem, memsim_size_t reserve, gboolean stop_over)
 {
     Judge j;
     GError *e = NULL;
@@ -162,10 +165,16 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
     o.alloc_conf = alloc_conf;
     o.capacity = j.capacity;
     o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
-    MemsimReport *rep = memsim_replay_trace(t, &o, &e);
+    gboolean over = FALSE;
+    MemsimReport *rep =
+        stop_over ? memsim_replay_trace_bounded(
+                        t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e)
+                  : memsim_replay_trace(t, &o, &e);
     g_mutex_lock(&sw->lock);
     sw->n_replays++;
     g_mutex_unlock(&sw->lock);
+    if (over)
+        return NULL;
     if (!rep) {
         /* a generated trace that does not replay is a bug of the generator */
         g_error("plan: replaying a generated trace failed: %s", e->message);
@@ -174,29 +183,16 @@ static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, con
     return rep;
 }
 
-/* replay() without a memory limit for a probe whose miss need not be measured: NULL when some
- * rank's requested bytes pass what the device leaves them (gpu_mem less the context and
- * NCCL: needs_more_than's test, made at each allocation), where the replay stops. */
+static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
+                            const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
+{
+    return replay_as(sw, t, run, allocator, alloc_conf, gpu_mem, reserve, FALSE);
+}
+
+/* replay() without a memory limit for a probe whose miss need not be measured. */
 static MemsimReport *replay_unless_over(Sweep *sw, MemsimTrace *t, const MemsimRun *run)
 {
-    Judge j;
-    GError *e = NULL;
-    if (!judge_begin(&j, run, 0, sw->ctx, sw->opt.nccl_bytes, 0, &e))
-        g_error("plan: %s", e->message);
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
-    gboolean over = FALSE;
-    MemsimReport *rep = memsim_replay_trace_bounded(
-        t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e);
-    g_mutex_lock(&sw->lock);
-    sw->n_replays++;
-    g_mutex_unlock(&sw->lock);
-    if (over)
-        return NULL;
-    if (!rep)
-        g_error("plan: replaying a generated trace failed: %s", e->message);
-    judge_end(&j, rep);
-    return rep;
+    return replay_as(sw, t, run, NULL, NULL, 0, 0, TRUE);
 }
 
 static gboolean report_fits(const MemsimReport *rep)
