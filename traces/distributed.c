@@ -2405,13 +2405,14 @@ static gboolean mg_program(const MemsimModel *m, const MemsimRun *run, MemsimTra
     guint32 prev = rank - (guint32)r + (guint32)((r + pp - 1) % pp);
     guint32 next = rank - (guint32)r + (guint32)((r + 1) % pp);
     InFlight *fl = g_new0(InFlight, (gsize)mbs * v);
+    /* the interleaved schedule's micro-batch group
+     * (--microbatch-group-size-per-virtual-pipeline-stage, else pp) */
+    const int group = o->microbatch_group > 0 ? o->microbatch_group : pp;
     for (int step = 1; step <= run->steps; step++) {
         loop_mark_step(g, step);
-        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v,
-                                 o->microbatch_group > 0 ? o->microbatch_group : pp);
+        GArray *sched = schedule(run->pp_schedule, pp, r, mbs, v, group);
         PipeSteady ps;
-        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v,
-                         o->microbatch_group > 0 ? o->microbatch_group : pp);
+        pipe_steady_init(&ps, run->pp_schedule, pp, r, mbs, v, group);
         for (guint i = 0; i < sched->len; i++) {
             pipe_steady_before(g, &ps, i);
             Slot sl2 = g_array_index(sched, Slot, i);
