@@ -90,6 +90,7 @@ typedef struct {
     /* verification */
     GArray *expected;   /* MemsimEvent */
     GArray *claimed;    /* gboolean per expected entry */
+    guint expected_from; /* expected entries before it are claimed or no segment's */
     GArray *emitted;    /* MemsimAllocEvent of the running action */
     GTree *segments;    /* Range* keyed by range, live simulated segments */
     memsim_addr_t bump;
@@ -293,10 +294,14 @@ static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t strea
     if (hk && hk->segment_addr)
         return hk->segment_addr(hk->user, (guint32)(r - r->rp->ranks), size, stream);
     gboolean *claimed = (gboolean *)r->claimed->data;
-    for (guint i = 0; i < r->expected->len; i++) {
+    /* (without --verify the list is never cleared: the scan starts past its settled head) */
+    for (guint i = r->expected_from; i < r->expected->len; i++) {
         const MemsimEvent *e = &g_array_index(r->expected, MemsimEvent, i);
-        if (claimed[i] || (e->kind != MEMSIM_EV_SEG_ALLOC && e->kind != MEMSIM_EV_SEG_MAP))
+        if (claimed[i] || (e->kind != MEMSIM_EV_SEG_ALLOC && e->kind != MEMSIM_EV_SEG_MAP)) {
+            if (i == r->expected_from)
+                r->expected_from++;
             continue;
+        }
         /* The first unclaimed recorded segment of this action: a normal segment must have
          * the requested size; an expandable reservation starts where its first map does. */
         if (e->kind == MEMSIM_EV_SEG_ALLOC) {
@@ -307,6 +312,8 @@ static memsim_addr_t segment_addr(void *user, memsim_size_t size, uint32_t strea
                 break;
         }
         claimed[i] = TRUE;
+        if (i == r->expected_from)
+            r->expected_from++;
         return e->addr;
     }
     memsim_addr_t a = r->bump;
@@ -634,6 +641,7 @@ static void verify_action(RankSim *r, uint64_t index, const MemsimEvent *ev)
     }
     g_array_set_size(r->expected, 0);
     g_array_set_size(r->claimed, 0);
+    r->expected_from = 0;
 }
 
 /* After the categories were updated: note the peaks `st` shows. */
