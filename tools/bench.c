@@ -58,7 +58,8 @@
  *       CPU, peak RSS), the plain Python model of the allocator on the same file
  *       (tools/torch_alloc_model.py: pickle.load, then its replay), and Python's pickle.load
  *       of the file alone; medians, the ratios, whether both models give the same peaks, and
- *       the acceptance lines (≥ 25× the Python model, ≥ 5× pickle.load, < 100 MB on the
+ *       the acceptance lines (≥ 25× the Python model end to end, i.e. in wall time, with the
+ *       CPU ratio beside it; ≥ 5× pickle.load's CPU; < 100 MB on the
  *       N-entry file; < 5 s and < 500 MB on the big one).
  *
  *   memsim-bench families [--seq N] [--repeat R] [--limit S]
@@ -1166,6 +1167,7 @@ static double number_after(const char *text, const char *key)
 typedef struct {
     double wall, cpu, rss_mib; /* medians */
     double py_model, py_load;  /* medians of CPU seconds, -1 when not run */
+    double py_model_wall;      /* median of the Python model's wall seconds */
     double peak_reserved, peak_allocated, py_reserved, py_allocated;
     double mib;
 } SnapFigures;
@@ -1204,7 +1206,8 @@ static gboolean bench_snapshot_file(const char *memsim, const char *file, int re
     f->rss_mib = median(rss, repeat);
     if (python) {
         int pr = MIN(repeat, 3);
-        double *model = g_new(double, (gsize)pr), *load = g_new(double, (gsize)pr);
+        double *model = g_new(double, (gsize)pr), *load = g_new(double, (gsize)pr),
+               *model_wall = g_new(double, (gsize)pr);
         g_autofree char *script = g_build_filename(MEMSIM_SOURCE_ROOT, "tools",
                                                    "torch_alloc_model.py", NULL);
         for (int k = 0; k < pr; k++) {
@@ -1213,6 +1216,7 @@ static gboolean bench_snapshot_file(const char *memsim, const char *file, int re
             if (!run_child(argv, &c))
                 return FALSE;
             model[k] = c.cpu;
+            model_wall[k] = c.wall;
             f->py_reserved = number_after(c.out, "peak_reserved ");
             f->py_allocated = number_after(c.out, "peak_allocated ");
             printf("  Python model (pickle.load + its replay): %.3f s wall, %.3f s CPU, peak RSS "
@@ -1233,7 +1237,9 @@ static gboolean bench_snapshot_file(const char *memsim, const char *file, int re
             g_free(c.out);
         }
         f->py_model = median(model, pr);
+        f->py_model_wall = median(model_wall, pr);
         f->py_load = median(load, pr);
+        g_free(model_wall);
         g_free(model);
         g_free(load);
     }
@@ -1318,20 +1324,24 @@ static int bench_snapshot(int argc, char **argv)
     SnapFigures s, b;
     if (!bench_snapshot_file(memsim, small, repeat, TRUE, &s))
         return 2;
-    double vs_model = s.py_model / s.cpu, vs_load = s.py_load / s.cpu;
+    /* End to end is wall time (memsim reads the file on a second thread); the CPU figures,
+     * all threads counted, are shown beside it. */
+    double vs_model = s.py_model_wall / s.wall, vs_model_cpu = s.py_model / s.cpu,
+           vs_load = s.py_load / s.cpu;
     printf("\n%s (medians):\n"
            "  memsim replay end to end: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n"
-           "  Python model:             %.3f s CPU   -> memsim %.1fx faster (CPU)\n"
+           "  Python model:             %.3f s wall, %.3f s CPU -> memsim %.1fx faster (wall), "
+           "%.1fx (CPU)\n"
            "  pickle.load alone:        %.3f s CPU   -> memsim %.1fx faster (CPU)\n"
            "  peaks: memsim reserved %.0f allocated %.0f; Python model reserved %.0f allocated "
            "%.0f (%s)\n",
-           small, s.wall, s.cpu, s.rss_mib, s.py_model, vs_model, s.py_load, vs_load,
-           s.peak_reserved, s.peak_allocated, s.py_reserved, s.py_allocated,
+           small, s.wall, s.cpu, s.rss_mib, s.py_model_wall, s.py_model, vs_model, vs_model_cpu,
+           s.py_load, vs_load, s.peak_reserved, s.peak_allocated, s.py_reserved, s.py_allocated,
            s.peak_reserved == s.py_reserved && s.peak_allocated == s.py_allocated ? "the same"
                                                                                    : "DIFFERENT");
     gboolean ok = vs_model >= 25 && vs_load >= 5 && s.rss_mib < 100;
-    printf("  acceptance: >= 25x the Python model: %s; >= 5x pickle.load: %s; peak RSS < 100 MB: "
-           "%s\n",
+    printf("  acceptance: >= 25x the Python model end to end: %s; >= 5x pickle.load: %s; peak "
+           "RSS < 100 MB: %s\n",
            vs_model >= 25 ? "yes" : "NO", vs_load >= 5 ? "yes" : "NO",
            s.rss_mib < 100 ? "yes" : "NO");
     if (big) {
