@@ -3927,7 +3927,8 @@ static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions 
         in.zcap = 1 << 20;
         in.zin = g_malloc(in.zcap);
     }
-    feeder_start(&in);
+    if (in.kind != IN_PLAIN)
+        feeder_start(&in);
     MemsimTrace *t = read_all(&in, path, codes, error);
     if (t && in.kind != IN_PLAIN && !in.z_done) {
         /* the pickle ended (STOP) before the compressed stream did: check the rest */

@@ -185,3 +185,49 @@ Test(snapshot_stream, reads_zstd_and_gzip)
     g_clear_error(&err);
     memsim_trace_free(a);
 }
+
+/* A compressed snapshot of many of the reading thread's chunks (a generated 2 MB one) reads
+ * as the plain file, and one whose data goes wrong half-way is refused with the place named,
+ * the thread stopped while it still has input to read. */
+Test(snapshot_stream, reads_big_compressed_and_stops_on_error)
+{
+    const char *python = g_getenv("MEMSIM_PYTHON"), *root = g_getenv("MEMSIM_SOURCE_ROOT");
+    cr_assert(python && root, "MEMSIM_PYTHON and MEMSIM_SOURCE_ROOT are set by meson");
+    g_autofree char *tmp = tu_tmpdir();
+    g_autofree char *src = g_build_filename(tmp, "s.pickle", NULL);
+    g_autofree char *bad = g_build_filename(tmp, "bad.pickle", NULL);
+    g_autofree char *gen = g_build_filename(root, "tools", "snapshot-gen.py", NULL);
+    g_autofree char *cmd = g_strdup_printf(
+        "'%s' '%s' '%s' --events 60000 >/dev/null && "
+        "'%s' -c \"import sys; d = bytearray(open(sys.argv[1], 'rb').read()); "
+        "d[len(d) * 2 // 3] = 0xff; open(sys.argv[2], 'wb').write(d)\" '%s' '%s' && "
+        "zstd -q -f '%s' '%s' && gzip -k -f '%s' '%s'",
+        python, gen, src, python, src, bad, src, bad, src, bad);
+    if (system(cmd) != 0) {
+        tu_note_skip("reads_big_compressed_and_stops_on_error",
+                     "the generator, zstd or gzip failed");
+        return;
+    }
+    GStatBuf st;
+    cr_assert_eq(g_stat(src, &st), 0);
+    cr_assert_gt(st.st_size, 1 << 20, "the generated snapshot: %lld bytes", (long long)st.st_size);
+    GError *err = NULL;
+    MemsimTrace *a = memsim_snapshot_read(src, NULL, &err);
+    cr_assert(a, "%s", err ? err->message : "");
+    const char *suffix[] = {".zst", ".gz"};
+    for (int i = 0; i < 2; i++) {
+        g_autofree char *z = g_strconcat(src, suffix[i], NULL);
+        MemsimTrace *b = memsim_snapshot_read(z, NULL, &err);
+        cr_assert(b, "%s: %s", z, err ? err->message : "");
+        same_trace(z, a, b);
+        memsim_trace_free(b);
+        g_autofree char *zb = g_strconcat(bad, suffix[i], NULL);
+        MemsimTrace *c = memsim_snapshot_read(zb, NULL, &err);
+        cr_assert_null(c, "%s was read", zb);
+        cr_assert(err && err->code == MEMSIM_ERROR_BAD_INPUT && strstr(err->message, zb) &&
+                      strstr(err->message, "byte "),
+                  "%s", err ? err->message : "");
+        g_clear_error(&err);
+    }
+    memsim_trace_free(a);
+}
