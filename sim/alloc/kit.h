@@ -52,6 +52,7 @@ static inline memsim_size_t kit_round_up(memsim_size_t v, memsim_size_t to)
 typedef struct {
     gsize obj_size;
     void *free;
+    char *bump, *bump_end; /* the newest chunk's objects never handed out */
     GPtrArray *chunks;
 } KitSlab;
 
@@ -62,6 +63,7 @@ static inline void kit_slab_init_aligned(KitSlab *s, gsize obj_size, gsize align
     s->obj_size = obj_size < sizeof(void *) ? sizeof(void *) : obj_size;
     s->obj_size = (s->obj_size + align - 1) / align * align;
     s->free = NULL;
+    s->bump = s->bump_end = NULL;
     s->chunks = g_ptr_array_new_with_free_func(free);
 }
 
@@ -70,28 +72,35 @@ static inline void kit_slab_init(KitSlab *s, gsize obj_size)
     kit_slab_init_aligned(s, obj_size, 16);
 }
 
-/* Out of line: the malloc paths that reach it stay small. */
-static G_GNUC_NO_INLINE void kit_slab_grow(KitSlab *s)
+/* Out of line: the malloc paths that reach it stay small. A chunk's objects are handed out
+ * in order as they are needed, so its pages are touched only when used (a short trace that
+ * needs a few blocks does not fault in half a megabyte). */
+static G_GNUC_NO_INLINE void *kit_slab_grow(KitSlab *s)
 {
-    char *chunk = aligned_alloc(64, (s->obj_size * KIT_SLAB_CHUNK + 63) / 64 * 64);
+    gsize bytes = (s->obj_size * KIT_SLAB_CHUNK + 63) / 64 * 64;
+    char *chunk = aligned_alloc(64, bytes);
     if (!chunk)
         g_error("out of host memory");
     g_ptr_array_add(s->chunks, chunk);
-    for (gsize i = KIT_SLAB_CHUNK; i-- > 0;) {
-        void *o = chunk + i * s->obj_size;
-        *(void **)o = s->free;
-        s->free = o;
-    }
+    s->bump = chunk + s->obj_size;
+    s->bump_end = chunk + s->obj_size * KIT_SLAB_CHUNK;
+    return chunk;
 }
 
 /* An object as it was left (the caller sets every field). */
 static inline void *kit_slab_get_raw(KitSlab *s)
 {
-    if (G_UNLIKELY(!s->free))
-        kit_slab_grow(s);
     void *o = s->free;
-    s->free = *(void **)o;
-    return o;
+    if (G_LIKELY(o)) {
+        s->free = *(void **)o;
+        return o;
+    }
+    if (G_LIKELY(s->bump != s->bump_end)) {
+        o = s->bump;
+        s->bump += s->obj_size;
+        return o;
+    }
+    return kit_slab_grow(s);
 }
 
 /* A zeroed object. */
@@ -114,6 +123,7 @@ static inline void kit_slab_clear(KitSlab *s)
         g_ptr_array_unref(s->chunks);
     s->chunks = NULL;
     s->free = NULL;
+    s->bump = s->bump_end = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
