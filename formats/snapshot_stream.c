@@ -664,6 +664,12 @@ typedef struct {
     guint32 *memo; /* handles, see memo_handle: memo[0..cap_memo) set (0: none), the rest
                       of memo[0..alloc_memo) allocated, not yet written */
     gsize cap_memo, n_memo, alloc_memo;
+    /* memo indices that hold a record (read once, never referred to: its memo handle is 0,
+     * as if never stored, but the index counts as set for the pickler's numbering), a bit
+     * each: a million trace entries use a million indices, and their handles would be
+     * megabytes of memo written for nothing */
+    guint8 *recs;
+    gsize cap_recs; /* bytes */
     GPtrArray *conts; /* memo's containers by index (NULL: free slot) */
     GArray *free_conts;
     GArray *scalars;  /* memo's other values */
@@ -1932,6 +1938,34 @@ static gboolean read_entry_fields(P *p, Dev *v, const EntryVals *fv, const Cont 
 
 /* ---- the memo ------------------------------------------------------------------------------ */
 
+static void rec_mark(P *p, guint64 idx)
+{
+    gsize byte = (gsize)(idx >> 3);
+    if (byte >= p->cap_recs) {
+        gsize cap = MAX(MAX(2 * p->cap_recs, byte + 1), (gsize)4096);
+        p->recs = g_realloc(p->recs, cap);
+        memset(p->recs + p->cap_recs, 0, cap - p->cap_recs);
+        hold(p, (gint64)(cap - p->cap_recs));
+        p->cap_recs = cap;
+    }
+    p->recs[byte] |= (guint8)(1u << (idx & 7));
+}
+
+static inline gboolean rec_has(const P *p, guint64 idx)
+{
+    gsize byte = (gsize)(idx >> 3);
+    return byte < p->cap_recs && (p->recs[byte] >> (idx & 7) & 1);
+}
+
+/* Whether idx held a record (and no longer does). */
+static inline gboolean rec_take(P *p, guint64 idx)
+{
+    if (!rec_has(p, idx))
+        return FALSE;
+    p->recs[idx >> 3] &= (guint8)~(1u << (idx & 7));
+    return TRUE;
+}
+
 /* Makes memo[idx] one of the set (zeroed) ones: the memo is zeroed as it is reached, 4096
  * entries at a time, not when allocated (a zeroed allocation of megabytes is written whole
  * when the heap reuses memory, and a million entries use one index each). */
@@ -1969,6 +2003,8 @@ static void memo_convert(P *p, Cont *c, guint32 h)
         return;
     c->memo = 0;
     p->memo[idx] = h;
+    if (!h)
+        rec_mark(p, idx); /* a record read: the index stays set */
     memo_release(p, old);
 }
 
@@ -2028,10 +2064,14 @@ static gboolean memo_put(P *p, guint64 off, guint8 op, guint64 idx)
     if (H_INDEX(h) != (h & ((1u << 29) - 1)) || p->conts->len >= (1u << 29) ||
         p->scalars->len >= (1u << 29) || p->str_by_id->len >= (1u << 29))
         return fail(p, off, "more than 2^29 values in the memo");
-    if (!p->memo[idx])
-        p->n_memo++;
-    else
+    if (p->memo[idx])
         memo_release(p, p->memo[idx]);
+    else if (!rec_take(p, idx))
+        p->n_memo++;
+    if (H_KIND(h) == H_RECORD) {
+        rec_mark(p, idx);
+        h = 0;
+    }
     p->memo[idx] = h;
     return TRUE;
 }
@@ -2531,12 +2571,17 @@ static inline guint32 memo_at(const P *p, guint64 i)
     return i < p->cap_memo ? p->memo[i] : 0;
 }
 
+/* fast_entry's store at a fresh index (fast_memo) */
 static void memo_set(P *p, guint64 idx, guint32 h)
 {
+    p->n_memo++;
+    if (H_KIND(h) == H_RECORD) {
+        rec_mark(p, idx);
+        return;
+    }
     if (G_UNLIKELY(idx >= p->cap_memo))
         memo_reserve(p, idx);
     p->memo[idx] = h;
-    p->n_memo++;
 }
 
 typedef struct {
@@ -2573,7 +2618,7 @@ FAST_INLINE gboolean fast_memo(P *p, Fast *f, guint32 h)
     } else {
         return TRUE; /* not memoized */
     }
-    if (idx != f->next || memo_at(p, idx) || f->n_memo == FAST_MAX_MEMO)
+    if (idx != f->next || memo_at(p, idx) || rec_has(p, idx) || f->n_memo == FAST_MAX_MEMO)
         return FALSE;
     f->memo[f->n_memo++] = (MemoSet){idx, h};
     f->next++;
@@ -3851,6 +3896,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
     g_free(p.stack);
     g_free(p.marks);
     g_free(p.memo);
+    g_free(p.recs);
     g_ptr_array_unref(p.conts);
     g_array_unref(p.free_conts);
     g_array_unref(p.scalars);
