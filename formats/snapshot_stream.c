@@ -661,8 +661,8 @@ typedef struct {
     gsize n_stack, cap_stack;
     gsize *marks;
     gsize n_marks, cap_marks;
-    guint32 *memo; /* handles, see memo_handle: memo[0..cap_memo) set (0: none), the rest
-                      of memo[0..alloc_memo) allocated, not yet written */
+    guint32 *memo; /* handles, see memo_handle (0: none): memo[0..cap_memo), mapped
+                      (memo_map), cap_memo == alloc_memo */
     gsize cap_memo, n_memo, alloc_memo;
     /* memo indices that hold a record (read once, never referred to: its memo handle is 0,
      * as if never stored, but the index counts as set for the pickler's numbering), a bit
@@ -670,6 +670,7 @@ typedef struct {
      * megabytes of memo written for nothing */
     guint8 *recs;
     gsize cap_recs; /* bytes */
+    guint64 memo_top; /* 1 + the highest index ever stored: the memo above it is unread */
     GPtrArray *conts; /* memo's containers by index (NULL: free slot) */
     GArray *free_conts;
     GArray *scalars;  /* memo's other values */
@@ -1949,6 +1950,7 @@ static void rec_mark(P *p, guint64 idx)
         p->cap_recs = cap;
     }
     p->recs[byte] |= (guint8)(1u << (idx & 7));
+    p->memo_top = MAX(p->memo_top, idx + 1);
 }
 
 static inline gboolean rec_has(const P *p, guint64 idx)
@@ -1966,20 +1968,36 @@ static inline gboolean rec_take(P *p, guint64 idx)
     return TRUE;
 }
 
-/* Makes memo[idx] one of the set (zeroed) ones: the memo is zeroed as it is reached, 4096
- * entries at a time, not when allocated (a zeroed allocation of megabytes is written whole
- * when the heap reuses memory, and a million entries use one index each). */
+/* The memo is anonymous memory, zero until written: an index reads as 0 (never stored) at no
+ * cost, and only the pages of the indices stored are ever touched (a million trace entries
+ * take an index each; their records are bits in recs, the few strings among them a page
+ * each). */
+static guint32 *memo_map(gsize n)
+{
+    void *m = mmap(NULL, n * sizeof(guint32), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
+                n * sizeof(guint32));
+    advise_huge(m, n * sizeof(guint32));
+    return m;
+}
+
+/* Makes memo[idx] addressable. */
 static void memo_reserve(P *p, guint64 idx)
 {
-    if (idx >= p->alloc_memo) {
-        gsize cap = MAX(MAX(2 * p->alloc_memo, (gsize)idx + 1), 1024);
-        hold(p, (gint64)((cap - p->alloc_memo) * sizeof(guint32)));
-        p->memo = g_renew(guint32, p->memo, cap);
-        p->alloc_memo = cap;
-    }
-    gsize to = MIN(p->alloc_memo, MAX((gsize)idx + 1, p->cap_memo + 4096));
-    memset(p->memo + p->cap_memo, 0, (to - p->cap_memo) * sizeof(guint32));
-    p->cap_memo = to;
+    if (idx < p->alloc_memo)
+        return;
+    gsize cap = MAX(MAX(2 * p->alloc_memo, (gsize)idx + 1), 1024);
+    hold(p, (gint64)((cap - p->alloc_memo) * sizeof(guint32)));
+    void *m = mremap(p->memo, p->alloc_memo * sizeof(guint32), cap * sizeof(guint32),
+                     MREMAP_MAYMOVE);
+    if (m == MAP_FAILED)
+        g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
+                cap * sizeof(guint32));
+    advise_huge(m, cap * sizeof(guint32));
+    p->memo = m;
+    p->alloc_memo = p->cap_memo = cap;
 }
 
 static void memo_release(P *p, guint32 h)
@@ -2064,15 +2082,21 @@ static gboolean memo_put(P *p, guint64 off, guint8 op, guint64 idx)
     if (H_INDEX(h) != (h & ((1u << 29) - 1)) || p->conts->len >= (1u << 29) ||
         p->scalars->len >= (1u << 29) || p->str_by_id->len >= (1u << 29))
         return fail(p, off, "more than 2^29 values in the memo");
-    if (p->memo[idx])
-        memo_release(p, p->memo[idx]);
-    else if (!rec_take(p, idx))
+    /* (an index above every one stored is known empty: its page is not touched for a record) */
+    const gboolean fresh = idx >= p->memo_top;
+    const guint32 old = fresh ? 0 : p->memo[idx];
+    if (old)
+        memo_release(p, old);
+    else if (fresh || !rec_take(p, idx))
         p->n_memo++;
     if (H_KIND(h) == H_RECORD) {
         rec_mark(p, idx);
-        h = 0;
+        if (old)
+            p->memo[idx] = 0;
+        return TRUE;
     }
     p->memo[idx] = h;
+    p->memo_top = MAX(p->memo_top, idx + 1);
     return TRUE;
 }
 
@@ -2582,6 +2606,7 @@ static void memo_set(P *p, guint64 idx, guint32 h)
     if (G_UNLIKELY(idx >= p->cap_memo))
         memo_reserve(p, idx);
     p->memo[idx] = h;
+    p->memo_top = MAX(p->memo_top, idx + 1);
 }
 
 typedef struct {
@@ -2618,7 +2643,9 @@ FAST_INLINE gboolean fast_memo(P *p, Fast *f, guint32 h)
     } else {
         return TRUE; /* not memoized */
     }
-    if (idx != f->next || memo_at(p, idx) || rec_has(p, idx) || f->n_memo == FAST_MAX_MEMO)
+    /* (a fresh index, above every one stored: its page of the memo is not read) */
+    if (idx != f->next || f->n_memo == FAST_MAX_MEMO ||
+        (idx < p->memo_top && (memo_at(p, idx) || rec_has(p, idx))))
         return FALSE;
     f->memo[f->n_memo++] = (MemoSet){idx, h};
     f->next++;
@@ -3864,11 +3891,10 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
     ((Str *)p.k_device_free)->field = EF_DEVICE_FREE;
     p.held = 0;
 
-    /* The memo: about one index per 24 bytes of a snapshot, reserved (untouched until used,
-     * zeroed as it is reached: memo_reserve) so that it seldom moves. */
-    p.alloc_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
-    p.memo = g_malloc(p.alloc_memo * sizeof(guint32));
-    advise_huge(p.memo, p.alloc_memo * sizeof(guint32));
+    /* The memo: about one index per 24 bytes of a snapshot, mapped (untouched until used:
+     * memo_map) so that it seldom moves. */
+    p.alloc_memo = p.cap_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
+    p.memo = memo_map(p.alloc_memo);
     memsim_trace_intern(p.t, "snapshot"); /* string 0, before the stacks */
     gboolean ok = run(&p);
 
@@ -3895,7 +3921,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
     val_unref(&p, &p.settings);
     g_free(p.stack);
     g_free(p.marks);
-    g_free(p.memo);
+    munmap(p.memo, p.alloc_memo * sizeof(guint32));
     g_free(p.recs);
     g_ptr_array_unref(p.conts);
     g_array_unref(p.free_conts);
