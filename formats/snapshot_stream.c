@@ -64,6 +64,7 @@
 #include <glib/gstdio.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -1974,13 +1975,21 @@ static inline gboolean rec_take(P *p, guint64 idx)
  * each). */
 static guint32 *memo_map(gsize n)
 {
-    void *m = mmap(NULL, n * sizeof(guint32), PROT_READ | PROT_WRITE,
+    /* at a 2 MiB boundary, so that a memo written densely (a frames list per allocation)
+     * can be faulted in as huge pages from its first index */
+    const gsize huge = (gsize)2 << 20, page = (gsize)sysconf(_SC_PAGESIZE),
+                bytes = (n * sizeof(guint32) + page - 1) / page * page;
+    char *m = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
         g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
-                n * sizeof(guint32));
-    advise_huge(m, n * sizeof(guint32));
-    return m;
+                bytes);
+    char *a = (char *)(((guintptr)m + huge - 1) & ~(guintptr)(huge - 1));
+    if (a > m)
+        munmap(m, (gsize)(a - m));
+    munmap(a + bytes, (gsize)(m + huge - a));
+    advise_huge(a, bytes);
+    return (guint32 *)a;
 }
 
 /* Makes memo[idx] addressable. */
