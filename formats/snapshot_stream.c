@@ -1720,83 +1720,112 @@ static gboolean read_entry(P *p, Dev *v, const Val *ev_val)
     return read_entry_pairs(p, v, ev_val->u.c->items, ev_val->u.c->n);
 }
 
-/* An entry's fields (the last value of each key, as dict_get). */
+/* An entry's fields by Str.field (the last value of each key, as dict_get); f[EF_OTHER]: any
+ * other key's. */
 typedef struct {
-    const Val *action, *size, *stream, *addr, *dfree, *frames;
+    const Val *f[EF_COUNT];
 } EntryVals;
 
-/* TRUE when read_entry will take the entry's fields without a message (it may still find the
- * entry inconsistent with the ones before it): an action string and its numbers in range. */
-static inline gboolean entry_fields_ok(P *p, const EntryVals *f)
+/* What is wrong with an entry's fields, in the order read_entry_pairs says it. */
+typedef enum {
+    ENTRY_OK,
+    ENTRY_NO_ACTION,
+    ENTRY_BAD_SIZE,
+    ENTRY_BAD_STREAM,
+    ENTRY_BAD_FREE,
+    ENTRY_BAD_ADDR,
+    ENTRY_WRAPS,
+    ENTRY_HUGE,
+} EntryFault;
+
+/* An entry's fields taken: the action (A_OTHER: one this reader skips) and its numbers. */
+typedef struct {
+    Action act;
+    const Str *action;
+    uint64_t addr, size, stream;
+} Entry;
+
+static inline EntryFault entry_check(P *p, const EntryVals *fv, Entry *en)
 {
-    if (!f->action || f->action->t != V_STR)
-        return FALSE;
-    Action act = parse_action(p, f->action->u.s);
-    if (act == A_OTHER)
-        return TRUE;
-    uint64_t addr = 0, size = 0, stream = 0;
-    if (!val_u64(f->size, act != A_SNAPSHOT, &size) || !val_u64(f->stream, FALSE, &stream))
-        return FALSE;
-    if (act == A_SNAPSHOT)
-        return TRUE;
-    if (size >= ((uint64_t)1 << 60))
-        return FALSE;
-    if (act == A_OOM)
-        return val_u64(f->dfree, FALSE, &addr);
-    return val_u64(f->addr, TRUE, &addr) && addr + size >= addr;
+    const Val *a = fv->f[EF_ACTION];
+    en->addr = en->size = en->stream = 0;
+    if (!a || a->t != V_STR)
+        return ENTRY_NO_ACTION;
+    en->action = a->u.s;
+    en->act = parse_action(p, en->action);
+    if (en->act == A_OTHER)
+        return ENTRY_OK;
+    const gboolean snap = en->act == A_SNAPSHOT, oom = en->act == A_OOM;
+    if (!val_u64(fv->f[EF_SIZE], !snap, &en->size))
+        return ENTRY_BAD_SIZE;
+    if (!val_u64(fv->f[EF_STREAM], FALSE, &en->stream))
+        return ENTRY_BAD_STREAM;
+    if (oom && !val_u64(fv->f[EF_DEVICE_FREE], FALSE, &en->addr))
+        return ENTRY_BAD_FREE;
+    if (!oom && !snap && !val_u64(fv->f[EF_ADDR], TRUE, &en->addr))
+        return ENTRY_BAD_ADDR;
+    if (!oom && !snap && en->addr + en->size < en->addr)
+        return ENTRY_WRAPS;
+    if (!snap && en->size >= ((uint64_t)1 << 60))
+        return ENTRY_HUGE;
+    return ENTRY_OK;
 }
 
-static gboolean read_entry_fields(P *p, Dev *v, const EntryVals *fv, const Cont *e);
+/* the entry's name, made only for a message (`where`, `v` and `k` in scope) */
+#define WHERE (g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]", \
+                          v->dev, k), where)
+
+static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames);
 
 /* An entry's key, value pairs (items[0..2 n_pairs)). */
 static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
 {
-    /* the fields, in one pass (a repeated key: its last value, as dict_get) */
-    EntryVals fv = {0};
-    for (gsize i = 0; i < n_pairs; i++) {
-        const Val *kv = &items[2 * i];
-        if (kv->t != V_STR)
-            continue;
-        const Str *kk = kv->u.s;
-        const Val *vv = kv + 1;
-        if (kk == p->k_action)
-            fv.action = vv;
-        else if (kk == p->k_addr)
-            fv.addr = vv;
-        else if (kk == p->k_size)
-            fv.size = vv;
-        else if (kk == p->k_stream)
-            fv.stream = vv;
-        else if (kk == p->k_frames)
-            fv.frames = vv;
-        else if (kk == p->k_device_free)
-            fv.dfree = vv;
-    }
-    /* the dict, for get_u64's messages */
-    Cont e_[1];
-    e_->items = items;
-    e_->n = n_pairs;
-    return read_entry_fields(p, v, &fv, e_);
-}
-
-/* One entry of device_traces, its fields found; e: the entry's dict, for messages (NULL
- * when entry_fields_ok said yes). */
-static gboolean read_entry_fields(P *p, Dev *v, const EntryVals *fv, const Cont *e)
-{
     char where[80];
     guint64 k = v->n++;
-    /* the record's name, made only for a message */
-#define WHERE (g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]", \
-                          v->dev, k), where)
-    const Val *f_action = fv->action, *f_size = fv->size, *f_stream = fv->stream,
-              *f_addr = fv->addr, *f_free = fv->dfree, *f_frames = fv->frames;
-    const Str *action = f_action && f_action->t == V_STR ? f_action->u.s : NULL;
-    if (!action)
+    /* the fields, in one pass (a repeated key: its last value, as dict_get) */
+    EntryVals fv = {{NULL}};
+    for (gsize i = 0; i < n_pairs; i++)
+        if (items[2 * i].t == V_STR)
+            fv.f[items[2 * i].u.s->field] = &items[2 * i + 1];
+    /* the dict, for get_u64's messages */
+    Cont e_[1];
+    const Cont *e = e_;
+    e_->items = items;
+    e_->n = n_pairs;
+    Entry en;
+    switch (entry_check(p, &fv, &en)) {
+    case ENTRY_OK:
+        break;
+    case ENTRY_NO_ACTION:
         return fail_at(p, WHERE, "missing or non-string 'action'");
-    Action act = parse_action(p, action);
+    case ENTRY_BAD_SIZE:
+        return get_u64(p, e, p->k_size, WHERE, en.act != A_SNAPSHOT, &en.size);
+    case ENTRY_BAD_STREAM:
+        return get_u64(p, e, p->k_stream, WHERE, FALSE, &en.stream);
+    case ENTRY_BAD_FREE:
+        return get_u64(p, e, p->k_device_free, WHERE, FALSE, &en.addr);
+    case ENTRY_BAD_ADDR:
+        return get_u64(p, e, p->k_addr, WHERE, TRUE, &en.addr);
+    case ENTRY_WRAPS:
+        return fail_at(p, WHERE, "range at 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
+                       " bytes wraps around", en.addr, en.size);
+    case ENTRY_HUGE:
+        return fail_at(p, WHERE, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)",
+                       en.size);
+    }
+    return entry_apply(p, v, k, &en, fv.f[EF_FRAMES]);
+}
+
+/* One entry of device_traces, its k-th, its fields taken (entry_check: ENTRY_OK). */
+static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames)
+{
+    char where[80];
+    const Action act = en->act;
+    const uint64_t addr = en->addr, size = en->size, stream = en->stream;
     if (act == A_OTHER) {
         /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
          * (annotations) carry no allocator action; anything else is unknown here */
+        const Str *action = en->action;
         if (strcmp(action->data, "user_defined") != 0) {
             g_autofree char *kind =
                 g_strdup_printf("trace entries of the unknown action '%.64s' skipped", action->data);
@@ -1804,22 +1833,6 @@ static gboolean read_entry_fields(P *p, Dev *v, const EntryVals *fv, const Cont 
         }
         return TRUE;
     }
-    uint64_t addr = 0, size = 0, stream = 0;
-    if (!val_u64(f_size, act != A_SNAPSHOT, &size))
-        return get_u64(p, e, p->k_size, WHERE, act != A_SNAPSHOT, &size);
-    if (!val_u64(f_stream, FALSE, &stream))
-        return get_u64(p, e, p->k_stream, WHERE, FALSE, &stream);
-    if (act == A_OOM) {
-        if (!val_u64(f_free, FALSE, &addr))
-            return get_u64(p, e, p->k_device_free, WHERE, FALSE, &addr);
-    } else if (act != A_SNAPSHOT && !val_u64(f_addr, TRUE, &addr)) {
-        return get_u64(p, e, p->k_addr, WHERE, TRUE, &addr);
-    }
-    if (act != A_SNAPSHOT && act != A_OOM && addr + size < addr)
-        return fail_at(p, WHERE, "range at 0x%" G_GINT64_MODIFIER "x of %" G_GUINT64_FORMAT
-                       " bytes wraps around", addr, size);
-    if (size >= ((uint64_t)1 << 60) && act != A_SNAPSHOT)
-        return fail_at(p, WHERE, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)", size);
     v->n_parsed++;
     MemsimEvent ev = {.stream = dev_stream(v, stream)};
     /* A run of releases ends: the empty_cache (or OOM-path release) that made it. */
@@ -2724,7 +2737,7 @@ FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
     fast_skip_frames(f);
     if (f->c >= f->e)
         return FALSE;
-    /* (no opcode offsets: the values read here are ones entry_fields_ok takes, and what is
+    /* (no opcode offsets: the values read here are ones entry_check takes, and what is
      * wrong with others the opcodes' path says) */
     const guint64 off = NO_OFF;
     gsize left = (gsize)(f->e - f->c);
@@ -2876,9 +2889,9 @@ static int fast_entry(P *p, guint64 off)
     /* the fields read straight from the opcodes: a key's value goes to its field (the last
      * one wins, as dict_get), other keys' values are read and dropped */
     Val fields[EF_COUNT];
-    Val *slot[EF_COUNT];
+    EntryVals fv;
     for (int i = 0; i < EF_COUNT; i++)
-        slot[i] = NULL;
+        fv.f[i] = NULL;
     guint n = 0;
     for (;;) {
         fast_skip_frames(&f);
@@ -2892,12 +2905,11 @@ static int fast_entry(P *p, guint64 off)
         guint fi = key->field;
         if (!fast_value(p, &f, &fields[fi]))
             goto no;
-        slot[fi] = &fields[fi];
+        fv.f[fi] = &fields[fi];
         n++;
     }
-    EntryVals fv = {slot[EF_ACTION], slot[EF_SIZE], slot[EF_STREAM], slot[EF_ADDR],
-                    slot[EF_DEVICE_FREE], slot[EF_FRAMES]};
-    if (!entry_fields_ok(p, &fv))
+    Entry en;
+    if (entry_check(p, &fv, &en) != ENTRY_OK)
         goto no; /* the opcodes' path says what is wrong */
     f.c++; /* SETITEMS */
     /* as the opcodes would have done it: the memo stores, then the entry placed */
@@ -2911,7 +2923,7 @@ static int fast_entry(P *p, guint64 off)
     if (d->owner && d->owner != dl->serial)
         return fail(p, off, "a second list of trace entries for device %u", d->dev), 1;
     d->owner = dl->serial;
-    read_entry_fields(p, d, &fv, NULL);
+    entry_apply(p, d, d->n++, &en, fv.f[EF_FRAMES]);
     dl->n_read++;
     return 1;
 no:
