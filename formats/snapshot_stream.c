@@ -231,11 +231,12 @@ static gboolean input_need(Input *in, gsize n)
 }
 
 /* ---- a thread that reads ahead ----------------------------------------------------------
- * A file is read (and decompressed) by a second thread into a ring of chunks while the
- * parser works: the parser's thread copies a chunk in user space instead of waiting in
- * read() (a third of the time of a plain 33 MB snapshot's parse on one core) or in zstd and
- * inflate. The thread owns the file side of the Input (f, the compressed buffer and
- * stream); its last chunk carries the stream's end state (err, z_done). */
+ * A compressed file is read and decompressed by a second thread into a ring of chunks while
+ * the parser works: the parser's thread copies a chunk in instead of running zstd or
+ * inflate (a fifth of the wall time of the 33 MB benchmark snapshot, compressed). A plain
+ * file is not: the copy and the hand-over cost what read() would. The thread owns the file
+ * side of the Input (f, the compressed buffer and stream); its last chunk carries the
+ * stream's end state (err, z_done). */
 
 #define FEED_CHUNK ((gsize)256 << 10)
 #define FEED_CHUNKS 4
@@ -663,8 +664,8 @@ typedef struct {
     gsize *marks;
     gsize n_marks, cap_marks;
     guint32 *memo; /* handles, see memo_handle (0: none): memo[0..cap_memo), mapped
-                      (memo_map), cap_memo == alloc_memo */
-    gsize cap_memo, n_memo, alloc_memo;
+                      (memo_map) */
+    gsize cap_memo, n_memo;
     /* memo indices that hold a record (read once, never referred to: its memo handle is 0,
      * as if never stored, but the index counts as set for the pickler's numbering), a bit
      * each: a million trace entries use a million indices, and their handles would be
@@ -2008,18 +2009,18 @@ static guint32 *memo_map(gsize n)
 /* Makes memo[idx] addressable. */
 static void memo_reserve(P *p, guint64 idx)
 {
-    if (idx < p->alloc_memo)
+    if (idx < p->cap_memo)
         return;
-    gsize cap = MAX(MAX(2 * p->alloc_memo, (gsize)idx + 1), 1024);
-    hold(p, (gint64)((cap - p->alloc_memo) * sizeof(guint32)));
-    void *m = mremap(p->memo, p->alloc_memo * sizeof(guint32), cap * sizeof(guint32),
+    gsize cap = MAX(MAX(2 * p->cap_memo, (gsize)idx + 1), 1024);
+    hold(p, (gint64)((cap - p->cap_memo) * sizeof(guint32)));
+    void *m = mremap(p->memo, p->cap_memo * sizeof(guint32), cap * sizeof(guint32),
                      MREMAP_MAYMOVE);
     if (m == MAP_FAILED)
         g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
                 cap * sizeof(guint32));
     advise_huge(m, cap * sizeof(guint32));
     p->memo = m;
-    p->alloc_memo = p->cap_memo = cap;
+    p->cap_memo = cap;
 }
 
 static void memo_release(P *p, guint32 h)
@@ -2046,6 +2047,20 @@ static void memo_convert(P *p, Cont *c, guint32 h)
     if (!h)
         rec_mark(p, idx); /* a record read: the index stays set */
     memo_release(p, old);
+}
+
+/* A store at an index that holds nothing (fast_entry's at a fresh index, fast_memo). */
+static void memo_set(P *p, guint64 idx, guint32 h)
+{
+    p->n_memo++;
+    if (H_KIND(h) == H_RECORD) {
+        rec_mark(p, idx);
+        return;
+    }
+    if (G_UNLIKELY(idx >= p->cap_memo))
+        memo_reserve(p, idx);
+    p->memo[idx] = h;
+    p->memo_top = MAX(p->memo_top, idx + 1);
 }
 
 static gboolean memo_put(P *p, guint64 off, guint8 op, guint64 idx)
@@ -2104,21 +2119,17 @@ static gboolean memo_put(P *p, guint64 off, guint8 op, guint64 idx)
     if (H_INDEX(h) != (h & ((1u << 29) - 1)) || p->conts->len >= (1u << 29) ||
         p->scalars->len >= (1u << 29) || p->str_by_id->len >= (1u << 29))
         return fail(p, off, "more than 2^29 values in the memo");
-    /* (an index above every one stored is known empty: its page is not touched for a record) */
-    const gboolean fresh = idx >= p->memo_top;
-    const guint32 old = fresh ? 0 : p->memo[idx];
-    if (old)
-        memo_release(p, old);
-    else if (fresh || !rec_take(p, idx))
-        p->n_memo++;
-    if (H_KIND(h) == H_RECORD) {
-        rec_mark(p, idx);
-        if (old)
-            p->memo[idx] = 0;
+    /* (an index above every one stored is known empty: its page is not touched) */
+    const guint32 old = idx < p->memo_top ? p->memo[idx] : 0;
+    if (!old && !(idx < p->memo_top && rec_take(p, idx))) {
+        memo_set(p, idx, h);
         return TRUE;
     }
-    p->memo[idx] = h;
-    p->memo_top = MAX(p->memo_top, idx + 1);
+    /* a value stored over another: the index counted once */
+    memo_release(p, old);
+    if (H_KIND(h) == H_RECORD)
+        rec_mark(p, idx);
+    p->memo[idx] = H_KIND(h) == H_RECORD ? 0 : h;
     return TRUE;
 }
 
@@ -2615,20 +2626,6 @@ static inline guint32 le32(const guint8 *s)
 static inline guint32 memo_at(const P *p, guint64 i)
 {
     return i < p->cap_memo ? p->memo[i] : 0;
-}
-
-/* fast_entry's store at a fresh index (fast_memo) */
-static void memo_set(P *p, guint64 idx, guint32 h)
-{
-    p->n_memo++;
-    if (H_KIND(h) == H_RECORD) {
-        rec_mark(p, idx);
-        return;
-    }
-    if (G_UNLIKELY(idx >= p->cap_memo))
-        memo_reserve(p, idx);
-    p->memo[idx] = h;
-    p->memo_top = MAX(p->memo_top, idx + 1);
 }
 
 typedef struct {
@@ -3914,8 +3911,8 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
 
     /* The memo: about one index per 24 bytes of a snapshot, mapped (untouched until used:
      * memo_map) so that it seldom moves. */
-    p.alloc_memo = p.cap_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
-    p.memo = memo_map(p.alloc_memo);
+    p.cap_memo = (gsize)MIN(p.in.total / 24 + 1024, (guint64)1 << 28);
+    p.memo = memo_map(p.cap_memo);
     memsim_trace_intern(p.t, "snapshot"); /* string 0, before the stacks */
     gboolean ok = run(&p);
 
@@ -3942,7 +3939,7 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
     val_unref(&p, &p.settings);
     g_free(p.stack);
     g_free(p.marks);
-    munmap(p.memo, p.alloc_memo * sizeof(guint32));
+    munmap(p.memo, p.cap_memo * sizeof(guint32));
     g_free(p.recs);
     g_ptr_array_unref(p.conts);
     g_array_unref(p.free_conts);
