@@ -936,15 +936,12 @@ static inline gboolean fast_free(RankSim *r, const MemsimEvent *ev)
     return TRUE;
 }
 
-/* An event of a repetition run again for its memory (memory_catch_up) that is neither an
- * ALLOC nor a FREE, nor an op outside the table: step() took it once; of an op, what the
- * memory's reports read (which op runs, its phase). */
-static inline void memory_event(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
-                                const MemsimEvent *ev)
+/* An op of a repetition run again for its memory (memory_rep; not one outside the table):
+ * step() took it once; what the memory's reports read (which op runs, its phase). */
+static inline void memory_op(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
+                             const MemsimEvent *ev)
 {
     r->cur_stream = ev->stream;
-    if (ev->kind != MEMSIM_EV_OP)
-        return;
     const MemsimOpInfo *op = &h->ops[ev->id];
     r->cur_op = (int64_t)ev->id;
     if (op->microbatch > r->mb_top)
@@ -2161,10 +2158,10 @@ static void cut_advance(RankSim *r, const RankCut *a, const RankCut *b, double D
 }
 
 /* Runs repetition q->rep of rank `rank` for its memory alone (memory_only: its clocks, work
- * sums and meetings are the network's, added apart). What run() does with memory_only set,
- * over the unit's events that it reads (allocations, frees, ops; the rest it only counts),
- * each one's id moved as it goes instead of a copy of the unit (repeat_fill) per repetition;
- * anything else than a valid allocation, free or op goes through step() as there. */
+ * sums and meetings are the network's, added apart): the unit's allocations, frees and ops
+ * (the rest it only counts), each one's id moved as it goes instead of a copy of the unit
+ * (repeat_fill) per repetition; anything else than a valid allocation, free or op goes
+ * through step(), as in run(). */
 static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                            GError **error)
 {
@@ -2189,7 +2186,7 @@ static gboolean memory_rep(MemsimReplay *rp, const MemsimTraceHeader *h, guint32
         r->rep.n_events = index + 1;
         MemsimEvent ev = unit[i];
         if (ev.kind == MEMSIM_EV_OP && G_LIKELY(ev.id < h->n_ops)) {
-            memory_event(r, h, index, &ev);
+            memory_op(r, h, index, &ev);
             continue;
         }
         if (ev.kind != MEMSIM_EV_OP && ev.id >= from)
@@ -2562,10 +2559,6 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         } else if (plain && ev->kind == MEMSIM_EV_FREE) {
             if (G_LIKELY(fast_free(r, ev)))
                 goto next;
-        } else if (G_UNLIKELY(r->memory_only) && ev->kind != MEMSIM_EV_ALLOC &&
-                   ev->kind != MEMSIM_EV_FREE && (ev->kind != MEMSIM_EV_OP || ev->id < h->n_ops)) {
-            memory_event(r, h, index, ev);
-            goto next;
         }
         if (!step(r, h, rank, index, ev, error)) {
             *used = i + 1;
