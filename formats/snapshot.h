@@ -23,9 +23,9 @@ typedef struct {
  * record). `opt` may be NULL. */
 MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOptions *opt,
                                   GError **error);
-/* The same as a reader (format MEMSIM_FORMAT_SNAPSHOT): the trace entries stay packed as
- * parsed (16 bytes each) and each rank's events are made from them chunk by chunk as the
- * reader is read, so that a replay never holds them all. */
+/* The same as a reader (format MEMSIM_FORMAT_SNAPSHOT): the trace entries stay coded as
+ * parsed (about 5 bytes each: snapshot_stream.c's encode) and each rank's events are made
+ * from them chunk by chunk as the reader is read, so that a replay never holds them all. */
 MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshotReadOptions *opt,
                                           GError **error);
 /* The whole trace of such a reader that has not been read from (each rank's events made at
