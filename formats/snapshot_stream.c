@@ -1483,6 +1483,18 @@ static void advise_huge(void *data, gsize bytes)
 #endif
 }
 
+/* The memo's opposite: its pages are touched here and there (a string's index, a frames
+ * list's), and a huge page would zero 2 MiB for each. Only a hint. */
+static void advise_small(void *data, gsize bytes)
+{
+#ifdef MADV_NOHUGEPAGE
+    madvise(data, bytes, MADV_NOHUGEPAGE);
+#else
+    (void)data;
+    (void)bytes;
+#endif
+}
+
 static Dev *dev_new(P *p, guint32 d);
 
 static inline Dev *dev_get(P *p, guint32 d)
@@ -1989,21 +2001,15 @@ static inline gboolean rec_take(P *p, guint64 idx)
  * each). */
 static guint32 *memo_map(gsize n)
 {
-    /* at a 2 MiB boundary, so that a memo written densely (a frames list per allocation)
-     * can be faulted in as huge pages from its first index */
-    const gsize huge = (gsize)2 << 20, page = (gsize)sysconf(_SC_PAGESIZE),
+    const gsize page = (gsize)sysconf(_SC_PAGESIZE),
                 bytes = (n * sizeof(guint32) + page - 1) / page * page;
-    char *m = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (m == MAP_FAILED)
         g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
                 bytes);
-    char *a = (char *)(((guintptr)m + huge - 1) & ~(guintptr)(huge - 1));
-    if (a > m)
-        munmap(m, (gsize)(a - m));
-    munmap(a + bytes, (gsize)(m + huge - a));
-    advise_huge(a, bytes);
-    return (guint32 *)a;
+    advise_small(m, bytes);
+    return m;
 }
 
 /* Makes memo[idx] addressable. */
@@ -2018,7 +2024,7 @@ static void memo_reserve(P *p, guint64 idx)
     if (m == MAP_FAILED)
         g_error("snapshot reader: cannot map %" G_GSIZE_FORMAT " bytes for the pickle memo",
                 cap * sizeof(guint32));
-    advise_huge(m, cap * sizeof(guint32));
+    advise_small(m, cap * sizeof(guint32));
     p->memo = m;
     p->cap_memo = cap;
 }
