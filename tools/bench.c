@@ -817,11 +817,10 @@ static int bench_steady(int argc, char **argv)
         }
         if (c->max_s > 0) {
             gboolean good = w <= c->max_s && (c->max_mib <= 0 || r <= c->max_mib);
-            g_string_append_printf(verdict, "bound %.1f s%s%.0f MB: %s", c->max_s,
-                                   c->max_mib > 0 ? ", " : "", c->max_mib > 0 ? c->max_mib : 0.0,
-                                   good ? "ok" : "OVER");
-            if (c->max_mib <= 0) /* (no memory bound: the number is not printed) */
-                g_string_replace(verdict, ", 0 MB", "", 0);
+            g_string_append_printf(verdict, "bound %.1f s", c->max_s);
+            if (c->max_mib > 0)
+                g_string_append_printf(verdict, ", %.0f MB", c->max_mib);
+            g_string_append_printf(verdict, ": %s", good ? "ok" : "OVER");
             rc |= !good;
         }
         printf("%-58s %9.3f %9.3f %9.1f %s\n", c->name, w, u, r, verdict->str);
