@@ -60,7 +60,8 @@
  *       of the file alone; medians, the ratios, whether both models give the same peaks, and
  *       the acceptance lines (≥ 25× the Python model end to end, i.e. in wall time, with the
  *       CPU ratio beside it; ≥ 5× pickle.load's CPU; < 100 MB on the
- *       N-entry file; < 5 s and < 500 MB on the big one).
+ *       N-entry file; < 5 s and < 500 MB on the big one). The first line names the machine
+ *       (CPU model, processors): the ratios depend on it.
  *
  *   memsim-bench families [--seq N] [--repeat R] [--limit S]
  *       For each model family, its largest preset (by parameter count) through `memsim
@@ -77,7 +78,8 @@
  *       with 256 micro-batches (bound: 0.5 s, 100 MB); `plan --global-batch` for llama-2-70b
  *       on 64 GPUs at 512 and 2048 (bound 5 s) and llama-3.1-405b on 1024 GPUs at 4096 (bound
  *       30 s). With --full each estimate is also run with MEMSIM_NO_SKIP=1, the full
- *       simulation, and the speed-up printed. Exit status 1 when a bound is not met.
+ *       simulation, and the speed-up printed. Exit status 1 when a bound is not met. The
+ *       first line names the machine (CPU model, processors).
  *
  * `estimate --megatron-args FILE` times a Megatron launch instead of a preset.
  *
@@ -673,6 +675,26 @@ typedef struct {
 
 /* One measurement in a child process: its wall and CPU seconds and peak resident MiB; FALSE
  * when it failed. */
+/* The machine the figures are from (they vary by machine): the CPU's model and how many
+ * processors this process may use. */
+static void print_machine(void)
+{
+    g_autofree char *info = NULL;
+    const char *model = "unknown CPU";
+    g_autofree char *name = NULL;
+    if (g_file_get_contents("/proc/cpuinfo", &info, NULL, NULL)) {
+        char *m = strstr(info, "model name");
+        char *colon = m ? strchr(m, ':') : NULL;
+        if (colon) {
+            char *end = strchr(colon, '\n');
+            name = g_strstrip(g_strndup(colon + 1, end ? (gsize)(end - colon - 1) : strlen(colon + 1)));
+            if (*name)
+                model = name;
+        }
+    }
+    printf("machine: %s, %u processor(s)\n", model, g_get_num_processors());
+}
+
 static gboolean steady_once(const SteadyCase *c, gboolean full, double *wall, double *cpu,
                             double *mib)
 {
@@ -790,6 +812,7 @@ static int bench_steady(int argc, char **argv)
          {"seq", "4096", NULL}, TRUE, 1024, 4096, 30, 0},
     };
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is measured: the plans take long */
+    print_machine();
     int rc = 0;
     double ga1_wall = 0, ga1_cpu = 0;
     printf("%-58s %9s %9s %9s %s\n", "", "wall s", "CPU s", "MiB", "");
@@ -1321,6 +1344,7 @@ static int bench_snapshot(int argc, char **argv)
     }
 
     SnapFigures s, b;
+    print_machine();
     if (!bench_snapshot_file(memsim, small, repeat, TRUE, &s))
         return 2;
     /* End to end is wall time (memsim reads the file on a second thread); the CPU figures,
