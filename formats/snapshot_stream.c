@@ -2856,7 +2856,17 @@ FAST_INLINE gboolean fast_value(P *p, Fast *f, Val *v)
     }
 }
 
-/* 1: the entry was read (or refused: p->failed); 0: not this case, nothing changed. */
+/* The check run() makes every 4096 opcodes (the fast path counts its opcodes by the bytes). */
+static gboolean over_memory(P *p)
+{
+    return fail(p, here(p), "the values read so far need more than %" G_GUINT64_FORMAT
+                " MiB of memory (%d bytes per byte of input, plus %" G_GUINT64_FORMAT
+                " MiB): not the data of a snapshot",
+                p->held >> 20, STREAM_MEM_PER_BYTE, STREAM_MEM_BASE >> 20);
+}
+
+/* 1: the entry was read (or refused: p->failed), and the entries right after it in the same
+ * run of APPENDS; 0: not this case, nothing changed. The EMPTY_DICT at `off` is read. */
 static int fast_entry(P *p, guint64 off)
 {
     gsize f0 = fence(p);
@@ -2876,61 +2886,88 @@ static int fast_entry(P *p, guint64 off)
         if (!list_append_from(p, off, 'e', f0))
             return 1;
     }
-    input_need(&p->in, 8192); /* as much as there is */
-    Fast f; /* (its memo array is filled as it goes, not cleared) */
-    f.c = p->in.buf + p->in.pos;
-    f.e = p->in.buf + p->in.end;
-    f.base = p->in.base;
-    f.buf = p->in.buf;
-    f.next = p->n_memo;
-    f.n_memo = 0;
-    p->n_memo_first_free = p->n_memo;
-    if (!fast_memo(p, &f, (guint32)H_RECORD << 29) || (fast_skip_frames(&f), f.c >= f.e) ||
-        *f.c != '(')
-        return 0;
-    f.c++;
-    /* the fields read straight from the opcodes: a key's value goes to its field (the last
-     * one wins, as dict_get), other keys' values are read and dropped */
-    Val fields[EF_COUNT];
-    EntryVals fv;
-    for (int i = 0; i < EF_COUNT; i++)
-        fv.f[i] = NULL;
-    guint n = 0;
+    Dev *d = NULL;
+    gboolean first = TRUE;
+    guint64 ops_block = p->ops >> 12;
     for (;;) {
-        fast_skip_frames(&f);
-        if (f.c >= f.e)
+        input_need(&p->in, 8192); /* as much as there is */
+        Fast f; /* (its memo array is filled as it goes, not cleared) */
+        f.c = p->in.buf + p->in.pos;
+        f.e = p->in.buf + p->in.end;
+        f.base = p->in.base;
+        f.buf = p->in.buf;
+        f.next = p->n_memo;
+        f.n_memo = 0;
+        p->n_memo_first_free = p->n_memo;
+        if (!fast_memo(p, &f, (guint32)H_RECORD << 29) || (fast_skip_frames(&f), f.c >= f.e) ||
+            *f.c != '(')
             goto no;
-        if (*f.c == 'u')
-            break;
-        const Str *key = n < FAST_MAX_PAIRS ? fast_str(p, &f) : NULL;
-        if (!key || f.c >= f.e)
-            goto no;
-        guint fi = key->field;
-        if (!fast_value(p, &f, &fields[fi]))
-            goto no;
-        fv.f[fi] = &fields[fi];
-        n++;
+        f.c++;
+        /* the fields read straight from the opcodes: a key's value goes to its field (the
+         * last one wins, as dict_get), other keys' values are read and dropped */
+        Val fields[EF_COUNT];
+        EntryVals fv;
+        for (int i = 0; i < EF_COUNT; i++)
+            fv.f[i] = NULL;
+        guint n = 0;
+        for (;;) {
+            fast_skip_frames(&f);
+            if (f.c >= f.e)
+                goto no;
+            if (*f.c == 'u')
+                break;
+            const Str *key = n < FAST_MAX_PAIRS ? fast_str(p, &f) : NULL;
+            if (!key || f.c >= f.e)
+                goto no;
+            guint fi = key->field;
+            if (!fast_value(p, &f, &fields[fi]))
+                goto no;
+            fv.f[fi] = &fields[fi];
+            n++;
+        }
+        Entry en;
+        if (entry_check(p, &fv, &en) != ENTRY_OK)
+            goto no; /* the opcodes' path says what is wrong */
+        f.c++; /* SETITEMS */
+        /* as the opcodes would have done it: the memo stores, then the entry placed */
+        for (guint i = 0; i < f.n_memo; i++)
+            memo_set(p, f.memo[i].idx, f.memo[i].h);
+        p->ops += (guint64)(f.c - (p->in.buf + p->in.pos)) / 4;
+        p->in.pos = (gsize)(f.c - p->in.buf);
+        if (!d) {
+            if (dl->index >= MAX_DEVICES)
+                return fail_at(p, "device_traces", "more devices than %u", MAX_DEVICES), 1;
+            d = dev_get(p, (guint32)dl->index);
+            if (d->owner && d->owner != dl->serial)
+                return fail(p, off, "a second list of trace entries for device %u", d->dev), 1;
+            d->owner = dl->serial;
+        }
+        entry_apply(p, d, d->n++, &en, fv.f[EF_FRAMES]);
+        dl->n_read++;
+        if (p->failed)
+            return 1;
+        /* the next entry of the run, when the next opcode opens one (anything else, a FRAME
+         * among them, goes back to run()) */
+        if (p->ops >> 12 != ops_block) {
+            ops_block = p->ops >> 12;
+            if (over_limit(p))
+                return over_memory(p), 1;
+        }
+        if (p->in.pos >= p->in.end && !input_need(&p->in, 1))
+            return 1; /* (run() says why) */
+        if (p->in.buf[p->in.pos] != '}')
+            return 1;
+        off = here(p);
+        p->in.pos++;
+        first = FALSE;
+        continue;
+    no:
+        if (first)
+            return 0;
+        /* an EMPTY_DICT the fast path does not take: what run() does with it */
+        push_cont(p, C_DICT, off);
+        return 1;
     }
-    Entry en;
-    if (entry_check(p, &fv, &en) != ENTRY_OK)
-        goto no; /* the opcodes' path says what is wrong */
-    f.c++; /* SETITEMS */
-    /* as the opcodes would have done it: the memo stores, then the entry placed */
-    for (guint i = 0; i < f.n_memo; i++)
-        memo_set(p, f.memo[i].idx, f.memo[i].h);
-    p->ops += (guint64)(f.c - (p->in.buf + p->in.pos)) / 4;
-    p->in.pos = (gsize)(f.c - p->in.buf);
-    if (dl->index >= MAX_DEVICES)
-        return fail_at(p, "device_traces", "more devices than %u", MAX_DEVICES), 1;
-    Dev *d = dev_get(p, (guint32)dl->index);
-    if (d->owner && d->owner != dl->serial)
-        return fail(p, off, "a second list of trace entries for device %u", d->dev), 1;
-    d->owner = dl->serial;
-    entry_apply(p, d, d->n++, &en, fv.f[EF_FRAMES]);
-    dl->n_read++;
-    return 1;
-no:
-    return 0;
 }
 
 static gboolean finish(P *p, Val *root);
@@ -2949,10 +2986,7 @@ static gboolean run(P *p)
                         "items and dict pairs in runs of 1000): not the data of a snapshot",
                         PICKLE_MAX_STACK);
         if (G_UNLIKELY((++p->ops & 4095) == 0 && over_limit(p)))
-            return fail(p, here(p), "the values read so far need more than %" G_GUINT64_FORMAT
-                        " MiB of memory (%d bytes per byte of input, plus %" G_GUINT64_FORMAT
-                        " MiB): not the data of a snapshot",
-                        p->held >> 20, STREAM_MEM_PER_BYTE, STREAM_MEM_BASE >> 20);
+            return over_memory(p);
         const guint64 off = here(p);
         const guint8 op = p->in.buf[p->in.pos++];
         const guint8 *s = NULL;
