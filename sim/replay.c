@@ -843,7 +843,7 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
     r->live_req[ev->category] += (int64_t)v.req;
     note_peaks(r, h, index, st);
     if (G_UNLIKELY(st->requested.current > r->rp->requested_limit))
-        r->rp->over_limit = TRUE; /* the caller gives up (over_limit) */
+        g_atomic_int_set(&r->rp->over_limit, TRUE); /* the caller gives up (over_limit) */
 }
 
 #define OVER_LIMIT_QUARK g_quark_from_static_string("memsim-replay-over-limit")
@@ -923,7 +923,7 @@ static inline FastWay fast_alloc(RankSim *r, const MemsimTraceHeader *h, uint64_
         return FAST_OOM;
     }
     alloc_done(r, h, index, ev, slot, addr);
-    return G_UNLIKELY(r->rp->over_limit) ? FAST_OVER : FAST_DONE;
+    return G_UNLIKELY(g_atomic_int_get(&r->rp->over_limit)) ? FAST_OVER : FAST_DONE;
 }
 
 static inline gboolean fast_free(RankSim *r, const MemsimEvent *ev)
@@ -1185,7 +1185,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         }
         idmap_reserve(&r->tensors);
         alloc_done(r, h, index, ev, idmap_slot(&r->tensors, ev->id), addr);
-        if (G_UNLIKELY(r->rp->over_limit))
+        if (G_UNLIKELY(g_atomic_int_get(&r->rp->over_limit)))
             return over_limit(error);
         break;
     }
@@ -2350,6 +2350,99 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
     return TRUE;
 }
 
+/* The ranks' memory catching up at a cut (memory_catch_up), M periods on: each rank alone,
+ * its allocator, tensors and peaks its own, so the ranks run on as many threads as
+ * MemsimReplayOptions.threads allows. The outcome is the one of running them in rank order:
+ * the first rank that fails gives the error, the first that runs out of memory the restart
+ * (what the ranks after it did is dropped with the replay in both cases). */
+typedef struct {
+    MemsimReplay *rp;
+    const MemsimTraceHeader *h;
+    guint c, p;
+    uint64_t M;
+    gint next; /* the next rank to take */
+    gboolean *ok, *stopped;
+    GError **errors;
+} CatchUp;
+
+static void catch_up_rank(CatchUp *cu, guint k, SteadyState *ring)
+{
+    RankSim *r = &cu->rp->ranks[k];
+    const RankCut *a = &r->cuts[cu->p], *b = &r->cuts[cu->c];
+    cu->ok[k] = TRUE;
+    if (b->at_cut)
+        cu->ok[k] = memory_catch_up(cu->rp, cu->h, k, cu->M * (b->done - a->done), ring,
+                                    &cu->stopped[k], &cu->errors[k]);
+}
+
+static gpointer catch_up_worker(gpointer data)
+{
+    CatchUp *cu = data;
+    SteadyState ring[2];
+    for (int j = 0; j < 2; j++)
+        steady_init(&ring[j]);
+    for (;;) {
+        gint k = g_atomic_int_add(&cu->next, 1);
+        if (k >= (gint)cu->rp->n_ranks)
+            break;
+        catch_up_rank(cu, (guint)k, ring);
+    }
+    for (int j = 0; j < 2; j++)
+        steady_clear(&ring[j]);
+    return NULL;
+}
+
+static gboolean catch_up_ranks(MemsimReplay *rp, const MemsimTraceHeader *h, guint c, guint p,
+                               uint64_t M, gboolean *restart, GError **error)
+{
+    guint n = rp->n_ranks, busy = 0;
+    for (guint k = 0; k < n; k++)
+        busy += rp->ranks[k].cuts[c].at_cut;
+    guint threads = rp->opt.threads ? rp->opt.threads : g_get_num_processors();
+    threads = MIN(threads, busy);
+    CatchUp cu = {rp, h, c, p, M, 0, g_new0(gboolean, n), g_new0(gboolean, n),
+                  g_new0(GError *, n)};
+    if (threads <= 1) {
+        SteadyState ring[2];
+        for (int j = 0; j < 2; j++)
+            steady_init(&ring[j]);
+        for (guint k = 0; k < n; k++) {
+            catch_up_rank(&cu, k, ring);
+            if (!cu.ok[k] || cu.stopped[k])
+                break; /* what follows would be dropped */
+        }
+        for (int j = 0; j < 2; j++)
+            steady_clear(&ring[j]);
+    } else {
+        GThread **t = g_new(GThread *, threads - 1);
+        for (guint i = 0; i + 1 < threads; i++)
+            t[i] = g_thread_new("memsim-catch-up", catch_up_worker, &cu);
+        catch_up_worker(&cu);
+        for (guint i = 0; i + 1 < threads; i++)
+            g_thread_join(t[i]);
+        g_free(t);
+    }
+    gboolean ok = TRUE;
+    for (guint k = 0; k < n; k++) {
+        if (!cu.ok[k]) {
+            g_propagate_error(error, cu.errors[k]);
+            cu.errors[k] = NULL;
+            ok = FALSE;
+            break;
+        }
+        if (cu.stopped[k]) {
+            *restart = TRUE;
+            break;
+        }
+    }
+    for (guint k = 0; k < n; k++)
+        g_clear_error(&cu.errors[k]);
+    g_free(cu.ok);
+    g_free(cu.stopped);
+    g_free(cu.errors);
+    return ok;
+}
+
 /* The ranks are at a cut (every one waits at a repetition's boundary or has ended): keeps its
  * times, and when they repeat those of the cut before, adds the periods every rank has room
  * for. *restart: a rank ran out of memory while catching up (the replay must run again
@@ -2439,16 +2532,10 @@ static gboolean cross_cut(MemsimReplay *rp, const MemsimTraceHeader *h, gboolean
         steady_take(r, &ring[0], r->unit_from, r->cuts[c].done * r->unit_shift);
         same = !ring[0].pending;
     }
-    /* the memory of each rank, M periods on */
-    gboolean ok = TRUE;
-    for (guint k = 0; k < rp->n_ranks && same && ok && !*restart; k++) {
-        RankSim *r = &rp->ranks[k];
-        const RankCut *a = &r->cuts[p], *b = &r->cuts[c];
-        if (b->at_cut)
-            ok = memory_catch_up(rp, h, k, M * (b->done - a->done), ring, restart, error);
-    }
     for (int j = 0; j < 2; j++)
         steady_clear(&ring[j]);
+    /* the memory of each rank, M periods on */
+    gboolean ok = !same || catch_up_ranks(rp, h, c, p, M, restart, error);
     if (!same || !ok || *restart)
         return ok;
     /* the times M periods on: every rank's clocks and sums, the messages in flight */

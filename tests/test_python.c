@@ -20,14 +20,15 @@ G_STATIC_ASSERT(sizeof(MemsimEstimateOptions) == 3 * sizeof(char *) + 3 * sizeof
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, device) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimEstimateOptions, nccl_bytes) == 32);
 /* _ReplayOptions: allocator, alloc_conf, capacity, verify, check_invariants, timeline,
- * hooks, untimed, dispatch_us. */
+ * hooks, untimed, dispatch_us, frames_skip, threads. */
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, verify) == 24);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, timeline) == 32);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, hooks) == 40);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, untimed) == 48);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, dispatch_us) == 56);
 G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, frames_skip) == 64);
-G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 72);
+G_STATIC_ASSERT(G_STRUCT_OFFSET(MemsimReplayOptions, threads) == 72);
+G_STATIC_ASSERT(sizeof(MemsimReplayOptions) == 80);
 
 Test(python, module_matches_command, .timeout = 600)
 {

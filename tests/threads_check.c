@@ -168,6 +168,19 @@ int main(int argc, char **argv)
     };
     failures += check_concurrent("four estimates", four, G_N_ELEMENTS(four), 1);
 
+    /* Pipelines whose stages' memory catches up with the steady state on threads of their
+     * own (MemsimReplayOptions.threads), two at once. */
+    static const char *const pipe[] = {"gpus", "4", "method", "megatron", "pp", "4",
+                                       "microbatches", "64", "seq", "256", NULL};
+    static const char *const pipe_full[] = {"gpus", "4", "method", "megatron", "pp", "4",
+                                            "microbatches", "64", "seq", "256",
+                                            "checkpointing", "full", NULL};
+    Job pipes[] = {
+        {.model = "gpt2", .settings = pipe},
+        {.model = "gpt2", .settings = pipe_full},
+    };
+    failures += check_concurrent("two pipelines", pipes, G_N_ELEMENTS(pipes), 1);
+
     /* Replays (the .mst and text readers, the torch policy, --verify) beside an estimate. */
     GError *error = NULL;
     char *tmp = g_dir_make_tmp("memsim-threads-XXXXXX", &error);

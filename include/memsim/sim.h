@@ -54,9 +54,13 @@ typedef struct {
      * those always skipped (/torch/, /site-packages/, /dist-packages/, /lib/python3,
      * <frozen); NULL = those alone. */
     const char *frames_skip;
+    /* Threads for the ranks' memory where a pipeline's steady state is added by periods
+     * (each rank's allocator catching up alone); 0 = one per processor, 1 = the calling
+     * thread only. The answer is the same. */
+    guint threads;
 } MemsimReplayOptions;
 
-#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, 0.0, NULL}
+#define MEMSIM_REPLAY_OPTIONS_INIT {NULL, NULL, 0, FALSE, FALSE, NULL, NULL, FALSE, 0.0, NULL, 0}
 
 /* Live bytes of one allocation site (MemsimRankReport.sites_at_peak). */
 typedef struct {

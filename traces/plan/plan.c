@@ -165,6 +165,7 @@ static MemsimReport *replay_as(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
     o.alloc_conf = alloc_conf;
     o.capacity = j.capacity;
     o.dispatch_us = sw->gpu ? sw->gpu->dispatch_us : 0.0;
+    o.threads = 1; /* the sweep's threads take the processors, a configuration each */
     gboolean over = FALSE;
     MemsimReport *rep =
         stop_over ? memsim_replay_trace_bounded(

@@ -87,7 +87,8 @@ class _ReplayOptions(ctypes.Structure):
                 ("capacity", ctypes.c_uint64), ("verify", ctypes.c_int),
                 ("check_invariants", ctypes.c_int), ("timeline", ctypes.c_void_p),
                 ("hooks", ctypes.c_void_p), ("untimed", ctypes.c_int),
-                ("dispatch_us", ctypes.c_double), ("frames_skip", ctypes.c_char_p)]
+                ("dispatch_us", ctypes.c_double), ("frames_skip", ctypes.c_char_p),
+                ("threads", ctypes.c_uint)]
 
 
 _CONTEXT_DEFAULT = 500 << 20  # MEMSIM_ESTIMATE_CONTEXT_DEFAULT
