@@ -379,3 +379,45 @@ Test(steady, spilled_ranks_make_the_same_file, .timeout = 300)
     memsim_run_clear(&run);
     memsim_model_free(m);
 }
+
+/* A pipeline's stages catch up with the steady state on threads of their own
+ * (MemsimReplayOptions.threads, sim/replay.c catch_up_ranks): one thread, two and four give
+ * the same report, to the byte of its JSON. */
+Test(steady, catch_up_threads_give_one_answer, .timeout = 300)
+{
+    MemsimModel *m = memsim_model_load("gpt2", NULL);
+    cr_assert(m != NULL);
+    MemsimRun run = memsim_run_defaults();
+    const char *set[] = {"seq", "256", "gpus", "4", "method", "megatron", "pp", "4",
+                         "microbatches", "64", NULL};
+    for (int i = 0; set[i]; i += 2)
+        tu_set(&run, set[i], set[i + 1]);
+    memsim_run_adapt(&run, m);
+    GError *err = NULL;
+    MemsimTrace *t = memsim_generate(m, &run, &err);
+    cr_assert(t, "%s", err ? err->message : "?");
+    char *json[3] = {NULL};
+    const guint threads[] = {1, 2, 4};
+    for (gsize i = 0; i < G_N_ELEMENTS(threads); i++) {
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        o.threads = threads[i];
+        MemsimReport *rep = memsim_replay_trace(t, &o, &err);
+        cr_assert(rep, "%u thread(s): %s", threads[i], err ? err->message : "?");
+        /* the stages' time was added by periods, and their memory caught up */
+        guint timed = 0;
+        for (guint k = 0; k < rep->n_ranks; k++)
+            timed += rep->ranks[k].steady_timed > 0;
+        cr_assert_eq(timed, rep->n_ranks, "%u thread(s): %u of %u stages caught up",
+                     threads[i], timed, rep->n_ranks);
+        json[i] = memsim_report_to_json(rep);
+        memsim_report_free(rep);
+    }
+    for (gsize i = 1; i < G_N_ELEMENTS(threads); i++)
+        cr_expect_str_eq(json[i], json[0], "%u threads give another report than one",
+                         threads[i]);
+    for (gsize i = 0; i < G_N_ELEMENTS(threads); i++)
+        g_free(json[i]);
+    memsim_trace_free(t);
+    memsim_run_clear(&run);
+    memsim_model_free(m);
+}
