@@ -2360,7 +2360,8 @@ typedef struct {
     const MemsimTraceHeader *h;
     guint c, p;
     uint64_t M;
-    gint next; /* the next rank to take */
+    gint next; /* the next rank to take (in rank order) */
+    gint halt; /* a rank failed or ran out of memory: the ranks after it are not taken */
     gboolean *ok, *stopped;
     GError **errors;
 } CatchUp;
@@ -2373,6 +2374,8 @@ static void catch_up_rank(CatchUp *cu, guint k, SteadyState *ring)
     if (b->at_cut)
         cu->ok[k] = memory_catch_up(cu->rp, cu->h, k, cu->M * (b->done - a->done), ring,
                                     &cu->stopped[k], &cu->errors[k]);
+    if (!cu->ok[k] || cu->stopped[k])
+        g_atomic_int_set(&cu->halt, TRUE);
 }
 
 static gpointer catch_up_worker(gpointer data)
@@ -2382,6 +2385,10 @@ static gpointer catch_up_worker(gpointer data)
     for (int j = 0; j < 2; j++)
         steady_init(&ring[j]);
     for (;;) {
+        /* (every rank before a halting one was taken before it: their outcomes are all
+         * known when the threads are joined) */
+        if (g_atomic_int_get(&cu->halt))
+            break;
         gint k = g_atomic_int_add(&cu->next, 1);
         if (k >= (gint)cu->rp->n_ranks)
             break;
@@ -2400,28 +2407,16 @@ static gboolean catch_up_ranks(MemsimReplay *rp, const MemsimTraceHeader *h, gui
         busy += rp->ranks[k].cuts[c].at_cut;
     guint threads = rp->opt.threads ? rp->opt.threads : g_get_num_processors();
     threads = MIN(threads, busy);
-    CatchUp cu = {rp, h, c, p, M, 0, g_new0(gboolean, n), g_new0(gboolean, n),
+    CatchUp cu = {rp, h, c, p, M, 0, FALSE, g_new0(gboolean, n), g_new0(gboolean, n),
                   g_new0(GError *, n)};
-    if (threads <= 1) {
-        SteadyState ring[2];
-        for (int j = 0; j < 2; j++)
-            steady_init(&ring[j]);
-        for (guint k = 0; k < n; k++) {
-            catch_up_rank(&cu, k, ring);
-            if (!cu.ok[k] || cu.stopped[k])
-                break; /* what follows would be dropped */
-        }
-        for (int j = 0; j < 2; j++)
-            steady_clear(&ring[j]);
-    } else {
-        GThread **t = g_new(GThread *, threads - 1);
-        for (guint i = 0; i + 1 < threads; i++)
-            t[i] = g_thread_new("memsim-catch-up", catch_up_worker, &cu);
-        catch_up_worker(&cu);
-        for (guint i = 0; i + 1 < threads; i++)
-            g_thread_join(t[i]);
-        g_free(t);
-    }
+    /* this thread works too: threads − 1 more */
+    GThread **t = threads > 1 ? g_new(GThread *, threads - 1) : NULL;
+    for (guint i = 0; i + 1 < threads; i++)
+        t[i] = g_thread_new("memsim-catch-up", catch_up_worker, &cu);
+    catch_up_worker(&cu);
+    for (guint i = 0; i + 1 < threads; i++)
+        g_thread_join(t[i]);
+    g_free(t);
     gboolean ok = TRUE;
     for (guint k = 0; k < n; k++) {
         if (!cu.ok[k]) {
