@@ -4096,7 +4096,6 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
 
 /* ---- the snapshot as a reader: each rank's events made chunk by chunk ------------------- */
 
-
 typedef struct {
     MemsimTraceReader base;
     MemsimTrace *t;    /* the header's, no events */

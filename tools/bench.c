@@ -673,8 +673,6 @@ typedef struct {
     double max_s, max_mib;    /* bounds (0: none) */
 } SteadyCase;
 
-/* One measurement in a child process: its wall and CPU seconds and peak resident MiB; FALSE
- * when it failed. */
 /* The machine the figures are from (they vary by machine): the CPU's model and how many
  * processors this process may use. */
 static void print_machine(void)
@@ -686,8 +684,7 @@ static void print_machine(void)
         char *m = strstr(info, "model name");
         char *colon = m ? strchr(m, ':') : NULL;
         if (colon) {
-            char *end = strchr(colon, '\n');
-            name = g_strstrip(g_strndup(colon + 1, end ? (gsize)(end - colon - 1) : strlen(colon + 1)));
+            name = g_strstrip(g_strndup(colon + 1, strcspn(colon + 1, "\n")));
             if (*name)
                 model = name;
         }
@@ -695,6 +692,8 @@ static void print_machine(void)
     printf("machine: %s, %u processor(s)\n", model, g_get_num_processors());
 }
 
+/* One measurement in a child process: its wall and CPU seconds and peak resident MiB; FALSE
+ * when it failed. */
 static gboolean steady_once(const SteadyCase *c, gboolean full, double *wall, double *cpu,
                             double *mib)
 {
