@@ -135,6 +135,10 @@ typedef struct {
     GArray *unit;       /* MemsimEvent */
     uint64_t unit_len, unit_times, unit_from, unit_shift;
     uint32_t unit_mbs; /* the micro-batches a repetition runs on (unit_microbatches) */
+    /* the step marks the unit holds (a whole step of a loop), and the steps the repetition
+     * running has moved them on by (MEMSIM_EV_REPEAT: step N of the unit's r-th repetition is
+     * step N + r × unit_steps) */
+    uint32_t unit_steps, step_bump;
     gboolean capturing;
     int32_t mb_top; /* the highest micro-batch of the ops run */
     /* time the repetitions added without running (the clocks stay where the last one left
@@ -1352,7 +1356,10 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             memcpy(bd.requested, r->live_req, sizeof r->live_req);
             g_array_append_val(r->breakdowns, bd);
         } else if (kind == MEMSIM_MARK_STEP) {
-            MemsimStepPeaks sp = {.step = step, .start_us = r->cpu_us};
+            if ((uint64_t)step + r->step_bump > G_MAXUINT32)
+                return bad(error, h, rank, index, "a repetition moves step %u past %u", step,
+                           G_MAXUINT32);
+            MemsimStepPeaks sp = {.step = step + r->step_bump, .start_us = r->cpu_us};
             for (guint k = 0; k < r->last_end->len; k++)
                 if (g_array_index(r->last_end, double, k) > sp.start_us)
                     sp.start_us = g_array_index(r->last_end, double, k);
@@ -1563,8 +1570,9 @@ static gboolean live_equal(const GArray *a, const GArray *b)
     return TRUE;
 }
 
-/* Whether the memory state after a repetition (b) is the one before it (a). */
-static gboolean steady_equal(const SteadyState *a, const SteadyState *b)
+/* Whether the memory state after a repetition (b) is the one before it (a), b holding
+ * `dsteps` more steps (a unit of whole steps) and its last step the peaks of a's. */
+static gboolean steady_equal(const SteadyState *a, const SteadyState *b, uint64_t dsteps)
 {
     return a->pending == b->pending && a->blocks->len == b->blocks->len &&
            !memcmp(a->blocks->data, b->blocks->data, a->blocks->len * sizeof(MemsimBlockInfo)) &&
@@ -1573,7 +1581,8 @@ static gboolean steady_equal(const SteadyState *a, const SteadyState *b)
            !memcmp(a->live_req, b->live_req, sizeof a->live_req) &&
            a->best_allocated == b->best_allocated && a->best_reserved == b->best_reserved &&
            a->last_allocated == b->last_allocated && a->epoch == b->epoch &&
-           a->cur_op == b->cur_op && a->cur_phase == b->cur_phase && a->n_steps == b->n_steps &&
+           a->cur_op == b->cur_op && a->cur_phase == b->cur_phase &&
+           (uint64_t)a->n_steps + dsteps == b->n_steps &&
            a->n_breakdowns == b->n_breakdowns && a->step.peak_allocated == b->step.peak_allocated &&
            a->step.peak_reserved == b->step.peak_reserved &&
            !memcmp(a->step.phase_peak_allocated, b->step.phase_peak_allocated,
@@ -1643,13 +1652,17 @@ static gboolean steady_may_skip(RankSim *r)
     if (strcmp(memsim_alloc_ops(r->alloc)->name, "torch") != 0 ||
         (r->rp->allocator && strstr(r->rp->allocator, "garbage_collection")))
         return FALSE;
+    uint32_t marks = 0;
     for (guint i = 0; i < r->unit->len; i++) {
         uint8_t k = g_array_index(r->unit, MemsimEvent, i).kind;
+        marks += k == MEMSIM_EV_MARK;
         if (k != MEMSIM_EV_ALLOC && k != MEMSIM_EV_FREE && k != MEMSIM_EV_USE &&
-            k != MEMSIM_EV_OP && k != MEMSIM_EV_WAIT && k != MEMSIM_EV_COLLECTIVE)
+            k != MEMSIM_EV_OP && k != MEMSIM_EV_WAIT && k != MEMSIM_EV_COLLECTIVE &&
+            k != MEMSIM_EV_MARK)
             return FALSE;
     }
-    return TRUE;
+    /* a step's marks only (unit_steps): the steps added are copies of the last ones */
+    return marks == r->unit_steps;
 }
 
 /* Live tensors of the last repetition (ids ≥ from + moved) take back the template's ids. */
@@ -1755,6 +1768,7 @@ static void repeat_free(RankSim *r)
     g_free(q->mem);
     g_free(q);
     r->repeat = NULL;
+    r->step_bump = 0;
     r->ev_logging = FALSE;
     r->watch = FALSE;
 }
@@ -1798,6 +1812,19 @@ static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h, int32_t *
     return mb;
 }
 
+/* The step marks of the unit (a whole step as the unit). */
+static uint32_t unit_step_marks(RankSim *r, const MemsimTraceHeader *h)
+{
+    uint32_t n = 0;
+    for (guint i = 0; i < r->unit->len; i++) {
+        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
+        if (e->kind == MEMSIM_EV_MARK && e->id < h->n_strings &&
+            memsim_mark_parse(h->strings[e->id], NULL, NULL) == MEMSIM_MARK_STEP)
+            n++;
+    }
+    return n;
+}
+
 /* The captured unit has run once: its repetitions begin. */
 static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                              uint64_t index, GError **error)
@@ -1817,7 +1844,11 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
         peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
     r->unit_mbs = unit_microbatches(r, h);
-    r->rep.steady_repeated += r->unit_times * r->unit_mbs;
+    r->unit_steps = unit_step_marks(r, h);
+    if (r->unit_steps)
+        r->rep.steady_steps_repeated += r->unit_times * r->unit_steps;
+    else
+        r->rep.steady_repeated += r->unit_times * r->unit_mbs;
     /* the repetitions' ops are the template's (its micro-batch): the micro-batches they run
      * on go as far as the template's plus unit_mbs for each (a loop's last micro-batch may
      * be one of them) */
@@ -1838,7 +1869,7 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     q->may_skip = steady_may_skip(r) && !peer && !(uses && rp->n_ranks != 1);
     /* ... unless all the ranks it meets repeat with it: their cuts (cross_cut); a block used
      * on another stream would make the memory depend on the clocks the ranks share */
-    q->cross = rp->cross && peer && !uses && steady_may_skip(r);
+    q->cross = rp->cross && peer && !uses && steady_may_skip(r) && !r->unit_steps;
     r->watch = q->cross;
     r->bound = r->written = 0;
     r->watch_over = FALSE;
@@ -1882,7 +1913,8 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
         /* the template's own questions were not logged: its period cannot be one */
         if (uses && rep - 2 * p + 1 < 1)
             continue;
-        if (steady_equal(a, cur) && steady_clocks(z, a, cur, h_ab, h_za, uses))
+        if (steady_equal(a, cur, (uint64_t)p * r->unit_steps) &&
+            steady_clocks(z, a, cur, h_ab, h_za, uses))
             break;
     }
     if (p > 2)
@@ -1901,10 +1933,23 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
             for (guint k = 0; k < clocks[c]->len; k++, at++)
                 g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
     }
-    step_sums_add(r, q->sums[(rep - p) % RING], q->sums[rep % RING], periods);
     r->rep.n_events += M * K;
     if (r->op_next != UINT64_MAX)
         r->op_next += M * K;
+    if (r->unit_steps) {
+        /* whole steps: each one added is the one P steps before it, P steps on */
+        const uint64_t P = (uint64_t)p * r->unit_steps;
+        const double D = cur->step.start_us - a->step.start_us;
+        for (uint64_t j = 0; j < M * r->unit_steps; j++) {
+            MemsimStepPeaks sp = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - P);
+            sp.step += (uint32_t)P;
+            sp.start_us += D;
+            g_array_append_val(r->steps, sp);
+        }
+        r->rep.steady_steps_skipped += M * r->unit_steps;
+        return TRUE;
+    }
+    step_sums_add(r, q->sums[(rep - p) % RING], q->sums[rep % RING], periods);
     if (!r->rep.steady_skipped) {
         int32_t mb = unit_microbatch(r, h, NULL);
         /* the template is micro-batch mb (0-based); `rep` more ran after it */
@@ -1920,6 +1965,7 @@ static void repeat_fill(RankSim *r)
 {
     RepeatRun *q = r->repeat;
     const uint64_t moved = q->rep * r->unit_shift, from = r->unit_from;
+    r->step_bump = (uint32_t)MIN(q->rep * r->unit_steps, (uint64_t)G_MAXUINT32);
     for (guint i = 0; i < r->unit->len; i++) {
         q->buf[i] = g_array_index(r->unit, MemsimEvent, i);
         if ((q->buf[i].kind == MEMSIM_EV_ALLOC || q->buf[i].kind == MEMSIM_EV_FREE ||
@@ -2299,7 +2345,7 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
         if (cand && j == cand_at + cand) {
             /* the candidate period, state by state */
             steady_take(r, &two[1], r->unit_from, moved);
-            if (steady_equal(&two[0], &two[1]))
+            if (steady_equal(&two[0], &two[1], 0))
                 P = cand;
             cand = 0;
         }

@@ -281,17 +281,23 @@ char *memsim_report_to_json(const MemsimReport *rep)
 
         add_int(b, "device_total", (int64_t)r->device_total);
         add_int(b, "host_peak", (int64_t)r->host_peak);
-        if (r->steady_repeated) {
+        if (r->steady_repeated || r->steady_steps_repeated) {
             json_builder_set_member_name(b, "steady_state");
             json_builder_begin_object(b);
-            add_int(b, "repeated_microbatches", (int64_t)r->steady_repeated);
-            add_int(b, "skipped_microbatches", (int64_t)r->steady_skipped);
+            if (r->steady_repeated) {
+                add_int(b, "repeated_microbatches", (int64_t)r->steady_repeated);
+                add_int(b, "skipped_microbatches", (int64_t)r->steady_skipped);
+            }
             if (r->steady_timed)
                 add_int(b, "timed_microbatches", (int64_t)r->steady_timed);
             if (r->steady_skipped) {
                 add_int(b, "after_microbatch", r->steady_after);
                 add_int(b, "of", r->steady_of);
                 add_int(b, "step", r->steady_step);
+            }
+            if (r->steady_steps_repeated) {
+                add_int(b, "repeated_steps", (int64_t)r->steady_steps_repeated);
+                add_int(b, "skipped_steps", (int64_t)r->steady_steps_skipped);
             }
             json_builder_end_object(b);
         }
@@ -602,6 +608,18 @@ char *memsim_report_to_text(const MemsimReport *rep)
                                    r->steady_timed);
         if (r->steady_repeated)
             g_string_append(s, "\n");
+        if (r->steady_steps_skipped)
+            g_string_append_printf(s, "  steady state: %" PRIu64 " repeated step%s generated once, "
+                                   "%" PRIu64 " of them not simulated one by one\n",
+                                   r->steady_steps_repeated,
+                                   r->steady_steps_repeated == 1 ? "" : "s",
+                                   r->steady_steps_skipped);
+        else if (r->steady_steps_repeated)
+            g_string_append_printf(s, "  steady state: %" PRIu64 " repeated step%s generated once, "
+                                   "%s\n",
+                                   r->steady_steps_repeated,
+                                   r->steady_steps_repeated == 1 ? "" : "s",
+                                   r->steady_steps_repeated == 1 ? "simulated" : "each simulated");
         if (r->host_peak)
             g_string_append_printf(s, "  host memory (offloaded state) at its most: %s\n",
                                    FB(r->host_peak));

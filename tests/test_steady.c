@@ -232,6 +232,11 @@ static void compare(const Case *c, const MemsimReport *skip, const MemsimReport 
         }
         SAME(n_steps);
         for (guint s = 0; s < a->n_steps && s < b->n_steps; s++) {
+            SAME(steps[s].step);
+            cr_expect(fabs(a->steps[s].start_us - b->steps[s].start_us) <=
+                          1e-9 * (1.0 + fabs(b->steps[s].start_us)),
+                      "%s, rank %u: step %u starts at %.17g != %.17g", c->name, k,
+                      b->steps[s].step, a->steps[s].start_us, b->steps[s].start_us);
             SAME(steps[s].peak_allocated);
             SAME(steps[s].peak_reserved);
             for (int p = 0; p < MEMSIM_PHASE_COUNT; p++) {
@@ -247,6 +252,8 @@ static void compare(const Case *c, const MemsimReport *skip, const MemsimReport 
         cr_expect(fabs(a->time_us - b->time_us) <= tol, "%s, rank %u: time %.17g != %.17g", c->name,
                   k, a->time_us, b->time_us);
         cr_expect_eq(b->steady_repeated, 0, "%s: the full simulation repeated", c->name);
+        cr_expect_eq(b->steady_steps_repeated, 0, "%s: the full simulation repeated steps",
+                     c->name);
     }
 }
 
@@ -288,6 +295,64 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
     }
     cr_log_info("%zu configurations: %u with repeated micro-batches, %u with some not simulated",
                 G_N_ELEMENTS(cases), n_repeat, n_skip);
+}
+
+/* Whole steps as the unit (traces/loop.c): on one GPU, the steps between the first (which
+ * makes the optimizer's state) and the last (which marks the model state) repeat when the
+ * step's micro-batches are not a repetition themselves; the step marks of a repetition name
+ * the steps it stands for. Against the step-by-step simulation, as above, each step's number
+ * and start included. */
+static const Case step_cases[] = {
+    {"6 steps", "gpt2", {SMALL, "steps", "6", NULL}, NULL, TRUE, TRUE, 0},
+    {"12 steps ga2", "gpt2", {SMALL, GA(2), "steps", "12", NULL}, NULL, TRUE, TRUE, 0},
+    {"10 steps ga4 ckpt", "gpt2", {SMALL, GA(4), "steps", "10", "checkpointing", "full", NULL},
+     NULL, TRUE, TRUE, 0},
+    {"8 steps keep-outputs", "gpt2", {SMALL, "steps", "8", "keep-outputs", "true", NULL}, NULL,
+     TRUE, FALSE, 0},
+    {"9 steps expandable", "gpt2", {SMALL, "steps", "9", NULL}, "expandable_segments:True", TRUE,
+     TRUE, 0},
+    {"10 steps fp32 sgd", "gpt2",
+     {SMALL, "steps", "10", "precision", "fp32", "optimizer", "sgd-momentum", NULL}, NULL, TRUE,
+     TRUE, 0},
+    {"7 steps zero_grad in place", "gpt2", {SMALL, "steps", "7", "zero-grad", "zero", NULL}, NULL,
+     TRUE, TRUE, 0},
+    {"8 steps torch 1.13", "gpt2", {SMALL, "steps", "8", "torch-version", "1.13", NULL}, NULL,
+     TRUE, TRUE, 0},
+    {"8 steps lora", "llama-3.2-1b",
+     {SMALL, "steps", "8", "finetune", "lora", "lora-rank", "8", NULL}, NULL, TRUE, TRUE, 0},
+    {"30 steps qlora ckpt", "llama-3.2-1b",
+     {SMALL, "steps", "30", "finetune", "qlora", "checkpointing", "full", NULL}, NULL, TRUE, TRUE,
+     0},
+    /* none: too few steps; micro-batches repeat inside the step; a method's hooks */
+    {"4 steps", "gpt2", {SMALL, "steps", "4", NULL}, NULL, FALSE, FALSE, 0},
+    {"8 steps ga8", "gpt2", {SMALL, GA(8), "steps", "8", NULL}, NULL, FALSE, FALSE, 0},
+    {"8 steps ddp", "gpt2", {SMALL, "steps", "8", "gpus", "2", "method", "ddp", NULL}, NULL, FALSE,
+     FALSE, 0},
+};
+
+Test(steady, whole_steps_repeat_exactly, .timeout = 600)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(step_cases); i++) {
+        const Case *c = &step_cases[i];
+        MemsimReport *skip = estimate(c, FALSE), *full = estimate(c, TRUE);
+        compare(c, skip, full);
+        uint64_t repeated = 0, skipped = 0;
+        for (guint k = 0; k < skip->n_ranks; k++) {
+            repeated += skip->ranks[k].steady_steps_repeated;
+            skipped += skip->ranks[k].steady_steps_skipped;
+        }
+        if (c->repeats)
+            cr_expect(repeated > 0, "%s: no step repeated", c->name);
+        else
+            cr_expect_eq(repeated, 0, "%s: %llu steps repeated", c->name,
+                         (unsigned long long)repeated);
+        if (c->skips)
+            cr_expect(skipped > 0, "%s: every repeated step simulated", c->name);
+        cr_log_info("%-28s steps repeated %4llu skipped %4llu", c->name,
+                    (unsigned long long)repeated, (unsigned long long)skipped);
+        memsim_report_free(skip);
+        memsim_report_free(full);
+    }
 }
 
 /* A run whose simulation would need more host memory than there is is refused before it

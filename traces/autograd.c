@@ -1489,6 +1489,33 @@ static bool same_op(const MemsimTraceHeader *h, uint64_t a, uint64_t b)
            x->duration_us == y->duration_us && x->bound == y->bound;
 }
 
+/* Whether mark `y` is step mark `x` moved by the step marks of unit a (len events from
+ * a->event): "step N" to "step N + d", alike but for the number. */
+static bool step_mark_moved(const MemsimTraceHeader *h, const MemsimEvent *ev,
+                            const GgUnitState *a, guint len, uint64_t x, uint64_t y)
+{
+    uint32_t sx, sy;
+    if (x >= h->n_strings || y >= h->n_strings ||
+        memsim_mark_parse(h->strings[x], &sx, NULL) != MEMSIM_MARK_STEP ||
+        memsim_mark_parse(h->strings[y], &sy, NULL) != MEMSIM_MARK_STEP)
+        return false;
+    uint32_t d = 0, s;
+    for (guint i = 0; i < len; i++) {
+        const MemsimEvent *e = &ev[a->event + i];
+        if (e->kind == MEMSIM_EV_MARK && e->id < h->n_strings &&
+            memsim_mark_parse(h->strings[e->id], &s, NULL) == MEMSIM_MARK_STEP)
+            d++;
+    }
+    if ((uint64_t)sx + d != sy)
+        return false;
+    /* the same words after the number ("step N" or "step N begin") */
+    g_autofree char *xs = memsim_mark_step(sx);
+    g_autofree char *ys = memsim_mark_step(sy);
+    const char *X = h->strings[x], *Y = h->strings[y];
+    return g_str_has_prefix(X, xs) && g_str_has_prefix(Y, ys) &&
+           strcmp(X + strlen(xs), Y + strlen(ys)) == 0;
+}
+
 /* Whether b's events are a's (cat_a: a's categories, when not the events' own), the ids of
  * tensors made from `from` on moved by `shift`. */
 static bool unit_events_repeat(AgGraph *g, const MemsimTraceHeader *h, const MemsimEvent *ev,
@@ -1519,6 +1546,17 @@ static bool unit_events_repeat(AgGraph *g, const MemsimTraceHeader *h, const Mem
             break;
         case MEMSIM_EV_REPEAT:
             return false; /* a unit inside the unit: not this */
+        case MEMSIM_EV_MARK:
+            /* a step's mark in b names the step as many steps on as a holds (a repetition's
+             * marks are moved so: MEMSIM_EV_REPEAT) */
+            if (x->id < h->n_strings &&
+                memsim_mark_parse(h->strings[x->id], NULL, NULL) == MEMSIM_MARK_STEP) {
+                if (!step_mark_moved(h, ev, a, len, x->id, y->id))
+                    return false;
+            } else if (x->id != y->id) {
+                return false;
+            }
+            break;
         default:
             if (x->id != y->id)
                 return false;

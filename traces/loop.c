@@ -387,15 +387,23 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
      * tensor of their own */
     AgTensor *labels = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
     Held held = {NULL, NULL, g_ptr_array_new()};
+    /* Whole steps as units (one GPU, where nothing but the model and the optimizer carries
+     * from one step to the next): step 1 makes the optimizer's state, the last marks the
+     * model state, the ones between repeat. A step that holds a repetition of micro-batches
+     * cannot be a unit itself (a unit holds no REPEAT), so this is for loops of up to four
+     * micro-batches. A step's tensors die within the next (a held output). */
+    const bool mb_units = loop_skip_enabled() && run->grad_accum >= 5 &&
+                          (!hooks || hooks->skip_microbatches);
+    LoopSteady steps;
+    loop_steady_init(&steps, loop_skip_enabled() && !hooks && !mb_units && run->steps >= 5, 1);
     for (int step = 1; step <= run->steps; step++) {
+        loop_steady_begin(g, &steps, step >= 2 && step < run->steps);
         loop_mark_step(g, step);
         if (hooks && hooks->before_step)
             hooks->before_step(hooks->user, step);
         LoopSteady steady;
         /* a micro-batch's tensors die within the next */
-        loop_steady_init(&steady, loop_skip_enabled() && run->grad_accum >= 5 &&
-                                      (!hooks || hooks->skip_microbatches),
-                         1);
+        loop_steady_init(&steady, mb_units, 1);
         const int last = run->grad_accum - 1;
         /* without a method's hooks the last micro-batch is like the middle ones (what follows
          * it, the optimizer step, is outside the unit) */
@@ -441,7 +449,11 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
         }
         loop_steady_clear(&steady);
         loop_optimizer_step(g, o, hooks, md->trainable, step, step == run->steps);
+        /* steps step + 1 .. step + skip repeat this one: the last one follows them */
+        if (step >= 3)
+            step += loop_steady_end(g, &steps, run->steps - 1 - step);
     }
+    loop_steady_clear(&steps);
     /* the end of the program: what is alive stays alive in the trace */
     gg_teardown(g);
     held_drop(g, &held);

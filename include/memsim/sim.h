@@ -246,6 +246,11 @@ typedef struct {
     uint64_t steady_skipped;
     uint32_t steady_after, steady_of, steady_step;
     uint64_t steady_timed;
+    /* Whole steps the trace gives as repetitions of the one before them (a loop whose steps
+     * between the first and the last repeat), and how many of those were not run one by one
+     * (as steady_skipped says of micro-batches: their peaks are the last simulated step's,
+     * each gets that step's figures, its time added). */
+    uint64_t steady_steps_repeated, steady_steps_skipped;
 } MemsimRankReport;
 
 typedef struct MemsimReport {

@@ -61,7 +61,9 @@ typedef enum {
      * run once and then `aux` more times, the r-th repetition with every tensor id ≥ `id`
      * (in ALLOC, FREE, USE) increased by r × `addr`. After the last repetition the ids its
      * live tensors got are taken back by aux × `addr`, so that the events after it name them
-     * as they name the unit's. aux = 0: the unit runs once (a boundary, nothing repeats). */
+     * as they name the unit's. A unit may be whole steps: a "step N" MARK in the r-th
+     * repetition names step N + r × (the step marks the unit holds), so that each repetition
+     * is a step of its own. aux = 0: the unit runs once (a boundary, nothing repeats). */
     MEMSIM_EV_REPEAT = 16,
 } MemsimEventKind;
 

@@ -139,8 +139,14 @@ gboolean memsim_estimate_host_check(const MemsimModel *m, const MemsimRun *run,
     int64_t per_step = rr.pp > 1 ? rr.microbatches : r.grad_accum;
     if (rr.pp == 1 && loop_skip_enabled() && per_step > 5)
         per_step = 5;
+    /* one GPU's loop of fewer micro-batches: its steps from the third on repeat the second,
+     * generated up to where that shows (the held output reaches one step further) and the
+     * last (traces/loop.c) */
+    int64_t steps = r.steps;
+    if (!rr.distributed && loop_skip_enabled() && r.grad_accum < 5 && steps > 5)
+        steps = 5;
     int64_t probe_units = rr.pp > 1 ? rr.pp : 1;
-    if ((int64_t)r.steps * per_step <= 8 * probe_units)
+    if (steps * per_step <= 8 * probe_units)
         return TRUE; /* small: no more than its trace at one or two micro-batches a step */
     /* a probe: one step of the fewest micro-batches, its events counted */
     MemsimRun probe = r;
@@ -159,7 +165,7 @@ gboolean memsim_estimate_host_check(const MemsimModel *m, const MemsimRun *run,
         events += n;
     }
     memsim_trace_free(t);
-    double projected = (double)events * (double)r.steps * (double)per_step / (double)probe_units;
+    double projected = (double)events * (double)steps * (double)per_step / (double)probe_units;
     /* the trace's events (40 bytes each) and half as much again: the generator's array grows
      * by doubling, the replay's state, the op table */
     double bytes = projected * (double)sizeof(MemsimEvent) * 1.5;
@@ -179,7 +185,7 @@ gboolean memsim_estimate_host_check(const MemsimModel *m, const MemsimRun *run,
                     "), more than the %s this machine has available (MemAvailable, or "
                     "MEMSIM_HOST_MEMORY); fewer micro-batches (--grad-accum, --microbatches) or "
                     "steps would fit",
-                    b, projected, r.steps, per_step, (double)events / (double)probe_units,
+                    b, projected, (int)steps, per_step, (double)events / (double)probe_units,
                     probe_units, a);
         return FALSE;
     }
