@@ -387,15 +387,20 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
      * tensor of their own */
     AgTensor *labels = gg_leaf(g, DT_I64, SHAPE(run->batch, run->seq), false, MEMSIM_CAT_INPUT);
     Held held = {NULL, NULL, g_ptr_array_new()};
-    /* Whole steps as units (one GPU, where nothing but the model and the optimizer carries
-     * from one step to the next): step 1 makes the optimizer's state, the last marks the
-     * model state, the ones between repeat. A step that holds a repetition of micro-batches
-     * cannot be a unit itself (a unit holds no REPEAT), so this is for loops of up to four
-     * micro-batches. A step's tensors die within the next (a held output). */
+    /* Whole steps as units (one GPU, and the methods whose hooks count skipped micro-batches:
+     * DDP, ZeRO, FSDP): step 1 makes the optimizer's state, the last marks the model state,
+     * the ones between repeat when their programs do (DDP rebuilds its buckets at step 2,
+     * DeepSpeed prefetches from step 2 on: step 3 is the first that can repeat). A step that
+     * holds a repetition of micro-batches cannot be a unit itself (a unit holds no REPEAT), so
+     * this is for loops of up to four micro-batches. A step's tensors die within the next (a
+     * held output). */
     const bool mb_units = loop_skip_enabled() && run->grad_accum >= 5 &&
                           (!hooks || hooks->skip_microbatches);
     LoopSteady steps;
-    loop_steady_init(&steps, loop_skip_enabled() && !hooks && !mb_units && run->steps >= 5, 1);
+    loop_steady_init(&steps,
+                     loop_skip_enabled() && (!hooks || hooks->skip_microbatches) && !mb_units &&
+                         run->steps >= 5,
+                     1);
     for (int step = 1; step <= run->steps; step++) {
         loop_steady_begin(g, &steps, step >= 2 && step < run->steps);
         loop_mark_step(g, step);
