@@ -1734,6 +1734,9 @@ static void steady_pre(RankSim *r)
     step_sums(r, r->unit_pre_sums);
 }
 
+/* The most steps a skip of whole steps adds (each a MemsimStepPeaks record). */
+#define STEADY_MAX_STEPS ((uint64_t)1 << 20)
+
 /* The states kept: after the last RING repetitions (periods of 1 and 2: a cache that settles
  * into two alternating layouts, e.g. a buffer that moves between two segments). */
 #define RING 5
@@ -1918,6 +1921,12 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
             break;
     }
     if (p > 2)
+        return FALSE;
+    /* whole steps are added as records of their own: as many as a trace of a million steps
+     * holds (beyond, or numbers past 2^32 − 1, they run, where such a mark is refused) */
+    if (r->unit_steps && (M > STEADY_MAX_STEPS || r->unit_steps > STEADY_MAX_STEPS ||
+                          M * r->unit_steps > STEADY_MAX_STEPS ||
+                          (uint64_t)cur->step.step + M * r->unit_steps > G_MAXUINT32))
         return FALSE;
     /* every later period does what this one did: each clock moves as it moved */
     const SteadyState *a = &q->st[(rep - p) % RING];
