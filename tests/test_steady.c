@@ -377,6 +377,49 @@ Test(steady, whole_steps_repeat_exactly, .timeout = 600)
     }
 }
 
+/* A repetition's step marks name the steps it stands for: a written trace whose unit starts
+ * step 2^32 − 4 repeats it twice into steps 2^32 − 3 and 2^32 − 2 (the second added, not run);
+ * one that starts 2^32 − 2 would reach 2^32 and is refused, naming the event. */
+static char *step_trace(const char *dir, const char *name, const char *first)
+{
+    g_autofree char *text = g_strdup_printf(
+        "memsim-trace 1\n"
+        "rank 0 device=0 multiplicity=1 streams=1\n"
+        "string 0 \"step %s\"\n"
+        "@rank 0\n"
+        "repeat events=3 times=2 from=1 shift=1\n"
+        "mark 0\n"
+        "alloc t=1 size=4096 stream=0 cat=activation\n"
+        "free t=1\n",
+        first);
+    char *path = g_build_filename(dir, name, NULL);
+    cr_assert(g_file_set_contents(path, text, -1, NULL));
+    return path;
+}
+
+Test(steady, repeated_step_numbers, .timeout = 60)
+{
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *good = step_trace(dir, "good.txt", "4294967292");
+    g_autofree char *bad = step_trace(dir, "bad.txt", "4294967294");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    GError *err = NULL;
+    MemsimReport *rep = memsim_replay_path(good, &o, &err);
+    cr_assert(rep != NULL, "%s", err ? err->message : "?");
+    const MemsimRankReport *r = &rep->ranks[0];
+    cr_assert_eq(r->n_steps, 3);
+    for (guint s = 0; s < 3; s++)
+        cr_expect_eq(r->steps[s].step, 4294967292u + s);
+    cr_expect_eq(r->steady_steps_repeated, 2);
+    cr_expect_eq(r->steady_steps_skipped, 1);
+    memsim_report_free(rep);
+    rep = memsim_replay_path(bad, &o, &err);
+    cr_assert(rep == NULL, "a step past 2^32 - 1 was accepted");
+    cr_expect(g_error_matches(err, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT), "%s", err->message);
+    cr_expect(strstr(err->message, "past 4294967295") != NULL, "%s", err->message);
+    g_error_free(err);
+}
+
 /* A run whose simulation would need more host memory than there is is refused before it
  * starts, with the numbers (MEMSIM_HOST_MEMORY stands for the machine's MemAvailable); one that
  * fits goes on. */
