@@ -73,8 +73,9 @@
  *       The steady state (micro-batches that repeat generated once, added instead of simulated
  *       where the allocator's state repeats): each measurement in a child process of its own,
  *       the median of R runs (default 5; P for the plans, default 1) of its wall time, CPU time
- *       and peak resident memory. `estimate` of llama-2-7b at seq 1024, LoRA, with --grad-accum 1 and
- *       256 (the bound: 256 within 2× of 1); llama-2-70b on 64 × h100-80gb as tp 8, pp 4, dp 2
+ *       and peak resident memory. `estimate` of llama-2-7b at seq 1024, LoRA, with --grad-accum
+ *       1 and 256 (the bound: 256 within 2× of 1) and with 50 steps (no bound: the steps that
+ *       repeat); llama-2-70b on 64 × h100-80gb as tp 8, pp 4, dp 2
  *       with 256 micro-batches (bound: 0.5 s, 100 MB); `plan --global-batch` for llama-2-70b
  *       on 64 GPUs at 512 and 2048 (bound 5 s) and llama-3.1-405b on 1024 GPUs at 4096 (bound
  *       30 s). With --full each estimate is also run with MEMSIM_NO_SKIP=1, the full
@@ -811,6 +812,8 @@ static int bench_steady(int argc, char **argv)
          0, 0, 0},
         {"estimate llama-2-7b seq 1024 LoRA, grad-accum 256", "llama-2-7b",
          {SEVEN, "grad-accum", "256", NULL}, FALSE, 0, 0, 0, 0},
+        {"estimate llama-2-7b seq 1024 LoRA, 50 steps", "llama-2-7b", {SEVEN, "steps", "50", NULL},
+         FALSE, 0, 0, 0, 0},
         {"estimate llama-2-70b tp 8 pp 4 dp 2, 256 micro-batches", "llama-2-70b",
          {SEVENTY, "microbatches", "256", NULL}, FALSE, 0, 0, 0.5, 100},
         {"plan llama-2-70b, 64 × h100-80gb, global batch 512", "llama-2-70b",
