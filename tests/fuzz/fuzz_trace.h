@@ -3,7 +3,8 @@
  * An input must either be refused with a MEMSIM_ERROR_BAD_INPUT naming the input ("fuzz.mst:
  * ..." / "fuzz.txt:LINE: ...") or be read to its end. A trace that is read must then survive
  * the round trips: written in the other format and read back it gives the same header and
- * the same events in the same order, and canonical text written twice is the same bytes.
+ * the same events in the same order, and canonical text written twice is the same bytes;
+ * replayed through torch it gives a report or a bad-input error.
  * Anything else aborts, so that libFuzzer records the input; ASan, UBSan and LeakSanitizer
  * catch the rest.
  */
@@ -11,6 +12,8 @@
 #define MEMSIM_FUZZ_TRACE_H
 
 #include "formats/formats-internal.h"
+
+#include <memsim/sim.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -143,8 +146,56 @@ static void same_events(const Pumped *a, const Pumped *b)
         abort();
 }
 
+/* A replay may run for at most this many events, repetitions counted (a REPEAT of 2^40
+ * repetitions is a valid trace that takes that long). */
+#define FUZZ_MAX_REPLAYED 2000000
+
+/* Replays an accepted trace through torch: it ends with a report or refuses the trace as bad
+ * input (an inconsistency the reader cannot see: a free of a tensor never allocated, a repeat
+ * whose step would pass 2^32 − 1); nothing else. */
+static void replay_pumped(const Pumped *p)
+{
+    double total = 0;
+    for (guint i = 0; i < p->events->len; i++) {
+        const MemsimEvent *e = &g_array_index(p->events, MemsimEvent, i);
+        total += e->kind == MEMSIM_EV_REPEAT && e->aux > 0 ? (double)e->aux * (double)e->size : 1;
+    }
+    if (total > FUZZ_MAX_REPLAYED)
+        return;
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.threads = 1;
+    GError *err = NULL;
+    MemsimReplay *rp = memsim_replay_new(&p->header, &o, &err);
+    if (!rp) {
+        if (!err || err->domain != MEMSIM_ERROR || err->code != MEMSIM_ERROR_BAD_INPUT)
+            abort();
+        g_error_free(err);
+        return;
+    }
+    const MemsimEvent *ev = (const MemsimEvent *)(void *)p->events->data;
+    const guint32 *rk = (const guint32 *)(void *)p->ranks->data;
+    gboolean ok = TRUE;
+    for (guint i = 0; i < p->events->len && ok;) {
+        guint j = i;
+        while (j < p->events->len && rk[j] == rk[i])
+            j++;
+        ok = memsim_replay_feed(rp, &p->header, rk[i], ev + i, j - i, &err);
+        i = j;
+    }
+    if (ok)
+        ok = memsim_replay_drain(rp, &p->header, &err);
+    if (!ok) {
+        if (!err || err->domain != MEMSIM_ERROR || err->code != MEMSIM_ERROR_BAD_INPUT)
+            abort();
+        g_error_free(err);
+        memsim_replay_abort(rp);
+        return;
+    }
+    memsim_report_free(memsim_replay_finish(rp));
+}
+
 /* Reads the input in `format`; when accepted, checks the round trips through the other
- * format. */
+ * format and replays it. */
 static void fuzz_trace(const uint8_t *data, size_t size, const char *name, MemsimFormat format)
 {
     const MemsimFormat other = format == MEMSIM_FORMAT_MST ? MEMSIM_FORMAT_TEXT : MEMSIM_FORMAT_MST;
@@ -182,6 +233,7 @@ static void fuzz_trace(const uint8_t *data, size_t size, const char *name, Memsi
         abort();
     if (p3.out_len != text->out_len || (p3.out_len && memcmp(p3.out, text->out, p3.out_len)))
         abort(); /* canonical text is a fixed point */
+    replay_pumped(&p0);
     pumped_clear(&p0);
     pumped_clear(&p1);
     pumped_clear(&p2);
