@@ -77,15 +77,15 @@ const KindSyntax memsim_text_syntax[MEMSIM_EV_KIND_MAX + 1] = {
                                STREAM_SHOW,
                                {"cat", F_CAT, SHOW_ALWAYS, 0, 0}},
                               {{0}}},
-    [MEMSIM_EV_REPEAT] = {"repeat events=K times=N from=ID shift=D [stream=S]",
+    [MEMSIM_EV_REPEAT] = {"repeat events=K times=N from=ID shift=D [steps] [stream=S]",
                           POS_NONE,
                           5,
-                          0,
+                          1,
                           {{"events", F_SIZE, REQUIRED, 0, 0},
                            {"times", F_AUX, REQUIRED, 0, 0},
                            {"from", F_ID, REQUIRED, 0, 0},
                            {"shift", F_ADDR, REQUIRED, 0, 0},
                            STREAM_OPT},
-                          {{0}}},
+                          {{"steps", F_FLAGS, MEMSIM_EVF_STEPS}}},
 };
 // clang-format on

@@ -150,6 +150,12 @@ typedef struct {
     uint64_t ev_hash;
     struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
     struct RepeatRun *repeat;     /* repetitions under way, or NULL */
+    /* a repeat of whole steps (MEMSIM_EVF_STEPS): its unit captured as written (the repeats
+     * it holds unexpanded) while it first runs, then run again repetition by repetition, the
+     * repeats inside each one handled as usual (outer_pump); NULL when none */
+    struct Outer *outer;
+    uint32_t outer_bump; /* the steps the running repetition of `outer` moves step marks by */
+    guint pump_depth;    /* > 0: run() is given a repetition's events, not the program's */
     double unit_pre_sums[N_SUMS];
     /* the cross-rank steady state: waiting at a repetition's boundary for the other ranks
      * (cross_cut), and the rank's part of the last two cuts */
@@ -165,6 +171,10 @@ typedef struct {
     uint64_t print_serial;
     uint64_t prints[CUTS], print_done[CUTS];
 } RankSim;
+
+static void outer_free(RankSim *r);
+static gboolean outer_start(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                            const MemsimEvent *ev, GError **error);
 
 /* A clock's bit in RankSim.bound and .written: the host's, then the streams' (gpu_free,
  * last_end, wait_until); -1 past 64. */
@@ -379,6 +389,7 @@ static void rank_clear(RankSim *r)
         g_free(r->unit_pre);
     }
     repeat_free(r);
+    outer_free(r);
     cuts_free(r);
     memsim_alloc_free_instance(r->alloc);
     idmap_clear(&r->tensors);
@@ -1356,10 +1367,11 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             memcpy(bd.requested, r->live_req, sizeof r->live_req);
             g_array_append_val(r->breakdowns, bd);
         } else if (kind == MEMSIM_MARK_STEP) {
-            if ((uint64_t)step + r->step_bump > G_MAXUINT32)
+            const uint64_t bump = (uint64_t)r->step_bump + r->outer_bump;
+            if ((uint64_t)step + bump > G_MAXUINT32)
                 return bad(error, h, rank, index, "a repetition moves step %u past %u", step,
                            G_MAXUINT32);
-            MemsimStepPeaks sp = {.step = step + r->step_bump, .start_us = r->cpu_us};
+            MemsimStepPeaks sp = {.step = (uint32_t)(step + bump), .start_us = r->cpu_us};
             for (guint k = 0; k < r->last_end->len; k++)
                 if (g_array_index(r->last_end, double, k) > sp.start_us)
                     sp.start_us = g_array_index(r->last_end, double, k);
@@ -1398,6 +1410,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
     case MEMSIM_EV_REPEAT:
         /* not an event of the program: the indices stay those of the events it stands for */
         r->rep.n_events--;
+        if (ev->flags & MEMSIM_EVF_STEPS)
+            return outer_start(r, h, rank, index, ev, error);
         if (r->capturing)
             return bad(error, h, rank, index, "repeat inside the unit of another repeat");
         if (ev->aux > 0 && ev->size > 0) {
@@ -2005,7 +2019,10 @@ static gboolean repeat_pump(MemsimReplay *rp, const MemsimTraceHeader *h, guint3
             r->ev_hash = 0xCBF29CE484222325ull;
         }
         gsize used;
-        if (!run(rp, h, rank, q->buf + q->pos, K - q->pos, &used, error)) {
+        r->pump_depth++;
+        gboolean ran = run(rp, h, rank, q->buf + q->pos, K - q->pos, &used, error);
+        r->pump_depth--;
+        if (!ran) {
             ok = FALSE;
             break;
         }
@@ -2644,18 +2661,244 @@ static uint64_t events_counted(const MemsimEvent *ev, gsize n)
     uint64_t count = n;
     for (gsize i = 0; i < n; i++)
         if (G_UNLIKELY(ev[i].kind == MEMSIM_EV_REPEAT))
-            count += (ev[i].aux > 0 && ev[i].size > 0 ? ev[i].aux * ev[i].size : 0) - 1;
+            count += (ev[i].aux > 0 && ev[i].size > 0 && !(ev[i].flags & MEMSIM_EVF_STEPS)
+                          ? ev[i].aux * ev[i].size
+                          : 0) -
+                     1;
     return count;
 }
 
 /* The rank stopped (out of memory): the events left are counted, not applied, with the
  * repetitions of a unit it was capturing. */
+/* ---- repeats of whole steps (MEMSIM_EVF_STEPS) ----
+ *
+ * A loop whose steps hold repeats of micro-batches repeats whole steps with a REPEAT flagged
+ * MEMSIM_EVF_STEPS around them. Its unit is captured as written (the repeats inside it
+ * unexpanded) while it first runs; each repetition then runs the unit again through run(),
+ * its own ids moved (those of the repeats inside it too) and its step marks moved by the step
+ * marks it holds, so that the repeats inside it expand and are skipped as they were the first
+ * time. After each one the state is compared with the one before (steady_take, as for
+ * micro-batches, the step count moved on); when it is the same and the clocks moved as they
+ * did, the steps left are added: each a copy of the step before it, one step on. */
+
+#define OUTER_RING 3
+
+typedef struct Outer {
+    GArray *unit; /* MemsimEvent, as written */
+    uint64_t len, times, from, shift;
+    uint64_t index;    /* the REPEAT's event (for messages) */
+    uint64_t expanded; /* events one repetition stands for (events_counted) */
+    uint32_t steps;    /* the step marks of the unit */
+    gboolean capturing, may_skip;
+    /* the state after repetition j (the unit's first run: 0, before it: −1) at [(j+1) % 3] */
+    SteadyState st[OUTER_RING];
+} Outer;
+
+static void outer_free(RankSim *r)
+{
+    Outer *o = r->outer;
+    if (!o)
+        return;
+    g_array_unref(o->unit);
+    for (int k = 0; k < OUTER_RING; k++)
+        steady_clear(&o->st[k]);
+    g_free(o);
+    r->outer = NULL;
+    r->outer_bump = 0;
+}
+
+static gboolean outer_start(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                            const MemsimEvent *ev, GError **error)
+{
+    if (ev->aux == 0 || ev->size == 0)
+        return TRUE; /* a boundary: nothing repeats */
+    if (r->outer || r->capturing || r->pump_depth)
+        return bad(error, h, rank, index, "a repeat of steps inside another repeat");
+    if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
+        (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
+        return bad(error, h, rank, index,
+                   "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
+                   " ids is out of range",
+                   ev->size, ev->aux, ev->addr);
+    Outer *o = g_new0(Outer, 1);
+    o->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+    o->len = ev->size;
+    o->times = ev->aux;
+    o->from = ev->id;
+    o->shift = ev->addr;
+    o->index = index;
+    o->capturing = TRUE;
+    for (int k = 0; k < OUTER_RING; k++)
+        steady_init(&o->st[k]);
+    r->outer = o;
+    steady_take(r, &o->st[0], o->from, 0);
+    return TRUE;
+}
+
+/* A program's event while the unit is being captured. */
+static inline void outer_capture(RankSim *r, const MemsimEvent *ev)
+{
+    Outer *o = r->outer;
+    if (o->capturing && o->unit->len < o->len)
+        g_array_append_val(o->unit, *ev);
+}
+
+static inline gboolean outer_captured(RankSim *r)
+{
+    return r->outer->capturing && r->outer->unit->len == r->outer->len;
+}
+
+/* The rank stopped: the program's events are counted (events_counted) but for the
+ * repetitions of a repeat of steps, whose unit (the repeats it holds unexpanded) is captured
+ * to its end here and its repetitions then counted. */
+static void outer_count(RankSim *r, const MemsimEvent *ev, gsize n)
+{
+    if (r->pump_depth)
+        return;
+    for (gsize i = 0; i < n; i++) {
+        Outer *o = r->outer;
+        if (o && o->capturing) {
+            g_array_append_val(o->unit, ev[i]);
+            if (o->unit->len == o->len) {
+                r->rep.n_events += o->times * events_counted((const MemsimEvent *)(void *)o->unit->data,
+                                                             o->unit->len);
+                outer_free(r);
+            }
+        } else if (!o && ev[i].kind == MEMSIM_EV_REPEAT && (ev[i].flags & MEMSIM_EVF_STEPS) &&
+                   ev[i].aux > 0 && ev[i].size > 0) {
+            o = g_new0(Outer, 1);
+            o->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+            o->len = MIN(ev[i].size, (uint64_t)1 << 40);
+            o->times = MIN(ev[i].aux, (uint64_t)1 << 40);
+            o->capturing = TRUE;
+            for (int k = 0; k < OUTER_RING; k++)
+                steady_init(&o->st[k]);
+            r->outer = o;
+        }
+    }
+}
+
+/* After repetition `rep`: whether the ones left can be added instead of run (and adds them). */
+static gboolean outer_skip(RankSim *r, uint64_t rep)
+{
+    Outer *o = r->outer;
+    SteadyState *cur = &o->st[(rep + 1) % OUTER_RING];
+    const SteadyState *a = &o->st[rep % OUTER_RING], *z = &o->st[(rep + 2) % OUTER_RING];
+    steady_take(r, cur, o->from, rep * o->shift);
+    const uint64_t M = o->times - rep, S = o->steps;
+    if (!steady_equal(a, cur, S) || !steady_clocks(z, a, cur, 0, 0, FALSE))
+        return FALSE;
+    if (M > STEADY_MAX_STEPS || M * (S ? S : 1) > STEADY_MAX_STEPS ||
+        (uint64_t)cur->step.step + M * S > G_MAXUINT32 || (S && r->steps->len < S))
+        return FALSE;
+    const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
+    r->cpu_us += (double)M * (y[0] - x[0]);
+    GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+    guint at = 1;
+    for (int c = 0; c < 3; c++)
+        for (guint k = 0; k < clocks[c]->len; k++, at++)
+            g_array_index(clocks[c], double, k) += (double)M * (y[at] - x[at]);
+    r->rep.n_events += M * o->expanded;
+    if (r->op_next != UINT64_MAX)
+        r->op_next += M * o->expanded;
+    const double D = cur->step.start_us - a->step.start_us;
+    for (uint64_t j = 0; j < M * S; j++) {
+        MemsimStepPeaks sp = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - S);
+        sp.step += S;
+        sp.start_us += D;
+        g_array_append_val(r->steps, sp);
+    }
+    r->rep.steady_steps_skipped += M * S;
+    return TRUE;
+}
+
+/* The unit has run once, captured: its repetitions. */
+static gboolean outer_run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
+                          GError **error)
+{
+    RankSim *r = &rp->ranks[rank];
+    Outer *o = r->outer;
+    o->capturing = FALSE;
+    if (r->capturing || r->repeat)
+        return bad(error, h, rank, o->index,
+                   "a repeat of steps ends inside the unit of a repeat it holds");
+    const MemsimEvent *unit = (const MemsimEvent *)(void *)o->unit->data;
+    const guint K = o->unit->len;
+    const MemsimReplayOptions *opt = &rp->opt;
+    o->may_skip = !opt->timeline && !opt->verify && !opt->hooks && !opt->check_invariants &&
+                  strcmp(memsim_alloc_ops(r->alloc)->name, "torch") == 0 &&
+                  !(rp->allocator && strstr(rp->allocator, "garbage_collection"));
+    for (guint i = 0; i < K; i++) {
+        const MemsimEvent *e = &unit[i];
+        if (e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER))
+            return bad(error, h, rank, o->index, "a repeat of steps holds a send or recv");
+        if (e->kind == MEMSIM_EV_INIT_SEGMENT || e->kind == MEMSIM_EV_INIT_BLOCK)
+            return bad(error, h, rank, o->index,
+                       "the unit of a repeat holds a %s event, which cannot repeat",
+                       memsim_event_kind_name(e->kind));
+        if (e->kind == MEMSIM_EV_MARK) {
+            if (e->id < h->n_strings &&
+                memsim_mark_parse(h->strings[e->id], NULL, NULL) == MEMSIM_MARK_STEP)
+                o->steps++;
+            else
+                o->may_skip = FALSE; /* a label or a breakdown is not added by copies */
+        }
+        if (e->kind != MEMSIM_EV_ALLOC && e->kind != MEMSIM_EV_FREE && e->kind != MEMSIM_EV_OP &&
+            e->kind != MEMSIM_EV_WAIT && e->kind != MEMSIM_EV_COLLECTIVE &&
+            e->kind != MEMSIM_EV_MARK && e->kind != MEMSIM_EV_REPEAT)
+            o->may_skip = FALSE; /* record_stream: the clocks decide the memory */
+    }
+    o->expanded = events_counted(unit, K);
+    r->rep.steady_steps_repeated += o->times * o->steps;
+    if (o->may_skip)
+        steady_take(r, &o->st[1], o->from, 0);
+    MemsimEvent *buf = g_new(MemsimEvent, K ? K : 1);
+    gboolean ok = TRUE;
+    uint64_t rep;
+    for (rep = 1; rep <= o->times; rep++) {
+        const uint64_t moved = rep * o->shift;
+        for (guint i = 0; i < K; i++) {
+            buf[i] = unit[i];
+            if ((buf[i].kind == MEMSIM_EV_ALLOC || buf[i].kind == MEMSIM_EV_FREE ||
+                 buf[i].kind == MEMSIM_EV_USE || buf[i].kind == MEMSIM_EV_REPEAT) &&
+                buf[i].id >= o->from)
+                buf[i].id += moved;
+        }
+        r->outer_bump = (uint32_t)MIN(rep * o->steps, (uint64_t)G_MAXUINT32);
+        gsize used;
+        r->pump_depth++;
+        ok = run(rp, h, rank, buf, K, &used, error);
+        r->pump_depth--;
+        if (!ok)
+            break;
+        if (r->stopped) {
+            r->rep.n_events += (o->times - rep) * o->expanded; /* counted, not applied */
+            break;
+        }
+        if (r->capturing || r->repeat || r->waiting) {
+            ok = bad(error, h, rank, o->index,
+                     "a repetition of steps ends inside the unit of a repeat it holds");
+            break;
+        }
+        if (o->may_skip && rep < o->times && outer_skip(r, rep))
+            break;
+    }
+    g_free(buf);
+    r->outer_bump = 0;
+    const uint64_t moved = MIN(rep, o->times) * o->shift;
+    if (ok && !r->stopped && !steady_rename(r, o->from, moved))
+        ok = bad(error, h, rank, o->index, "a repeated unit leaves tensors whose ids collide");
+    outer_free(r);
+    return ok;
+}
+
 static void stop_count(RankSim *r, const MemsimEvent *ev, gsize n)
 {
     if (r->capturing) {
         r->capturing = FALSE;
         r->rep.n_events += r->unit_times * r->unit_len;
     }
+    outer_count(r, ev, n);
     r->rep.n_events += events_counted(ev, n);
 }
 
@@ -2673,6 +2916,7 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
     /* A stopped rank's events are counted, not applied. Only an ALLOC that fails stops a
      * rank, so the test is made at the start and after those (and after step()). */
     if (G_UNLIKELY(r->stopped)) {
+        outer_count(r, events, n);
         r->rep.n_events += events_counted(events, n);
         return TRUE;
     }
@@ -2681,6 +2925,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         const MemsimEvent *ev = &events[i];
         if (G_UNLIKELY(r->capturing))
             g_array_append_val(r->unit, *ev);
+        if (G_UNLIKELY(r->outer != NULL) && !r->pump_depth)
+            outer_capture(r, ev);
         if (plain && ev->kind == MEMSIM_EV_ALLOC) {
             FastWay w = fast_alloc(r, h, index, ev);
             if (w == FAST_DONE)
@@ -2721,6 +2967,16 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
             }
             if (G_UNLIKELY(r->repeat || r->waiting)) { /* parked inside a repetition */
                 *used = i + 1;
+                break;
+            }
+        }
+        if (G_UNLIKELY(r->outer != NULL) && !r->pump_depth && outer_captured(r)) {
+            if (!outer_run(rp, h, rank, error)) {
+                *used = i + 1;
+                return FALSE;
+            }
+            if (G_UNLIKELY(r->stopped)) {
+                stop_count(r, events + i + 1, n - i - 1); /* counted, not applied */
                 break;
             }
         }

@@ -297,11 +297,11 @@ Test(steady, skip_ahead_is_the_full_simulation, .timeout = 600)
                 G_N_ELEMENTS(cases), n_repeat, n_skip);
 }
 
-/* Whole steps as the unit (traces/loop.c): on one GPU, the steps between the first (which
- * makes the optimizer's state) and the last (which marks the model state) repeat when the
- * step's micro-batches are not a repetition themselves; the step marks of a repetition name
- * the steps it stands for. Against the step-by-step simulation, as above, each step's number
- * and start included. */
+/* Whole steps as the unit (traces/loop.c): on one GPU and with DDP, ZeRO and FSDP, the steps
+ * between the first (which makes the optimizer's state) and the last (which marks the model
+ * state) repeat; the step marks of a repetition name the steps it stands for, and a step
+ * whose micro-batches repeat is a repeat of steps holding theirs (MEMSIM_EVF_STEPS). Against
+ * the step-by-step simulation, as above, each step's number and start included. */
 static const Case step_cases[] = {
     {"6 steps", "gpt2", {SMALL, "steps", "6", NULL}, NULL, TRUE, TRUE, 0},
     {"12 steps ga2", "gpt2", {SMALL, GA(2), "steps", "12", NULL}, NULL, TRUE, TRUE, 0},
@@ -344,9 +344,30 @@ static const Case step_cases[] = {
      TRUE, TRUE, 0},
     {"7 steps hsdp", "gpt2", {SMALL, "steps", "7", "gpus", "16", "method", "hsdp", NULL}, NULL,
      TRUE, FALSE, 0},
-    /* none: too few steps; micro-batches repeat inside the step; a pipeline */
+    /* steps whose micro-batches repeat: repeats of steps holding repeats */
+    {"8 steps ga8", "gpt2", {SMALL, GA(8), "steps", "8", NULL}, NULL, TRUE, TRUE, 0},
+    {"10 steps ga16 ckpt", "gpt2",
+     {SMALL, GA(16), "steps", "10", "checkpointing", "full", NULL}, NULL, TRUE, TRUE, 0},
+    {"9 steps ga64 expandable", "gpt2", {SMALL, GA(64), "steps", "9", NULL},
+     "expandable_segments:True", TRUE, TRUE, 0},
+    {"8 steps ga8 keep-outputs", "gpt2",
+     {SMALL, GA(8), "steps", "8", "keep-outputs", "true", NULL}, NULL, TRUE, FALSE, 0},
+    {"8 steps ga6 lora", "llama-3.2-1b",
+     {SMALL, GA(6), "steps", "8", "finetune", "lora", "lora-rank", "8", NULL}, NULL, TRUE, TRUE,
+     0},
+    {"8 steps ddp ga8", "gpt2", {SMALL, GA(8), "steps", "8", "gpus", "2", "method", "ddp", NULL},
+     NULL, TRUE, TRUE, 0},
+    {"9 steps zero3 ga6", "gpt2",
+     {SMALL, GA(6), "steps", "9", "gpus", "4", "method", "zero3", NULL}, NULL, TRUE, FALSE, 0},
+    {"8 steps fsdp ga8 ckpt", "gpt2",
+     {SMALL, GA(8), "steps", "8", "gpus", "4", "method", "fsdp", "checkpointing", "full", NULL},
+     NULL, TRUE, FALSE, 0},
+    /* out of memory in step 1: the repeat of steps is counted, not run */
+    {"8 steps ga8 out of memory", "gpt2", {SMALL, GA(8), "steps", "8", NULL}, NULL, FALSE, FALSE,
+     (memsim_size_t)2200 << 20},
+    /* none: too few steps; a pipeline */
     {"4 steps", "gpt2", {SMALL, "steps", "4", NULL}, NULL, FALSE, FALSE, 0},
-    {"8 steps ga8", "gpt2", {SMALL, GA(8), "steps", "8", NULL}, NULL, FALSE, FALSE, 0},
+    {"4 steps ga8", "gpt2", {SMALL, GA(8), "steps", "4", NULL}, NULL, FALSE, FALSE, 0},
     {"8 steps 1f1b pp2", "gpt2",
      {SMALL, "steps", "8", "gpus", "2", "pp", "2", "microbatches", "4", NULL}, NULL, FALSE, FALSE,
      0},
@@ -370,6 +391,8 @@ Test(steady, whole_steps_repeat_exactly, .timeout = 600)
                          (unsigned long long)repeated);
         if (c->skips)
             cr_expect(skipped > 0, "%s: every repeated step simulated", c->name);
+        if (c->gpu_mem)
+            cr_expect(skip->ranks[0].oom.happened, "%s: no rank ran out of memory", c->name);
         cr_log_info("%-28s steps repeated %4llu skipped %4llu", c->name,
                     (unsigned long long)repeated, (unsigned long long)skipped);
         memsim_report_free(skip);

@@ -1545,7 +1545,11 @@ static bool unit_events_repeat(AgGraph *g, const MemsimTraceHeader *h, const Mem
                 return false;
             break;
         case MEMSIM_EV_REPEAT:
-            return false; /* a unit inside the unit: not this */
+            /* a unit inside the unit (the micro-batches of a step): the same repeat, from
+             * the same tensor (moved as an id) */
+            if (y->id != (x->id >= from ? x->id + shift : x->id))
+                return false;
+            break;
         case MEMSIM_EV_MARK:
             /* a step's mark in b names the step as many steps on as a holds (a repetition's
              * marks are moved so: MEMSIM_EV_REPEAT) */
@@ -1606,7 +1610,7 @@ bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a
 }
 
 void gg_repeat_set(AgGraph *g, guint placeholder, guint len, uint64_t times, uint64_t from,
-                   uint64_t shift)
+                   uint64_t shift, uint32_t flags)
 {
     MemsimEvent *ev = &((MemsimEvent *)g->events->data)[placeholder];
     g_assert(ev->kind == MEMSIM_EV_REPEAT);
@@ -1614,4 +1618,5 @@ void gg_repeat_set(AgGraph *g, guint placeholder, guint len, uint64_t times, uin
     ev->aux = times;
     ev->id = from;
     ev->addr = shift;
+    ev->flags = flags;
 }

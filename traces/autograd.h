@@ -269,7 +269,7 @@ bool gg_unit_repeats(AgGraph *g, const GgUnitState *before, const GgUnitState *a
                      const GgUnitState *a_end, const GgUnitState *b, const GgUnitState *b_end);
 /* Makes the placeholder a REPEAT of the `len` events after it, `times` more times. */
 void gg_repeat_set(AgGraph *g, guint placeholder, guint len, uint64_t times, uint64_t from,
-                   uint64_t shift);
+                   uint64_t shift, uint32_t flags);
 
 /* An op with an estimated duration on the current stream. */
 void gg_op_timed(AgGraph *g, const char *name, double duration_us);

@@ -367,7 +367,7 @@ int loop_steady_end(AgGraph *g, LoopSteady *s, int left)
         if (!gg_unit_repeats(g, before, &s->start[n - 2], &a_end, b, &end))
             continue;
         gg_repeat_set(g, s->place[n - 1], end.event - b->event, (uint64_t)left,
-                      s->start[n - 1 - L].storage, shift);
+                      s->start[n - 1 - L].storage, shift, s->flags);
         s->on = false;
         return left;
     }
@@ -390,17 +390,19 @@ void loop_train(Model *md, Optimizer *o, const LoopHooks *hooks)
     /* Whole steps as units (one GPU, and the methods whose hooks count skipped micro-batches:
      * DDP, ZeRO, FSDP): step 1 makes the optimizer's state, the last marks the model state,
      * the ones between repeat when their programs do (DDP rebuilds its buckets at step 2,
-     * DeepSpeed prefetches from step 2 on: step 3 is the first that can repeat). A step that
-     * holds a repetition of micro-batches cannot be a unit itself (a unit holds no REPEAT), so
-     * this is for loops of up to four micro-batches. A step's tensors die within the next (a
-     * held output). */
+     * DeepSpeed prefetches from step 2 on: step 3 is the first that can repeat). A step whose
+     * micro-batches repeat holds their REPEAT: its own is then a repeat of steps, which the
+     * replay runs with the repeats inside it. A step's tensors die within the next (a held
+     * output). */
     const bool mb_units = loop_skip_enabled() && run->grad_accum >= 5 &&
                           (!hooks || hooks->skip_microbatches);
     LoopSteady steps;
     loop_steady_init(&steps,
-                     loop_skip_enabled() && (!hooks || hooks->skip_microbatches) && !mb_units &&
+                     loop_skip_enabled() && (!hooks || hooks->skip_microbatches) &&
                          run->steps >= 5,
                      1);
+    /* steps that hold a repeat of micro-batches repeat as steps (MEMSIM_EVF_STEPS) */
+    steps.flags = mb_units ? MEMSIM_EVF_STEPS : 0;
     for (int step = 1; step <= run->steps; step++) {
         loop_steady_begin(g, &steps, step >= 2 && step < run->steps);
         loop_mark_step(g, step);

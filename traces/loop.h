@@ -87,7 +87,8 @@ typedef struct {
     bool on;
     int n, cap; /* units noted (the last cap) */
     GgUnitState *start;
-    guint *place; /* their placeholders (G_MAXUINT: none) */
+    guint *place;   /* their placeholders (G_MAXUINT: none) */
+    uint32_t flags; /* the REPEAT's flags (MEMSIM_EVF_STEPS: units that hold repeats) */
 } LoopSteady;
 /* `reach`: how many units back the tensors a unit frees may have been made (the
  * micro-batches a pipeline stage holds in flight); the units noted reach that far and more. */

@@ -115,8 +115,17 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
                     run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
         return FALSE;
     }
-    /* Megatron's micro-batches are its accumulation (memsim_generate) */
-    double micro = (double)run->steps * (run->microbatches ? run->microbatches : run->grad_accum);
+    /* Megatron's micro-batches are its accumulation (memsim_generate); a loop (one GPU, DDP,
+     * ZeRO, FSDP) generates at most five micro-batches a step and five steps when they
+     * repeat (traces/loop.c: the first ones, one repetition, the last) */
+    double per_step = (double)(run->microbatches ? run->microbatches : run->grad_accum);
+    double steps = (double)run->steps;
+    if (loop_skip_enabled() && run->method != MEMSIM_METHOD_MEGATRON && run->tp <= 1 &&
+        run->pp <= 1 && !run->microbatches) {
+        per_step = MIN(per_step, 5.0);
+        steps = MIN(steps, 5.0);
+    }
+    double micro = steps * per_step;
     /* the Llama-derived families run their routed experts as one grouped computation
      * (traces/families.c moe): no events per expert */
     double per_layer = 600.0 + 150.0 * (fam_modern(m) ? 0.0 : (double)m->n_experts);

@@ -76,6 +76,9 @@ typedef enum {
     MEMSIM_EVF_PEER = 1u << 3,     /* COLLECTIVE send/recv: `addr` is the peer, an index into
                                       the header's ranks; the k-th send from A to B meets the
                                       k-th recv on B from A */
+    MEMSIM_EVF_STEPS = 1u << 4,    /* REPEAT: a unit of whole steps, which may hold repeats of
+                                      its own (a step's micro-batches); it holds no send or
+                                      recv and no other repeat of steps */
 } MemsimEventFlags;
 
 typedef enum {
