@@ -443,6 +443,28 @@ Test(steady, repeated_step_numbers, .timeout = 60)
     g_error_free(err);
 }
 
+/* A written repeat of steps holding a repeat of micro-batches replays as the same program
+ * written out (tests/data/good/nested-repeats*.txt): every peak, step and event count. */
+Test(steady, nested_repeats_are_the_program_written_out, .timeout = 60)
+{
+    g_autofree char *nested = tu_test_data("good/nested-repeats.txt");
+    g_autofree char *flat = tu_test_data("good/nested-repeats-expanded.txt");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    GError *err = NULL;
+    MemsimReport *a = memsim_replay_path(nested, &o, &err);
+    cr_assert(a != NULL, "%s", err ? err->message : "?");
+    MemsimReport *b = memsim_replay_path(flat, &o, &err);
+    cr_assert(b != NULL, "%s", err ? err->message : "?");
+    const Case c = {.name = "nested-repeats.txt"};
+    compare(&c, a, b);
+    cr_expect_eq(a->ranks[0].n_steps, 6);
+    cr_expect_eq(a->ranks[0].n_events, 50);
+    cr_expect_eq(a->ranks[0].steady_steps_repeated, 3);
+    cr_expect_gt(a->ranks[0].steady_steps_skipped, 0);
+    memsim_report_free(a);
+    memsim_report_free(b);
+}
+
 /* A run whose simulation would need more host memory than there is is refused before it
  * starts, with the numbers (MEMSIM_HOST_MEMORY stands for the machine's MemAvailable); one that
  * fits goes on. */

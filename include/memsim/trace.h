@@ -63,7 +63,10 @@ typedef enum {
      * live tensors got are taken back by aux × `addr`, so that the events after it name them
      * as they name the unit's. A unit may be whole steps: a "step N" MARK in the r-th
      * repetition names step N + r × (the step marks the unit holds), so that each repetition
-     * is a step of its own. aux = 0: the unit runs once (a boundary, nothing repeats). */
+     * is a step of its own. With MEMSIM_EVF_STEPS the unit may hold repeats of its own (a
+     * step's micro-batches), written as they are: the `size` events count them unexpanded,
+     * and each repetition moves their `id` as it moves tensor ids. aux = 0: the unit runs
+     * once (a boundary, nothing repeats). */
     MEMSIM_EV_REPEAT = 16,
 } MemsimEventKind;
 
