@@ -983,6 +983,20 @@ static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, ui
     return FALSE;
 }
 
+/* A REPEAT's counts within what a replay takes: at most 2^40 events and repetitions, and ids
+ * that its repetitions move stay below 2^64. */
+static gboolean repeat_in_range(const MemsimTraceHeader *h, guint32 rank, uint64_t index,
+                                const MemsimEvent *ev, GError **error)
+{
+    if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
+        (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
+        return bad(error, h, rank, index,
+                   "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
+                   " ids is out of range",
+                   ev->size, ev->aux, ev->addr);
+    return TRUE;
+}
+
 /* The timeline (opt.timeline): an op starts, or the figures after an action. */
 static void timeline_note(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                           const MemsimEvent *ev)
@@ -1415,12 +1429,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         if (r->capturing)
             return bad(error, h, rank, index, "repeat inside the unit of another repeat");
         if (ev->aux > 0 && ev->size > 0) {
-            if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
-                (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
-                return bad(error, h, rank, index,
-                           "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
-                           " ids is out of range",
-                           ev->size, ev->aux, ev->addr);
+            if (!repeat_in_range(h, rank, index, ev, error))
+                return FALSE;
             r->capturing = TRUE;
             r->unit_len = ev->size;
             r->unit_times = ev->aux;
@@ -1902,6 +1912,18 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     return TRUE;
 }
 
+/* Every clock `periods` more times as far as it went from state a to state b. */
+static void clocks_advance(RankSim *r, const SteadyState *a, const SteadyState *b, double periods)
+{
+    const double *x = (const double *)a->clocks->data, *y = (const double *)b->clocks->data;
+    r->cpu_us += periods * (y[0] - x[0]);
+    GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
+    guint at = 1;
+    for (int c = 0; c < 3; c++)
+        for (guint k = 0; k < clocks[c]->len; k++, at++)
+            g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
+}
+
 /* After a whole repetition: whether the later ones can be added instead of run (and then
  * adds them). */
 static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
@@ -1946,16 +1968,10 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
     const SteadyState *a = &q->st[(rep - p) % RING];
     double periods = (double)(M / p);
     const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
-    if (uses) {
+    if (uses)
         r->t_offset += periods * (y[0] - x[0]);
-    } else {
-        r->cpu_us += periods * (y[0] - x[0]);
-        GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
-        guint at = 1;
-        for (int c = 0; c < 3; c++)
-            for (guint k = 0; k < clocks[c]->len; k++, at++)
-                g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
-    }
+    else
+        clocks_advance(r, a, cur, periods);
     r->rep.n_events += M * K;
     if (r->op_next != UINT64_MAX)
         r->op_next += M * K;
@@ -2707,6 +2723,22 @@ static void outer_free(RankSim *r)
     r->outer_bump = 0;
 }
 
+/* The unit of `ev` (aux > 0, size > 0, in range) to be captured. */
+static Outer *outer_new(RankSim *r, const MemsimEvent *ev)
+{
+    Outer *o = g_new0(Outer, 1);
+    o->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+    o->len = ev->size;
+    o->times = ev->aux;
+    o->from = ev->id;
+    o->shift = ev->addr;
+    o->capturing = TRUE;
+    for (int k = 0; k < OUTER_RING; k++)
+        steady_init(&o->st[k]);
+    r->outer = o;
+    return o;
+}
+
 static gboolean outer_start(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint64_t index,
                             const MemsimEvent *ev, GError **error)
 {
@@ -2714,23 +2746,10 @@ static gboolean outer_start(RankSim *r, const MemsimTraceHeader *h, guint32 rank
         return TRUE; /* a boundary: nothing repeats */
     if (r->outer || r->capturing || r->pump_depth)
         return bad(error, h, rank, index, "a repeat of steps inside another repeat");
-    if (ev->aux > ((uint64_t)1 << 40) || ev->size > ((uint64_t)1 << 40) ||
-        (ev->addr && (ev->aux + 1) > UINT64_MAX / ev->addr))
-        return bad(error, h, rank, index,
-                   "repeat of %" PRIu64 " events %" PRIu64 " times by %" PRIu64
-                   " ids is out of range",
-                   ev->size, ev->aux, ev->addr);
-    Outer *o = g_new0(Outer, 1);
-    o->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
-    o->len = ev->size;
-    o->times = ev->aux;
-    o->from = ev->id;
-    o->shift = ev->addr;
+    if (!repeat_in_range(h, rank, index, ev, error))
+        return FALSE;
+    Outer *o = outer_new(r, ev);
     o->index = index;
-    o->capturing = TRUE;
-    for (int k = 0; k < OUTER_RING; k++)
-        steady_init(&o->st[k]);
-    r->outer = o;
     steady_take(r, &o->st[0], o->from, 0);
     return TRUE;
 }
@@ -2765,15 +2784,9 @@ static void outer_count(RankSim *r, const MemsimEvent *ev, gsize n)
                 outer_free(r);
             }
         } else if (!o && ev[i].kind == MEMSIM_EV_REPEAT && (ev[i].flags & MEMSIM_EVF_STEPS) &&
-                   ev[i].aux > 0 && ev[i].size > 0) {
-            o = g_new0(Outer, 1);
-            o->unit = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
-            o->len = MIN(ev[i].size, (uint64_t)1 << 40);
-            o->times = MIN(ev[i].aux, (uint64_t)1 << 40);
-            o->capturing = TRUE;
-            for (int k = 0; k < OUTER_RING; k++)
-                steady_init(&o->st[k]);
-            r->outer = o;
+                   ev[i].aux > 0 && ev[i].size > 0 && ev[i].aux <= ((uint64_t)1 << 40) &&
+                   ev[i].size <= ((uint64_t)1 << 40)) {
+            outer_new(r, &ev[i]);
         }
     }
 }
@@ -2791,13 +2804,7 @@ static gboolean outer_skip(RankSim *r, uint64_t rep)
     if (M > STEADY_MAX_STEPS || M * (S ? S : 1) > STEADY_MAX_STEPS ||
         (uint64_t)cur->step.step + M * S > G_MAXUINT32 || (S && r->steps->len < S))
         return FALSE;
-    const double *x = (const double *)a->clocks->data, *y = (const double *)cur->clocks->data;
-    r->cpu_us += (double)M * (y[0] - x[0]);
-    GArray *clocks[3] = {r->gpu_free, r->last_end, r->wait_until};
-    guint at = 1;
-    for (int c = 0; c < 3; c++)
-        for (guint k = 0; k < clocks[c]->len; k++, at++)
-            g_array_index(clocks[c], double, k) += (double)M * (y[at] - x[at]);
+    clocks_advance(r, a, cur, (double)M);
     r->rep.n_events += M * o->expanded;
     if (r->op_next != UINT64_MAX)
         r->op_next += M * o->expanded;
