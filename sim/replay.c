@@ -152,7 +152,7 @@ typedef struct {
     struct RepeatRun *repeat;     /* repetitions under way, or NULL */
     /* a repeat of whole steps (MEMSIM_EVF_STEPS): its unit captured as written (the repeats
      * it holds unexpanded) while it first runs, then run again repetition by repetition, the
-     * repeats inside each one handled as usual (outer_pump); NULL when none */
+     * repeats inside each one handled as usual (outer_run); NULL when none */
     struct Outer *outer;
     uint32_t outer_bump; /* the steps the running repetition of `outer` moves step marks by */
     guint pump_depth;    /* > 0: run() is given a repetition's events, not the program's */
@@ -1668,13 +1668,21 @@ static void steady_clear(SteadyState *s)
  * event (a timeline, verification, hooks, invariant checks), the policy is the caching
  * allocator whose state the blocks show (without garbage collection, whose block ages they do
  * not), and the unit meets no other rank and marks nothing. */
-static gboolean steady_may_skip(RankSim *r)
+/* Whether the replay's options and policy let repetitions be added instead of run: nothing
+ * watches each event, and the torch policy's state (without its garbage collection's ages)
+ * is what steady_take compares. */
+static gboolean steady_options_allow(const RankSim *r)
 {
     const MemsimReplayOptions *o = &r->rp->opt;
     if (o->timeline || o->verify || o->hooks || o->check_invariants)
         return FALSE;
-    if (strcmp(memsim_alloc_ops(r->alloc)->name, "torch") != 0 ||
-        (r->rp->allocator && strstr(r->rp->allocator, "garbage_collection")))
+    return strcmp(memsim_alloc_ops(r->alloc)->name, "torch") == 0 &&
+           !(r->rp->allocator && strstr(r->rp->allocator, "garbage_collection"));
+}
+
+static gboolean steady_may_skip(RankSim *r)
+{
+    if (!steady_options_allow(r))
         return FALSE;
     uint32_t marks = 0;
     for (guint i = 0; i < r->unit->len; i++) {
@@ -1839,17 +1847,15 @@ static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h, int32_t *
     return mb;
 }
 
-/* The step marks of the unit (a whole step as the unit). */
-static uint32_t unit_step_marks(RankSim *r, const MemsimTraceHeader *h)
+/* The "step N" marks among n events (a unit of whole steps holds some). */
+static uint32_t step_marks(const MemsimTraceHeader *h, const MemsimEvent *ev, gsize n)
 {
-    uint32_t n = 0;
-    for (guint i = 0; i < r->unit->len; i++) {
-        const MemsimEvent *e = &g_array_index(r->unit, MemsimEvent, i);
-        if (e->kind == MEMSIM_EV_MARK && e->id < h->n_strings &&
-            memsim_mark_parse(h->strings[e->id], NULL, NULL) == MEMSIM_MARK_STEP)
-            n++;
-    }
-    return n;
+    uint32_t k = 0;
+    for (gsize i = 0; i < n; i++)
+        if (ev[i].kind == MEMSIM_EV_MARK && ev[i].id < h->n_strings &&
+            memsim_mark_parse(h->strings[ev[i].id], NULL, NULL) == MEMSIM_MARK_STEP)
+            k++;
+    return k;
 }
 
 /* The captured unit has run once: its repetitions begin. */
@@ -1871,7 +1877,7 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
         peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
     r->unit_mbs = unit_microbatches(r, h);
-    r->unit_steps = unit_step_marks(r, h);
+    r->unit_steps = step_marks(h, (const MemsimEvent *)(void *)r->unit->data, r->unit->len);
     if (r->unit_steps)
         r->rep.steady_steps_repeated += r->unit_times * r->unit_steps;
     else
@@ -1910,6 +1916,27 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     r->ev_logging = q->may_skip && uses;
     q->buf = g_new(MemsimEvent, K);
     return TRUE;
+}
+
+/* Whether `n` repetitions of `s` steps each can be added as step records after state cur:
+ * as many as a trace of a million steps holds, numbered below 2^32 (beyond, they run, where
+ * a mark past 2^32 − 1 is refused). */
+static gboolean steps_addable(const RankSim *r, const SteadyState *cur, uint64_t n, uint64_t s)
+{
+    return n <= STEADY_MAX_STEPS && s <= STEADY_MAX_STEPS && n * s <= STEADY_MAX_STEPS &&
+           (uint64_t)cur->step.step + n * s <= G_MAXUINT32 && r->steps->len >= s;
+}
+
+/* Adds `n` step records, each the one `p` steps before it, p steps on and `d` µs later (the
+ * steps of a period that repeats). */
+static void steps_add(RankSim *r, uint64_t n, uint64_t p, double d)
+{
+    for (uint64_t j = 0; j < n; j++) {
+        MemsimStepPeaks sp = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - p);
+        sp.step += (uint32_t)p;
+        sp.start_us += d;
+        g_array_append_val(r->steps, sp);
+    }
 }
 
 /* Every clock `periods` more times as far as it went from state a to state b. */
@@ -1958,11 +1985,8 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
     }
     if (p > 2)
         return FALSE;
-    /* whole steps are added as records of their own: as many as a trace of a million steps
-     * holds (beyond, or numbers past 2^32 − 1, they run, where such a mark is refused) */
-    if (r->unit_steps && (M > STEADY_MAX_STEPS || r->unit_steps > STEADY_MAX_STEPS ||
-                          M * r->unit_steps > STEADY_MAX_STEPS ||
-                          (uint64_t)cur->step.step + M * r->unit_steps > G_MAXUINT32))
+    /* whole steps are added as records of their own */
+    if (r->unit_steps && !steps_addable(r, cur, M, r->unit_steps))
         return FALSE;
     /* every later period does what this one did: each clock moves as it moved */
     const SteadyState *a = &q->st[(rep - p) % RING];
@@ -1976,15 +2000,8 @@ static gboolean repeat_skip(RankSim *r, const MemsimTraceHeader *h)
     if (r->op_next != UINT64_MAX)
         r->op_next += M * K;
     if (r->unit_steps) {
-        /* whole steps: each one added is the one P steps before it, P steps on */
-        const uint64_t P = (uint64_t)p * r->unit_steps;
-        const double D = cur->step.start_us - a->step.start_us;
-        for (uint64_t j = 0; j < M * r->unit_steps; j++) {
-            MemsimStepPeaks sp = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - P);
-            sp.step += (uint32_t)P;
-            sp.start_us += D;
-            g_array_append_val(r->steps, sp);
-        }
+        steps_add(r, M * r->unit_steps, (uint64_t)p * r->unit_steps,
+                  cur->step.start_us - a->step.start_us);
         r->rep.steady_steps_skipped += M * r->unit_steps;
         return TRUE;
     }
@@ -2684,8 +2701,6 @@ static uint64_t events_counted(const MemsimEvent *ev, gsize n)
     return count;
 }
 
-/* The rank stopped (out of memory): the events left are counted, not applied, with the
- * repetitions of a unit it was capturing. */
 /* ---- repeats of whole steps (MEMSIM_EVF_STEPS) ----
  *
  * A loop whose steps hold repeats of micro-batches repeats whole steps with a REPEAT flagged
@@ -2801,20 +2816,13 @@ static gboolean outer_skip(RankSim *r, uint64_t rep)
     const uint64_t M = o->times - rep, S = o->steps;
     if (!steady_equal(a, cur, S) || !steady_clocks(z, a, cur, 0, 0, FALSE))
         return FALSE;
-    if (M > STEADY_MAX_STEPS || M * (S ? S : 1) > STEADY_MAX_STEPS ||
-        (uint64_t)cur->step.step + M * S > G_MAXUINT32 || (S && r->steps->len < S))
+    if (!steps_addable(r, cur, M, S))
         return FALSE;
     clocks_advance(r, a, cur, (double)M);
     r->rep.n_events += M * o->expanded;
     if (r->op_next != UINT64_MAX)
         r->op_next += M * o->expanded;
-    const double D = cur->step.start_us - a->step.start_us;
-    for (uint64_t j = 0; j < M * S; j++) {
-        MemsimStepPeaks sp = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - S);
-        sp.step += S;
-        sp.start_us += D;
-        g_array_append_val(r->steps, sp);
-    }
+    steps_add(r, M * S, S, cur->step.start_us - a->step.start_us);
     r->rep.steady_steps_skipped += M * S;
     return TRUE;
 }
@@ -2831,10 +2839,8 @@ static gboolean outer_run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 
                    "a repeat of steps ends inside the unit of a repeat it holds");
     const MemsimEvent *unit = (const MemsimEvent *)(void *)o->unit->data;
     const guint K = o->unit->len;
-    const MemsimReplayOptions *opt = &rp->opt;
-    o->may_skip = !opt->timeline && !opt->verify && !opt->hooks && !opt->check_invariants &&
-                  strcmp(memsim_alloc_ops(r->alloc)->name, "torch") == 0 &&
-                  !(rp->allocator && strstr(rp->allocator, "garbage_collection"));
+    o->may_skip = steady_options_allow(r);
+    o->steps = step_marks(h, unit, K);
     for (guint i = 0; i < K; i++) {
         const MemsimEvent *e = &unit[i];
         if (e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER))
@@ -2843,18 +2849,16 @@ static gboolean outer_run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 
             return bad(error, h, rank, o->index,
                        "the unit of a repeat holds a %s event, which cannot repeat",
                        memsim_event_kind_name(e->kind));
-        if (e->kind == MEMSIM_EV_MARK) {
-            if (e->id < h->n_strings &&
-                memsim_mark_parse(h->strings[e->id], NULL, NULL) == MEMSIM_MARK_STEP)
-                o->steps++;
-            else
-                o->may_skip = FALSE; /* a label or a breakdown is not added by copies */
-        }
         if (e->kind != MEMSIM_EV_ALLOC && e->kind != MEMSIM_EV_FREE && e->kind != MEMSIM_EV_OP &&
             e->kind != MEMSIM_EV_WAIT && e->kind != MEMSIM_EV_COLLECTIVE &&
             e->kind != MEMSIM_EV_MARK && e->kind != MEMSIM_EV_REPEAT)
             o->may_skip = FALSE; /* record_stream: the clocks decide the memory */
     }
+    uint32_t marks = 0;
+    for (guint i = 0; i < K; i++)
+        marks += unit[i].kind == MEMSIM_EV_MARK;
+    if (marks != o->steps)
+        o->may_skip = FALSE; /* a label or a breakdown is not added by copies */
     o->expanded = events_counted(unit, K);
     r->rep.steady_steps_repeated += o->times * o->steps;
     if (o->may_skip)
@@ -2899,6 +2903,8 @@ static gboolean outer_run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 
     return ok;
 }
 
+/* The rank stopped (out of memory): the events left are counted, not applied, with the
+ * repetitions of a unit it was capturing. */
 static void stop_count(RankSim *r, const MemsimEvent *ev, gsize n)
 {
     if (r->capturing) {

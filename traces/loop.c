@@ -297,6 +297,11 @@ bool loop_skip_enabled(void)
     return !e || !*e || strcmp(e, "0") == 0;
 }
 
+bool loop_repeats(MemsimMethod method, int pp)
+{
+    return loop_skip_enabled() && method != MEMSIM_METHOD_MEGATRON && pp == 1;
+}
+
 /* ---- the steady state (MEMSIM_EV_REPEAT) ----
  *
  * A unit (a micro-batch of the loop, a forward-backward pair of a pipeline's steady phase) in

@@ -78,6 +78,12 @@ typedef struct {
  * micro-batches that repeat: unless the environment has MEMSIM_NO_SKIP set (for comparing
  * with the full simulation). */
 bool loop_skip_enabled(void);
+/* Whether a run's program, by its resolved method and pipeline degree (memsim_run_resolve),
+ * is a loop (loop_train: one GPU, DDP, ZeRO, FSDP; not a Megatron stage) whose repetitions are
+ * generated once: then it generates at most LOOP_GENERATED micro-batches a step and
+ * LOOP_GENERATED steps (the first ones, one repetition, the last). */
+bool loop_repeats(MemsimMethod method, int pp);
+#define LOOP_GENERATED 5
 
 /* The units of one step (traces/loop.c): loop_steady_begin before each, `middle` for those
  * that may repeat (a REPEAT placeholder goes before them); loop_steady_end after a middle

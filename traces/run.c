@@ -115,15 +115,14 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
                     run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
         return FALSE;
     }
-    /* Megatron's micro-batches are its accumulation (memsim_generate); a loop (one GPU, DDP,
-     * ZeRO, FSDP) generates at most five micro-batches a step and five steps when they
-     * repeat (traces/loop.c: the first ones, one repetition, the last) */
+    /* Megatron's micro-batches are its accumulation (memsim_generate); a loop generates a few
+     * of its micro-batches and steps when they repeat (loop_repeats) */
     double per_step = (double)(run->microbatches ? run->microbatches : run->grad_accum);
     double steps = (double)run->steps;
-    if (loop_skip_enabled() && run->method != MEMSIM_METHOD_MEGATRON && run->tp <= 1 &&
-        run->pp <= 1 && !run->microbatches) {
-        per_step = MIN(per_step, 5.0);
-        steps = MIN(steps, 5.0);
+    MemsimResolvedRun rr = memsim_run_resolve(run);
+    if (loop_repeats(rr.method, rr.pp)) {
+        per_step = MIN(per_step, (double)LOOP_GENERATED);
+        steps = MIN(steps, (double)LOOP_GENERATED);
     }
     double micro = steps * per_step;
     /* the Llama-derived families run their routed experts as one grouped computation

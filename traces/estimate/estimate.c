@@ -139,12 +139,8 @@ gboolean memsim_estimate_host_check(const MemsimModel *m, const MemsimRun *run,
     int64_t per_step = rr.pp > 1 ? rr.microbatches : r.grad_accum;
     if (rr.pp == 1 && loop_skip_enabled() && per_step > 5)
         per_step = 5;
-    /* a loop (one GPU, DDP, ZeRO, FSDP): its steps from the third on repeat the second,
-     * generated up to where that shows (the held output reaches one step further) and the
-     * last (traces/loop.c) */
-    int64_t steps = r.steps;
-    if (rr.method != MEMSIM_METHOD_MEGATRON && rr.pp == 1 && loop_skip_enabled() && steps > 5)
-        steps = 5;
+    /* a loop's steps from the third on repeat the second (traces/loop.c) */
+    int64_t steps = loop_repeats(rr.method, rr.pp) ? MIN(r.steps, LOOP_GENERATED) : r.steps;
     int64_t probe_units = rr.pp > 1 ? rr.pp : 1;
     if (steps * per_step <= 8 * probe_units)
         return TRUE; /* small: no more than its trace at one or two micro-batches a step */
