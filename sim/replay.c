@@ -82,6 +82,9 @@ typedef struct {
     int64_t cur_op;
     int64_t live_cat[MEMSIM_CAT_COUNT];
     int64_t live_req[MEMSIM_CAT_COUNT];
+    /* the live tensors' requests each rounded up to 512 bytes, and its peak: what the `exact`
+     * policy reserves (sim/alloc/exact.c), whatever the policy replayed */
+    int64_t live_rounded, peak_rounded;
     GArray *breakdowns; /* MemsimBreakdown */
     int64_t last_allocated;
     int64_t best_allocated;
@@ -839,6 +842,15 @@ static void note_oom_sites(RankSim *r, uint64_t index)
     r->rep.sites_oom_event = index;
 }
 
+/* A request rounded up to 512 bytes as the `exact` policy rounds it (exact_round; saturating
+ * near 2^64 as it does). */
+static inline memsim_size_t round_512(memsim_size_t size)
+{
+    if (size < 512)
+        return 512;
+    return size > UINT64_MAX - 511 ? UINT64_MAX : (size + 511) & ~(memsim_size_t)511;
+}
+
 /* A successful ALLOC: the tensor enters the id map at `slot` (from idmap_slot, after
  * idmap_reserve) charged with the change in allocated bytes. */
 static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
@@ -856,6 +868,9 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
     idmap_fill(&r->tensors, slot, ev->id, &v);
     r->live_cat[ev->category] += (int64_t)v.size;
     r->live_req[ev->category] += (int64_t)v.req;
+    r->live_rounded += (int64_t)round_512(v.req);
+    if (r->live_rounded > r->peak_rounded)
+        r->peak_rounded = r->live_rounded;
     note_peaks(r, h, index, st);
     if (G_UNLIKELY(st->requested.current > r->rp->requested_limit))
         g_atomic_int_set(&r->rp->over_limit, TRUE); /* the caller gives up (over_limit) */
@@ -906,6 +921,7 @@ static inline void free_done(RankSim *r, const IdVal *v)
     r->a_free(r->a_state, v->addr); /* memsim_alloc_free without the call */
     r->live_cat[v->category] -= (int64_t)v->size;
     r->live_req[v->category] -= (int64_t)v->req;
+    r->live_rounded -= (int64_t)round_512(v->req);
     r->last_allocated -= (int64_t)v->size;
     if (G_UNLIKELY(v->site != SITE_NONE))
         site_move(r, v->site, v->size, -1, 0);
@@ -1276,6 +1292,9 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         idmap_put(&r->tensors, ev->id, &v);
         r->live_cat[ev->category] += (int64_t)v.size;
         r->live_req[ev->category] += (int64_t)v.req;
+        r->live_rounded += (int64_t)round_512(v.req);
+        if (r->live_rounded > r->peak_rounded)
+            r->peak_rounded = r->live_rounded;
         track_peaks(r, h, index, &st);
         action = FALSE;
         break;
@@ -3150,6 +3169,7 @@ MemsimReport *memsim_replay_finish(MemsimReplay *rp)
         if (r->rep.steady_skipped) /* the highest micro-batch an op ran in, plus one */
             r->rep.steady_of = (uint32_t)(r->mb_top + 1);
         r->rep.device_total = (memsim_size_t)r->rep.stats.reserved.peak;
+        r->rep.rounded_peak = (memsim_size_t)r->peak_rounded;
         r->rep.time_us = r->cpu_us;
         for (guint k = 0; k < r->last_end->len; k++)
             if (g_array_index(r->last_end, double, k) > r->rep.time_us)

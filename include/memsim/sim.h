@@ -251,6 +251,10 @@ typedef struct {
      * (as steady_skipped says of micro-batches: their peaks are the last simulated step's,
      * each gets that step's figures, its time added). */
     uint64_t steady_steps_repeated, steady_steps_skipped;
+    /* The peak of the live tensors' requested bytes, each rounded up to 512: what the `exact`
+     * policy would reserve at its peak on the same program (a lower bound of any policy's
+     * peak reserved), whichever policy was replayed. Up to where the rank stopped. */
+    memsim_size_t rounded_peak;
 } MemsimRankReport;
 
 typedef struct MemsimReport {
