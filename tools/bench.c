@@ -629,9 +629,10 @@ static int bench_plan(int argc, char **argv)
                gpus, o.gpu, seq, o.top, k ? ", exhaustive" : "");
         printf("  %u configurations, %" G_GUINT64_FORMAT " candidates with micro-batches and "
                "allocator settings\n", p->n_configs, p->n_candidates);
-        printf("  %u traces generated, %u replays; pruned %u configurations by the memory bound, "
-               "%u by the cost model, %u replays by the exact bound\n",
-               p->n_generated, p->n_replays, p->n_pruned_bound, p->n_pruned_cost,
+        printf("  %u traces generated, %u replays, %u steps bounded from short runs; pruned %u "
+               "configurations by the memory bound, %u by the cost model, %u replays by the "
+               "exact bound\n",
+               p->n_generated, p->n_replays, p->n_bounded, p->n_pruned_bound, p->n_pruned_cost,
                p->n_pruned_exact);
         printf("  wall %.2f s, CPU %.2f s on %d thread(s): %.1f candidates simulated per second "
                "(%.1f replays per second)\n",

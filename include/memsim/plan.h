@@ -161,6 +161,7 @@ typedef struct {
     guint n_pruned_bound; /* configurations ruled out by the model-state lower bound */
     guint n_pruned_exact; /* replays saved by the exact allocator's lower bound */
     guint n_pruned_cost;  /* configurations that could not reach the top rows */
+    guint n_bounded;      /* candidates whose step was bounded from their stage programs */
     int threads;
     double elapsed_s; /* wall-clock seconds */
     MemsimTimeModel time_model; /* what the simulated step times assumed (the whole GPU's) */

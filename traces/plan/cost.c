@@ -3,7 +3,8 @@
  * traces/gpus.c, replayed as `memsim estimate` replays them); this model, meant to stay
  * below the simulated step (FLOPs at the peak's efficiency without waves, launch floors,
  * host dispatch or latencies; its collective terms are not guaranteed to), only says which configurations to simulate first and which
- * cannot reach the top rows (traces/plan/plan.c raises it, per configuration, to the host's
+ * cannot reach the top rows (traces/plan/plan.c raises it, per configuration, to the bound of
+ * a short run of a Megatron layout's stage programs, traces/plan/bound.c, and to the host's
  * dispatch time the simulation of a sibling micro-batch size showed).
  *
  * Notation: Ψ parameters (memsim_model_n_params), Ψt trainable ones (Ψ for full fine-tuning;

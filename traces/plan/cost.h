@@ -40,6 +40,9 @@ typedef struct {
     double tokens_per_s;
     gboolean simulated; /* step_s is the simulation's (the configuration was replayed) */
     double model_step_s; /* the cost model's own step_s */
+    double chain_s;      /* a lower bound of the simulated step from the stage programs
+                            (traces/plan/bound.c; 0: none) */
+    gboolean chained;    /* chain_s was looked for */
 } CostResult;
 
 /* Fills `out` for the configuration of `in`. */

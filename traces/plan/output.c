@@ -122,12 +122,12 @@ static void sweep_line(GString *s, const MemsimPlan *p)
     g_string_append_printf(s,
                            "sweep:    %u configurations, %" G_GUINT64_FORMAT
                            " candidates with micro-batches and allocator settings; %u traces "
-                           "generated, %u replays; pruned: %u by the memory bound, %u "
-                           "replays by the exact allocator's bound, %u by the cost model; "
-                           "%.2f s on %d thread(s)\n",
+                           "generated, %u replays, %u steps bounded from short runs; pruned: %u "
+                           "by the memory bound, %u replays by the exact allocator's bound, %u "
+                           "by the cost model; %.2f s on %d thread(s)\n",
                            p->n_configs, p->n_candidates, p->n_generated, p->n_replays,
-                           p->n_pruned_bound, p->n_pruned_exact, p->n_pruned_cost, p->elapsed_s,
-                           p->threads);
+                           p->n_bounded, p->n_pruned_bound, p->n_pruned_exact, p->n_pruned_cost,
+                           p->elapsed_s, p->threads);
 }
 
 char *memsim_plan_to_text(const MemsimPlan *p)
@@ -377,6 +377,7 @@ char *memsim_plan_to_json(const MemsimPlan *p)
     jint(b, "candidates", (int64_t)p->n_candidates);
     jint(b, "generated", p->n_generated);
     jint(b, "replays", p->n_replays);
+    jint(b, "steps_bounded", p->n_bounded);
     jint(b, "pruned_by_memory_bound", p->n_pruned_bound);
     jint(b, "replays_pruned_by_exact_bound", p->n_pruned_exact);
     jint(b, "pruned_by_cost", p->n_pruned_cost);

@@ -15,8 +15,14 @@
  * are ranked by tokens per second, then the smaller peak, then the enumeration order: a
  * total order, so the result does not depend on the thread count (the statistics do).
  *
- * The search. Layouts are spread over a GThreadPool, fastest possible first (the cost model
- * at every b, before any simulation); within a layout one thread works alone.
+ * The search. Layouts are spread over a GThreadPool, likeliest to give fast rows first (the
+ * guess of their lightest members at the smallest b); within a layout one thread works alone.
+ * A candidate's guess of its step is a lower bound of its simulated step: the cost model
+ * (traces/plan/cost.c), raised where the search needs it, for Megatron layouts, to the bound
+ * of a short run of the same stage programs (traces/plan/bound.c: the kernels of the step's
+ * micro-batches on each stage, chained through the pipeline; with a fixed global batch, one
+ * run at the largest b floors every b that divides it), and after a sibling's simulation to
+ * its host dispatch time.
  *   1. Memory bound: the model-state lower bound (below) plus the CUDA context and NCCL
  *      above the memory rules the layout out, unsimulated.
  *   2. Cost bound: a layout (or member, or micro-batch) whose best possible speed is below
@@ -32,8 +38,9 @@
  *   4. A probe generates the trace once and replays it through torch with the default
  *      settings (first without a memory limit where a miss would be measured anyway: below
  *      the capacity it is the same run, and its requested bytes bound every setting from
- *      below); when that does not fit, through the `exact` policy (a lower bound of torch's
- *      peak under any setting) before trying expandable_segments.
+ *      below); when that does not fit, the `exact` policy (a lower bound of torch's peak under
+ *      any setting: the live tensors rounded to 512 bytes, whose peak every replay reports
+ *      as rounded_peak) must fit before expandable_segments is tried.
  * The assumptions (the peak grows with b and with less checkpointing) are checked against
  * MemsimPlanOptions.exhaustive, which simulates every member and micro-batch with both
  * settings (tests/test_plan.c). The closest misses are the members whose smallest b does
@@ -364,6 +371,8 @@ static void fill_costs(Sweep *sw, Group *g)
         in.batch = g->bs[j];
         in.n_micro = g->n_micro[j];
         in.offload = sw->offload || (sw->base.deepspeed && sw->base.deepspeed->z.offload_optimizer);
+        /* (a phase starts afresh: nothing simulated or bounded yet) */
+        g->cost[j] = (CostResult){0};
         cost_step(&in, &g->cost[j]);
         g->cost[j].model_step_s = g->cost[j].step_s;
         if (g->cost[j].tokens_per_s > g->best_tps)
@@ -642,6 +651,103 @@ static void count(Sweep *sw, guint *counter)
     g_mutex_unlock(&sw->lock);
 }
 
+/* The best that g's candidates j could do again (cost[j].step_s raised by the simulation's
+ * host time or the chain bound). */
+static void cost_refresh(Group *g, int j)
+{
+    CostResult *c = &g->cost[j];
+    c->tokens_per_s = c->tokens / c->step_s;
+    g->best_tps = 0;
+    for (int k = 0; k < g->nb; k++)
+        g->best_tps = MAX(g->best_tps, g->cost[k].tokens_per_s);
+}
+
+/* Raises candidate j's guess to the chain bound of its stage programs (traces/plan/bound.c:
+ * a lower bound of the simulated step, as the guess must stay), once. */
+static void tighten(Sweep *sw, Group *g, int j)
+{
+    CostResult *c = &g->cost[j];
+    if (c->chained || c->simulated || g->method != MEMSIM_METHOD_MEGATRON)
+        return;
+    c->chained = TRUE;
+    c->chain_s = plan_step_bound(sw, g, j);
+    count(sw, &sw->n_bounded);
+    if (c->chain_s > c->step_s) {
+        c->step_s = c->chain_s;
+        cost_refresh(g, j);
+    }
+}
+
+/* With a fixed global batch: every candidate whose b divides the largest raised to the floor
+ * of the largest (plan_step_floor), once; one short run bounds them all. */
+static void floor_member(Sweep *sw, Group *g)
+{
+    if (g->floored || g->method != MEMSIM_METHOD_MEGATRON || !sw->opt.global_batch || g->nb < 2)
+        return;
+    g->floored = TRUE;
+    const int J = g->nb - 1;
+    double f = plan_step_floor(sw, g, J);
+    count(sw, &sw->n_bounded);
+    for (int j = 0; j < g->nb; j++) {
+        CostResult *c = &g->cost[j];
+        if (g->bs[J] % g->bs[j] || c->simulated || f <= c->chain_s)
+            continue;
+        c->chain_s = f;
+        if (f > c->step_s) {
+            c->step_s = f;
+            cost_refresh(g, j);
+        }
+    }
+}
+
+/* Whether g's guess at j is final: simulated, or raised to its chain bound (or there is none
+ * for its method). */
+static gboolean settled(const Group *g, int j)
+{
+    return g->cost[j].simulated || g->cost[j].chained || g->method != MEMSIM_METHOD_MEGATRON;
+}
+
+/* What g's candidates [0, hi) could do, as far as `cut` needs: a settled guess of at least
+ * `cut` (not always the fastest: enough to know the member can reach it), or the fastest
+ * guess when it is below `cut` or settled. Guesses are raised (the member's floor first, then
+ * candidate by candidate) fastest first until one of those holds. */
+static double settled_best(Sweep *sw, Group *g, int hi, double cut)
+{
+    for (;;) {
+        int best = -1;
+        for (int j = 0; j < hi; j++)
+            if (best < 0 || g->cost[j].tokens_per_s > g->cost[best].tokens_per_s)
+                best = j;
+        if (best < 0)
+            return 0;
+        const double top = g->cost[best].tokens_per_s;
+        if (settled(g, best) || top < cut)
+            return top;
+        for (int j = 0; j < hi; j++)
+            if (settled(g, j) && g->cost[j].tokens_per_s >= cut)
+                return g->cost[j].tokens_per_s;
+        if (!g->floored && sw->opt.global_batch && g->method == MEMSIM_METHOD_MEGATRON)
+            floor_member(sw, g); /* one run for many candidates */
+        else
+            tighten(sw, g, best);
+    }
+}
+
+/* Whether the exact policy (sim/alloc/exact.c: the live tensors, each rounded up to 512
+ * bytes) fits every rank of `u`, a whole replay without a memory limit, with NCCL's bytes
+ * kept off the capacity as the plan judges it (replay_as with `reserve`): its peak is the
+ * ranks' rounded_peak, whatever policy `u` replayed. */
+static gboolean rounded_fits(const Sweep *sw, const MemsimReport *u, memsim_size_t nccl)
+{
+    if (sw->ctx + nccl >= sw->gpu_mem)
+        return FALSE;
+    const memsim_size_t cap = sw->gpu_mem - sw->ctx - nccl;
+    for (guint i = 0; i < u->n_ranks; i++)
+        if (u->ranks[i].rounded_peak > cap)
+            return FALSE;
+    return TRUE;
+}
+
 /* Whether the requested bytes of some rank (plus its context and NCCL) exceed the memory:
  * they bound from below what any allocator setting could reach. */
 static gboolean needs_more_than(const MemsimReport *rep, memsim_size_t gpu_mem)
@@ -690,6 +796,9 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         return;
     }
     MemsimReport *rep = NULL;
+    const memsim_size_t nccl = memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
+    /* whether the exact policy fits, known from the run without a memory limit */
+    gboolean exact_known = FALSE, exact_fits = TRUE;
     if (!p->done && !sw->opt.exhaustive) {
         /* a miss that need not be measured stops where its requested bytes show it (it is
          * measured later if it is shown: probe with `need`) */
@@ -704,13 +813,17 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         gboolean below = TRUE;
         for (guint i = 0; i < u->n_ranks; i++)
             below &= (memsim_size_t)u->ranks[i].stats.reserved.peak <= sw->gpu_mem - sw->ctx;
+        exact_known = TRUE;
+        exact_fits = rounded_fits(sw, u, nccl);
         if (below) {
             memsim_report_set_device(u, sw->gpu_mem, u->context_bytes);
             rep = u;
         } else {
             probe_take(p, u, FALSE);
             p->measured = TRUE;
-            if (needs_more_than(u, sw->gpu_mem)) {
+            /* (where even the exact policy does not fit, no setting does: torch's reserved
+             * bytes are never below the live ones rounded as it rounds them) */
+            if (needs_more_than(u, sw->gpu_mem) || !exact_fits) {
                 p->done = TRUE;
                 count(sw, &sw->n_pruned_exact);
             }
@@ -719,7 +832,6 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
     }
     if (!p->done) {
         p->done = TRUE;
-        memsim_size_t nccl = memsim_estimate_nccl_bytes(&r, sw->opt.nccl_bytes);
         if (!rep)
             rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
         if (report_fits(rep)) {
@@ -732,7 +844,9 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
             gboolean try_exp = !sw->opt.no_expandable;
             if (try_exp && !sw->opt.exhaustive) {
                 gboolean hopeless = sw->ctx + nccl >= sw->gpu_mem;
-                if (!hopeless) {
+                if (!hopeless && exact_known) {
+                    hopeless = !exact_fits;
+                } else if (!hopeless) {
                     MemsimReport *ex = replay(sw, t, &r, "exact", NULL, sw->gpu_mem, nccl);
                     hopeless = !report_fits(ex);
                     memsim_report_free(ex);
@@ -777,7 +891,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
             if (ck->simulated)
                 continue;
             double host = p->host_s * MIN(1.0, (double)g->n_micro[k] / g->n_micro[j]);
-            ck->step_s = MAX(ck->model_step_s, host);
+            ck->step_s = MAX(MAX(ck->model_step_s, host), ck->chain_s);
             ck->tokens_per_s = ck->tokens / ck->step_s;
         }
         g->best_tps = 0;
@@ -895,6 +1009,12 @@ static int best_resolved(Sweep *sw, Group *g, int lo)
             double v = g->cost[j].tokens_per_s;
             if (best >= 0 && !(v > BATCH_GAIN * g->cost[best].tokens_per_s))
                 continue;
+            if (!p->done && best >= 0 && !settled(g, j)) {
+                /* whether it could replace the choice, with its guess settled */
+                tighten(sw, g, j);
+                if (!(g->cost[j].tokens_per_s > BATCH_GAIN * g->cost[best].tokens_per_s))
+                    continue;
+            }
             if (!p->done) {
                 need = j;
                 break;
@@ -918,16 +1038,13 @@ static void search_exhaustive(Sweep *sw, Group *g)
         g->miss = TRUE;
 }
 
-/* The best a member could still do: the fastest b not known to fail. */
-static double upside(const Group *g)
+/* The best a member could still do: the fastest b not known to fail (settled down to
+ * `cut`). */
+static double upside(Sweep *sw, Group *g, double cut)
 {
     int lo, hi;
     bounds(g, &lo, &hi);
-    double u = 0;
-    for (int j = 0; j < hi; j++)
-        if (g->cost[j].tokens_per_s > u)
-            u = g->cost[j].tokens_per_s;
-    return u;
+    return settled_best(sw, g, hi, cut);
 }
 
 /* The best b of a member: aim at the smallest b that matters (one that would replace the
@@ -943,9 +1060,13 @@ static void refine(Sweep *sw, Group *g, double cutoff)
         double have = bk >= 0 ? g->cost[bk].tokens_per_s : 0;
         double cut = MAX(cutoff, threshold(sw));
         int k0 = -1;
-        for (int k = lo + 1; k < hi && k0 < 0; k++)
+        for (int k = lo + 1; k < hi && k0 < 0; k++) {
+            if (!(g->cost[k].tokens_per_s > BATCH_GAIN * have && g->cost[k].tokens_per_s >= cut))
+                continue;
+            tighten(sw, g, k);
             if (g->cost[k].tokens_per_s > BATCH_GAIN * have && g->cost[k].tokens_per_s >= cut)
                 k0 = k;
+        }
         if (k0 < 0)
             break; /* nothing unresolved would replace the choice and matter */
         int j = hi == g->nb ? (lo <= 0 ? lo + 1 : 2 * lo) : (lo + hi) / 2;
@@ -998,15 +1119,38 @@ static void family_search(Sweep *sw, Degrees *f)
                 g->miss = TRUE; /* a member needing less memory did not fit */
                 continue;
             }
-            double u = upside(g);
+            double u = upside(sw, g, MAX(T, have));
             if (u < T || u < have) {
                 g->pruned_cost = TRUE; /* slower than what is known to be possible */
                 continue;
             }
-            if (!m || u > mu) {
-                m = g;
-                mu = u;
+            m = g;
+        }
+        if (!m)
+            break;
+        /* the fastest member first, by the guesses: each member that leads raised to its
+         * floor first (one short run for all its b; the floors of the members order them
+         * well enough, the search settles what decides) */
+        for (;;) {
+            int mj = -1;
+            m = NULL;
+            for (int i = f->first; i < f->first + f->n; i++) {
+                Group *g = &sw->groups[i];
+                if (!open_member(g) || g->fail_min <= g->bs[0])
+                    continue;
+                int lo, hi;
+                bounds(g, &lo, &hi);
+                for (int j = 0; j < hi; j++)
+                    if (!m || g->cost[j].tokens_per_s > mu) {
+                        m = g;
+                        mj = j;
+                        mu = g->cost[j].tokens_per_s;
+                    }
             }
+            if (!m || settled(m, mj) || m->floored || !sw->opt.global_batch ||
+                m->method != MEMSIM_METHOD_MEGATRON)
+                break;
+            floor_member(sw, m);
         }
         if (!m)
             break;
@@ -1023,8 +1167,13 @@ static void family_search(Sweep *sw, Degrees *f)
          * lighter members and whose miss about the heavier */
         int lo, hi, j0 = 0;
         bounds(m, &lo, &hi);
-        while (j0 < hi - 1 && m->cost[j0].tokens_per_s < MAX(T, have))
+        while (j0 < hi - 1) {
+            if (m->cost[j0].tokens_per_s >= MAX(T, have))
+                tighten(sw, m, j0);
+            if (m->cost[j0].tokens_per_s >= MAX(T, have))
+                break;
             j0++;
+        }
         int64_t b = m->bs[j0];
         Group *chain[3];
         int at[3], n = 0;
@@ -1052,6 +1201,17 @@ static void family_search(Sweep *sw, Degrees *f)
     }
 }
 
+/* The best a family's members could do, settled (settled_best) down to `cut`. */
+static double family_best(Sweep *sw, const Degrees *f, double cut)
+{
+    double best = 0;
+    for (int i = f->first; i < f->first + f->n && best < MAX(cut, 0); i++) {
+        Group *g = &sw->groups[i];
+        best = MAX(best, settled_best(sw, g, g->nb, cut));
+    }
+    return MAX(best, cut < 0 ? f->best_tps : 0);
+}
+
 static void worker(gpointer data, gpointer user)
 {
     Sweep *sw = user;
@@ -1062,7 +1222,7 @@ static void worker(gpointer data, gpointer user)
     } else if (f->pruned_bound) {
         for (int i = f->first; i < f->first + f->n; i++)
             sw->groups[i].miss = TRUE;
-    } else if (f->best_tps < threshold(sw)) {
+    } else if (family_best(sw, f, threshold(sw)) < threshold(sw)) {
         /* nothing of it can reach the top rows (whatever is probed later only raises the
          * threshold, so what is skipped here never shows) */
         f->pruned_cost = TRUE;
@@ -1124,10 +1284,46 @@ static void measure_miss(gpointer data, gpointer user)
 static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRow **misses,
                     guint *n_misses)
 {
+    /* the misses' guesses settled, whichever way the search went (shown_misses compares
+     * them with the recommendation) */
+    for (int i = 0; i < sw->n_groups; i++)
+        if (sw->groups[i].miss && sw->groups[i].nb)
+            tighten(sw, &sw->groups[i], 0);
     GPtrArray *todo = plan_misses_to_measure(sw);
     run_pool(sw, todo, measure_miss);
     g_ptr_array_unref(todo);
     plan_collect(sw, rows, n_rows, misses, n_misses);
+}
+
+/* A family's likely speed, for the order of the search only: its fastest member among those
+ * that need the least memory (the most checkpointing swept), at the smallest b, the guesses
+ * raised to their chain bounds fastest first until the fastest is settled. Families whose
+ * lightest members are fast come first: they are the likeliest to give rows early, and their
+ * rows raise the threshold that prunes the others. */
+static void settle_likely(gpointer data, gpointer user)
+{
+    Sweep *sw = user;
+    Degrees *f = data;
+    if (f->pruned_bound)
+        return;
+    int lightest = 3;
+    for (int i = f->first; i < f->first + f->n; i++)
+        if (sw->groups[i].nb)
+            lightest = MIN(lightest, ckpt_rank(sw->groups[i].ckpt));
+    for (;;) {
+        Group *best = NULL;
+        for (int i = f->first; i < f->first + f->n; i++) {
+            Group *g = &sw->groups[i];
+            if (g->nb && ckpt_rank(g->ckpt) == lightest &&
+                (!best || g->cost[0].tokens_per_s > best->cost[0].tokens_per_s))
+                best = g;
+        }
+        if (!best || settled(best, 0)) {
+            f->likely = best ? best->cost[0].tokens_per_s : 0;
+            return;
+        }
+        tighten(sw, best, 0);
+    }
 }
 
 /* Runs one phase (with or without offload) over every configuration. */
@@ -1141,6 +1337,7 @@ static void run_phase(Sweep *sw)
         g->miss = g->pruned_bound = g->pruned_cost = FALSE;
         g->fit_max = 0;
         g->fail_min = G_MAXINT64;
+        g->floored = FALSE;
         fill_costs(sw, g);
         MemsimRun r;
         plan_candidate_run(sw, g, 0, &r);
@@ -1173,6 +1370,10 @@ static void run_phase(Sweep *sw)
     }
     sw->total = order->len;
     sw->done = 0;
+    if (sw->opt.progress) /* the total, before the first layout is done */
+        sw->opt.progress(0, sw->total, sw->opt.progress_user);
+    if (!sw->opt.exhaustive)
+        run_pool(sw, order, settle_likely);
     g_ptr_array_sort(order, by_speed);
     run_pool(sw, order, worker);
     g_ptr_array_unref(order);
@@ -1298,6 +1499,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     plan->n_pruned_bound += sw.n_pruned_bound;
     plan->n_pruned_exact += sw.n_pruned_exact;
     plan->n_pruned_cost += sw.n_pruned_cost;
+    plan->n_bounded += sw.n_bounded;
     sweep_clear(&sw);
     memsim_deepspeed_free(sw.ds_offload);
     return TRUE;

@@ -48,6 +48,7 @@ typedef struct {
     int64_t fit_max;  /* largest b known to fit (0: none), by its own probes or
                          inferred from a family member that needs more memory */
     int64_t fail_min; /* smallest b known not to fit (G_MAXINT64: none) */
+    gboolean floored; /* the candidates were raised to plan_step_floor at the largest b */
 } Group;
 
 /* Configurations with the same method and degrees: their peaks are ordered by the
@@ -83,6 +84,7 @@ typedef struct {
     GMutex lock;
     guint done, total;
     guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
+    guint n_bounded; /* chain bounds computed (traces/plan/bound.c) */
 } Sweep;
 
 extern const char *const plan_method_names[];
@@ -91,6 +93,12 @@ extern const char *const plan_sched_names[];
 
 /* The run of candidate `j` (its micro-batch) of group `g`. */
 void plan_candidate_run(const Sweep *sw, const Group *g, int j, MemsimRun *r);
+/* A lower bound of the simulated step of candidate `j` of Megatron group `g`, in seconds,
+ * from a short run of its stage programs (traces/plan/bound.c); 0 when there is none. */
+double plan_step_bound(const Sweep *sw, const Group *g, int j);
+/* Only the kernel time of the busiest stage's micro-batches at candidate j: with a fixed
+ * global batch, a lower bound of the step at every candidate b that divides bs[j]. */
+double plan_step_floor(const Sweep *sw, const Group *g, int j);
 /* The rows that fit, best first, and the closest misses (newly allocated). */
 void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
                     guint *n_misses);

@@ -1,0 +1,245 @@
+/* The plan's lower bound of a Megatron configuration's step (traces/plan/bound.c) stays below
+ * the step the replay simulates, over models, degrees, schedules, checkpointing modes,
+ * micro-batch sizes and counts, and is close to it (it decides which candidates are
+ * simulated: a loose bound only costs time, one above the simulation would lose rows, which
+ * tests/test_plan.c's comparison with the exhaustive sweep would show as well). The floor that
+ * one short run gives every micro-batch size of a fixed global batch stays below each of
+ * their simulated steps. */
+#include <criterion/criterion.h>
+#include <memsim/plan.h>
+#include <memsim/sim.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "traces/plan/sweep.h"
+
+typedef struct {
+    const char *model;
+    const char *seq;
+    int tp, pp, dp;
+    MemsimPipeSchedule sched;
+    int v;
+    MemsimCheckpointing ckpt;
+    int64_t b;
+    int m;
+} Case;
+
+/* The slowest rank's last step as the plan takes it (traces/plan/plan.c probe_take), in s. */
+static double simulated_step(const MemsimModel *model, const MemsimRun *r, const MemsimGpu *gpu)
+{
+    GError *e = NULL;
+    MemsimTrace *t = memsim_generate(model, r, &e);
+    cr_assert(t, "generate: %s", e ? e->message : "?");
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.dispatch_us = gpu->dispatch_us;
+    o.threads = 1;
+    MemsimReport *rep = memsim_replay_trace(t, &o, &e);
+    cr_assert(rep, "replay: %s", e ? e->message : "?");
+    double step = 0;
+    for (guint i = 0; i < rep->n_ranks; i++) {
+        const MemsimRankReport *rr = &rep->ranks[i];
+        MemsimStepTime st;
+        memsim_step_time(rr, rr->n_steps ? rr->n_steps - 1 : 0, &st);
+        step = MAX(step, st.step_us / 1e6);
+    }
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    return step;
+}
+
+/* A sweep and a group of one configuration at the micro-batches bs[k], n_micro[k]. */
+typedef struct {
+    Sweep sw;
+    Group g;
+    MemsimModel *model;
+    const MemsimGpu *gpu;
+} One;
+
+static void one_init(One *o, const Case *c, int gpus, const int64_t *bs, const int *ms, int nb)
+{
+    memset(o, 0, sizeof *o);
+    GError *e = NULL;
+    o->model = memsim_model_load(c->model, &e);
+    cr_assert(o->model, "%s: %s", c->model, e ? e->message : "?");
+    o->gpu = memsim_gpu_find("h100-80gb");
+    cr_assert(o->gpu);
+    o->sw.model = o->model;
+    o->sw.base = memsim_run_defaults();
+    cr_assert(memsim_run_set(&o->sw.base, "seq", c->seq, &e), "%s", e ? e->message : "");
+    cr_assert(memsim_run_set(&o->sw.base, "finetune", "full", &e), "%s", e ? e->message : "");
+    o->sw.gpu_name = "h100-80gb";
+    o->sw.gpu = o->gpu;
+    o->sw.opt.gpus = gpus;
+    o->g.method = MEMSIM_METHOD_MEGATRON;
+    o->g.tp = c->tp;
+    o->g.pp = c->pp;
+    o->g.dp = c->dp;
+    o->g.v = c->v;
+    o->g.schedule = c->sched;
+    o->g.ckpt = c->ckpt;
+    o->g.nb = nb;
+    o->g.bs = (int64_t *)bs;
+    o->g.n_micro = (int *)ms;
+}
+
+static void one_clear(One *o)
+{
+    memsim_run_clear(&o->sw.base);
+    memsim_model_free(o->model);
+}
+
+static const char *sched_name(MemsimPipeSchedule s)
+{
+    return s == MEMSIM_PP_INTERLEAVED ? "interleaved" : s == MEMSIM_PP_GPIPE ? "gpipe" : "1f1b";
+}
+
+static const char *ckpt_name(MemsimCheckpointing c)
+{
+    return c == MEMSIM_CKPT_FULL ? "full" : c == MEMSIM_CKPT_SELECTIVE ? "selective" : "none";
+}
+
+Test(plan_bound, below_the_simulated_step_and_close, .timeout = 600)
+{
+    const Case cases[] = {
+        {"llama-2-70b", "4096", 8, 4, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 64},
+        {"llama-2-70b", "4096", 8, 4, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 2, 16},
+        {"llama-2-70b", "4096", 2, 8, 4, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_FULL, 1, 32},
+        {"llama-2-70b", "4096", 4, 8, 2, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_SELECTIVE, 2, 16},
+        {"llama-2-70b", "2048", 1, 16, 4, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 1, 48},
+        {"llama-2-70b", "2048", 8, 2, 4, MEMSIM_PP_GPIPE, 1, MEMSIM_CKPT_FULL, 1, 8},
+        {"llama-2-70b", "2048", 8, 1, 8, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 12},
+        {"llama-2-13b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 4},
+        {"llama-2-13b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 7},
+        {"llama-2-13b", "1024", 1, 2, 4, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_NONE, 4, 8},
+        {"llama-2-13b", "1024", 4, 2, 1, MEMSIM_PP_GPIPE, 1, MEMSIM_CKPT_SELECTIVE, 2, 6},
+        {"llama-2-7b", "1024", 1, 8, 1, MEMSIM_PP_INTERLEAVED, 4, MEMSIM_CKPT_FULL, 1, 16},
+        {"llama-2-7b", "4096", 2, 2, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 3},
+        {"llama-2-7b", "512", 1, 4, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 8, 128},
+        {"mistral-7b", "4096", 4, 2, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 1, 9},
+        {"llama-3-8b", "2048", 2, 4, 1, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_SELECTIVE, 1, 12},
+        {"gemma-2-9b", "2048", 2, 3, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 6},
+        {"gemma-3-4b", "2048", 1, 2, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 2, 5},
+        {"gpt2-xl", "1024", 2, 4, 1, MEMSIM_PP_INTERLEAVED, 3, MEMSIM_CKPT_NONE, 2, 8},
+        {"falcon-7b", "2048", 1, 4, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 10},
+    };
+    const gsize n = tu_sanitized() ? 6 : G_N_ELEMENTS(cases);
+    int bounded = 0;
+    for (gsize i = 0; i < n; i++) {
+        const Case *c = &cases[i];
+        int64_t bs[1] = {c->b};
+        int ms[1] = {c->m};
+        One o;
+        one_init(&o, c, c->tp * c->pp * c->dp, bs, ms, 1);
+        MemsimRun r;
+        plan_candidate_run(&o.sw, &o.g, 0, &r);
+        GError *e = NULL;
+        MemsimTrace *probe = memsim_generate(o.model, &r, &e);
+        if (!probe) {
+            /* a layout the generator refuses (heads, layers): nothing to bound */
+            cr_log_info("case %zu (%s): %s", i, c->model, e->message);
+            g_clear_error(&e);
+            one_clear(&o);
+            continue;
+        }
+        memsim_trace_free(probe);
+        double bound = plan_step_bound(&o.sw, &o.g, 0);
+        double step = simulated_step(o.model, &r, o.gpu);
+        cr_log_info("%s seq %s tp%d pp%d dp%d %s v%d %s b%" G_GINT64_FORMAT " m%d: bound %.4f s, "
+                    "simulated %.4f s (%.2f%%)",
+                    c->model, c->seq, c->tp, c->pp, c->dp, sched_name(c->sched), c->v,
+                    ckpt_name(c->ckpt), c->b, c->m, bound, step, 100.0 * bound / step);
+        cr_expect_gt(step, 0, "case %zu: a simulated step", i);
+        cr_expect_leq(bound, step, "case %zu (%s tp%d pp%d %s %s): the bound %.6f s is above the "
+                      "simulated step %.6f s", i, c->model, c->tp, c->pp, sched_name(c->sched),
+                      ckpt_name(c->ckpt), bound, step);
+        /* close: within 10% (the fill and drain of the chain count the first chunk only, the
+         * step's optimizer and data-parallel collectives not at all) */
+        cr_expect_geq(bound, 0.9 * step, "case %zu (%s tp%d pp%d %s): the bound %.4f s is loose "
+                      "against %.4f s", i, c->model, c->tp, c->pp, sched_name(c->sched), bound,
+                      step);
+        bounded++;
+        one_clear(&o);
+    }
+    cr_expect_geq(bounded, (int)n - 3, "most cases bounded (%d of %zu)", bounded, n);
+}
+
+Test(plan_bound, floor_below_every_micro_batch_size, .timeout = 600)
+{
+    /* a fixed global batch: b · m = 32 sequences per replica */
+    const Case cases[] = {
+        {"llama-2-70b", "4096", 8, 4, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 0, 0},
+        {"llama-2-13b", "1024", 2, 4, 1, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_SELECTIVE, 0, 0},
+        {"llama-2-7b", "512", 1, 2, 4, MEMSIM_PP_GPIPE, 1, MEMSIM_CKPT_NONE, 0, 0},
+    };
+    const int64_t bs[] = {1, 2, 4, 8};
+    const int ms[] = {32, 16, 8, 4};
+    const gsize n = tu_sanitized() ? 1 : G_N_ELEMENTS(cases);
+    for (gsize i = 0; i < n; i++) {
+        const Case *c = &cases[i];
+        One o;
+        one_init(&o, c, c->tp * c->pp * c->dp, bs, ms, 4);
+        double floor = plan_step_floor(&o.sw, &o.g, 3);
+        cr_expect_gt(floor, 0, "case %zu: a floor", i);
+        for (int j = 0; j < 4; j++) {
+            if (c->sched == MEMSIM_PP_INTERLEAVED && ms[j] % c->pp)
+                continue;
+            MemsimRun r;
+            plan_candidate_run(&o.sw, &o.g, j, &r);
+            double step = simulated_step(o.model, &r, o.gpu);
+            cr_log_info("%s %s b%" G_GINT64_FORMAT " m%d: floor %.4f s, simulated %.4f s",
+                        c->model, sched_name(c->sched), bs[j], ms[j], floor, step);
+            cr_expect_leq(floor, step, "case %zu, b %" G_GINT64_FORMAT ": the floor %.6f s is "
+                          "above the simulated step %.6f s", i, bs[j], floor, step);
+        }
+        one_clear(&o);
+    }
+}
+
+/* Each rank's rounded_peak, from a replay through torch, is the peak the `exact` policy
+ * reserves on the same program (the plan judges the exact bound from it instead of a replay
+ * of its own): single GPU with gradient accumulation and the steady state's skipping, FSDP,
+ * ZeRO, 1F1B and interleaved pipelines whose repetitions run for their memory alone. */
+Test(plan_bound, rounded_peak_is_the_exact_policy_peak, .timeout = 600)
+{
+    const char *const runs[][20] = {
+        {"llama-3.2-1b", "batch", "2", "seq", "512", "grad-accum", "8", NULL},
+        {"llama-3.2-1b", "batch", "1", "seq", "256", "steps", "6", "finetune", "lora", NULL},
+        {"gpt2", "batch", "4", "seq", "128", "gpus", "4", "method", "fsdp", "grad-accum", "3",
+         NULL},
+        {"gpt2", "batch", "2", "seq", "128", "gpus", "2", "method", "zero2", NULL},
+        {"llama-2-7b", "seq", "1024", "gpus", "8", "method", "megatron", "tp", "2", "pp", "4",
+         "microbatches", "24", NULL},
+        {"llama-2-7b", "seq", "1024", "gpus", "8", "method", "megatron", "tp", "1", "pp", "4",
+         "pp-schedule", "interleaved", "virtual-stages", "2", "microbatches", "16", NULL},
+    };
+    const gsize n = tu_sanitized() ? 3 : G_N_ELEMENTS(runs);
+    for (gsize i = 0; i < n; i++) {
+        MemsimTrace *t = tu_generate(runs[i][0], runs[i] + 1);
+        MemsimReport *rep[2];
+        const char *policy[2] = {"torch", "exact"};
+        for (int k = 0; k < 2; k++) {
+            MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+            o.allocator = policy[k];
+            o.threads = 1;
+            GError *e = NULL;
+            rep[k] = memsim_replay_trace(t, &o, &e);
+            cr_assert(rep[k], "%s: %s", policy[k], e ? e->message : "?");
+        }
+        cr_assert_eq(rep[0]->n_ranks, rep[1]->n_ranks);
+        for (guint r = 0; r < rep[0]->n_ranks; r++) {
+            cr_log_info("%s case %zu rank %u: rounded peak %" G_GUINT64_FORMAT ", exact reserved "
+                        "peak %" G_GINT64_FORMAT, runs[i][0], i, r, rep[0]->ranks[r].rounded_peak,
+                        rep[1]->ranks[r].stats.reserved.peak);
+            cr_expect_eq(rep[0]->ranks[r].rounded_peak,
+                         (memsim_size_t)rep[1]->ranks[r].stats.reserved.peak,
+                         "%s case %zu rank %u: rounded peak %" G_GUINT64_FORMAT " against the "
+                         "exact policy's %" G_GINT64_FORMAT, runs[i][0], i, r,
+                         rep[0]->ranks[r].rounded_peak, rep[1]->ranks[r].stats.reserved.peak);
+            cr_expect_eq(rep[1]->ranks[r].rounded_peak,
+                         (memsim_size_t)rep[1]->ranks[r].stats.reserved.peak);
+        }
+        memsim_report_free(rep[0]);
+        memsim_report_free(rep[1]);
+        memsim_trace_free(t);
+    }
+}

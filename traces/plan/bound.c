@@ -1,0 +1,197 @@
+/* A lower bound of a Megatron configuration's simulated step from a short run of the same
+ * stage programs (the plan's search uses it where the cost model of traces/plan/cost.c is
+ * too optimistic to rule a candidate out).
+ *
+ * The replay runs a rank's kernels on its stream one after another (sim/replay.c: an op
+ * starts when its stream is free), and a pipeline stage starts its first forward when the
+ * stage before it has sent it the activations, its last backward having sent the gradients
+ * on (the p2p channels of a pipeline). So stage 0's step takes at least, for every stage s:
+ *
+ *     Σ_{s' < s} F(s')  +  m · W(s)  +  Σ_{s' < s} B(s')
+ *
+ * W(s) the kernel time of one micro-batch on stage s (all its ops, forward, backward and
+ * recomputation, on the compute stream), m the micro-batches of the step, F(s') and B(s') the
+ * forward and backward of the first model chunk of stage s' (the layers it holds over the
+ * virtual stages, each layer at least the fastest layer of the stage; communication ops left
+ * out). Megatron's schedules start a stage on its first chunk's forward of micro-batch 0 and
+ * end it on the first chunk's backward of the last (schedules.py), and the step of rank 0 runs
+ * from before its first forward to after its last backward, so the chain holds for 1F1B,
+ * interleaved and GPipe alike. The plan's step is the slowest rank's: at least rank 0's.
+ *
+ * The stage programs come from the configuration itself run with few micro-batches (4, or pp
+ * for the interleaved schedule, whose micro-batches come in groups of pp) and one step: the
+ * micro-batches of a step run the same ops whatever their number (their shapes depend on the
+ * micro-batch size), so W(s) is the least over those micro-batches. Few enough that no stage's
+ * steady phase repeats (traces/distributed.c PipeSteady: five units at least), so that every
+ * micro-batch is written out; a run that still holds a REPEAT gives no bound. */
+#include "traces/plan/sweep.h"
+
+#include "traces/model.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BOUND_MICROBATCHES 4
+
+typedef struct {
+    double *mb;       /* kernel time per micro-batch */
+    double *host;     /* the host's time per micro-batch */
+    double *fwd, *bwd; /* per (micro-batch, layer) */
+    gboolean *layer_seen;
+} StageSums;
+
+/* The bound of stage programs in `t` for m micro-batches, in µs (`whole`: only the largest
+ * m · W(s), without the chain's fill and drain); 0 when it cannot say. */
+static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_layers,
+                          double dispatch_us, gboolean whole)
+{
+    const MemsimTraceHeader *h = memsim_trace_header(t);
+    if ((int)h->n_ranks != pp || n_layers <= 0)
+        return 0.0;
+    const gsize cells = (gsize)m0 * (gsize)n_layers;
+    double *F = g_new0(double, pp), *B = g_new0(double, pp), *W = g_new0(double, pp);
+    double host = 0.0, tail = 0.0;
+    StageSums s = {g_new(double, m0), g_new(double, m0), g_new(double, cells),
+                   g_new(double, cells), g_new(gboolean, n_layers)};
+    gboolean ok = TRUE;
+    for (int r = 0; r < pp && ok; r++) {
+        memset(s.mb, 0, sizeof(double) * (gsize)m0);
+        memset(s.host, 0, sizeof(double) * (gsize)m0);
+        memset(s.fwd, 0, sizeof(double) * cells);
+        memset(s.bwd, 0, sizeof(double) * cells);
+        memset(s.layer_seen, 0, sizeof(gboolean) * (gsize)n_layers);
+        gsize n;
+        const MemsimEvent *ev = memsim_trace_events(t, (guint32)r, &n);
+        double after = 0.0; /* kernel time since the last op of a micro-batch */
+        for (gsize i = 0; i < n && ok; i++) {
+            if (ev[i].kind == MEMSIM_EV_REPEAT) {
+                ok = FALSE; /* micro-batches not written out */
+                break;
+            }
+            if (ev[i].kind != MEMSIM_EV_OP || ev[i].id >= h->n_ops)
+                continue;
+            const MemsimOpInfo *op = &h->ops[ev[i].id];
+            if (op->microbatch < 0) {
+                if (ev[i].stream == 0 && op->bound != MEMSIM_BOUND_HOST && op->duration_us > 0)
+                    after += op->duration_us;
+                continue;
+            }
+            after = 0.0;
+            if (op->microbatch >= m0) {
+                ok = FALSE;
+                break;
+            }
+            /* the host issues every op of every stream, kernel or not (sim/replay.c run():
+             * the profile's dispatch cost each, a module's own host time instead) */
+            s.host[op->microbatch] += op->bound == MEMSIM_BOUND_HOST ? op->duration_us : dispatch_us;
+            if (ev[i].stream != 0 || op->bound == MEMSIM_BOUND_HOST || !(op->duration_us > 0))
+                continue;
+            s.mb[op->microbatch] += op->duration_us;
+            if (op->layer < 0 || op->layer >= n_layers)
+                continue;
+            gsize c = (gsize)op->microbatch * (gsize)n_layers + (gsize)op->layer;
+            if (op->phase == MEMSIM_PHASE_FORWARD) {
+                s.fwd[c] += op->duration_us;
+                s.layer_seen[op->layer] = TRUE;
+            } else if (op->phase == MEMSIM_PHASE_BACKWARD) {
+                s.bwd[c] += op->duration_us;
+                s.layer_seen[op->layer] = TRUE;
+            }
+        }
+        if (!ok)
+            break;
+        if (r == 0)
+            tail = after;
+        /* the least micro-batch, and the least layer of any micro-batch */
+        double w = INFINITY, lf = INFINITY, lb = INFINITY, hw = INFINITY;
+        int layers = 0;
+        for (int k = 0; k < m0; k++) {
+            w = MIN(w, s.mb[k]);
+            hw = MIN(hw, s.host[k]);
+        }
+        host = MAX(host, hw);
+        for (int l = 0; l < n_layers; l++) {
+            if (!s.layer_seen[l])
+                continue;
+            layers++;
+            for (int k = 0; k < m0; k++) {
+                lf = MIN(lf, s.fwd[(gsize)k * (gsize)n_layers + (gsize)l]);
+                lb = MIN(lb, s.bwd[(gsize)k * (gsize)n_layers + (gsize)l]);
+            }
+        }
+        if (!(w > 0) || !isfinite(w)) {
+            ok = FALSE;
+            break;
+        }
+        W[r] = w;
+        int chunk = layers / (v > 0 ? v : 1);
+        F[r] = layers ? chunk * lf : 0.0;
+        B[r] = layers ? chunk * lb : 0.0;
+    }
+    double best = 0.0;
+    if (ok) {
+        double fill = 0.0, drain = 0.0;
+        for (int r = 0; r < pp; r++) {
+            best = MAX(best, (whole ? 0.0 : fill + drain) + (double)m * W[r]);
+            fill += F[r];
+            drain += B[r];
+        }
+        /* after its last backward stage 0 runs the step's end on its stream (the gradients'
+         * reduction, the optimizer, the parameters' gather): the chain ends there */
+        best = whole ? MAX(best, (double)m * W[0] + tail) : best + tail;
+        /* and the host's: every stage's host issues its micro-batches' ops one after another */
+        best = MAX(best, (double)m * host);
+    }
+    g_free(s.mb);
+    g_free(s.host);
+    g_free(s.fwd);
+    g_free(s.bwd);
+    g_free(s.layer_seen);
+    g_free(F);
+    g_free(B);
+    g_free(W);
+    return best;
+}
+
+static double stage_bound(const Sweep *sw, const Group *g, int j, gboolean whole)
+{
+    if (g->method != MEMSIM_METHOD_MEGATRON || j < 0 || j >= g->nb)
+        return 0.0;
+    const int m = g->n_micro[j], pp = g->pp > 0 ? g->pp : 1;
+    const gboolean interleaved = g->schedule == MEMSIM_PP_INTERLEAVED && g->v > 1;
+    const int m0 = interleaved ? pp : MIN(m, BOUND_MICROBATCHES);
+    if (m < m0 || m0 < 1)
+        return 0.0;
+    MemsimRun r;
+    plan_candidate_run(sw, g, j, &r);
+    r.microbatches = m0;
+    r.steps = 1;
+    GError *e = NULL;
+    MemsimTrace *t = memsim_generate(sw->model, &r, &e);
+    if (!t) {
+        g_clear_error(&e);
+        return 0.0;
+    }
+    /* (the plan replays with the profile's dispatch cost: traces/plan/plan.c replay_as) */
+    double dispatch = sw->gpu ? sw->gpu->dispatch_us : 0.0;
+    double us = chain_bound(t, pp, interleaved ? g->v : 1, m0, m, sw->model->L, dispatch, whole);
+    memsim_trace_free(t);
+    /* (floating-point slack: stay below) */
+    return us / 1e6 * (1.0 - 1e-9);
+}
+
+double plan_step_bound(const Sweep *sw, const Group *g, int j)
+{
+    return stage_bound(sw, g, j, FALSE);
+}
+
+/* Where the global batch is fixed, every b of a configuration runs b · m = the same
+ * sequences per replica. A kernel's time at k b is at most k times its time at b (traces/
+ * gpus.c, traces/autograd.c: FLOPs and bytes grow at most k-fold with the micro-batch, GEMM
+ * waves ceil(k x) ≤ k ceil(x), the shortest kernel is a floor), so a micro-batch of b takes at
+ * least b / B of one of B when b divides B, and m(b) · W(b) ≥ m(B) · W(B): the kernel time of
+ * the step's micro-batches on the busiest stage at the largest b is a floor for all of them. */
+double plan_step_floor(const Sweep *sw, const Group *g, int j)
+{
+    return stage_bound(sw, g, j, TRUE);
+}
