@@ -79,7 +79,8 @@ static void draw(Progress *p, double secs)
     fflush(stderr);
 }
 
-/* How long work runs before the bar shows: a second, or MEMSIM_PROGRESS_DELAY_MS. */
+/* How long work runs before the bar shows: a second, or MEMSIM_PROGRESS_DELAY_MS (which also
+ * redraws it that often, when under a quarter of a second). */
 static gint64 first_delay_us(void)
 {
     const char *env = g_getenv("MEMSIM_PROGRESS_DELAY_MS");
@@ -96,9 +97,12 @@ static gpointer progress_main(gpointer data)
 {
     Progress *p = data;
     gint64 start = g_get_monotonic_time(), delay = first_delay_us();
+    /* redrawn four times a second, or as often as a shorter first delay says (10 ms at
+     * least: a test's short work still shows the bar with its total) */
+    gint64 every = MAX(MIN(delay, 250000), 10000);
     g_mutex_lock(&p->lock);
     while (!p->done) {
-        gint64 until = g_get_monotonic_time() + (p->shown ? 250000 : delay);
+        gint64 until = g_get_monotonic_time() + (p->shown ? every : delay);
         while (!p->done && g_cond_wait_until(&p->cond, &p->lock, until))
             ;
         if (p->done)
