@@ -243,3 +243,54 @@ Test(plan_bound, rounded_peak_is_the_exact_policy_peak, .timeout = 600)
         memsim_trace_free(t);
     }
 }
+
+/* The short run of a candidate's stage programs (fewer micro-batches, one step) never asks
+ * for more memory than the run: the plan takes a short run over the device's limit for a run
+ * over it (plan_short_run_over). It asks for most of it (its warm-up holds as many
+ * micro-batches where the schedule allows), or the check would rarely settle anything. */
+Test(plan_bound, short_run_asks_no_more_than_the_run, .timeout = 600)
+{
+    const Case cases[] = {
+        {"llama-2-7b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 16},
+        {"llama-2-7b", "1024", 1, 8, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 2, 32},
+        {"llama-2-13b", "1024", 2, 4, 1, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_NONE, 1, 16},
+        {"llama-2-13b", "1024", 1, 2, 2, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_FULL, 2, 4},
+        {"llama-2-7b", "1024", 2, 2, 2, MEMSIM_PP_GPIPE, 1, MEMSIM_CKPT_NONE, 1, 8},
+        {"llama-3-8b", "2048", 4, 1, 2, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 2, 6},
+        {"gemma-2-9b", "1024", 2, 3, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 9},
+    };
+    const gsize n = tu_sanitized() ? 2 : G_N_ELEMENTS(cases);
+    for (gsize i = 0; i < n; i++) {
+        const Case *c = &cases[i];
+        int64_t bs[1] = {c->b};
+        int ms[1] = {c->m};
+        One o;
+        one_init(&o, c, c->tp * c->pp * c->dp, bs, ms, 1);
+        MemsimRun r;
+        plan_candidate_run(&o.sw, &o.g, 0, &r);
+        GError *e = NULL;
+        MemsimTrace *t = memsim_generate(o.model, &r, &e);
+        cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
+        MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
+        ro.threads = 1;
+        MemsimReport *rep = memsim_replay_trace(t, &ro, &e);
+        cr_assert(rep, "case %zu: %s", i, e ? e->message : "?");
+        int64_t peak = 0;
+        for (guint k = 0; k < rep->n_ranks; k++)
+            peak = MAX(peak, rep->ranks[k].stats.requested.peak);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        gboolean over_at_peak = plan_short_run_over(&o.sw, &o.g, 0, peak);
+        gboolean over_below = plan_short_run_over(&o.sw, &o.g, 0, peak / 10 * 9);
+        cr_log_info("%s %s pp%d m%d: run's requested peak %" G_GINT64_FORMAT ", short run over "
+                    "it: %d, over 90%% of it: %d", c->model, sched_name(c->sched), c->pp, c->m,
+                    peak, over_at_peak, over_below);
+        cr_expect(!over_at_peak, "case %zu (%s %s pp%d): the short run asks for more than the "
+                  "run's requested peak %" G_GINT64_FORMAT, i, c->model, sched_name(c->sched),
+                  c->pp, peak);
+        if (c->sched != MEMSIM_PP_GPIPE)
+            cr_expect(over_below, "case %zu (%s %s pp%d): the short run stays under 90%% of the "
+                      "run's requested peak", i, c->model, sched_name(c->sched), c->pp);
+        one_clear(&o);
+    }
+}

@@ -162,6 +162,8 @@ typedef struct {
     guint n_pruned_exact; /* replays saved by the exact allocator's lower bound */
     guint n_pruned_cost;  /* configurations that could not reach the top rows */
     guint n_bounded;      /* candidates whose step was bounded from their stage programs */
+    guint n_short_over;   /* of n_pruned_exact: misses shown by a short run of the stage
+                             programs, the run itself not generated */
     int threads;
     double elapsed_s; /* wall-clock seconds */
     MemsimTimeModel time_model; /* what the simulated step times assumed (the whole GPU's) */

@@ -27,6 +27,7 @@
 #include "traces/plan/sweep.h"
 
 #include "traces/model.h"
+#include "sim/replay_bound.h"
 
 #include <math.h>
 #include <string.h>
@@ -153,25 +154,44 @@ static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_la
     return best;
 }
 
-static double stage_bound(const Sweep *sw, const Group *g, int j, gboolean whole)
+/* The short run of candidate j (NULL when there is none): m0 micro-batches, one step. For
+ * its memory (`full`): as many micro-batches in flight as the run holds where the schedule
+ * allows it with fewer (1F1B: pp; interleaved: 2 pp, whose warm-up of 2 (pp - 1) + pp model
+ * chunks it then has in full; GPipe holds all m: BOUND_MICROBATCHES). */
+static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean full, int *m0_out)
 {
     if (g->method != MEMSIM_METHOD_MEGATRON || j < 0 || j >= g->nb)
-        return 0.0;
+        return NULL;
     const int m = g->n_micro[j], pp = g->pp > 0 ? g->pp : 1;
     const gboolean interleaved = g->schedule == MEMSIM_PP_INTERLEAVED && g->v > 1;
-    const int m0 = interleaved ? pp : MIN(m, BOUND_MICROBATCHES);
+    int m0 = interleaved ? pp : MIN(m, BOUND_MICROBATCHES);
+    if (full && interleaved && m >= 2 * pp)
+        m0 = 2 * pp;
+    else if (full && g->schedule == MEMSIM_PP_1F1B)
+        m0 = MIN(m, MAX(pp, BOUND_MICROBATCHES));
     if (m < m0 || m0 < 1)
-        return 0.0;
+        return NULL;
     MemsimRun r;
     plan_candidate_run(sw, g, j, &r);
     r.microbatches = m0;
-    r.steps = 1;
+    /* (for its memory, as many steps as the run up to two: the second holds the optimizer
+     * state the first step makes) */
+    r.steps = full ? MIN(r.steps, 2) : 1;
     GError *e = NULL;
     MemsimTrace *t = memsim_generate(sw->model, &r, &e);
-    if (!t) {
-        g_clear_error(&e);
+    g_clear_error(&e);
+    *m0_out = m0;
+    return t;
+}
+
+static double stage_bound(const Sweep *sw, const Group *g, int j, gboolean whole)
+{
+    int m0 = 0;
+    MemsimTrace *t = short_run(sw, g, j, FALSE, &m0);
+    if (!t)
         return 0.0;
-    }
+    const int m = g->n_micro[j], pp = g->pp > 0 ? g->pp : 1;
+    const gboolean interleaved = g->schedule == MEMSIM_PP_INTERLEAVED && g->v > 1;
     /* (the plan replays with the profile's dispatch cost: traces/plan/plan.c replay_as) */
     double dispatch = sw->gpu ? sw->gpu->dispatch_us : 0.0;
     double us = chain_bound(t, pp, interleaved ? g->v : 1, m0, m, sw->model->L, dispatch, whole);
@@ -194,4 +214,30 @@ double plan_step_bound(const Sweep *sw, const Group *g, int j)
 double plan_step_floor(const Sweep *sw, const Group *g, int j)
 {
     return stage_bound(sw, g, j, TRUE);
+}
+
+/* The short run asks for no more memory than the run: it is the same stage programs with
+ * fewer micro-batches and at most as many steps (two). Megatron's schedules hold
+ * min(warm-up + 1, m) micro-batches in flight on a stage (1F1B: pp - rank - 1 warm-up
+ * forwards; interleaved: 2 (pp - rank - 1) + (v - 1) pp model chunks; GPipe: all m), never
+ * fewer with more micro-batches, and every state of a step of the short run (its warm-up, its
+ * steady pairs, its cool-down, its optimizer step) is a state of the same step of the run
+ * with as many micro-batches in flight or more. So where some rank's requested bytes pass
+ * `limit` in the short run, they do in the run (tests/test_plan_bound.c). */
+gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t limit)
+{
+    int m0 = 0;
+    MemsimTrace *t = short_run(sw, g, j, TRUE, &m0);
+    if (!t)
+        return FALSE;
+    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+    o.threads = 1;
+    o.untimed = TRUE; /* memory alone */
+    gboolean over = FALSE;
+    GError *e = NULL;
+    MemsimReport *rep = memsim_replay_trace_bounded(t, &o, limit, &over, &e);
+    g_clear_error(&e);
+    memsim_report_free(rep);
+    memsim_trace_free(t);
+    return over;
 }

@@ -378,6 +378,7 @@ char *memsim_plan_to_json(const MemsimPlan *p)
     jint(b, "generated", p->n_generated);
     jint(b, "replays", p->n_replays);
     jint(b, "steps_bounded", p->n_bounded);
+    jint(b, "misses_from_short_runs", p->n_short_over);
     jint(b, "pruned_by_memory_bound", p->n_pruned_bound);
     jint(b, "replays_pruned_by_exact_bound", p->n_pruned_exact);
     jint(b, "pruned_by_cost", p->n_pruned_cost);

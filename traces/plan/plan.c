@@ -35,8 +35,12 @@
  *      of full ≤ selective ≤ none: a fit tells about the lighter ones, a miss about the
  *      heavier); then the probes aim at the smallest b that would change the choice and
  *      matter, galloping up and bisecting down, the peak assumed to grow with b.
- *   4. A probe generates the trace once and replays it through torch with the default
- *      settings (first without a memory limit where a miss would be measured anyway: below
+ *   4. A Megatron probe first replays its short run (the same stage programs with as many
+ *      micro-batches in flight where the schedule allows, at most two steps:
+ *      traces/plan/bound.c) up to its requested bytes: past the device, the run is a miss
+ *      without being generated. A probe generates the trace once and replays it through
+ *      torch with the default settings (first without a memory limit where a miss would be
+ *      measured anyway: below
  *      the capacity it is the same run, and its requested bytes bound every setting from
  *      below); when that does not fit, the `exact` policy (a lower bound of torch's peak under
  *      any setting: the live tensors rounded to 512 bytes, whose peak every replay reports
@@ -776,6 +780,18 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         return;
     MemsimRun r;
     plan_candidate_run(sw, g, j, &r);
+    if (!p->done && !need && !sw->opt.exhaustive && !sw->offload &&
+        plan_short_run_over(sw, g, j,
+                            (int64_t)sw->gpu_mem -
+                                (int64_t)(sw->ctx + memsim_estimate_nccl_bytes(
+                                                        &r, sw->opt.nccl_bytes)))) {
+        /* its short run already asks for more than the device leaves it: so does the run
+         * (a miss shown is measured later, probed with `need`) */
+        p->done = TRUE;
+        count(sw, &sw->n_pruned_exact);
+        count(sw, &sw->n_short_over);
+        return;
+    }
     GError *e = NULL;
     MemsimTrace *t = memsim_generate(sw->model, &r, &e);
     count(sw, &sw->n_generated);
@@ -1280,6 +1296,25 @@ static void measure_miss(gpointer data, gpointer user)
     probe(user, data, 0, TRUE);
 }
 
+/* Longer replays first: a pipeline's stage runs each micro-batch's model chunks, the
+ * interleaved schedule's repetitions each for its memory (the order of work only). */
+static double work_of(const Group *g)
+{
+    if (!g->nb)
+        return 0;
+    double w = (double)g->n_micro[0] * (g->schedule == MEMSIM_PP_INTERLEAVED ? 4.0 * g->v : 1.0);
+    return g->method == MEMSIM_METHOD_MEGATRON ? w * g->pp / MAX(g->tp, 1) : w;
+}
+
+static int by_work(gconstpointer a, gconstpointer b)
+{
+    const Group *x = *(Group *const *)a, *y = *(Group *const *)b;
+    double wx = work_of(x), wy = work_of(y);
+    if (wx != wy)
+        return wx > wy ? -1 : 1;
+    return x->idx - y->idx;
+}
+
 /* The rows (traces/plan/rows.c), the misses shown among them simulated first. */
 static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRow **misses,
                     guint *n_misses)
@@ -1290,6 +1325,7 @@ static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRo
         if (sw->groups[i].miss && sw->groups[i].nb)
             tighten(sw, &sw->groups[i], 0);
     GPtrArray *todo = plan_misses_to_measure(sw);
+    g_ptr_array_sort(todo, by_work); /* the longest first: the threads end together */
     run_pool(sw, todo, measure_miss);
     g_ptr_array_unref(todo);
     plan_collect(sw, rows, n_rows, misses, n_misses);
@@ -1500,6 +1536,7 @@ static gboolean sweep_run(const MemsimModel *model, const MemsimPlanOptions *opt
     plan->n_pruned_exact += sw.n_pruned_exact;
     plan->n_pruned_cost += sw.n_pruned_cost;
     plan->n_bounded += sw.n_bounded;
+    plan->n_short_over += sw.n_short_over;
     sweep_clear(&sw);
     memsim_deepspeed_free(sw.ds_offload);
     return TRUE;

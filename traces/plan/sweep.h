@@ -84,7 +84,8 @@ typedef struct {
     GMutex lock;
     guint done, total;
     guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
-    guint n_bounded; /* chain bounds computed (traces/plan/bound.c) */
+    guint n_bounded;    /* chain bounds computed (traces/plan/bound.c) */
+    guint n_short_over; /* probes settled by their short run's requested bytes */
 } Sweep;
 
 extern const char *const plan_method_names[];
@@ -99,6 +100,9 @@ double plan_step_bound(const Sweep *sw, const Group *g, int j);
 /* Only the kernel time of the busiest stage's micro-batches at candidate j: with a fixed
  * global batch, a lower bound of the step at every candidate b that divides bs[j]. */
 double plan_step_floor(const Sweep *sw, const Group *g, int j);
+/* Whether candidate j's short run (plan_step_bound's) already has some rank request more than
+ * `limit` bytes: then the run does too. */
+gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t limit);
 /* The rows that fit, best first, and the closest misses (newly allocated). */
 void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
                     guint *n_misses);
