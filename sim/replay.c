@@ -64,6 +64,10 @@ typedef struct {
 /* The memory states a rank's catching up keeps (memory_catch_up): periods of up to CUTS - 1
  * repetitions are found. */
 #define CUTS 130
+/* ... of which the last HIST are kept whole, so that a period shorter than HIST repetitions is
+ * confirmed as soon as the state comes back (a longer one: one period later, when the state
+ * taken at its return is compared with the next). */
+#define HIST 24
 
 typedef struct {
     MemsimReplay *rp;
@@ -2400,10 +2404,11 @@ static uint64_t steady_print(RankSim *r, uint64_t from, uint64_t moved)
 /* The memory of rank `rank` S repetitions on: they run for their allocations and frees until
  * the state after one is the state after an earlier one (steady_equal, the ids taken back: a
  * period of P repetitions), then the whole periods left are added and the rest run. Each
- * state is hashed (steady_print); when a hash comes back after P repetitions the state is
- * taken and compared with the one P repetitions later. An allocation that fails stops the
- * rank (*stopped): its clocks would have stopped there too, which the network's periods do
- * not say. */
+ * state is hashed (steady_print) and kept whole for HIST repetitions (two[2 ..]); when a
+ * hash comes back after P repetitions the state is compared with the one kept, or, past the
+ * states kept, taken and compared with the one P repetitions later. An allocation that fails
+ * stops the rank (*stopped): its clocks would have stopped there too, which the network's
+ * periods do not say. `two`: 2 + HIST states. */
 static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                                 uint64_t S, SteadyState *two, gboolean *stopped, GError **error)
 {
@@ -2416,6 +2421,10 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
         for (int l = 0; l < CUTS; l++)
             at[l] = UINT64_MAX;
     r->print_serial = q->serial;
+    SteadyState *hist = two + 2, *now = &two[1];
+    uint64_t hist_at[HIST]; /* the repetition each kept state follows (of this run) */
+    for (int l = 0; l < HIST; l++)
+        hist_at[l] = UINT64_MAX;
     uint64_t j = 0, cand = 0, cand_at = 0;
     for (;;) {
         const uint64_t d = start + j, moved = d * r->unit_shift;
@@ -2423,20 +2432,41 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
         if (cand && j == cand_at + cand) {
             /* the candidate period, state by state */
             steady_take(r, &two[1], r->unit_from, moved);
-            if (steady_equal(&two[0], &two[1], 0))
+            if (steady_equal(&two[0], &two[1], 0)) {
                 P = cand;
+                now = &two[1];
+            }
             cand = 0;
         }
         if (at[d % CUTS] != d) {
             prints[d % CUTS] = steady_print(r, r->unit_from, moved);
             at[d % CUTS] = d;
         }
-        for (uint64_t l = 1; l < CUTS && l <= d && !cand && !P; l++)
-            if (at[(d - l) % CUTS] == d - l && prints[(d - l) % CUTS] == prints[d % CUTS]) {
+        if (!P) {
+            /* kept whole; a period within the states kept is confirmed at once */
+            SteadyState *cur = &hist[d % HIST];
+            steady_take(r, cur, r->unit_from, moved);
+            hist_at[d % HIST] = d;
+            for (uint64_t l = 1; l < HIST && l <= d && !P; l++) {
+                const uint64_t e = d - l;
+                if (hist_at[e % HIST] == e && at[e % CUTS] == e &&
+                    prints[e % CUTS] == prints[d % CUTS] &&
+                    steady_equal(&hist[e % HIST], cur, 0)) {
+                    P = l;
+                    now = cur;
+                }
+            }
+        }
+        for (uint64_t l = 1; l < CUTS && l <= d && !cand && !P; l++) {
+            const uint64_t e = d - l;
+            if (l < HIST && hist_at[e % HIST] == e)
+                continue; /* compared whole above */
+            if (at[e % CUTS] == e && prints[e % CUTS] == prints[d % CUTS]) {
                 cand = l;
                 cand_at = j;
                 steady_take(r, &two[0], r->unit_from, moved);
             }
+        }
         if (!P) {
             if (j == S)
                 break;
@@ -2455,7 +2485,7 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
             /* the template completes micro-batch mb; start + j more ran after it */
             r->rep.steady_after =
                 mb >= 0 ? (uint32_t)(mb + (start + j + 1) * r->unit_mbs) : 0;
-            r->rep.steady_step = two[1].n_steps ? two[1].step.step : 0;
+            r->rep.steady_step = now->n_steps ? now->step.step : 0;
         }
         r->unit_times -= J; /* the ids go on from the last repetition run */
         r->rep.n_events += J * K;
@@ -2505,8 +2535,8 @@ static void catch_up_rank(CatchUp *cu, guint k, SteadyState *ring)
 static gpointer catch_up_worker(gpointer data)
 {
     CatchUp *cu = data;
-    SteadyState ring[2];
-    for (int j = 0; j < 2; j++)
+    SteadyState ring[2 + HIST];
+    for (int j = 0; j < 2 + HIST; j++)
         steady_init(&ring[j]);
     for (;;) {
         /* (every rank before a halting one was taken before it: their outcomes are all
@@ -2518,7 +2548,7 @@ static gpointer catch_up_worker(gpointer data)
             break;
         catch_up_rank(cu, (guint)k, ring);
     }
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < 2 + HIST; j++)
         steady_clear(&ring[j]);
     return NULL;
 }
