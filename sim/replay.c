@@ -141,6 +141,7 @@ typedef struct {
     /* steady state: the unit a REPEAT announced, captured as it runs */
     GArray *unit;       /* MemsimEvent */
     uint64_t unit_len, unit_times, unit_from, unit_shift;
+    uint64_t unit_index; /* the REPEAT's event (for messages) */
     uint32_t unit_mbs; /* the micro-batches a repetition runs on (unit_microbatches) */
     /* the step marks the unit holds (a whole step of a loop), and the steps the repetition
      * running has moved them on by (MEMSIM_EV_REPEAT: step N of the unit's r-th repetition is
@@ -999,7 +1000,7 @@ static gboolean bad(GError **error, const MemsimTraceHeader *h, guint32 rank, ui
     g_autofree char *msg = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: rank %u, event %" PRIu64 ": %s",
-                h->name ? h->name : "trace", rank, index, msg);
+                h->name && *h->name ? h->name : "trace", rank, index, msg);
     return FALSE;
 }
 
@@ -1455,6 +1456,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             if (!repeat_in_range(h, rank, index, ev, error))
                 return FALSE;
             r->capturing = TRUE;
+            r->unit_index = index;
             r->unit_len = ev->size;
             r->unit_times = ev->aux;
             r->unit_from = ev->id;
@@ -3137,10 +3139,30 @@ static gboolean drain(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 *fai
     }
 }
 
+/* After the last event: a rank still capturing a repeat's unit ended inside it (the unit
+ * the REPEAT announced is longer than what the trace holds after it). */
+static gboolean ended_whole(MemsimReplay *rp, const MemsimTraceHeader *h, GError **error)
+{
+    for (guint32 k = 0; k < rp->n_ranks; k++) {
+        RankSim *r = &rp->ranks[k];
+        if (r->stopped)
+            continue;
+        if (r->outer && r->outer->capturing)
+            return bad(error, h, k, r->outer->index,
+                       "the trace ends inside the unit of this repeat of steps (%u of its %" PRIu64
+                       " events)", r->outer->unit->len, r->outer->len);
+        if (r->capturing)
+            return bad(error, h, k, r->unit_index,
+                       "the trace ends inside the unit of this repeat (%u of its %" PRIu64
+                       " events)", r->unit->len, r->unit_len);
+    }
+    return TRUE;
+}
+
 gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *h, GError **error)
 {
     guint32 failed;
-    return drain(rp, h, &failed, error);
+    return drain(rp, h, &failed, error) && ended_whole(rp, h, error);
 }
 
 MemsimReport *memsim_replay_finish(MemsimReplay *rp)
@@ -3325,6 +3347,10 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
     }
     g_free(pos);
     g_free(ended);
+    if (!ended_whole(rp, h, error)) {
+        memsim_replay_abort(rp);
+        return NULL;
+    }
     return memsim_replay_finish(rp);
 }
 

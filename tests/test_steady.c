@@ -596,3 +596,64 @@ Test(steady, catch_up_threads_give_one_answer, .timeout = 300)
     memsim_run_clear(&run);
     memsim_model_free(m);
 }
+
+/* A trace that ends before the unit a repeat announced is refused, naming the repeat, by the
+ * library (an in-memory trace and a streamed file alike) and by the command (exit 2): it was
+ * replayed as if the unit were whole. */
+Test(steady, trace_ending_inside_a_unit_is_refused, .timeout = 60)
+{
+    g_autofree char *dir = tu_tmpdir();
+    const char *const texts[2] = {
+        "memsim-trace 1\n"
+        "rank 0 device=0 multiplicity=1 streams=1\n"
+        "@rank 0\n"
+        "alloc t=1 size=4096 stream=0 cat=activation\n"
+        "repeat events=3 times=2 from=2 shift=1\n"
+        "alloc t=2 size=4096 stream=0 cat=activation\n"
+        "free t=2\n",
+        "memsim-trace 1\n"
+        "rank 0 device=0 multiplicity=1 streams=1\n"
+        "string 0 \"step 1\"\n"
+        "string 1 \"step 2\"\n"
+        "@rank 0\n"
+        "mark 0\n"
+        "alloc t=1 size=4096 stream=0 cat=activation\n"
+        "repeat events=9 times=3 from=2 shift=2 steps\n"
+        "mark 1\n"
+        "alloc t=2 size=4096 stream=0 cat=activation\n"
+        "free t=2\n",
+    };
+    const char *const says[2] = {"event 1: the trace ends inside the unit of this repeat (2 of "
+                                 "its 3 events)",
+                                 "event 2: the trace ends inside the unit of this repeat of "
+                                 "steps (3 of its 9 events)"};
+    for (int i = 0; i < 2; i++) {
+        g_autofree char *name = g_strdup_printf("cut-%d.txt", i);
+        g_autofree char *path = g_build_filename(dir, name, NULL);
+        cr_assert(g_file_set_contents(path, texts[i], -1, NULL));
+        MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
+        GError *err = NULL;
+        MemsimReport *rep = memsim_replay_path(path, &o, &err);
+        cr_expect(rep == NULL, "%s: replayed", name);
+        cr_expect(err && g_error_matches(err, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT) &&
+                      strstr(err->message, says[i]),
+                  "%s: %s", name, err ? err->message : "no error");
+        g_clear_error(&err);
+        memsim_report_free(rep);
+        /* in memory */
+        MemsimTrace *t = memsim_trace_load(path, &err);
+        cr_assert(t, "%s: %s", name, err ? err->message : "?");
+        rep = memsim_replay_trace(t, &o, &err);
+        cr_expect(rep == NULL, "%s: replayed in memory", name);
+        cr_expect(err && strstr(err->message, says[i]), "%s: %s", name,
+                  err ? err->message : "no error");
+        g_clear_error(&err);
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        const char *argv[] = {"replay", path, NULL};
+        g_autofree char *out = NULL, *msg = NULL;
+        int rc = tu_run_memsim(argv, &out, &msg);
+        cr_expect_eq(rc, 2, "%s: memsim replay exited %d", name, rc);
+        cr_expect(strstr(msg, says[i]), "%s: [%s]", name, msg);
+    }
+}

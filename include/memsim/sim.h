@@ -289,7 +289,7 @@ MEMSIM_API gboolean memsim_replay_feed(MemsimReplay *rp, const MemsimTraceHeader
                             const MemsimEvent *events, gsize n, GError **error);
 /* After the last feed: runs the events still held for parked ranks (a recv that no send will
  * meet completes on its own, the lowest rank first). `header` as for feed. FALSE with error
- * set on an inconsistent trace, as feed. */
+ * set on an inconsistent trace, as feed, or one that ends inside the unit of a REPEAT. */
 MEMSIM_API gboolean memsim_replay_drain(MemsimReplay *rp, const MemsimTraceHeader *header, GError **error);
 /* Ends the replay, frees it and returns the report (free with memsim_report_free). Events
  * still held (no memsim_replay_drain) are run against the header given to

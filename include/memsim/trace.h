@@ -66,7 +66,8 @@ typedef enum {
      * is a step of its own. With MEMSIM_EVF_STEPS the unit may hold repeats of its own (a
      * step's micro-batches), written as they are: the `size` events count them unexpanded,
      * and each repetition moves their `id` as it moves tensor ids. aux = 0: the unit runs
-     * once (a boundary, nothing repeats). */
+     * once (a boundary, nothing repeats). A trace that ends before the unit does is refused
+     * by the replay, naming the REPEAT. */
     MEMSIM_EV_REPEAT = 16,
 } MemsimEventKind;
 
