@@ -53,6 +53,8 @@ typedef struct {
     Group g;
     MemsimModel *model;
     const MemsimGpu *gpu;
+    int64_t b1; /* one_single's micro-batch */
+    int m1;
 } One;
 
 static void one_init(One *o, const Case *c, int gpus, const int64_t *bs, const int *ms, int nb)
@@ -80,6 +82,19 @@ static void one_init(One *o, const Case *c, int gpus, const int64_t *bs, const i
     o->g.nb = nb;
     o->g.bs = (int64_t *)bs;
     o->g.n_micro = (int *)ms;
+}
+
+/* One configuration at its own micro-batch (c->b, c->m): `r` its run, and its trace (NULL
+ * with `error` set when the generator refuses the layout). */
+static MemsimTrace *one_single(One *o, const Case *c, MemsimRun *r, GError **error)
+{
+    one_init(o, c, c->tp * c->pp * c->dp, NULL, NULL, 1);
+    o->b1 = c->b;
+    o->m1 = c->m;
+    o->g.bs = &o->b1;
+    o->g.n_micro = &o->m1;
+    plan_candidate_run(&o->sw, &o->g, 0, r);
+    return memsim_generate(o->model, r, error);
 }
 
 static void one_clear(One *o)
@@ -126,14 +141,10 @@ Test(plan_bound, below_the_simulated_step_and_close, .timeout = 600)
     int bounded = 0;
     for (gsize i = 0; i < n; i++) {
         const Case *c = &cases[i];
-        int64_t bs[1] = {c->b};
-        int ms[1] = {c->m};
         One o;
-        one_init(&o, c, c->tp * c->pp * c->dp, bs, ms, 1);
         MemsimRun r;
-        plan_candidate_run(&o.sw, &o.g, 0, &r);
         GError *e = NULL;
-        MemsimTrace *probe = memsim_generate(o.model, &r, &e);
+        MemsimTrace *probe = one_single(&o, c, &r, &e);
         if (!probe) {
             /* a layout the generator refuses (heads, layers): nothing to bound */
             cr_log_info("case %zu (%s): %s", i, c->model, e->message);
@@ -262,14 +273,10 @@ Test(plan_bound, short_run_asks_no_more_than_the_run, .timeout = 600)
     const gsize n = tu_sanitized() ? 2 : G_N_ELEMENTS(cases);
     for (gsize i = 0; i < n; i++) {
         const Case *c = &cases[i];
-        int64_t bs[1] = {c->b};
-        int ms[1] = {c->m};
         One o;
-        one_init(&o, c, c->tp * c->pp * c->dp, bs, ms, 1);
         MemsimRun r;
-        plan_candidate_run(&o.sw, &o.g, 0, &r);
         GError *e = NULL;
-        MemsimTrace *t = memsim_generate(o.model, &r, &e);
+        MemsimTrace *t = one_single(&o, c, &r, &e);
         cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
         MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
         ro.threads = 1;
