@@ -2424,6 +2424,10 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
             at[l] = UINT64_MAX;
     r->print_serial = q->serial;
     SteadyState *hist = two + 2, *now = &two[1];
+    /* whole states are kept where a repetition costs far more than taking one (a unit of
+     * many events over a small live set: an interleaved stage's group of micro-batches);
+     * else a period is confirmed one period later, as the prints alone allow */
+    const gboolean keep = K >= 3 * (uint64_t)(r->tensors.mask + 1);
     uint64_t hist_at[HIST]; /* the repetition each kept state follows (of this run) */
     for (int l = 0; l < HIST; l++)
         hist_at[l] = UINT64_MAX;
@@ -2444,7 +2448,7 @@ static gboolean memory_catch_up(MemsimReplay *rp, const MemsimTraceHeader *h, gu
             prints[d % CUTS] = steady_print(r, r->unit_from, moved);
             at[d % CUTS] = d;
         }
-        if (!P) {
+        if (!P && keep) {
             /* kept whole; a period within the states kept is confirmed at once */
             SteadyState *cur = &hist[d % HIST];
             steady_take(r, cur, r->unit_from, moved);
