@@ -158,10 +158,10 @@ static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_la
  * its memory (`full`): as many micro-batches in flight as the run holds where the schedule
  * allows it with fewer (1F1B: pp; interleaved: 2 pp, whose warm-up of 2 (pp - 1) + pp model
  * chunks it then has in full; GPipe holds all m: BOUND_MICROBATCHES). */
-static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean full, int *m0_out)
+int plan_short_micro(const Group *g, int j, gboolean full)
 {
     if (g->method != MEMSIM_METHOD_MEGATRON || j < 0 || j >= g->nb)
-        return NULL;
+        return 0;
     const int m = g->n_micro[j], pp = g->pp > 0 ? g->pp : 1;
     const gboolean interleaved = g->schedule == MEMSIM_PP_INTERLEAVED && g->v > 1;
     int m0 = interleaved ? pp : MIN(m, BOUND_MICROBATCHES);
@@ -169,7 +169,13 @@ static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean f
         m0 = 2 * pp;
     else if (full && g->schedule == MEMSIM_PP_1F1B)
         m0 = MIN(m, MAX(pp, BOUND_MICROBATCHES));
-    if (m < m0 || m0 < 1)
+    return m < m0 || m0 < 1 ? 0 : m0;
+}
+
+static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean full, int *m0_out)
+{
+    const int m0 = plan_short_micro(g, j, full);
+    if (!m0)
         return NULL;
     MemsimRun r;
     plan_candidate_run(sw, g, j, &r);

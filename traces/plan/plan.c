@@ -88,6 +88,7 @@
 #define DEFAULT_TOP 5
 #define DEFAULT_MISSES 5
 #define BATCH_GAIN 1.02 /* a larger micro-batch must be 2% faster to be chosen */
+#define SHORT_RATIO 4   /* a step is bounded from a short run of at most 1/4 of its micro-batches */
 
 /* MIG slice profiles: traces/gpus.c (memsim_mig_profiles); each slice is a GPU profile of
  * its own (memsim_gpu_find("a100-40gb:1g.5gb")). */
@@ -674,6 +675,11 @@ static void tighten(Sweep *sw, Group *g, int j)
     if (c->chained || c->simulated || g->method != MEMSIM_METHOD_MEGATRON)
         return;
     c->chained = TRUE;
+    /* a short run costs about what its micro-batches of the run cost: worth it for a run
+     * several times as long */
+    const int m0 = plan_short_micro(g, j, FALSE);
+    if (!m0 || g->n_micro[j] < SHORT_RATIO * m0)
+        return;
     c->chain_s = plan_step_bound(sw, g, j);
     count(sw, &sw->n_bounded);
     if (c->chain_s > c->step_s) {
@@ -780,7 +786,9 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         return;
     MemsimRun r;
     plan_candidate_run(sw, g, j, &r);
-    if (!p->done && !need && !sw->opt.exhaustive && !sw->offload &&
+    const int m0 = plan_short_micro(g, j, TRUE);
+    if (!p->done && !need && !sw->opt.exhaustive && !sw->offload && m0 &&
+        g->n_micro[j] >= 2 * m0 && /* (for its memory: the run's generation saved) */
         plan_short_run_over(sw, g, j,
                             (int64_t)sw->gpu_mem -
                                 (int64_t)(sw->ctx + memsim_estimate_nccl_bytes(

@@ -100,6 +100,9 @@ double plan_step_bound(const Sweep *sw, const Group *g, int j);
 /* Only the kernel time of the busiest stage's micro-batches at candidate j: with a fixed
  * global batch, a lower bound of the step at every candidate b that divides bs[j]. */
 double plan_step_floor(const Sweep *sw, const Group *g, int j);
+/* The micro-batches of candidate j's short run: for its step (plan_step_bound) or, `full`,
+ * for its memory (plan_short_run_over); 0 when there is none. */
+int plan_short_micro(const Group *g, int j, gboolean full);
 /* Whether candidate j's short run (plan_step_bound's) already has some rank request more than
  * `limit` bytes: then the run does too. */
 gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t limit);
