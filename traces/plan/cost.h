@@ -43,6 +43,7 @@ typedef struct {
     double chain_s;      /* a lower bound of the simulated step from the stage programs
                             (traces/plan/bound.c; 0: none) */
     gboolean chained;    /* chain_s was looked for */
+    double host_s;       /* a sibling's host dispatch time, scaled (traces/plan/plan.c) */
 } CostResult;
 
 /* Fills `out` for the configuration of `in`. */

@@ -22,7 +22,10 @@
  * of a short run of the same stage programs (traces/plan/bound.c: the kernels of the step's
  * micro-batches on each stage, chained through the pipeline; with a fixed global batch, one
  * run at the largest b floors every b that divides it), and after a sibling's simulation to
- * its host dispatch time.
+ * its host dispatch time. The cost model is meant to stay below the simulation but does not
+ * always (a Megatron launch's: twice above it): once a simulated Megatron step shows it above,
+ * its guesses stop bounding anything (Sweep.model_over) and only the sound bounds prune; a
+ * candidate with none is simulated.
  *   1. Memory bound: the model-state lower bound (below) plus the CUDA context and NCCL
  *      above the memory rules the layout out, unsimulated.
  *   2. Cost bound: a layout (or member, or micro-batch) whose best possible speed is below
@@ -348,6 +351,8 @@ static double guess_peak(const Sweep *sw, const Group *g)
     return (double)g->bound + per * layers;
 }
 
+static void cost_refresh(const Sweep *sw, Group *g, int j);
+
 static void fill_costs(Sweep *sw, Group *g)
 {
     g->best_tps = 0;
@@ -380,6 +385,7 @@ static void fill_costs(Sweep *sw, Group *g)
         g->cost[j] = (CostResult){0};
         cost_step(&in, &g->cost[j]);
         g->cost[j].model_step_s = g->cost[j].step_s;
+        cost_refresh(sw, g, j); /* (without the model where it overestimated before) */
         if (g->cost[j].tokens_per_s > g->best_tps)
             g->best_tps = g->cost[j].tokens_per_s;
     }
@@ -572,7 +578,7 @@ static gboolean enumerate(Sweep *sw, GError **error)
         Degrees *last = fams->len ? &g_array_index(fams, Degrees, fams->len - 1) : NULL;
         const Group *h = last ? &sw->groups[last->first] : NULL;
         if (!h || h->method != g->method || h->tp != g->tp || h->pp != g->pp || h->dp != g->dp) {
-            Degrees f = {i, 0, 0, 0, FALSE, FALSE, -1};
+            Degrees f = {i, 0, 0, 0, FALSE, FALSE, -1, FALSE};
             g_array_append_val(fams, f);
             last = &g_array_index(fams, Degrees, fams->len - 1);
         }
@@ -656,12 +662,23 @@ static void count(Sweep *sw, guint *counter)
     g_mutex_unlock(&sw->lock);
 }
 
-/* The best that g's candidates j could do again (cost[j].step_s raised by the simulation's
- * host time or the chain bound). */
-static void cost_refresh(Group *g, int j)
+/* Whether the cost model is known to overestimate a Megatron step of this sweep (a simulated
+ * step came out below it): its guesses are then no bound, and only the sound ones (the
+ * chain bound, the floor, a sibling's host time) are kept. */
+static gboolean model_over(const Sweep *sw, const Group *g)
+{
+    return g->method == MEMSIM_METHOD_MEGATRON && g_atomic_int_get(&sw->model_over);
+}
+
+/* Candidate j's guess again (not simulated): the largest of the cost model (while it is
+ * sound), a sibling's host time and the chain bound; none known: no bound at all. */
+static void cost_refresh(const Sweep *sw, Group *g, int j)
 {
     CostResult *c = &g->cost[j];
-    c->tokens_per_s = c->tokens / c->step_s;
+    if (!c->simulated) {
+        c->step_s = MAX(MAX(model_over(sw, g) ? 0.0 : c->model_step_s, c->host_s), c->chain_s);
+        c->tokens_per_s = c->step_s > 0 ? c->tokens / c->step_s : INFINITY;
+    }
     g->best_tps = 0;
     for (int k = 0; k < g->nb; k++)
         g->best_tps = MAX(g->best_tps, g->cost[k].tokens_per_s);
@@ -682,10 +699,7 @@ static void tighten(Sweep *sw, Group *g, int j)
         return;
     c->chain_s = plan_step_bound(sw, g, j);
     count(sw, &sw->n_bounded);
-    if (c->chain_s > c->step_s) {
-        c->step_s = c->chain_s;
-        cost_refresh(g, j);
-    }
+    cost_refresh(sw, g, j);
 }
 
 /* With a fixed global batch: every candidate whose b divides the largest raised to the floor
@@ -703,10 +717,7 @@ static void floor_member(Sweep *sw, Group *g)
         if (g->bs[J] % g->bs[j] || c->simulated || f <= c->chain_s)
             continue;
         c->chain_s = f;
-        if (f > c->step_s) {
-            c->step_s = f;
-            cost_refresh(g, j);
-        }
+        cost_refresh(sw, g, j);
     }
 }
 
@@ -894,6 +905,12 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
         }
     }
     memsim_report_free(rep);
+    if (g->method == MEMSIM_METHOD_MEGATRON && p->step_s > 0 &&
+        g->cost[j].model_step_s > p->step_s && !g_atomic_int_get(&sw->model_over)) {
+        /* the cost model guessed this step slower than its simulation: no bound here */
+        g_atomic_int_set(&sw->model_over, TRUE);
+        cost_refresh(sw, g, j); /* (every family takes it up when it next decides) */
+    }
     if (p->fits && p->step_s > 0) {
         /* one time model: a configuration that was simulated takes its step time from the
          * simulation (what `memsim estimate` prints for its last step); the cost model
@@ -914,13 +931,9 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
             CostResult *ck = &g->cost[k];
             if (ck->simulated)
                 continue;
-            double host = p->host_s * MIN(1.0, (double)g->n_micro[k] / g->n_micro[j]);
-            ck->step_s = MAX(MAX(ck->model_step_s, host), ck->chain_s);
-            ck->tokens_per_s = ck->tokens / ck->step_s;
+            ck->host_s = p->host_s * MIN(1.0, (double)g->n_micro[k] / g->n_micro[j]);
+            cost_refresh(sw, g, k);
         }
-        g->best_tps = 0;
-        for (int k = 0; k < g->nb; k++)
-            g->best_tps = MAX(g->best_tps, g->cost[k].tokens_per_s);
     }
     if (need && !p->fits && !p->measured) {
         /* how much it needs: the same run without a memory limit */
@@ -1129,9 +1142,12 @@ static gboolean open_member(const Group *g)
  * smallest b of a member is settled by bisecting its chain of checkpointing modes (full ≤
  * selective ≤ none: a probe in the middle tells about one end); a member that fits is
  * refined; members that cannot beat the family's best known row, or the top rows, stop. */
+static void family_sound(Sweep *sw, Degrees *f);
+
 static void family_search(Sweep *sw, Degrees *f)
 {
     for (;;) {
+        family_sound(sw, f);
         double T = threshold(sw), have = known_of(sw, f);
         Group *m = NULL;
         double mu = 0;
@@ -1225,6 +1241,21 @@ static void family_search(Sweep *sw, Degrees *f)
     }
 }
 
+/* A family's guesses redone without the cost model, once it is known to overestimate. */
+static void family_sound(Sweep *sw, Degrees *f)
+{
+    if (f->sound || !g_atomic_int_get(&sw->model_over))
+        return;
+    f->sound = TRUE;
+    f->best_tps = 0;
+    for (int i = f->first; i < f->first + f->n; i++) {
+        Group *g = &sw->groups[i];
+        for (int j = 0; j < g->nb; j++)
+            cost_refresh(sw, g, j);
+        f->best_tps = MAX(f->best_tps, g->best_tps);
+    }
+}
+
 /* The best a family's members could do, settled (settled_best) down to `cut`. */
 static double family_best(Sweep *sw, const Degrees *f, double cut)
 {
@@ -1246,7 +1277,7 @@ static void worker(gpointer data, gpointer user)
     } else if (f->pruned_bound) {
         for (int i = f->first; i < f->first + f->n; i++)
             sw->groups[i].miss = TRUE;
-    } else if (family_best(sw, f, threshold(sw)) < threshold(sw)) {
+    } else if (family_sound(sw, f), family_best(sw, f, threshold(sw)) < threshold(sw)) {
         /* nothing of it can reach the top rows (whatever is probed later only raises the
          * threshold, so what is skipped here never shows) */
         f->pruned_cost = TRUE;
@@ -1329,13 +1360,22 @@ static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRo
 {
     /* the misses' guesses settled, whichever way the search went (shown_misses compares
      * them with the recommendation) */
+    for (int k = 0; k < sw->n_fams; k++)
+        family_sound(sw, &sw->fams[k]);
     for (int i = 0; i < sw->n_groups; i++)
         if (sw->groups[i].miss && sw->groups[i].nb)
             tighten(sw, &sw->groups[i], 0);
-    GPtrArray *todo = plan_misses_to_measure(sw);
-    g_ptr_array_sort(todo, by_work); /* the longest first: the threads end together */
-    run_pool(sw, todo, measure_miss);
-    g_ptr_array_unref(todo);
+    /* measured, a miss shows its simulated speed, which may leave room for another: until
+     * every miss shown is measured */
+    for (;;) {
+        GPtrArray *todo = plan_misses_to_measure(sw);
+        const guint n = todo->len;
+        g_ptr_array_sort(todo, by_work); /* the longest first: the threads end together */
+        run_pool(sw, todo, measure_miss);
+        g_ptr_array_unref(todo);
+        if (!n)
+            break;
+    }
     plan_collect(sw, rows, n_rows, misses, n_misses);
 }
 
@@ -1395,6 +1435,7 @@ static void run_phase(Sweep *sw)
         Degrees *f = &sw->fams[k];
         f->best_tps = 0;
         f->pruned_bound = f->pruned_cost = FALSE;
+        f->sound = FALSE;
         f->row = -1;
         sw->known[k] = 0;
         f->likely = 0;

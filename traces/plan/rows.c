@@ -6,6 +6,7 @@
 #include <memsim/megatron.h>
 #include <memsim/plan.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "traces/deepspeed.h"
@@ -388,6 +389,15 @@ static void make_row(const Sweep *sw, const Group *g, int j, gboolean miss, Mems
     row->host_bytes = sw->offload || sw->base.deepspeed ? p->host : 0;
     row->step_s = c->step_s;
     row->tokens_per_s = c->tokens_per_s;
+    if (miss && !c->simulated && p->measured && p->step_s > 0) {
+        /* a miss measured without a memory limit: its simulated step */
+        row->step_s = p->step_s;
+        row->tokens_per_s = c->tokens / p->step_s;
+    } else if (!(row->step_s > 0)) {
+        /* no bound known (the cost model overestimated this sweep's steps): its guess */
+        row->step_s = c->model_step_s;
+        row->tokens_per_s = c->tokens / c->model_step_s;
+    }
     row->compute_s = c->compute_s + c->recompute_s;
     row->comm_s = c->comm_s;
     row->bubble_s = c->bubble_s;
@@ -491,10 +501,16 @@ static GArray *shown_misses(const Sweep *sw, const GArray *rows)
         const Group *g = &sw->groups[i];
         if (g->nb == 0 || !g->miss || g->probes[0].failed)
             continue;
-        if (rows->len && !(g->cost[0].tokens_per_s > best))
+        /* measured: its simulated speed; else its guess (a bound, or none known) */
+        const Probe *p = &g->probes[0];
+        double tps = p->measured && p->step_s > 0 ? g->cost[0].tokens / p->step_s
+                                                  : g->cost[0].tokens_per_s;
+        if (!isfinite(tps)) /* no bound known: the cost model's guess, as its row shows it */
+            tps = g->cost[0].tokens / g->cost[0].model_step_s;
+        if (rows->len && !(tps > best))
             continue;
         /* the model-state bound's misses (not simulated) only after the simulated ones */
-        Ranked k = {g, 0, g->cost[0].tokens_per_s, g->pruned_bound, 0};
+        Ranked k = {g, 0, tps, g->pruned_bound, 0};
         g_array_append_val(misses, k);
     }
     g_array_sort(misses, by_row_peak_first);

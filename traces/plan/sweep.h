@@ -61,6 +61,7 @@ typedef struct {
     gboolean pruned_bound;
     gboolean pruned_cost; /* could not reach the top rows */
     int row;              /* the member whose row is the family's, or −1 */
+    gboolean sound;       /* its guesses redone without the cost model (Sweep.model_over) */
 } Degrees;
 
 typedef struct {
@@ -86,6 +87,7 @@ typedef struct {
     guint n_generated, n_replays, n_pruned_exact, n_pruned_cost, n_pruned_bound;
     guint n_bounded;    /* chain bounds computed (traces/plan/bound.c) */
     guint n_short_over; /* probes settled by their short run's requested bytes */
+    gint model_over;    /* the cost model overestimated a simulated Megatron step */
 } Sweep;
 
 extern const char *const plan_method_names[];
