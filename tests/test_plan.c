@@ -144,6 +144,32 @@ Test(plan, megatron_launch_as_exhaustive, .timeout = 600)
     cr_expect(strstr(a, "megatron tp4 pp16 dp2 1f1b") != NULL, "%s", a);
 }
 
+/* A fixed global batch that leaves some Megatron members a single micro-batch size (dp 8 of
+ * 8 sequences: b = 1 only): the search takes their floor like any other's and ends (it
+ * looped on such a member), as the exhaustive sweep has it. */
+Test(plan, single_micro_batch_members_end, .timeout = 120)
+{
+    const char *pruned[] = {"plan", "--model", "llama-2-13b", "--gpus", "8", "--gpu",
+                            "a100-80gb", "--seq", "1024", "--global-batch", "8", NULL};
+    const char *full[] = {"plan", "--model", "llama-2-13b", "--gpus", "8", "--gpu",
+                          "a100-80gb", "--seq", "1024", "--global-batch", "8", "--exhaustive",
+                          NULL};
+    g_autofree char *a = plan_text_without_sweep(pruned);
+    g_autofree char *b = plan_text_without_sweep(full);
+    /* the rows and the recommendation (the misses differ by design: the exhaustive sweep
+     * simulates what the model-state bound rules out) */
+    const char *ra = strstr(a, "configurations that fit"), *rb = strstr(b, "configurations that fit");
+    const char *ea = ra ? strstr(ra, "\n\n") : NULL, *eb = rb ? strstr(rb, "\n\n") : NULL;
+    cr_assert(ea && eb, "no rows:\n%s\n---\n%s", a, b);
+    cr_expect_eq(ea - ra, eb - rb, "the rows differ:\n%s\n---\n%s", a, b);
+    cr_expect(!strncmp(ra, rb, (size_t)(ea - ra)), "the rows differ:\n%s\n---\n%s", a, b);
+    const char *ca = strstr(a, "recommended:"), *cb = strstr(b, "recommended:");
+    cr_assert(ca && cb);
+    cr_expect(!strncmp(ca, cb, (size_t)(strchr(ca, '\n') - ca + 1)), "the recommendation "
+              "differs:\n%s\n---\n%s", a, b);
+    cr_expect(strstr(a, "megatron tp4 dp2") != NULL, "%s", a);
+}
+
 /* The same rows, misses and recommendation with one thread and with four. */
 Test(plan, deterministic_whatever_the_threads, .timeout = 300)
 {

@@ -702,11 +702,18 @@ static void tighten(Sweep *sw, Group *g, int j)
     cost_refresh(sw, g, j);
 }
 
+/* Whether g's floor is still to be taken (floor_member): a Megatron member of a sweep with a
+ * fixed global batch, not floored yet. */
+static gboolean floor_pending(const Sweep *sw, const Group *g)
+{
+    return !g->floored && sw->opt.global_batch && g->method == MEMSIM_METHOD_MEGATRON;
+}
+
 /* With a fixed global batch: every candidate whose b divides the largest raised to the floor
  * of the largest (plan_step_floor), once; one short run bounds them all. */
 static void floor_member(Sweep *sw, Group *g)
 {
-    if (g->floored || g->method != MEMSIM_METHOD_MEGATRON || !sw->opt.global_batch || g->nb < 2)
+    if (!floor_pending(sw, g) || !g->nb)
         return;
     g->floored = TRUE;
     const int J = g->nb - 1;
@@ -747,7 +754,7 @@ static double settled_best(Sweep *sw, Group *g, int hi, double cut)
         for (int j = 0; j < hi; j++)
             if (settled(g, j) && g->cost[j].tokens_per_s >= cut)
                 return g->cost[j].tokens_per_s;
-        if (!g->floored && sw->opt.global_batch && g->method == MEMSIM_METHOD_MEGATRON)
+        if (floor_pending(sw, g))
             floor_member(sw, g); /* one run for many candidates */
         else
             tighten(sw, g, best);
@@ -1187,8 +1194,7 @@ static void family_search(Sweep *sw, Degrees *f)
                         mu = g->cost[j].tokens_per_s;
                     }
             }
-            if (!m || settled(m, mj) || m->floored || !sw->opt.global_batch ||
-                m->method != MEMSIM_METHOD_MEGATRON)
+            if (!m || settled(m, mj) || !floor_pending(sw, m))
                 break;
             floor_member(sw, m);
         }
