@@ -856,6 +856,16 @@ static inline memsim_size_t round_512(memsim_size_t size)
     return size > UINT64_MAX - 511 ? UINT64_MAX : (size + 511) & ~(memsim_size_t)511;
 }
 
+/* A tensor joins the live set (its category's bytes, requested bytes and rounded peak). */
+static inline void live_in(RankSim *r, const IdVal *v)
+{
+    r->live_cat[v->category] += (int64_t)v->size;
+    r->live_req[v->category] += (int64_t)v->req;
+    r->live_rounded += (int64_t)round_512(v->req);
+    if (r->live_rounded > r->peak_rounded)
+        r->peak_rounded = r->live_rounded;
+}
+
 /* A successful ALLOC: the tensor enters the id map at `slot` (from idmap_slot, after
  * idmap_reserve) charged with the change in allocated bytes. */
 static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t index,
@@ -871,11 +881,7 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
             site_move(r, v.site, v.size, 1, ev->category);
     }
     idmap_fill(&r->tensors, slot, ev->id, &v);
-    r->live_cat[ev->category] += (int64_t)v.size;
-    r->live_req[ev->category] += (int64_t)v.req;
-    r->live_rounded += (int64_t)round_512(v.req);
-    if (r->live_rounded > r->peak_rounded)
-        r->peak_rounded = r->live_rounded;
+    live_in(r, &v);
     note_peaks(r, h, index, st);
     if (G_UNLIKELY(st->requested.current > r->rp->requested_limit))
         g_atomic_int_set(&r->rp->over_limit, TRUE); /* the caller gives up (over_limit) */
@@ -1295,11 +1301,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         v.site = site_named(r, "(before the trace)");
         site_move(r, v.site, v.size, 1, ev->category);
         idmap_put(&r->tensors, ev->id, &v);
-        r->live_cat[ev->category] += (int64_t)v.size;
-        r->live_req[ev->category] += (int64_t)v.req;
-        r->live_rounded += (int64_t)round_512(v.req);
-        if (r->live_rounded > r->peak_rounded)
-            r->peak_rounded = r->live_rounded;
+        live_in(r, &v);
         track_peaks(r, h, index, &st);
         action = FALSE;
         break;

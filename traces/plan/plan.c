@@ -665,7 +665,7 @@ static void count(Sweep *sw, guint *counter)
 /* Whether the cost model is known to overestimate a Megatron step of this sweep (a simulated
  * step came out below it): its guesses are then no bound, and only the sound ones (the
  * chain bound, the floor, a sibling's host time) are kept. */
-static gboolean model_over(const Sweep *sw, const Group *g)
+static gboolean model_unsound(const Sweep *sw, const Group *g)
 {
     return g->method == MEMSIM_METHOD_MEGATRON && g_atomic_int_get(&sw->model_over);
 }
@@ -676,7 +676,7 @@ static void cost_refresh(const Sweep *sw, Group *g, int j)
 {
     CostResult *c = &g->cost[j];
     if (!c->simulated) {
-        c->step_s = MAX(MAX(model_over(sw, g) ? 0.0 : c->model_step_s, c->host_s), c->chain_s);
+        c->step_s = MAX(MAX(model_unsound(sw, g) ? 0.0 : c->model_step_s, c->host_s), c->chain_s);
         c->tokens_per_s = c->step_s > 0 ? c->tokens / c->step_s : INFINITY;
     }
     g->best_tps = 0;
