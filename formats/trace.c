@@ -291,6 +291,16 @@ const char *memsim_op_bound_name(MemsimOpBound b)
 
 #define BREAKDOWN_PREFIX "breakdown:"
 
+uint32_t memsim_step_marks(const MemsimTraceHeader *h, const MemsimEvent *ev, gsize n)
+{
+    uint32_t k = 0;
+    for (gsize i = 0; i < n; i++)
+        if (ev[i].kind == MEMSIM_EV_MARK && ev[i].id < h->n_strings &&
+            memsim_mark_parse(h->strings[ev[i].id], NULL, NULL) == MEMSIM_MARK_STEP)
+            k++;
+    return k;
+}
+
 MemsimMarkKind memsim_mark_parse(const char *text, uint32_t *step, const char **name)
 {
     if (g_str_has_prefix(text, BREAKDOWN_PREFIX)) {

@@ -1874,17 +1874,6 @@ static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h, int32_t *
     return mb;
 }
 
-/* The "step N" marks among n events (a unit of whole steps holds some). */
-static uint32_t step_marks(const MemsimTraceHeader *h, const MemsimEvent *ev, gsize n)
-{
-    uint32_t k = 0;
-    for (gsize i = 0; i < n; i++)
-        if (ev[i].kind == MEMSIM_EV_MARK && ev[i].id < h->n_strings &&
-            memsim_mark_parse(h->strings[ev[i].id], NULL, NULL) == MEMSIM_MARK_STEP)
-            k++;
-    return k;
-}
-
 /* The captured unit has run once: its repetitions begin. */
 static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                              uint64_t index, GError **error)
@@ -1904,7 +1893,8 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
         peer |= e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER);
     }
     r->unit_mbs = unit_microbatches(r, h);
-    r->unit_steps = step_marks(h, (const MemsimEvent *)(void *)r->unit->data, r->unit->len);
+    r->unit_steps =
+        memsim_step_marks(h, (const MemsimEvent *)(void *)r->unit->data, r->unit->len);
     if (r->unit_steps)
         r->rep.steady_steps_repeated += r->unit_times * r->unit_steps;
     else
@@ -2897,7 +2887,7 @@ static gboolean outer_run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 
     const MemsimEvent *unit = (const MemsimEvent *)(void *)o->unit->data;
     const guint K = o->unit->len;
     o->may_skip = steady_options_allow(r);
-    o->steps = step_marks(h, unit, K);
+    o->steps = memsim_step_marks(h, unit, K);
     for (guint i = 0; i < K; i++) {
         const MemsimEvent *e = &unit[i];
         if (e->kind == MEMSIM_EV_COLLECTIVE && (e->flags & MEMSIM_EVF_PEER))

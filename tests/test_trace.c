@@ -1158,3 +1158,25 @@ Test(trace_files, bad_arguments)
     memsim_trace_reader_free(NULL);
     memsim_trace_free(t);
 }
+
+/* memsim_step_marks counts the MARKs that open a step ("step N", "step N begin"), not labels,
+ * breakdowns or other events, and no mark whose string is outside the table. */
+Test(trace_marks, step_marks_count_the_steps_only)
+{
+    MemsimTrace *t = memsim_trace_new("marks");
+    const guint32 s1 = memsim_trace_intern(t, "step 1");
+    const guint32 s2 = memsim_trace_intern(t, "step 2 begin");
+    const guint32 label = memsim_trace_intern(t, "prefill");
+    g_autofree char *bd = memsim_mark_breakdown("x");
+    const guint32 brk = memsim_trace_intern(t, bd);
+    const MemsimEvent ev[] = {
+        {.kind = MEMSIM_EV_MARK, .id = s1},    {.kind = MEMSIM_EV_MARK, .id = label},
+        {.kind = MEMSIM_EV_ALLOC, .id = s1},   {.kind = MEMSIM_EV_MARK, .id = brk},
+        {.kind = MEMSIM_EV_MARK, .id = s2},    {.kind = MEMSIM_EV_MARK, .id = 1000},
+    };
+    const MemsimTraceHeader *h = memsim_trace_header(t);
+    cr_expect_eq(memsim_step_marks(h, ev, G_N_ELEMENTS(ev)), 2);
+    cr_expect_eq(memsim_step_marks(h, ev, 1), 1);
+    cr_expect_eq(memsim_step_marks(h, ev + 1, 3), 0);
+    memsim_trace_free(t);
+}

@@ -1499,13 +1499,7 @@ static bool step_mark_moved(const MemsimTraceHeader *h, const MemsimEvent *ev,
         memsim_mark_parse(h->strings[x], &sx, NULL) != MEMSIM_MARK_STEP ||
         memsim_mark_parse(h->strings[y], &sy, NULL) != MEMSIM_MARK_STEP)
         return false;
-    uint32_t d = 0;
-    for (guint i = 0; i < len; i++) {
-        const MemsimEvent *e = &ev[a->event + i];
-        if (e->kind == MEMSIM_EV_MARK && e->id < h->n_strings &&
-            memsim_mark_parse(h->strings[e->id], NULL, NULL) == MEMSIM_MARK_STEP)
-            d++;
-    }
+    const uint32_t d = memsim_step_marks(h, ev + a->event, len);
     if ((uint64_t)sx + d != sy)
         return false;
     /* the same words after the number ("step N" or "step N begin") */

@@ -266,6 +266,9 @@ typedef enum {
 /* The kind of a mark's text; *step gets a step's number, *name a breakdown's name (pointing
  * into `text`). Either may be NULL. */
 MEMSIM_API MemsimMarkKind memsim_mark_parse(const char *text, uint32_t *step, const char **name);
+/* How many of the n events are MARKs that open a step ("step N"; a string index out of the
+ * header's table counts as none): a unit of whole steps holds that many (MEMSIM_EV_REPEAT). */
+MEMSIM_API uint32_t memsim_step_marks(const MemsimTraceHeader *h, const MemsimEvent *ev, gsize n);
 /* The text of the mark that opens step N, or that asks for the breakdown NAME; newly
  * allocated (g_free). */
 MEMSIM_API char *memsim_mark_step(uint32_t step);

@@ -154,10 +154,11 @@ static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_la
     return best;
 }
 
-/* The short run of candidate j (NULL when there is none): m0 micro-batches, one step. For
- * its memory (`full`): as many micro-batches in flight as the run holds where the schedule
- * allows it with fewer (1F1B: pp; interleaved: 2 pp, whose warm-up of 2 (pp - 1) + pp model
- * chunks it then has in full; GPipe holds all m: BOUND_MICROBATCHES). */
+/* The micro-batches of candidate j's short run (0: none): for its step, BOUND_MICROBATCHES
+ * (pp for the interleaved schedule); for its memory (`full`), as many in flight as the run
+ * holds where the schedule allows it with fewer (1F1B: pp; interleaved: 2 pp, whose warm-up
+ * of 2 (pp - 1) + pp model chunks it then has in full; GPipe holds all m:
+ * BOUND_MICROBATCHES). */
 int plan_short_micro(const Group *g, int j, gboolean full)
 {
     if (g->method != MEMSIM_METHOD_MEGATRON || j < 0 || j >= g->nb)
@@ -172,6 +173,8 @@ int plan_short_micro(const Group *g, int j, gboolean full)
     return m < m0 || m0 < 1 ? 0 : m0;
 }
 
+/* Candidate j's short run (NULL when there is none): plan_short_micro's micro-batches, one
+ * step (for its memory, as many as the run up to two). */
 static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean full, int *m0_out)
 {
     const int m0 = plan_short_micro(g, j, full);
