@@ -301,3 +301,86 @@ Test(plan_bound, short_run_asks_no_more_than_the_run, .timeout = 600)
         one_clear(&o);
     }
 }
+
+/* A short run makes only stages 0, 1 and pp − 1 where the stages between hold alike layers
+ * (traces/plan/bound.c short_stages): the bounds it gives equal those of the short run of
+ * every stage, to the bit, and so does its answer to whether some rank's requested bytes
+ * pass a limit, at limits around the largest stage's requested peak. Also where the stages
+ * are not alike (a mixture of experts whose first dense layers reach into stage 1; Gemma 2's
+ * alternating sliding layers over stages of 7: every stage is then made) and where
+ * they are through a pattern (Gemma 3's one global layer in 6, over stages of 12). */
+Test(plan_bound, stages_left_out_change_nothing, .timeout = 600)
+{
+    /* DeepSeek-V2-Lite cut to 24 layers whose first 4 are dense (first_k_dense_replace), its
+     * dense MLP narrower than its experts: stage 1 of 8 holds a dense layer where the stages
+     * after it hold none, so its stages are made whole */
+    g_autofree char *dir = tu_tmpdir();
+    g_autofree char *moe = g_build_filename(dir, "config.json", NULL);
+    cr_assert(g_file_set_contents(
+        moe,
+        "{\"model_type\": \"deepseek_v2\", \"vocab_size\": 102400, \"hidden_size\": 2048, "
+        "\"intermediate_size\": 2816, \"moe_intermediate_size\": 1408, "
+        "\"n_routed_experts\": 64, \"n_shared_experts\": 2, \"num_experts_per_tok\": 6, "
+        "\"num_hidden_layers\": 24, \"num_attention_heads\": 16, \"num_key_value_heads\": 16, "
+        "\"q_lora_rank\": null, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, "
+        "\"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"first_k_dense_replace\": 4, "
+        "\"moe_layer_freq\": 1, \"max_position_embeddings\": 163840, "
+        "\"tie_word_embeddings\": false}",
+        -1, NULL));
+    const Case cases[] = {
+        {moe, "2048", 1, 8, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 16},
+        {"llama-2-70b", "4096", 1, 16, 4, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 64},
+        {"llama-2-70b", "4096", 2, 8, 4, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_SELECTIVE, 1, 32},
+        {"llama-2-13b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 2, 16},
+        {"llama-2-7b", "1024", 1, 8, 1, MEMSIM_PP_INTERLEAVED, 4, MEMSIM_CKPT_FULL, 1, 16},
+        {"mixtral-8x7b", "2048", 2, 8, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 16},
+        {"gemma-2-9b", "2048", 1, 6, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 24},
+        {"gemma-3-12b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 1, 16},
+    };
+    const gsize n = tu_sanitized() ? 2 : G_N_ELEMENTS(cases);
+    for (gsize i = 0; i < n; i++) {
+        const Case *c = &cases[i];
+        One o;
+        MemsimRun r;
+        GError *e = NULL;
+        MemsimTrace *whole = one_single(&o, c, &r, &e);
+        cr_assert(whole, "case %zu (%s): %s", i, c->model, e ? e->message : "?");
+        memsim_trace_free(whole);
+        double b[2], f[2];
+        for (int all = 0; all < 2; all++) {
+            o.sw.all_stages = all;
+            b[all] = plan_step_bound(&o.sw, &o.g, 0);
+            f[all] = plan_step_floor(&o.sw, &o.g, 0);
+        }
+        cr_log_info("%s pp%d %s: bound %.6f s, floor %.6f s", c->model, c->pp,
+                    sched_name(c->sched), b[0], f[0]);
+        cr_expect(b[0] > 0, "case %zu (%s): no bound", i, c->model);
+        cr_expect(b[0] == b[1] && f[0] == f[1],
+                  "case %zu (%s pp%d): bound %.9f and floor %.9f from stages 0, 1 and pp - 1, "
+                  "%.9f and %.9f from every stage",
+                  i, c->model, c->pp, b[0], f[0], b[1], f[1]);
+        /* the short run's largest requested peak over its stages, found by bisection on the
+         * whole run's answer; the partial run must answer alike around it */
+        o.sw.all_stages = TRUE;
+        int64_t lo = 0, hi = (int64_t)1 << 44;
+        while (hi - lo > 1) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (plan_short_run_over(&o.sw, &o.g, 0, mid))
+                lo = mid;
+            else
+                hi = mid;
+        }
+        cr_expect(lo > 0, "case %zu: the short run asks for nothing", i);
+        const int64_t limits[] = {lo - ((int64_t)1 << 30), lo, hi, hi + ((int64_t)1 << 30)};
+        for (gsize k = 0; k < G_N_ELEMENTS(limits); k++) {
+            o.sw.all_stages = TRUE;
+            gboolean want = plan_short_run_over(&o.sw, &o.g, 0, limits[k]);
+            o.sw.all_stages = FALSE;
+            gboolean got = plan_short_run_over(&o.sw, &o.g, 0, limits[k]);
+            cr_expect_eq(got, want, "case %zu (%s pp%d), limit %" G_GINT64_FORMAT ": over %d "
+                         "from stages 0, 1 and pp - 1, %d from every stage",
+                         i, c->model, c->pp, limits[k], got, want);
+        }
+        one_clear(&o);
+    }
+}

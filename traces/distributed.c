@@ -2685,7 +2685,8 @@ static gboolean zr_programs(const MemsimModel *m, const MemsimRun *run, MemsimTr
 }
 
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
-                                     const AgRules *rules, GError **error)
+                                     const AgRules *rules, const gboolean *stages,
+                                     GError **error)
 {
     MemsimGpu gbuf; /* the profile with the run's time-model settings */
     const GpuProfile *gpu = run_gpu(run, &gbuf);
@@ -2748,7 +2749,8 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
     if (run->sequence_parallel && (tp == 1 || run->seq % tp))
         return setting_refuse(error, "sequence-parallel: needs tp > 1 dividing the sequence length");
     for (int r = 0; r < pp; r++)
-        if (!(m->fam == FAM_MEGATRON ? mg_program : megatron_program)(m, run, t, rules, gpu, tp,
+        if ((!stages || stages[r]) &&
+            !(m->fam == FAM_MEGATRON ? mg_program : megatron_program)(m, run, t, rules, gpu, tp,
                                                                        pp, dp, r, error))
             return FALSE;
     return TRUE;

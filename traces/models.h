@@ -130,9 +130,17 @@ gboolean mg_build(Model *md, const MemsimModel *m, int64_t l0, int64_t l1, GErro
 AgTensor *mg_stage_forward(Model *md, AgTensor *x_in, AgTensor **hidden_out);
 /* Drops the model output object's references: the KV cache it holds. */
 void model_drop_output(Model *md);
-/* The per-rank programs of a distributed run (traces/distributed.c). */
+/* The per-rank programs of a distributed run (traces/distributed.c). `stages` (Megatron: one
+ * flag per pipeline stage; NULL = all): the stages whose programs are made, in stage order,
+ * each as it is in the whole run (a stage's program does not depend on the others'). */
 gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run, MemsimTrace *t,
-                                     const AgRules *rules, GError **error);
+                                     const AgRules *rules, const gboolean *stages,
+                                     GError **error);
+/* memsim_generate with only some of a Megatron run's pipeline stages (`stages`, one flag per
+ * stage; NULL = all): for the planner's bounds (traces/plan/bound.c), which read stage
+ * programs one by one and never replay such a trace. */
+MemsimTrace *memsim_generate_stages(const MemsimModel *m, const MemsimRun *run,
+                                    const gboolean *stages, GError **error);
 
 /* The Llama-derived families (traces/families.c): a layer's parameters in registration
  * order, its forward, and the model's own extras. */

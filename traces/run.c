@@ -169,21 +169,27 @@ gboolean model_check_run(const MemsimModel *m, const MemsimRun *run, GError **er
 }
 
 static MemsimTrace *generate(const MemsimModel *m, const MemsimRun *run_in, const char *spill,
-                             GError **error);
+                             const gboolean *stages, GError **error);
 
 MemsimTrace *memsim_generate(const MemsimModel *m, const MemsimRun *run_in, GError **error)
 {
-    return generate(m, run_in, NULL, error);
+    return generate(m, run_in, NULL, NULL, error);
 }
 
 MemsimTrace *memsim_generate_spilling(const MemsimModel *m, const MemsimRun *run_in,
                                       const char *dir, GError **error)
 {
-    return generate(m, run_in, dir, error);
+    return generate(m, run_in, dir, NULL, error);
+}
+
+MemsimTrace *memsim_generate_stages(const MemsimModel *m, const MemsimRun *run_in,
+                                    const gboolean *stages, GError **error)
+{
+    return generate(m, run_in, NULL, stages, error);
 }
 
 static MemsimTrace *generate(const MemsimModel *m, const MemsimRun *run_in, const char *spill,
-                             GError **error)
+                             const gboolean *stages, GError **error)
 {
     if (!memsim_run_check(run_in, error))
         return NULL;
@@ -250,7 +256,7 @@ static MemsimTrace *generate(const MemsimModel *m, const MemsimRun *run_in, cons
         eff.lora_targets = split;
     }
     if (memsim_run_resolve(run).distributed) {
-        if (!memsim_generate_distributed(m, &eff, t, &rules, error)) {
+        if (!memsim_generate_distributed(m, &eff, t, &rules, stages, error)) {
             memsim_trace_free(t);
             return NULL;
         }

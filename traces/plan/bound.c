@@ -23,11 +23,14 @@
  * micro-batches of a step run the same ops whatever their number (their shapes depend on the
  * micro-batch size), so W(s) is the least over those micro-batches. Few enough that no stage's
  * steady phase repeats (traces/distributed.c PipeSteady: five units at least), so that every
- * micro-batch is written out; a run that still holds a REPEAT gives no bound. */
+ * micro-batch is written out; a run that still holds a REPEAT gives no bound. Where the stages
+ * between the first and the last hold alike layers, only stages 0, 1 and pp − 1 are made, stage
+ * 1 standing for the others (short_stages). */
 #include "traces/plan/sweep.h"
 
 #include "traces/model.h"
-#include "sim/replay_bound.h"
+#include "traces/models.h"
+#include "sim/idmap.h"
 
 #include <math.h>
 #include <string.h>
@@ -43,11 +46,11 @@ typedef struct {
 
 /* The bound of stage programs in `t` for m micro-batches, in µs (`whole`: only the largest
  * m · W(s), without the chain's fill and drain); 0 when it cannot say. */
-static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_layers,
-                          double dispatch_us, gboolean whole)
+static double chain_bound(MemsimTrace *t, const int *stage_of, int pp, int v, int m0, int m,
+                          int n_layers, double dispatch_us, gboolean whole)
 {
     const MemsimTraceHeader *h = memsim_trace_header(t);
-    if ((int)h->n_ranks != pp || n_layers <= 0)
+    if (h->n_ranks < 1 || (int)h->n_ranks > pp || n_layers <= 0)
         return 0.0;
     const gsize cells = (gsize)m0 * (gsize)n_layers;
     double *F = g_new0(double, pp), *B = g_new0(double, pp), *W = g_new0(double, pp);
@@ -55,14 +58,16 @@ static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_la
     StageSums s = {g_new(double, m0), g_new(double, m0), g_new(double, cells),
                    g_new(double, cells), g_new(gboolean, n_layers)};
     gboolean ok = TRUE;
-    for (int r = 0; r < pp && ok; r++) {
+    gboolean *made = g_new0(gboolean, pp);
+    for (guint32 tr = 0; tr < h->n_ranks && ok; tr++) {
+        const int r = stage_of[tr];
         memset(s.mb, 0, sizeof(double) * (gsize)m0);
         memset(s.host, 0, sizeof(double) * (gsize)m0);
         memset(s.fwd, 0, sizeof(double) * cells);
         memset(s.bwd, 0, sizeof(double) * cells);
         memset(s.layer_seen, 0, sizeof(gboolean) * (gsize)n_layers);
         gsize n;
-        const MemsimEvent *ev = memsim_trace_events(t, (guint32)r, &n);
+        const MemsimEvent *ev = memsim_trace_events(t, tr, &n);
         double after = 0.0; /* kernel time since the last op of a micro-batch */
         for (gsize i = 0; i < n && ok; i++) {
             if (ev[i].kind == MEMSIM_EV_REPEAT) {
@@ -128,7 +133,21 @@ static double chain_bound(MemsimTrace *t, int pp, int v, int m0, int m, int n_la
         int chunk = layers / (v > 0 ? v : 1);
         F[r] = layers ? chunk * lf : 0.0;
         B[r] = layers ? chunk * lb : 0.0;
+        made[r] = TRUE;
     }
+    /* the stages left out run stage 1's program (short_run: alike middle stages) */
+    for (int r = 0; r < pp && ok; r++) {
+        if (made[r])
+            continue;
+        if (r == 0 || r == pp - 1 || !made[1]) {
+            ok = FALSE;
+            break;
+        }
+        W[r] = W[1];
+        F[r] = F[1];
+        B[r] = B[1];
+    }
+    g_free(made);
     double best = 0.0;
     if (ok) {
         double fill = 0.0, drain = 0.0;
@@ -173,38 +192,103 @@ int plan_short_micro(const Group *g, int j, gboolean full)
     return m < m0 || m0 < 1 ? 0 : m0;
 }
 
-/* Candidate j's short run (NULL when there is none): plan_short_micro's micro-batches, one
- * step (for its memory, as many as the run up to two). */
-static MemsimTrace *short_run(const Sweep *sw, const Group *g, int j, gboolean full, int *m0_out)
+/* Whether layers a and b of the model are built and run alike in run r (what a layer's
+ * program depends on besides its index: traces/families.c fam_build_layer, traces/models.c
+ * model_stage_forward). */
+static gboolean layers_alike(const MemsimModel *m, const MemsimRun *r, int64_t a, int64_t b)
 {
+    const gboolean sac = r->checkpointing == MEMSIM_CKPT_SAC_LAYER && r->sac_every > 0;
+    return model_layer_is_sliding(m, a) == model_layer_is_sliding(m, b) &&
+           model_layer_is_moe(m, a) == model_layer_is_moe(m, b) &&
+           (!sac || ((a + 1) % r->sac_every == 0) == ((b + 1) % r->sac_every == 0));
+}
+
+/* The stages whose programs a short run makes (one flag per stage), or NULL for all. A
+ * preset or config.json model's stages split its layers evenly (traces/distributed.c
+ * megatron_program: chunk k of stage s holds layers [(k pp + s) per, + per)); only the first
+ * stage holds the embedding and only the last the head and the loss, so where the layers of
+ * the stages between them are alike layer for layer, those stages run one program but for
+ * their place in the schedule: how many forwards they hold in flight, which neither a
+ * micro-batch's kernels nor the requested bytes of the stage before them undercut. Stage 1
+ * then stands for them (chain_bound), and stages 0, 1 and pp − 1 are made. (A Megatron
+ * launch's own model is made whole: its flags place layers stage by stage.) */
+static gboolean *short_stages(const Sweep *sw, const Group *g, const MemsimRun *r)
+{
+    const MemsimModel *m = sw->model;
+    const int pp = g->pp, v = r->pp_schedule == MEMSIM_PP_INTERLEAVED ? r->virtual_stages : 1;
+    if (sw->all_stages || m->fam == FAM_MEGATRON || pp < 4 || v < 1 || m->L % ((int64_t)pp * v))
+        return NULL;
+    const int64_t per = m->L / ((int64_t)pp * v);
+    for (int s = 2; s <= pp - 2; s++)
+        for (int k = 0; k < v; k++)
+            for (int64_t i = 0; i < per; i++)
+                if (!layers_alike(m, r, ((int64_t)k * pp + 1) * per + i,
+                                  ((int64_t)k * pp + s) * per + i))
+                    return NULL;
+    gboolean *on = g_new0(gboolean, pp);
+    on[0] = on[1] = on[pp - 1] = TRUE;
+    return on;
+}
+
+typedef struct {
+    MemsimTrace *t;
+    int m0;
+    int *stage_of; /* the stage of each of the trace's ranks */
+} ShortRun;
+
+static void short_run_clear(ShortRun *s)
+{
+    memsim_trace_free(s->t);
+    g_free(s->stage_of);
+}
+
+/* Candidate j's short run (FALSE when there is none): plan_short_micro's micro-batches, one
+ * step (for its memory, as many as the run up to two), of the stages short_stages says. */
+static gboolean short_run(const Sweep *sw, const Group *g, int j, gboolean full, ShortRun *out)
+{
+    memset(out, 0, sizeof *out);
     const int m0 = plan_short_micro(g, j, full);
     if (!m0)
-        return NULL;
+        return FALSE;
     MemsimRun r;
     plan_candidate_run(sw, g, j, &r);
     r.microbatches = m0;
     /* (for its memory, as many steps as the run up to two: the second holds the optimizer
      * state the first step makes) */
     r.steps = full ? MIN(r.steps, 2) : 1;
+    const int pp = g->pp > 0 ? g->pp : 1;
+    g_autofree gboolean *on = short_stages(sw, g, &r);
     GError *e = NULL;
-    MemsimTrace *t = memsim_generate(sw->model, &r, &e);
+    MemsimTrace *t = memsim_generate_stages(sw->model, &r, on, &e);
     g_clear_error(&e);
-    *m0_out = m0;
-    return t;
+    if (!t)
+        return FALSE;
+    out->t = t;
+    out->m0 = m0;
+    out->stage_of = g_new(int, pp);
+    int n = 0;
+    for (int s = 0; s < pp; s++)
+        if (!on || on[s])
+            out->stage_of[n++] = s;
+    if ((guint32)n != memsim_trace_header(t)->n_ranks) {
+        short_run_clear(out);
+        return FALSE;
+    }
+    return TRUE;
 }
 
 static double stage_bound(const Sweep *sw, const Group *g, int j, gboolean whole)
 {
-    int m0 = 0;
-    MemsimTrace *t = short_run(sw, g, j, FALSE, &m0);
-    if (!t)
+    ShortRun sr;
+    if (!short_run(sw, g, j, FALSE, &sr))
         return 0.0;
     const int m = g->n_micro[j], pp = g->pp > 0 ? g->pp : 1;
     const gboolean interleaved = g->schedule == MEMSIM_PP_INTERLEAVED && g->v > 1;
     /* (the plan replays with the profile's dispatch cost: traces/plan/plan.c replay_as) */
     double dispatch = sw->gpu ? sw->gpu->dispatch_us : 0.0;
-    double us = chain_bound(t, pp, interleaved ? g->v : 1, m0, m, sw->model->L, dispatch, whole);
-    memsim_trace_free(t);
+    double us = chain_bound(sr.t, sr.stage_of, pp, interleaved ? g->v : 1, sr.m0, m,
+                            sw->model->L, dispatch, whole);
+    short_run_clear(&sr);
     /* (floating-point slack: stay below) */
     return us / 1e6 * (1.0 - 1e-9);
 }
@@ -225,6 +309,90 @@ double plan_step_floor(const Sweep *sw, const Group *g, int j)
     return stage_bound(sw, g, j, TRUE);
 }
 
+/* Whether rank `rank`'s live requests pass `limit` bytes at some point of its program: what
+ * memsim_replay_trace_bounded asks at each allocation (sim/replay.c alloc_done: the policy's
+ * requested bytes are its live requests), which needs no allocator, a rank's live tensors
+ * being its own events' doing. A REPEAT's unit runs `times` more times after its template,
+ * its own tensors' ids (from `from` on) moved by `shift` each time, and the last
+ * repetition's tensors then take the template's ids back (sim/replay.c repeat_fill,
+ * steady_rename). FALSE too where the program is not one this reads (a repeat inside a
+ * unit): nothing is then settled by it. */
+static gboolean requested_over(MemsimTrace *t, guint32 rank, int64_t limit)
+{
+    gsize n;
+    const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
+    IdMap live;
+    idmap_init(&live);
+    int64_t cur = 0;
+    gboolean over = FALSE, sane = TRUE;
+    for (gsize i = 0; i < n && !over && sane; i++) {
+        gsize len = 1;
+        uint64_t times = 0, from = 0, shift = 0;
+        if (ev[i].kind == MEMSIM_EV_REPEAT) {
+            if (!ev[i].size)
+                continue; /* a unit that did not repeat: nothing follows it */
+            len = (gsize)ev[i].size;
+            times = ev[i].aux;
+            from = ev[i].id;
+            shift = ev[i].addr;
+            if (len > n - i - 1 || times > ((uint64_t)1 << 32)) {
+                sane = FALSE;
+                break;
+            }
+            i++; /* the unit: its template, then the repetitions */
+        }
+        for (uint64_t rep = 0; rep <= times && !over && sane; rep++) {
+            const uint64_t moved = rep * shift;
+            for (gsize k = 0; k < len && !over; k++) {
+                const MemsimEvent *e = &ev[i + k];
+                if (e->kind == MEMSIM_EV_REPEAT) {
+                    sane = FALSE;
+                    break;
+                }
+                if (e->kind != MEMSIM_EV_ALLOC && e->kind != MEMSIM_EV_FREE)
+                    continue;
+                const uint64_t id = e->id >= from ? e->id + moved : e->id;
+                IdVal v;
+                if (e->kind == MEMSIM_EV_ALLOC) {
+                    v = (IdVal){.req = e->size};
+                    idmap_reserve(&live);
+                    IdSlot *sl = idmap_slot(&live, id);
+                    if (sl->key1) { /* allocated twice: not a program this reads */
+                        sane = FALSE;
+                        break;
+                    }
+                    idmap_fill(&live, sl, id, &v);
+                    cur += (int64_t)e->size;
+                    over = cur > limit;
+                } else if (idmap_remove(&live, id, &v)) {
+                    cur -= (int64_t)v.req;
+                }
+            }
+        }
+        if (times && !over && sane) {
+            /* the last repetition's own tensors take the template's ids back */
+            const uint64_t moved = times * shift;
+            GArray *back = g_array_new(FALSE, FALSE, sizeof(IdSlot));
+            for (size_t s = 0; s <= live.mask; s++)
+                if (live.slots[s].key1 && live.slots[s].key1 - 1 >= from + moved)
+                    g_array_append_val(back, live.slots[s]);
+            for (guint b = 0; b < back->len; b++)
+                idmap_remove(&live, g_array_index(back, IdSlot, b).key1 - 1, NULL);
+            for (guint b = 0; b < back->len && sane; b++) {
+                const IdSlot *sl = &g_array_index(back, IdSlot, b);
+                if (idmap_get(&live, sl->key1 - 1 - moved))
+                    sane = FALSE;
+                else
+                    idmap_put(&live, sl->key1 - 1 - moved, &sl->val);
+            }
+            g_array_unref(back);
+        }
+        i += len - 1;
+    }
+    idmap_clear(&live);
+    return over && sane;
+}
+
 /* The short run asks for no more memory than the run: it is the same stage programs with
  * fewer micro-batches and at most as many steps (two). Megatron's schedules hold
  * min(warm-up + 1, m) micro-batches in flight on a stage (1F1B: pp - rank - 1 warm-up
@@ -232,21 +400,16 @@ double plan_step_floor(const Sweep *sw, const Group *g, int j)
  * fewer with more micro-batches, and every state of a step of the short run (its warm-up, its
  * steady pairs, its cool-down, its optimizer step) is a state of the same step of the run
  * with as many micro-batches in flight or more. So where some rank's requested bytes pass
- * `limit` in the short run, they do in the run (tests/test_plan_bound.c). */
+ * `limit` in the short run, they do in the run (tests/test_plan_bound.c); the stages the
+ * short run leaves out (short_stages) are only not asked. */
 gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t limit)
 {
-    int m0 = 0;
-    MemsimTrace *t = short_run(sw, g, j, TRUE, &m0);
-    if (!t)
+    ShortRun sr;
+    if (!short_run(sw, g, j, TRUE, &sr))
         return FALSE;
-    MemsimReplayOptions o = MEMSIM_REPLAY_OPTIONS_INIT;
-    o.threads = 1;
-    o.untimed = TRUE; /* memory alone */
     gboolean over = FALSE;
-    GError *e = NULL;
-    MemsimReport *rep = memsim_replay_trace_bounded(t, &o, limit, &over, &e);
-    g_clear_error(&e);
-    memsim_report_free(rep);
-    memsim_trace_free(t);
+    for (guint32 r = 0; r < memsim_trace_header(sr.t)->n_ranks && !over; r++)
+        over = requested_over(sr.t, r, limit);
+    short_run_clear(&sr);
     return over;
 }

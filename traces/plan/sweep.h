@@ -88,6 +88,8 @@ typedef struct {
     guint n_bounded;    /* chain bounds computed (traces/plan/bound.c) */
     guint n_short_over; /* probes settled by their short run's requested bytes */
     gint model_over;    /* the cost model overestimated a simulated Megatron step */
+    gboolean all_stages; /* short runs make every pipeline stage (bound.c short_stages; the
+                            tests compare) */
 } Sweep;
 
 extern const char *const plan_method_names[];
