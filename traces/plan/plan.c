@@ -1360,6 +1360,12 @@ static int by_work(gconstpointer a, gconstpointer b)
     return x->idx - y->idx;
 }
 
+/* A miss's guess raised to its chain bound (a short run each: over the pool). */
+static void tighten_miss(gpointer data, gpointer user)
+{
+    tighten(user, data, 0);
+}
+
 /* The rows (traces/plan/rows.c), the misses shown among them simulated first. */
 static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRow **misses,
                     guint *n_misses)
@@ -1368,9 +1374,12 @@ static void collect(Sweep *sw, MemsimPlanRow **rows, guint *n_rows, MemsimPlanRo
      * them with the recommendation) */
     for (int k = 0; k < sw->n_fams; k++)
         family_sound(sw, &sw->fams[k]);
+    GPtrArray *loose = g_ptr_array_new();
     for (int i = 0; i < sw->n_groups; i++)
         if (sw->groups[i].miss && sw->groups[i].nb)
-            tighten(sw, &sw->groups[i], 0);
+            g_ptr_array_add(loose, &sw->groups[i]);
+    run_pool(sw, loose, tighten_miss);
+    g_ptr_array_unref(loose);
     /* measured, a miss shows its simulated speed, which may leave room for another: until
      * every miss shown is measured */
     for (;;) {
