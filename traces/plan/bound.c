@@ -207,11 +207,12 @@ static gboolean layers_alike(const MemsimModel *m, const MemsimRun *r, int64_t a
  * preset or config.json model's stages split its layers evenly (traces/distributed.c
  * megatron_program: chunk k of stage s holds layers [(k pp + s) per, + per)); only the first
  * stage holds the embedding and only the last the head and the loss, so where the layers of
- * the stages between them are alike layer for layer, those stages run one program but for
- * their place in the schedule: how many forwards they hold in flight, which neither a
- * micro-batch's kernels nor the requested bytes of the stage before them undercut. Stage 1
- * then stands for them (chain_bound), and stages 0, 1 and pp − 1 are made. (A Megatron
- * launch's own model is made whole: its flags place layers stage by stage.) */
+ * the stages between them are alike layer for layer, those stages run the same ops for each
+ * micro-batch, in an order that differs only by how many forwards they hold in flight. Stage 1
+ * then stands for them in the chain bound (its kernel time per micro-batch, its first chunk's
+ * forward and backward), and stages 0, 1 and pp − 1 are made. The memory check only asks
+ * fewer stages (where one of them passes the limit, the run does). (A Megatron launch's own
+ * model is made whole: its flags place layers stage by stage.) */
 static gboolean *short_stages(const Sweep *sw, const Group *g, const MemsimRun *r)
 {
     const MemsimModel *m = sw->model;
