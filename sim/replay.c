@@ -262,6 +262,10 @@ struct MemsimReplay {
      * (G_MAXINT64: never), and whether an allocation passed them */
     int64_t requested_limit;
     gboolean over_limit;
+    /* memsim_replay_trace_if_fits: the first allocation that fails, or that takes a rank's
+     * reserved bytes past reserved_limit, ends the replay (as over_limit) */
+    gboolean stop_at_oom;
+    int64_t reserved_limit;
 };
 
 static void channel_free(gpointer p)
@@ -460,6 +464,7 @@ MemsimReplay *memsim_replay_new(const MemsimTraceHeader *header, const MemsimRep
     MemsimReplay *rp = g_new0(MemsimReplay, 1);
     rp->opt = opt ? *opt : defaults;
     rp->requested_limit = G_MAXINT64;
+    rp->reserved_limit = G_MAXINT64;
     memsim_trace_header_copy(&rp->header, header);
     rp->capacity = rp->opt.capacity ? rp->opt.capacity : header->capacity;
 
@@ -883,7 +888,8 @@ static inline void alloc_done(RankSim *r, const MemsimTraceHeader *h, uint64_t i
     idmap_fill(&r->tensors, slot, ev->id, &v);
     live_in(r, &v);
     note_peaks(r, h, index, st);
-    if (G_UNLIKELY(st->requested.current > r->rp->requested_limit))
+    if (G_UNLIKELY(st->requested.current > r->rp->requested_limit ||
+                   st->reserved.current > r->rp->reserved_limit))
         g_atomic_int_set(&r->rp->over_limit, TRUE); /* the caller gives up (over_limit) */
 }
 
@@ -924,6 +930,8 @@ static void out_of_memory(RankSim *r, const MemsimTraceHeader *h, uint64_t index
         o->step = g_array_index(r->steps, MemsimStepPeaks, r->steps->len - 1).step;
     note_oom_sites(r, index);
     r->stopped = TRUE;
+    if (r->rp->stop_at_oom)
+        g_atomic_int_set(&r->rp->over_limit, TRUE); /* the caller gives up (over_limit) */
 }
 
 /* A FREE of a live tensor (already out of the id map). */
@@ -962,7 +970,7 @@ static inline FastWay fast_alloc(RankSim *r, const MemsimTraceHeader *h, uint64_
     memsim_addr_t addr = 0;
     if (G_UNLIKELY(r->a_malloc(r->a_state, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK)) {
         out_of_memory(r, h, index, ev);
-        return FAST_OOM;
+        return G_UNLIKELY(g_atomic_int_get(&r->rp->over_limit)) ? FAST_OVER : FAST_OOM;
     }
     alloc_done(r, h, index, ev, slot, addr);
     return G_UNLIKELY(g_atomic_int_get(&r->rp->over_limit)) ? FAST_OVER : FAST_DONE;
@@ -1237,6 +1245,8 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
         r->saw_oom = FALSE;
         if (memsim_alloc_malloc(r->alloc, ev->size, ev->stream, &addr) != MEMSIM_ALLOC_OK) {
             out_of_memory(r, h, index, ev);
+            if (G_UNLIKELY(g_atomic_int_get(&r->rp->over_limit)))
+                return over_limit(error);
             break;
         }
         idmap_reserve(&r->tensors);
@@ -3276,14 +3286,19 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
 
 /* memsim_replay_trace; `cross`: ranks whose repeated unit meets others may be skipped with
  * them (cross_cut). */
+/* (reserved_limit: memsim_replay_trace_if_fits's, which also stops at an allocation that fails;
+ * G_MAXINT64 for the others) */
 static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
-                                  gboolean cross, int64_t requested_limit, GError **error)
+                                  gboolean cross, int64_t requested_limit, int64_t reserved_limit,
+                                  GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
     MemsimReplay *rp = memsim_replay_new(h, opt, error);
     if (!rp)
         return NULL;
     rp->requested_limit = requested_limit;
+    rp->reserved_limit = reserved_limit;
+    rp->stop_at_oom = reserved_limit != G_MAXINT64;
     /* The events are all here: each rank runs from where it parked, nothing is held. Ranks
      * whose repeated unit meets others may wait at its boundaries for a cut (cross_cut). */
     rp->cross = cross;
@@ -3332,7 +3347,9 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
                 g_free(pos);
                 g_free(ended);
                 memsim_replay_abort(rp);
-                return failed ? NULL : replay_trace(trace, opt, FALSE, requested_limit, error);
+                return failed ? NULL
+                              : replay_trace(trace, opt, FALSE, requested_limit,
+                                             reserved_limit, error);
             }
             continue;
         }
@@ -3353,7 +3370,7 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error)
 {
-    return replay_trace(trace, opt, TRUE, G_MAXINT64, error);
+    return replay_trace(trace, opt, TRUE, G_MAXINT64, G_MAXINT64, error);
 }
 
 MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplayOptions *opt,
@@ -3361,9 +3378,24 @@ MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplay
                                           GError **error)
 {
     GError *e = NULL;
-    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, &e);
+    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, G_MAXINT64, &e);
     *over = e && e->domain == OVER_LIMIT_QUARK;
     if (*over)
+        g_clear_error(&e);
+    else if (e)
+        g_propagate_error(error, e);
+    return rep;
+}
+
+MemsimReport *memsim_replay_trace_if_fits(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                          int64_t reserved_limit, gboolean *misses,
+                                          GError **error)
+{
+    GError *e = NULL;
+    MemsimReport *rep =
+        replay_trace(trace, opt, TRUE, G_MAXINT64, MIN(reserved_limit, G_MAXINT64 - 1), &e);
+    *misses = e && e->domain == OVER_LIMIT_QUARK;
+    if (*misses)
         g_clear_error(&e);
     else if (e)
         g_propagate_error(error, e);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "sim/replay_bound.h"
 #include "traces/plan/sweep.h"
 
 typedef struct {
@@ -383,6 +384,82 @@ Test(plan_bound, stages_left_out_change_nothing, .timeout = 600)
                          "from stages 0, 1 and pp - 1, %d from every stage",
                          i, c->model, c->pp, limits[k], got, want);
         }
+        one_clear(&o);
+    }
+}
+
+/* Whether a run fits, from a replay that stops at the first allocation that fails or that
+ * takes a rank's reserved bytes past the limit (sim/replay_bound.h
+ * memsim_replay_trace_if_fits, which the plan asks where only that is asked): the answer of
+ * the whole replay, around the run's peak, with the torch policy and expandable segments, for
+ * pipelines whose stages catch their memory up alone (1F1B, interleaved) and one GPU; where
+ * it fits, the same report. */
+Test(plan_bound, stopping_at_a_miss_answers_as_the_whole_replay, .timeout = 600)
+{
+    const Case cases[] = {
+        {"llama-2-13b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_NONE, 1, 32},
+        {"llama-2-7b", "1024", 1, 8, 1, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_FULL, 1, 64},
+        {"llama-2-7b", "2048", 1, 2, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 2, 16},
+    };
+    const char *confs[] = {NULL, "expandable_segments:True"};
+    for (gsize i = 0; i < (tu_sanitized() ? 1 : G_N_ELEMENTS(cases)); i++) {
+        const Case *c = &cases[i];
+        One o;
+        MemsimRun r;
+        GError *e = NULL;
+        MemsimTrace *t = one_single(&o, c, &r, &e);
+        cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
+        MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
+        ro.threads = 1;
+        MemsimReport *free_run = memsim_replay_trace(t, &ro, &e);
+        cr_assert(free_run, "case %zu: %s", i, e ? e->message : "?");
+        int64_t peak = 0;
+        for (guint k = 0; k < free_run->n_ranks; k++)
+            peak = MAX(peak, free_run->ranks[k].stats.reserved.peak);
+        memsim_report_free(free_run);
+        const int64_t gib = (int64_t)1 << 30;
+        /* (capacity, reserved limit): the allocator's device, and what the judge leaves it */
+        const int64_t caps[][2] = {{peak * 4 / 5, peak * 4 / 5}, {peak - gib, peak - gib},
+                                   {peak + gib, peak - gib / 2}, {peak + gib, peak},
+                                   {peak + 2 * gib, peak + 2 * gib}};
+        int misses = 0, fits = 0;
+        for (gsize q = 0; q < G_N_ELEMENTS(confs); q++)
+            for (gsize k = 0; k < G_N_ELEMENTS(caps); k++) {
+                ro.alloc_conf = confs[q];
+                ro.capacity = (memsim_size_t)caps[k][0];
+                MemsimReport *whole = memsim_replay_trace(t, &ro, &e);
+                cr_assert(whole, "case %zu: %s", i, e ? e->message : "?");
+                gboolean want = TRUE;
+                for (guint n = 0; n < whole->n_ranks; n++)
+                    want &= !whole->ranks[n].oom.happened &&
+                            whole->ranks[n].stats.reserved.peak <= caps[k][1];
+                gboolean miss = FALSE;
+                MemsimReport *fast = memsim_replay_trace_if_fits(t, &ro, caps[k][1], &miss, &e);
+                cr_assert(fast || miss, "case %zu: %s", i, e ? e->message : "?");
+                cr_expect_eq(miss, !want, "case %zu (%s pp%d %s), capacity %" G_GINT64_FORMAT
+                             ", limit %" G_GINT64_FORMAT ": stopped short %d, the whole replay "
+                             "fits %d", i, c->model, c->pp, confs[q] ? confs[q] : "torch",
+                             caps[k][0], caps[k][1], miss, want);
+                if (fast && want) {
+                    cr_expect_eq(fast->n_ranks, whole->n_ranks);
+                    for (guint n = 0; n < MIN(fast->n_ranks, whole->n_ranks); n++) {
+                        cr_expect_eq(fast->ranks[n].stats.reserved.peak,
+                                     whole->ranks[n].stats.reserved.peak, "case %zu rank %u", i, n);
+                        cr_expect_eq(fast->ranks[n].stats.allocated.peak,
+                                     whole->ranks[n].stats.allocated.peak, "case %zu rank %u", i, n);
+                        cr_expect_eq(fast->ranks[n].time_us, whole->ranks[n].time_us,
+                                     "case %zu rank %u", i, n);
+                    }
+                }
+                misses += miss;
+                fits += !miss;
+                memsim_report_free(fast);
+                memsim_report_free(whole);
+            }
+        cr_log_info("%s pp%d %s: %d fits, %d misses", c->model, c->pp, sched_name(c->sched),
+                    fits, misses);
+        cr_expect(misses > 0 && fits > 0, "case %zu: no capacity on each side of the peak", i);
+        memsim_trace_free(t);
         one_clear(&o);
     }
 }

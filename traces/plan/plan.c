@@ -162,14 +162,19 @@ gboolean memsim_plan_parse_list(const char *key, const char *value, guint *bits,
 
 /* ---- what memsim_estimate does after generating, on a trace we keep ---- */
 
+/* How far a replay goes: all the way; until some rank's requested bytes pass what the device
+ * leaves them (no memory limit: the sweep's gpu_mem less the context and NCCL,
+ * needs_more_than's test, made at each allocation); until the run shows it does not fit (an
+ * allocation fails, or some rank's reserved bytes pass what the device leaves them: the device
+ * total report_fits judges), when only whether it fits is asked. */
+typedef enum { WHOLE, UNTIL_OVER, UNTIL_MISS } Reach;
+
 /* Replays `t` as memsim_estimate would with these settings (traces/estimate/judge.h);
  * `reserve` more bytes are kept off the allocator's capacity (the exact bound judges NCCL's
- * share up front). `stop_over` (no memory limit: gpu_mem 0): NULL as soon as some rank's
- * requested bytes pass what the device leaves them (the sweep's gpu_mem less the context and
- * NCCL: needs_more_than's test, made at each allocation), where the replay stops. */
+ * share up front). NULL where `reach` stops it short. */
 static MemsimReport *replay_as(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
                                const char *allocator, const char *alloc_conf,
-                               memsim_size_t gpu_mem, memsim_size_t reserve, gboolean stop_over)
+                               memsim_size_t gpu_mem, memsim_size_t reserve, Reach reach)
 {
     Judge j;
     GError *e = NULL;
@@ -183,9 +188,13 @@ static MemsimReport *replay_as(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
     o.threads = 1; /* the sweep's threads take the processors, a configuration each */
     gboolean over = FALSE;
     MemsimReport *rep =
-        stop_over ? memsim_replay_trace_bounded(
-                        t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e)
-                  : memsim_replay_trace(t, &o, &e);
+        reach == UNTIL_OVER
+            ? memsim_replay_trace_bounded(
+                  t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e)
+        : reach == UNTIL_MISS
+            ? memsim_replay_trace_if_fits(
+                  t, &o, (int64_t)sw->gpu_mem - (int64_t)(j.context + j.nccl), &over, &e)
+                             : memsim_replay_trace(t, &o, &e);
     g_mutex_lock(&sw->lock);
     sw->n_replays++;
     g_mutex_unlock(&sw->lock);
@@ -202,17 +211,28 @@ static MemsimReport *replay_as(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
 static MemsimReport *replay(Sweep *sw, MemsimTrace *t, const MemsimRun *run, const char *allocator,
                             const char *alloc_conf, memsim_size_t gpu_mem, memsim_size_t reserve)
 {
-    return replay_as(sw, t, run, allocator, alloc_conf, gpu_mem, reserve, FALSE);
+    return replay_as(sw, t, run, allocator, alloc_conf, gpu_mem, reserve, WHOLE);
 }
 
 /* replay() without a memory limit for a probe whose miss need not be measured. */
 static MemsimReport *replay_unless_over(Sweep *sw, MemsimTrace *t, const MemsimRun *run)
 {
-    return replay_as(sw, t, run, NULL, NULL, 0, 0, TRUE);
+    return replay_as(sw, t, run, NULL, NULL, 0, 0, UNTIL_OVER);
 }
 
+/* replay() where only whether the run fits is asked: NULL where it does not. */
+static MemsimReport *replay_if_fits(Sweep *sw, MemsimTrace *t, const MemsimRun *run,
+                                    const char *allocator, const char *alloc_conf,
+                                    memsim_size_t reserve)
+{
+    return replay_as(sw, t, run, allocator, alloc_conf, sw->gpu_mem, reserve, UNTIL_MISS);
+}
+
+/* (NULL: a replay that showed a miss, replay_if_fits) */
 static gboolean report_fits(const MemsimReport *rep)
 {
+    if (!rep)
+        return FALSE;
     for (guint i = 0; i < rep->n_ranks; i++)
         if (!rep->ranks[i].fits)
             return FALSE;
@@ -874,8 +894,10 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
     }
     if (!p->done) {
         p->done = TRUE;
+        /* (measured: what it takes without a limit is known, only whether it fits is asked) */
         if (!rep)
-            rep = replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
+            rep = p->measured ? replay_if_fits(sw, t, &r, NULL, NULL, 0)
+                              : replay(sw, t, &r, NULL, NULL, sw->gpu_mem, 0);
         if (report_fits(rep)) {
             p->fits = p->measured = TRUE;
             probe_take(p, rep, FALSE);
@@ -889,7 +911,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
                 if (!hopeless && exact_known) {
                     hopeless = !exact_fits;
                 } else if (!hopeless) {
-                    MemsimReport *ex = replay(sw, t, &r, "exact", NULL, sw->gpu_mem, nccl);
+                    MemsimReport *ex = replay_if_fits(sw, t, &r, "exact", NULL, nccl);
                     hopeless = !report_fits(ex);
                     memsim_report_free(ex);
                 }
@@ -900,7 +922,7 @@ static void probe(Sweep *sw, Group *g, int j, gboolean need)
             }
             if (try_exp) {
                 MemsimReport *x =
-                    replay(sw, t, &r, NULL, "expandable_segments:True", sw->gpu_mem, 0);
+                    replay_if_fits(sw, t, &r, NULL, "expandable_segments:True", 0);
                 if (report_fits(x)) {
                     p->fits = p->expandable = p->measured = TRUE;
                     probe_take(p, x, FALSE);
