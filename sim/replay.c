@@ -3285,20 +3285,19 @@ MemsimReport *memsim_replay_path(const char *path, const MemsimReplayOptions *op
 }
 
 /* memsim_replay_trace; `cross`: ranks whose repeated unit meets others may be skipped with
- * them (cross_cut). */
-/* (reserved_limit: memsim_replay_trace_if_fits's, which also stops at an allocation that fails;
- * G_MAXINT64 for the others) */
+ * them (cross_cut). The bounds of memsim_replay_trace_bounded (requested_limit) and
+ * memsim_replay_trace_if_fits (stop_at_oom, reserved_limit); G_MAXINT64 and FALSE: none. */
 static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
-                                  gboolean cross, int64_t requested_limit, int64_t reserved_limit,
-                                  GError **error)
+                                  gboolean cross, int64_t requested_limit, gboolean stop_at_oom,
+                                  int64_t reserved_limit, GError **error)
 {
     MemsimTraceHeader *h = memsim_trace_header(trace);
     MemsimReplay *rp = memsim_replay_new(h, opt, error);
     if (!rp)
         return NULL;
     rp->requested_limit = requested_limit;
+    rp->stop_at_oom = stop_at_oom;
     rp->reserved_limit = reserved_limit;
-    rp->stop_at_oom = reserved_limit != G_MAXINT64;
     /* The events are all here: each rank runs from where it parked, nothing is held. Ranks
      * whose repeated unit meets others may wait at its boundaries for a cut (cross_cut). */
     rp->cross = cross;
@@ -3349,7 +3348,7 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
                 memsim_replay_abort(rp);
                 return failed ? NULL
                               : replay_trace(trace, opt, FALSE, requested_limit,
-                                             reserved_limit, error);
+                                             stop_at_oom, reserved_limit, error);
             }
             continue;
         }
@@ -3370,7 +3369,7 @@ static MemsimReport *replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
 MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                   GError **error)
 {
-    return replay_trace(trace, opt, TRUE, G_MAXINT64, G_MAXINT64, error);
+    return replay_trace(trace, opt, TRUE, G_MAXINT64, FALSE, G_MAXINT64, error);
 }
 
 MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplayOptions *opt,
@@ -3378,7 +3377,7 @@ MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplay
                                           GError **error)
 {
     GError *e = NULL;
-    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, G_MAXINT64, &e);
+    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, FALSE, G_MAXINT64, &e);
     *over = e && e->domain == OVER_LIMIT_QUARK;
     if (*over)
         g_clear_error(&e);
@@ -3392,8 +3391,7 @@ MemsimReport *memsim_replay_trace_if_fits(MemsimTrace *trace, const MemsimReplay
                                           GError **error)
 {
     GError *e = NULL;
-    MemsimReport *rep =
-        replay_trace(trace, opt, TRUE, G_MAXINT64, MIN(reserved_limit, G_MAXINT64 - 1), &e);
+    MemsimReport *rep = replay_trace(trace, opt, TRUE, G_MAXINT64, TRUE, reserved_limit, &e);
     *misses = e && e->domain == OVER_LIMIT_QUARK;
     if (*misses)
         g_clear_error(&e);
