@@ -463,3 +463,62 @@ Test(plan_bound, stopping_at_a_miss_answers_as_the_whole_replay, .timeout = 600)
         one_clear(&o);
     }
 }
+
+/* The short run's memory answer (traces/plan/bound.c plan_rank_requested_over, which reads the
+ * live requests off the events, running a REPEAT's unit again with its ids moved) is the
+ * replay's: over a limit one byte below the requested peak that memsim_replay_trace gives the
+ * same short run, not over at that peak, rank by rank and for the run; with stages whose
+ * steady phase repeats (1F1B pp 16 with 16 micro-batches: stages 4 and later) and without. */
+Test(plan_bound, short_run_memory_is_the_replays, .timeout = 600)
+{
+    const Case cases[] = {
+        {"llama-2-70b", "4096", 1, 16, 4, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_FULL, 1, 64},
+        {"llama-2-7b", "1024", 1, 8, 1, MEMSIM_PP_INTERLEAVED, 2, MEMSIM_CKPT_NONE, 1, 32},
+        {"llama-2-13b", "2048", 2, 4, 1, MEMSIM_PP_1F1B, 1, MEMSIM_CKPT_SELECTIVE, 2, 16},
+    };
+    for (gsize i = 0; i < (tu_sanitized() ? 1 : G_N_ELEMENTS(cases)); i++) {
+        const Case *c = &cases[i];
+        One o;
+        MemsimRun r;
+        one_setup(&o, c, &r);
+        o.sw.all_stages = TRUE; /* the short run as the replay below makes it */
+        const int m0 = plan_short_micro(&o.g, 0, TRUE);
+        cr_assert(m0 > 0, "case %zu: no short run", i);
+        r.microbatches = m0;
+        r.steps = MIN(r.steps, 2);
+        GError *e = NULL;
+        MemsimTrace *t = memsim_generate(o.model, &r, &e);
+        cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
+        gboolean repeats = FALSE;
+        for (guint32 k = 0; k < memsim_trace_header(t)->n_ranks; k++) {
+            gsize n;
+            const MemsimEvent *ev = memsim_trace_events(t, k, &n);
+            for (gsize x = 0; x < n; x++)
+                repeats |= ev[x].kind == MEMSIM_EV_REPEAT && ev[x].aux > 0;
+        }
+        MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
+        ro.threads = 1;
+        MemsimReport *rep = memsim_replay_trace(t, &ro, &e);
+        cr_assert(rep, "case %zu: %s", i, e ? e->message : "?");
+        int64_t peak = 0;
+        for (guint k = 0; k < rep->n_ranks; k++) {
+            /* rank by rank: those whose units repeat too */
+            const int64_t pk = rep->ranks[k].stats.requested.peak;
+            peak = MAX(peak, pk);
+            cr_expect(plan_rank_requested_over(t, k, pk - 1) && !plan_rank_requested_over(t, k, pk),
+                      "case %zu rank %u: the replay's requested peak %" G_GINT64_FORMAT
+                      " is not where the events pass the limit", i, k, pk);
+        }
+        memsim_report_free(rep);
+        memsim_trace_free(t);
+        cr_log_info("%s pp%d %s m0 %d: requested peak %" G_GINT64_FORMAT "%s", c->model, c->pp,
+                    sched_name(c->sched), m0, peak, repeats ? " (units repeat)" : "");
+        cr_expect(plan_short_run_over(&o.sw, &o.g, 0, peak - 1),
+                  "case %zu: not over one byte below the replay's requested peak", i);
+        cr_expect(!plan_short_run_over(&o.sw, &o.g, 0, peak),
+                  "case %zu: over the replay's requested peak", i);
+        if (i == 0)
+            cr_expect(repeats, "case 0: no stage's steady phase repeats");
+        one_clear(&o);
+    }
+}

@@ -318,7 +318,7 @@ double plan_step_floor(const Sweep *sw, const Group *g, int j)
  * repetition's tensors then take the template's ids back (sim/replay.c repeat_fill,
  * steady_rename). FALSE too where the program is not one this reads (a repeat inside a
  * unit): nothing is then settled by it. */
-static gboolean requested_over(MemsimTrace *t, guint32 rank, int64_t limit)
+gboolean plan_rank_requested_over(MemsimTrace *t, guint32 rank, int64_t limit)
 {
     gsize n;
     const MemsimEvent *ev = memsim_trace_events(t, rank, &n);
@@ -410,7 +410,7 @@ gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t lim
         return FALSE;
     gboolean over = FALSE;
     for (guint32 r = 0; r < memsim_trace_header(sr.t)->n_ranks && !over; r++)
-        over = requested_over(sr.t, r, limit);
+        over = plan_rank_requested_over(sr.t, r, limit);
     short_run_clear(&sr);
     return over;
 }

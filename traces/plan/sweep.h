@@ -110,6 +110,9 @@ int plan_short_micro(const Group *g, int j, gboolean full);
 /* Whether candidate j's short run (plan_step_bound's) already has some rank request more than
  * `limit` bytes: then the run does too. */
 gboolean plan_short_run_over(const Sweep *sw, const Group *g, int j, int64_t limit);
+/* Whether rank `rank` of a generated trace has live requests over `limit` bytes at some point
+ * (what memsim_replay_trace_bounded asks, read off the events: plan_short_run_over's test). */
+gboolean plan_rank_requested_over(MemsimTrace *t, guint32 rank, int64_t limit);
 /* The rows that fit, best first, and the closest misses (newly allocated). */
 void plan_collect(Sweep *sw, MemsimPlanRow **rows_out, guint *n_rows, MemsimPlanRow **miss_out,
                     guint *n_misses);
