@@ -153,4 +153,29 @@ static inline gboolean idmap_remove(IdMap *m, uint64_t key, IdVal *out)
     return TRUE;
 }
 
+/* Moves every key from `at` on down by `by` (a repeated unit's tensors taking back its
+ * template's ids); FALSE when a moved key lands on one already there (the others are moved
+ * all the same). */
+static inline gboolean idmap_move_down(IdMap *m, uint64_t at, uint64_t by)
+{
+    if (!by)
+        return TRUE;
+    GArray *back = g_array_new(FALSE, FALSE, sizeof(IdSlot));
+    for (size_t i = 0; i <= m->mask; i++)
+        if (m->slots[i].key1 && m->slots[i].key1 - 1 >= at)
+            g_array_append_val(back, m->slots[i]);
+    for (guint i = 0; i < back->len; i++)
+        idmap_remove(m, g_array_index(back, IdSlot, i).key1 - 1, NULL);
+    gboolean ok = TRUE;
+    for (guint i = 0; i < back->len; i++) {
+        const IdSlot *s = &g_array_index(back, IdSlot, i);
+        if (idmap_get(m, s->key1 - 1 - by))
+            ok = FALSE;
+        else
+            idmap_put(m, s->key1 - 1 - by, &s->val);
+    }
+    g_array_unref(back);
+    return ok;
+}
+
 #endif

@@ -1737,28 +1737,7 @@ static gboolean steady_may_skip(RankSim *r)
 /* Live tensors of the last repetition (ids ≥ from + moved) take back the template's ids. */
 static gboolean steady_rename(RankSim *r, uint64_t from, uint64_t moved)
 {
-    if (!moved)
-        return TRUE;
-    GArray *back = g_array_new(FALSE, FALSE, sizeof(LiveId));
-    for (size_t i = 0; i <= r->tensors.mask; i++) {
-        const IdSlot *sl = &r->tensors.slots[i];
-        if (sl->key1 && sl->key1 - 1 >= from + moved) {
-            LiveId l = {sl->key1 - 1, sl->val};
-            g_array_append_val(back, l);
-        }
-    }
-    for (guint i = 0; i < back->len; i++)
-        idmap_remove(&r->tensors, g_array_index(back, LiveId, i).id, NULL);
-    gboolean ok = TRUE;
-    for (guint i = 0; i < back->len; i++) {
-        LiveId *l = &g_array_index(back, LiveId, i);
-        if (idmap_get(&r->tensors, l->id - moved))
-            ok = FALSE;
-        else
-            idmap_put(&r->tensors, l->id - moved, &l->v);
-    }
-    g_array_unref(back);
-    return ok;
+    return idmap_move_down(&r->tensors, from + moved, moved);
 }
 
 static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
@@ -3372,30 +3351,32 @@ MemsimReport *memsim_replay_trace(MemsimTrace *trace, const MemsimReplayOptions 
     return replay_trace(trace, opt, TRUE, G_MAXINT64, FALSE, G_MAXINT64, error);
 }
 
-MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplayOptions *opt,
-                                          int64_t requested_limit, gboolean *over,
-                                          GError **error)
+/* replay_trace with a bound: NULL with *stopped set (and no error) where the bound ended it. */
+static MemsimReport *replay_stopping(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                     int64_t requested_limit, gboolean stop_at_oom,
+                                     int64_t reserved_limit, gboolean *stopped, GError **error)
 {
     GError *e = NULL;
-    MemsimReport *rep = replay_trace(trace, opt, TRUE, requested_limit, FALSE, G_MAXINT64, &e);
-    *over = e && e->domain == OVER_LIMIT_QUARK;
-    if (*over)
+    MemsimReport *rep =
+        replay_trace(trace, opt, TRUE, requested_limit, stop_at_oom, reserved_limit, &e);
+    *stopped = e && e->domain == OVER_LIMIT_QUARK;
+    if (*stopped)
         g_clear_error(&e);
     else if (e)
         g_propagate_error(error, e);
     return rep;
 }
 
+MemsimReport *memsim_replay_trace_bounded(MemsimTrace *trace, const MemsimReplayOptions *opt,
+                                          int64_t requested_limit, gboolean *over,
+                                          GError **error)
+{
+    return replay_stopping(trace, opt, requested_limit, FALSE, G_MAXINT64, over, error);
+}
+
 MemsimReport *memsim_replay_trace_if_fits(MemsimTrace *trace, const MemsimReplayOptions *opt,
                                           int64_t reserved_limit, gboolean *misses,
                                           GError **error)
 {
-    GError *e = NULL;
-    MemsimReport *rep = replay_trace(trace, opt, TRUE, G_MAXINT64, TRUE, reserved_limit, &e);
-    *misses = e && e->domain == OVER_LIMIT_QUARK;
-    if (*misses)
-        g_clear_error(&e);
-    else if (e)
-        g_propagate_error(error, e);
-    return rep;
+    return replay_stopping(trace, opt, G_MAXINT64, TRUE, reserved_limit, misses, error);
 }

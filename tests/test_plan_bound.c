@@ -110,6 +110,25 @@ static void one_clear(One *o)
     memsim_model_free(o->model);
 }
 
+/* memsim_replay_trace of case i's trace, which must replay. */
+static MemsimReport *replay_case(MemsimTrace *t, const MemsimReplayOptions *o, gsize i)
+{
+    GError *e = NULL;
+    MemsimReport *rep = memsim_replay_trace(t, o, &e);
+    cr_assert(rep, "case %zu: %s", i, e ? e->message : "?");
+    return rep;
+}
+
+/* The largest requested (or reserved) peak over the report's ranks. */
+static int64_t largest_peak(const MemsimReport *rep, gboolean reserved)
+{
+    int64_t peak = 0;
+    for (guint k = 0; k < rep->n_ranks; k++)
+        peak = MAX(peak, reserved ? rep->ranks[k].stats.reserved.peak
+                                  : rep->ranks[k].stats.requested.peak);
+    return peak;
+}
+
 static const char *sched_name(MemsimPipeSchedule s)
 {
     return s == MEMSIM_PP_INTERLEAVED ? "interleaved" : s == MEMSIM_PP_GPIPE ? "gpipe" : "1f1b";
@@ -287,11 +306,8 @@ Test(plan_bound, short_run_asks_no_more_than_the_run, .timeout = 600)
         cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
         MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
         ro.threads = 1;
-        MemsimReport *rep = memsim_replay_trace(t, &ro, &e);
-        cr_assert(rep, "case %zu: %s", i, e ? e->message : "?");
-        int64_t peak = 0;
-        for (guint k = 0; k < rep->n_ranks; k++)
-            peak = MAX(peak, rep->ranks[k].stats.requested.peak);
+        MemsimReport *rep = replay_case(t, &ro, i);
+        const int64_t peak = largest_peak(rep, FALSE);
         memsim_report_free(rep);
         memsim_trace_free(t);
         gboolean over_at_peak = plan_short_run_over(&o.sw, &o.g, 0, peak);
@@ -411,11 +427,8 @@ Test(plan_bound, stopping_at_a_miss_answers_as_the_whole_replay, .timeout = 600)
         cr_assert(t, "case %zu: %s", i, e ? e->message : "?");
         MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
         ro.threads = 1;
-        MemsimReport *free_run = memsim_replay_trace(t, &ro, &e);
-        cr_assert(free_run, "case %zu: %s", i, e ? e->message : "?");
-        int64_t peak = 0;
-        for (guint k = 0; k < free_run->n_ranks; k++)
-            peak = MAX(peak, free_run->ranks[k].stats.reserved.peak);
+        MemsimReport *free_run = replay_case(t, &ro, i);
+        const int64_t peak = largest_peak(free_run, TRUE);
         memsim_report_free(free_run);
         const int64_t gib = (int64_t)1 << 30;
         /* (capacity, reserved limit): the allocator's device, and what the judge leaves it */
@@ -427,8 +440,7 @@ Test(plan_bound, stopping_at_a_miss_answers_as_the_whole_replay, .timeout = 600)
             for (gsize k = 0; k < G_N_ELEMENTS(caps); k++) {
                 ro.alloc_conf = confs[q];
                 ro.capacity = (memsim_size_t)caps[k][0];
-                MemsimReport *whole = memsim_replay_trace(t, &ro, &e);
-                cr_assert(whole, "case %zu: %s", i, e ? e->message : "?");
+                MemsimReport *whole = replay_case(t, &ro, i);
                 gboolean want = TRUE;
                 for (guint n = 0; n < whole->n_ranks; n++)
                     want &= !whole->ranks[n].oom.happened &&
@@ -498,13 +510,11 @@ Test(plan_bound, short_run_memory_is_the_replays, .timeout = 600)
         }
         MemsimReplayOptions ro = MEMSIM_REPLAY_OPTIONS_INIT;
         ro.threads = 1;
-        MemsimReport *rep = memsim_replay_trace(t, &ro, &e);
-        cr_assert(rep, "case %zu: %s", i, e ? e->message : "?");
-        int64_t peak = 0;
+        MemsimReport *rep = replay_case(t, &ro, i);
+        const int64_t peak = largest_peak(rep, FALSE);
         for (guint k = 0; k < rep->n_ranks; k++) {
             /* rank by rank: those whose units repeat too */
             const int64_t pk = rep->ranks[k].stats.requested.peak;
-            peak = MAX(peak, pk);
             cr_expect(plan_rank_requested_over(t, k, pk - 1) && !plan_rank_requested_over(t, k, pk),
                       "case %zu rank %u: the replay's requested peak %" G_GINT64_FORMAT
                       " is not where the events pass the limit", i, k, pk);

@@ -373,20 +373,7 @@ gboolean plan_rank_requested_over(MemsimTrace *t, guint32 rank, int64_t limit)
         if (times && !over && sane) {
             /* the last repetition's own tensors take the template's ids back */
             const uint64_t moved = times * shift;
-            GArray *back = g_array_new(FALSE, FALSE, sizeof(IdSlot));
-            for (size_t s = 0; s <= live.mask; s++)
-                if (live.slots[s].key1 && live.slots[s].key1 - 1 >= from + moved)
-                    g_array_append_val(back, live.slots[s]);
-            for (guint b = 0; b < back->len; b++)
-                idmap_remove(&live, g_array_index(back, IdSlot, b).key1 - 1, NULL);
-            for (guint b = 0; b < back->len && sane; b++) {
-                const IdSlot *sl = &g_array_index(back, IdSlot, b);
-                if (idmap_get(&live, sl->key1 - 1 - moved))
-                    sane = FALSE;
-                else
-                    idmap_put(&live, sl->key1 - 1 - moved, &sl->val);
-            }
-            g_array_unref(back);
+            sane = idmap_move_down(&live, from + moved, moved);
         }
         i += len - 1;
     }
