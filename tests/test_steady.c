@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "traces/models.h"
 
 typedef struct {
     const char *name;
@@ -502,6 +503,67 @@ Test(steady, host_memory_is_checked_up_front, .timeout = 300)
     g_free(out);
     g_free(err);
     g_ptr_array_unref(argv);
+}
+
+/* The host-memory check skips its probe where several times the events estimated from the
+ * run's shape (model_run_events) are far below the memory there is: every preset's probe,
+ * under each method, holds fewer events than MODEL_EVENTS_MARGIN times that estimate. */
+Test(steady, events_are_bounded_by_the_shape, .timeout = 600)
+{
+    static const char *const variants[][12] = {
+        {NULL},
+        {"checkpointing", "full", NULL},
+        {"finetune", "lora", NULL},
+        {"gpus", "4", "method", "ddp", NULL},
+        {"gpus", "4", "method", "zero3", "checkpointing", "full", NULL},
+        {"gpus", "4", "method", "fsdp", NULL},
+        {"gpus", "8", "tp", "2", "pp", "4", "microbatches", "4", NULL},
+        {"gpus", "8", "pp", "8", "microbatches", "8", "checkpointing", "full", NULL},
+        {"gpus", "4", "pp", "2", "microbatches", "2", "pp-schedule", "interleaved",
+         "virtual-stages", "2", NULL},
+    };
+    char **presets = memsim_model_presets();
+    double worst = 0;
+    const char *worst_model = NULL;
+    int n = 0;
+    for (char **p = presets; *p; p++) {
+        MemsimModel *m = memsim_model_load(*p, NULL);
+        cr_assert(m, "%s", *p);
+        for (gsize v = 0; v < G_N_ELEMENTS(variants); v++) {
+            MemsimRun run = memsim_run_defaults();
+            tu_set(&run, "seq", "256");
+            tu_set(&run, "steps", "1");
+            for (int k = 0; variants[v][k]; k += 2)
+                tu_set(&run, variants[v][k], variants[v][k + 1]);
+            GError *e = NULL;
+            MemsimTrace *t = memsim_generate(m, &run, &e);
+            if (!t) { /* a run the model refuses (heads over tp, layers over pp) */
+                g_clear_error(&e);
+                continue;
+            }
+            uint64_t events = 0;
+            for (guint32 k = 0; k < memsim_trace_header(t)->n_ranks; k++) {
+                gsize len = 0;
+                memsim_trace_events(t, k, &len);
+                events += len;
+            }
+            memsim_trace_free(t);
+            MemsimRun adapted = run;
+            memsim_run_adapt(&adapted, m);
+            double shape = model_run_events(m, &adapted), ratio = (double)events / shape;
+            cr_expect(ratio < MODEL_EVENTS_MARGIN, "%s, variant %zu: %" G_GUINT64_FORMAT
+                      " events, %.0f estimated", *p, v, events, shape);
+            if (ratio > worst) {
+                worst = ratio;
+                worst_model = *p;
+            }
+            n++;
+        }
+        memsim_model_free(m);
+    }
+    cr_log_info("%d runs: at most %.2f times the estimate (%s)", n, worst, worst_model ? worst_model : "-");
+    cr_expect_gt(n, 400);
+    g_strfreev(presets);
 }
 
 /* `gen` streams: each rank's program goes to a file of its own once complete (the trace holds

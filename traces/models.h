@@ -141,6 +141,14 @@ gboolean memsim_generate_distributed(const MemsimModel *m, const MemsimRun *run,
  * programs one by one and never replay such a trace. */
 MemsimTrace *memsim_generate_stages(const MemsimModel *m, const MemsimRun *run,
                                     const gboolean *stages, GError **error);
+/* The events a run's trace holds over all its ranks, estimated from its shape before any is
+ * generated (an adapted run, memsim_run_adapt): about 600 per layer and micro-batch of
+ * training, 150 more per routed expert run one by one, 200 per layer and token step of
+ * generation; a loop's generated micro-batches and steps only (loop_repeats). */
+double model_run_events(const MemsimModel *m, const MemsimRun *run);
+/* What the estimate may be off by: every preset's trace, under each method, holds fewer events
+ * than this many times it (tests/test_steady.c events_are_bounded_by_the_shape). */
+#define MODEL_EVENTS_MARGIN 4.0
 
 /* The Llama-derived families (traces/families.c): a layer's parameters in registration
  * order, its forward, and the model's own extras. */

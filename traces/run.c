@@ -102,19 +102,8 @@ void memsim_run_adapt(MemsimRun *run, const MemsimModel *m)
 #define MAX_TENSOR_BYTES 1125899906842624.0 /* 2^50 */
 #define MAX_EVENTS 1.5e8                    /* 6 GB of events */
 
-static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError **error)
+double model_run_events(const MemsimModel *m, const MemsimRun *run)
 {
-    double B = (double)run->batch;
-    double S = run->inference ? (double)(run->prompt + run->generate) : (double)run->seq;
-    double width = MAX((double)m->V, (double)m->I);
-    double largest = MAX(B * S * width * 4.0, B * (double)m->nh * S * S * 4.0);
-    if (largest > MAX_TENSOR_BYTES) {
-        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
-                    "%s: batch %" G_GINT64_FORMAT " × %.0f tokens makes a tensor of %.3g bytes, "
-                    "beyond any device (2^50 bytes)",
-                    run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
-        return FALSE;
-    }
     /* Megatron's micro-batches are its accumulation (memsim_generate); a loop generates a few
      * of its micro-batches and steps when they repeat (loop_repeats) */
     double per_step = (double)(run->microbatches ? run->microbatches : run->grad_accum);
@@ -128,8 +117,24 @@ static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError
     /* the Llama-derived families run their routed experts as one grouped computation
      * (traces/families.c moe): no events per expert */
     double per_layer = 600.0 + 150.0 * (fam_modern(m) ? 0.0 : (double)m->n_experts);
-    double events = run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
-                                   : micro * (double)m->L * per_layer;
+    return run->inference ? (double)(run->generate + 1) * (double)m->L * 200.0
+                          : micro * (double)m->L * per_layer;
+}
+
+static gboolean within_bounds(const MemsimModel *m, const MemsimRun *run, GError **error)
+{
+    double B = (double)run->batch;
+    double S = run->inference ? (double)(run->prompt + run->generate) : (double)run->seq;
+    double width = MAX((double)m->V, (double)m->I);
+    double largest = MAX(B * S * width * 4.0, B * (double)m->nh * S * S * 4.0);
+    if (largest > MAX_TENSOR_BYTES) {
+        g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
+                    "%s: batch %" G_GINT64_FORMAT " × %.0f tokens makes a tensor of %.3g bytes, "
+                    "beyond any device (2^50 bytes)",
+                    run->inference ? "prompt + generate" : "seq", run->batch, S, largest);
+        return FALSE;
+    }
+    double events = model_run_events(m, run);
     if (events > MAX_EVENTS) {
         g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT,
                     "%s: about %.3g events to simulate (%.0f GB of trace held in memory), "

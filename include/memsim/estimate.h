@@ -48,9 +48,10 @@ MEMSIM_API memsim_size_t memsim_estimate_nccl_bytes(const MemsimRun *run, memsim
 /* Whether this machine has the host memory to generate and simulate `run` (checked before
  * either starts): a one-step probe of the fewest micro-batches is generated and its events
  * scaled to the run's steps and the micro-batches its programs generate (the pipeline's all,
- * the loop's repeated ones once); *need gets the bytes projected (0 for a run small enough
- * to need no probe, or whose probe its own rules refuse, such as a Megatron launch's batch
- * arithmetic). FALSE with a MEMSIM_ERROR_BAD_INPUT error giving the numbers when they
+ * the loop's repeated ones once); *need gets the bytes projected (from the run's shape alone,
+ * with no probe, where even several times that is far below the memory there is; 0 for a run
+ * small enough to need no probe, or whose probe its own rules refuse, such as a Megatron
+ * launch's batch arithmetic). FALSE with a MEMSIM_ERROR_BAD_INPUT error giving the numbers when they
  * exceed what /proc/meminfo calls MemAvailable (or the environment's MEMSIM_HOST_MEMORY, bytes
  * or with a unit). */
 MEMSIM_API gboolean memsim_estimate_host_check(const MemsimModel *model, const MemsimRun *run,
