@@ -157,6 +157,11 @@ typedef struct {
     gboolean ev_logging;
     uint64_t ev_hash;
     struct SteadyState *unit_pre; /* the state before the unit's first run, or NULL */
+    /* the events since the last placeholder REPEAT (a unit that may be the template's
+     * twin: repeat_skip_first), capturing while pre_on, and the clocks at its start */
+    GArray *pre;
+    gboolean pre_on, pre_ok;
+    struct SteadyState *pre_clocks;
     struct RepeatRun *repeat;     /* repetitions under way, or NULL */
     /* a repeat of whole steps (MEMSIM_EVF_STEPS): its unit captured as written (the repeats
      * it holds unexpanded) while it first runs, then run again repetition by repetition, the
@@ -224,6 +229,8 @@ static void watch_max(RankSim *r, int bit, double clock, double other)
 
 typedef struct SteadyState SteadyState;
 static void steady_pre(RankSim *r);
+static void pre_mark(RankSim *r, const MemsimEvent *ev);
+static void pre_capture(RankSim *r, const MemsimEvent *ev);
 static void repeat_free(RankSim *r);
 static void steady_clear(SteadyState *s);
 static void cuts_free(RankSim *r);
@@ -400,6 +407,12 @@ static void rank_clear(RankSim *r)
         steady_clear(r->unit_pre);
         g_free(r->unit_pre);
     }
+    if (r->pre_clocks) {
+        steady_clear(r->pre_clocks);
+        g_free(r->pre_clocks);
+    }
+    if (r->pre)
+        g_array_unref(r->pre);
     repeat_free(r);
     outer_free(r);
     cuts_free(r);
@@ -1464,6 +1477,7 @@ static gboolean step(RankSim *r, const MemsimTraceHeader *h, guint32 rank, uint6
             return outer_start(r, h, rank, index, ev, error);
         if (r->capturing)
             return bad(error, h, rank, index, "repeat inside the unit of another repeat");
+        pre_mark(r, ev);
         if (ev->aux > 0 && ev->size > 0) {
             if (!repeat_in_range(h, rank, index, ev, error))
                 return FALSE;
@@ -1782,6 +1796,59 @@ static void steady_pre(RankSim *r)
     step_sums(r, r->unit_pre_sums);
 }
 
+/* The clocks alone (a placeholder's: repeat_skip_first's period before the template's). */
+static void clocks_take(RankSim *r, SteadyState *s)
+{
+    g_array_set_size(s->clocks, 0);
+    s->pending = FALSE;
+    s->cpu_us = r->cpu_us;
+    g_array_append_val(s->clocks, r->cpu_us);
+    GArray *arrays[3] = {r->gpu_free, r->last_end, r->wait_until};
+    for (int c = 0; c < 3; c++) {
+        clocks_add(s->clocks, arrays[c]);
+        s->n_clocks[c] = arrays[c]->len;
+    }
+}
+
+/* The longest unit a placeholder's capture keeps (events). */
+#define PRE_MAX (1u << 20)
+
+/* A REPEAT outside a repeat: a placeholder (a unit boundary where no repeat was found, which
+ * a generated trace puts before each middle unit) starts capturing the events after it; a
+ * repeat ends that, noting whether what came between the two was one unit as long as its
+ * (the REPEAT is captured last). */
+static void pre_mark(RankSim *r, const MemsimEvent *ev)
+{
+    if (ev->aux > 0 && ev->size > 0) {
+        r->pre_ok = r->pre_on && r->pre->len == ev->size + 1 && !r->outer && !r->repeat &&
+                    !r->pump_depth;
+        r->pre_on = FALSE;
+        return;
+    }
+    r->pre_ok = FALSE;
+    r->pre_on = FALSE;
+    /* (a unit of a rank that meets others runs every repetition, or repeats with theirs:
+     * cross_cut) */
+    if (r->outer || r->repeat || r->pump_depth || r->rp->n_ranks != 1)
+        return;
+    if (!r->pre) {
+        r->pre = g_array_new(FALSE, FALSE, sizeof(MemsimEvent));
+        r->pre_clocks = g_new(SteadyState, 1);
+        steady_init(r->pre_clocks);
+    }
+    g_array_set_size(r->pre, 0);
+    clocks_take(r, r->pre_clocks);
+    r->pre_on = TRUE;
+}
+
+static void pre_capture(RankSim *r, const MemsimEvent *ev)
+{
+    if (r->pre->len >= PRE_MAX)
+        r->pre_on = FALSE;
+    else
+        g_array_append_val(r->pre, *ev);
+}
+
 /* The most steps a skip of whole steps adds (each a MemsimStepPeaks record). */
 #define STEADY_MAX_STEPS ((uint64_t)1 << 20)
 
@@ -1863,6 +1930,8 @@ static int32_t unit_microbatch(RankSim *r, const MemsimTraceHeader *h, int32_t *
     return mb;
 }
 
+static gboolean repeat_skip_first(RankSim *r, const MemsimTraceHeader *h);
+
 /* The captured unit has run once: its repetitions begin. */
 static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
                              uint64_t index, GError **error)
@@ -1921,6 +1990,8 @@ static gboolean repeat_begin(MemsimReplay *rp, const MemsimTraceHeader *h, guint
     }
     r->ev_logging = q->may_skip && uses;
     q->buf = g_new(MemsimEvent, K);
+    if (repeat_skip_first(r, h))
+        q->rep = r->unit_times + 1; /* (repeat_pump runs none and ends the repeat) */
     return TRUE;
 }
 
@@ -1955,6 +2026,108 @@ static void clocks_advance(RankSim *r, const SteadyState *a, const SteadyState *
     for (int c = 0; c < 3; c++)
         for (guint k = 0; k < clocks[c]->len; k++, at++)
             g_array_index(clocks[c], double, k) += periods * (y[at] - x[at]);
+}
+
+/* Whether ops a and b are the same op but for the micro-batch (a repetition's are its
+ * template's). */
+static gboolean op_alike(const MemsimTraceHeader *h, int64_t a, int64_t b)
+{
+    if (a == b)
+        return TRUE;
+    if (a < 0 || b < 0 || (uint64_t)a >= h->n_ops || (uint64_t)b >= h->n_ops)
+        return FALSE;
+    const MemsimOpInfo *x = &h->ops[a], *y = &h->ops[b];
+    return x->name == y->name && x->phase == y->phase && x->layer == y->layer &&
+           x->duration_us == y->duration_us && x->bound == y->bound;
+}
+
+/* Right after the template's run (the unit's first): whether every repetition does what it
+ * did, with no repetition run. The state before it (unit_pre) is taken as the state "after
+ * repetition −1": its live tensors of the units' ids (from F − S on) one repetition on. When
+ * that is the state after the template (blocks, statistics, live tensors, peaks) and the
+ * template touches no tensor of [F − S, F) (which a repetition would take as it is), each
+ * repetition starts where the one before started, relabelled, and its memory is the
+ * template's. For the time the unit before the template must be the template's events one
+ * repetition back (a placeholder before it, the ops the same but for the micro-batch): then
+ * the periods z → a (that unit) and a → b (the template) are two runs of the unit, whose
+ * clocks steady_clocks compares as it compares those of two repetitions. The repetitions are
+ * then added as repeat_skip adds them, without the one it would run to compare. One rank,
+ * no other stream's use of a block (record_stream: the allocator's questions about events),
+ * no steps or peers in the unit. */
+static gboolean repeat_skip_first(RankSim *r, const MemsimTraceHeader *h)
+{
+    RepeatRun *q = r->repeat;
+    const uint64_t N = r->unit_times, K = r->unit->len, F = r->unit_from, S = r->unit_shift;
+    const SteadyState *z = r->unit_pre, *b = &q->st[0];
+    const gboolean twin = r->pre_ok;
+    r->pre_ok = FALSE;
+    if (!twin || !q->may_skip || q->uses || q->cross || r->unit_steps || r->outer || !z || !S ||
+        F < S || !N || z->pending || b->pending || r->pre->len != K + 1)
+        return FALSE;
+    const MemsimEvent *unit = (const MemsimEvent *)(void *)r->unit->data;
+    const MemsimEvent *before = (const MemsimEvent *)(void *)r->pre->data;
+    for (guint i = 0; i < K; i++) {
+        const MemsimEvent *e = &unit[i], *x = &before[i];
+        const gboolean tensor = e->kind == MEMSIM_EV_ALLOC || e->kind == MEMSIM_EV_FREE ||
+                                e->kind == MEMSIM_EV_USE;
+        if (tensor && e->id >= F - S && e->id < F)
+            return FALSE;
+        /* the unit before: the same event, one repetition back */
+        if (x->kind != e->kind || x->stream != e->stream || x->flags != e->flags ||
+            x->category != e->category || x->size != e->size || x->addr != e->addr ||
+            x->aux != e->aux)
+            return FALSE;
+        if (tensor ? e->id != (x->id >= F - S ? x->id + S : x->id)
+            : e->kind == MEMSIM_EV_OP ? !op_alike(h, (int64_t)x->id, (int64_t)e->id)
+                                      : x->id != e->id)
+            return FALSE;
+    }
+    /* the memory: b's as it is against z's, z's unit tensors taken one repetition on */
+    if (z->blocks->len != b->blocks->len || z->live->len != b->live->len ||
+        memcmp(z->blocks->data, b->blocks->data, z->blocks->len * sizeof(MemsimBlockInfo)) ||
+        memcmp(&z->st, &b->st, sizeof z->st) || memcmp(z->live_cat, b->live_cat, sizeof z->live_cat) ||
+        memcmp(z->live_req, b->live_req, sizeof z->live_req) ||
+        z->best_allocated != b->best_allocated || z->best_reserved != b->best_reserved ||
+        z->last_allocated != b->last_allocated || z->epoch != b->epoch ||
+        !op_alike(h, z->cur_op, b->cur_op) || z->cur_phase != b->cur_phase ||
+        z->n_steps != b->n_steps || z->n_breakdowns != b->n_breakdowns ||
+        z->step.peak_allocated != b->step.peak_allocated ||
+        z->step.peak_reserved != b->step.peak_reserved ||
+        memcmp(z->step.phase_peak_allocated, b->step.phase_peak_allocated,
+               sizeof z->step.phase_peak_allocated) ||
+        memcmp(z->step.phase_peak_reserved, b->step.phase_peak_reserved,
+               sizeof z->step.phase_peak_reserved) ||
+        memcmp(z->n_clocks, b->n_clocks, sizeof z->n_clocks) || z->clocks->len != b->clocks->len)
+        return FALSE;
+    GArray *moved = g_array_sized_new(FALSE, FALSE, sizeof(LiveId), z->live->len);
+    for (guint i = 0; i < z->live->len; i++) {
+        LiveId l = g_array_index(z->live, LiveId, i);
+        if (l.id >= F - S)
+            l.id += S;
+        g_array_append_val(moved, l);
+    }
+    g_array_sort(moved, live_cmp);
+    gboolean same = live_equal(moved, b->live);
+    g_array_unref(moved);
+    if (!same)
+        return FALSE;
+    /* the time: the unit before and the template moved each clock as far */
+    if (!steady_clocks(r->pre_clocks, z, b, 0, 0, FALSE))
+        return FALSE;
+    /* every repetition does what the template did */
+    clocks_advance(r, z, b, (double)N);
+    r->rep.n_events += N * K;
+    if (r->op_next != UINT64_MAX)
+        r->op_next += N * K;
+    step_sums_add(r, r->unit_pre_sums, q->sums[0], (double)N);
+    if (!r->rep.steady_skipped) {
+        int32_t mb = unit_microbatch(r, h, NULL);
+        /* the template is micro-batch mb (0-based) */
+        r->rep.steady_after = mb >= 0 ? (uint32_t)(mb + r->unit_mbs) : 0;
+        r->rep.steady_step = b->n_steps ? b->step.step : 0;
+    }
+    r->rep.steady_skipped += N * r->unit_mbs;
+    return TRUE;
 }
 
 /* After a whole repetition: whether the later ones can be added instead of run (and then
@@ -2974,6 +3147,8 @@ static gboolean run(MemsimReplay *rp, const MemsimTraceHeader *h, guint32 rank,
         const MemsimEvent *ev = &events[i];
         if (G_UNLIKELY(r->capturing))
             g_array_append_val(r->unit, *ev);
+        if (G_UNLIKELY(r->pre_on))
+            pre_capture(r, ev);
         if (G_UNLIKELY(r->outer != NULL) && !r->pump_depth)
             outer_capture(r, ev);
         if (plain && ev->kind == MEMSIM_EV_ALLOC) {
