@@ -35,6 +35,15 @@
  * recursive values, which snapshots do not have), which also rules out cycles. Nesting is
  * bounded by PICKLE_MAX_DEPTH, one string by STREAM_MAX_STRING.
  *
+ * The work is spread over threads, each stage handing the next its results in order through
+ * a small ring of buffers: one reads the file (and decompresses it) a few chunks ahead of the
+ * parser (feeder_start); the parser runs the opcodes and hands each trace entry, its fields
+ * read, to one that applies it to its device's state and codes its events (entry_queue),
+ * which is a third of the parsing; once the file is read, one makes the replay's chunks of
+ * events from the codes (snap_ahead_main) while the caller replays the chunk before. The
+ * trace, the events and the errors are the ones a single thread makes: every stage keeps the
+ * order, and a failure in applying an entry is put before whatever the parser met after it.
+ *
  * Memory is the live blocks (each device's allocated addresses), the distinct strings,
  * frames and stacks, 4 bytes per memo index, the value stack (at most 1000 entries of a
  * batch) and the events of the trace being built — not the file.
@@ -92,8 +101,11 @@ typedef struct {
     InKind kind;
     Feeder *feed;   /* bytes come from a reading thread (feeder_start), not from f */
     FILE *f;
-    guint8 *buf; /* decompressed (or plain) bytes; buf[pos..end) unread */
+    guint8 *buf; /* decompressed (or plain) bytes; buf[pos..end) unread: own, or a reading
+                  * thread's chunk (feed_swap) */
     gsize cap, pos, end;
+    guint8 *own; /* the buffer the Input owns (NULL: buf is memory it was given) */
+    gsize own_cap;
     guint64 base;   /* offset in the decompressed stream of buf[0] */
     gboolean eof;   /* nothing more will come */
     guint8 *zin;    /* compressed bytes read from the file */
@@ -205,22 +217,41 @@ static gboolean input_more(Input *in)
     return FALSE;
 }
 
-/* Makes n bytes available at buf[pos]; FALSE when the input ends first. */
+static gboolean feed_swap(Input *in, gsize n);
+static void feed_give_back(Input *in);
+
+/* Makes n bytes available at buf[pos]; FALSE when the input ends first. Moves buf: pointers
+ * into it do not outlive the call. */
 static gboolean input_need(Input *in, gsize n)
 {
     if (G_LIKELY(in->end - in->pos >= n))
         return TRUE;
     if (in->kind == IN_MEMORY || in->eof)
         return FALSE;
-    if (in->pos > 0) {
-        memmove(in->buf, in->buf + in->pos, in->end - in->pos);
-        in->base += in->pos;
-        in->end -= in->pos;
-        in->pos = 0;
+    if (in->feed && feed_swap(in, n))
+        return TRUE;
+    gsize left = in->end - in->pos;
+    if (in->buf != in->own) {
+        /* the rest of a reading thread's chunk comes into the Input's own buffer */
+        if (left > in->own_cap) {
+            g_free(in->own);
+            in->own_cap = MAX(left, 2 * in->own_cap);
+            in->own = g_malloc(in->own_cap);
+        }
+        memcpy(in->own, in->buf + in->pos, left);
+        feed_give_back(in);
+        in->buf = in->own;
+        in->cap = in->own_cap;
+    } else if (in->pos > 0) {
+        memmove(in->buf, in->buf + in->pos, left);
     }
+    in->base += in->pos;
+    in->end = left;
+    in->pos = 0;
     if (n > in->cap) {
         in->cap = MAX(n, 2 * in->cap);
-        in->buf = g_realloc(in->buf, in->cap);
+        in->own = in->buf = g_realloc(in->buf, in->cap);
+        in->own_cap = in->cap;
     }
     while (in->end - in->pos < n)
         if (!input_more(in)) {
@@ -231,18 +262,20 @@ static gboolean input_need(Input *in, gsize n)
 }
 
 /* ---- a thread that reads ahead ----------------------------------------------------------
- * A compressed file is read and decompressed by a second thread into a ring of chunks while
- * the parser works: the parser's thread copies a chunk in instead of running zstd or
- * inflate (a fifth of the wall time of the 33 MB benchmark snapshot, compressed). A plain
- * file is not: the copy and the hand-over cost what read() would. The thread owns the file
- * side of the Input (f, the compressed buffer and stream); its last chunk carries the
- * stream's end state (err, z_done). */
+ * A file is read (and a compressed one decompressed) by a second thread into a ring of
+ * chunks while the parser works: the parser's thread neither waits for read() and its copy
+ * out of the page cache (a tenth of the time of the 33 MB benchmark snapshot) nor runs zstd
+ * or inflate (a fifth of it, compressed). The parser reads a chunk where it lies (feed_swap):
+ * the few bytes left unread of the one before, less than FEED_HEAD, are put in front of it,
+ * in room kept free there. The thread owns the file side of the Input (f, the compressed
+ * buffer and stream); its last chunk carries the stream's end state (err, z_done). */
 
 #define FEED_CHUNK ((gsize)256 << 10)
+#define FEED_HEAD ((gsize)64 << 10)
 #define FEED_CHUNKS 4
 
 typedef struct {
-    guint8 *data;
+    guint8 *data;   /* FEED_HEAD bytes of room, then the chunk's len bytes */
     gsize len;
     gboolean full;  /* filled, not yet taken back by the parser */
     gboolean last;  /* nothing follows; the Feeder's src.err and src.z_done are final */
@@ -256,6 +289,7 @@ struct Feeder {
     FeedChunk chunks[FEED_CHUNKS]; /* filled and taken in turn */
     guint next_read; /* the parser's chunk, taken from cur_pos */
     gsize cur_pos;
+    FeedChunk *held; /* the chunk the Input's buf is (feed_swap), given back when left */
     gboolean done;   /* the last chunk was taken */
     gboolean cancel;
     pthread_t thread;
@@ -273,7 +307,7 @@ static void *feeder_main(void *data)
         pthread_mutex_unlock(&fd->mu);
         if (stop)
             return NULL;
-        fd->src.buf = c->data;
+        fd->src.buf = c->data + FEED_HEAD;
         fd->src.cap = FEED_CHUNK;
         fd->src.pos = fd->src.end = 0;
         gboolean end = FALSE;
@@ -300,7 +334,7 @@ static void feeder_start(Input *in)
     pthread_mutex_init(&fd->mu, NULL);
     pthread_cond_init(&fd->cv, NULL);
     for (int k = 0; k < FEED_CHUNKS; k++)
-        fd->chunks[k].data = g_malloc(FEED_CHUNK);
+        fd->chunks[k].data = g_malloc(FEED_HEAD + FEED_CHUNK);
     if (pthread_create(&fd->thread, NULL, feeder_main, fd) != 0) {
         /* no thread: read on this one */
         for (int k = 0; k < FEED_CHUNKS; k++)
@@ -330,7 +364,7 @@ static gboolean feed_more(Input *in)
             pthread_mutex_unlock(&fd->mu);
         }
         gsize n = MIN(c->len - fd->cur_pos, in->cap - in->end);
-        memcpy(in->buf + in->end, c->data + fd->cur_pos, n);
+        memcpy(in->buf + in->end, c->data + FEED_HEAD + fd->cur_pos, n);
         in->end += n;
         fd->cur_pos += n;
         if (fd->cur_pos == c->len) {
@@ -351,6 +385,56 @@ static gboolean feed_more(Input *in)
         if (n)
             return TRUE;
     }
+}
+
+/* The parser leaves the chunk its buf is. */
+static void feed_give_back(Input *in)
+{
+    Feeder *fd = in->feed;
+    if (!fd || !fd->held)
+        return;
+    pthread_mutex_lock(&fd->mu);
+    fd->held->full = FALSE;
+    pthread_cond_broadcast(&fd->cv);
+    pthread_mutex_unlock(&fd->mu);
+    fd->held = NULL;
+}
+
+/* input_need's usual case: the next chunk, whole, becomes buf, with the bytes left unread
+ * put in front of it. FALSE (nothing done but waiting for the chunk) where that is not
+ * enough or they do not fit in front. */
+static gboolean feed_swap(Input *in, gsize n)
+{
+    Feeder *fd = in->feed;
+    gsize left = in->end - in->pos;
+    if (fd->done || fd->cur_pos != 0 || left > FEED_HEAD)
+        return FALSE;
+    FeedChunk *c = &fd->chunks[fd->next_read];
+    pthread_mutex_lock(&fd->mu);
+    while (!c->full)
+        pthread_cond_wait(&fd->cv, &fd->mu);
+    pthread_mutex_unlock(&fd->mu);
+    if (left + c->len < n)
+        return FALSE;
+    guint8 *at = c->data + FEED_HEAD - left;
+    memcpy(at, in->buf + in->pos, left);
+    feed_give_back(in);
+    /* buf[0] is the stream's offset of the first unread byte less FEED_HEAD - left (mod
+     * 2^64: only base + pos is ever read) */
+    in->base += in->pos - (FEED_HEAD - left);
+    in->buf = c->data;
+    in->pos = FEED_HEAD - left;
+    in->end = in->cap = FEED_HEAD + c->len;
+    fd->held = c;
+    fd->next_read = (fd->next_read + 1) % FEED_CHUNKS;
+    if (c->last) {
+        fd->done = TRUE;
+        in->z_done = fd->src.z_done;
+        in->file_eof = TRUE;
+        if (fd->src.err && !in->err)
+            in->err = g_steal_pointer(&fd->src.err);
+    }
+    return TRUE;
 }
 
 /* Stops the thread (at once when the input was not read to its end) and frees what it
@@ -614,7 +698,8 @@ typedef struct {
     guint32 dev;
     guint64 owner;        /* serial of its list */
     guint64 n;            /* entries read (the index in error messages) */
-    guint64 n_parsed;     /* entries that are not skipped (unknown actions) */
+    /* the rest is the applying thread's (entry_apply): on cache lines of its own */
+    _Alignas(64) guint64 n_parsed; /* entries that are not skipped (unknown actions) */
     /* the parsed events, provisional ids and streams, coded (see emit): code[0..code_len) */
     guint8 *code;
     gsize code_len, code_cap;
@@ -717,6 +802,8 @@ typedef struct {
     guint n_spare;
     Map pending;          /* addr → (device, its last free_requested's entry + 1, or 0): the
                              blocks the final state has allocated (pending a free or not) */
+    struct Applier *apply; /* entries read, to be applied (entry_queue) */
+    guint64 held_apply;   /* bytes the applying thread holds (atomic) */
 } P;
 
 #define H_KIND(h) ((h) >> 29)
@@ -765,8 +852,13 @@ static void hold(P *p, gint64 bytes)
 
 static gboolean over_limit(P *p)
 {
-    return p->held > here(p) * STREAM_MEM_PER_BYTE + STREAM_MEM_BASE;
+    return p->held + __atomic_load_n(&p->held_apply, __ATOMIC_RELAXED) >
+           here(p) * STREAM_MEM_PER_BYTE + STREAM_MEM_BASE;
 }
+
+/* hold() for what applying entries holds (entry_apply, possibly on its own thread): counted
+ * by the batch (apply_batch). */
+static void hold_apply(P *p, gint64 bytes);
 
 
 static void odd(P *p, int64_t device, const char *kind, const char *where, const char *fmt, ...)
@@ -1509,7 +1601,7 @@ static Dev *dev_new(P *p, guint32 d)
         g_ptr_array_set_size(p->devs, d + 1);
     Dev *v = g_ptr_array_index(p->devs, d);
     if (!v) {
-        v = g_new0(Dev, 1);
+        v = g_aligned_alloc0(1, sizeof(Dev), 64); /* (Dev's alignment) */
         v->dev = d;
         v->handles = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         v->startb = g_array_new(FALSE, FALSE, sizeof(StartBlock));
@@ -1536,7 +1628,7 @@ static void dev_free(gpointer x)
     map_clear(&v->segs);
     map_clear(&v->seg_start);
     map_clear(&v->freed);
-    g_free(v);
+    g_aligned_free(v);
 }
 
 static guint16 dev_stream_find(Dev *v, uint64_t handle);
@@ -1716,7 +1808,7 @@ static inline void emit(P *p, Dev *v, const MemsimEvent *ev)
     gsize n = (gsize)(o - (v->code + v->code_len));
     v->code_len += n;
     v->n_events++;
-    hold(p, (gint64)n);
+    hold_apply(p, (gint64)n);
 }
 
 /* One entry of device_traces[dev], read as snapshot.c's read_entries and build_device read it. */
@@ -1788,7 +1880,7 @@ static inline EntryFault entry_check(P *p, const EntryVals *fv, Entry *en)
 #define WHERE (g_snprintf(where, sizeof where, "device_traces[%u][%" G_GUINT64_FORMAT "]", \
                           v->dev, k), where)
 
-static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames);
+static gboolean entry_queue(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames);
 
 /* An entry's key, value pairs (items[0..2 n_pairs)). */
 static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
@@ -1826,26 +1918,75 @@ static gboolean read_entry_pairs(P *p, Dev *v, Val *items, gsize n_pairs)
         return fail_at(p, WHERE, "size %" G_GUINT64_FORMAT " is beyond any device (≥ 2^60)",
                        en.size);
     }
-    return entry_apply(p, v, k, &en, fv.f[EF_FRAMES]);
+    return entry_queue(p, v, k, &en, fv.f[EF_FRAMES]);
 }
 
-/* One entry of device_traces, its k-th, its fields taken (entry_check: ENTRY_OK). */
-static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames)
+/* ---- applying entries ------------------------------------------------------------------------
+ * An entry read becomes a job: what only the reading thread may touch (the stacks and their
+ * sites, the trace's strings, the odd facts) is taken from it at once, the rest — the device's
+ * live blocks and segments, its events — is applied in order by entry_apply: on a thread of
+ * its own once the snapshot has more than a batch of entries, so that it runs beside the
+ * reading of the next ones. A failure there is the earliest one (the entries before it were
+ * read without one): apply_drain puts it in place of any the reader met later. */
+
+typedef struct {
+    Dev *v;
+    guint64 k;        /* the entry's index in its device's list (messages) */
+    Action act;
+    uint64_t addr, size, stream;
+    guint32 site;     /* ALLOC: its site (the stack's text + 1, 0 none) and category */
+    guint8 cat;
+    gboolean segs_read; /* p->segs_read when it was read */
+} ApplyJob;
+
+#define APPLY_BATCH 2048
+#define APPLY_SLOTS 4
+
+typedef struct {
+    ApplyJob job[APPLY_BATCH];
+    guint n;
+    gboolean full; /* given to the thread, not yet applied (under the lock) */
+} ApplyBatch;
+
+/* (the reader's fields, the applying thread's and the shared ones on cache lines apart: the
+ * reader reads `failed` at every entry) */
+typedef struct Applier {
+    ApplyBatch slot[APPLY_SLOTS];
+    _Alignas(64) guint fill; /* the reader's slot */
+    gboolean threaded, no_thread;
+    int failed;       /* (atomic) err is set: the reader stops */
+    _Alignas(64) guint take; /* the thread's next slot */
+    GError *err;      /* the first failure, made by entry_apply */
+    guint64 held;     /* hold_apply's bytes of the batch being applied */
+    _Alignas(64) gboolean stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* a slot given or applied, or stop */
+} Applier;
+
+static gboolean G_GNUC_PRINTF(3, 4) apply_fail(P *p, const char *where, const char *fmt, ...)
+{
+    Applier *a = p->apply;
+    if (a->err)
+        return FALSE;
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    a->err = g_error_new(MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", p->name, where, what);
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELEASE);
+    return FALSE;
+}
+
+/* One entry of device_traces, its k-th, its fields taken (entry_check: ENTRY_OK, not
+ * A_OTHER). */
+static gboolean entry_apply(P *p, const ApplyJob *j)
 {
     char where[80];
-    const Action act = en->act;
-    const uint64_t addr = en->addr, size = en->size, stream = en->stream;
-    if (act == A_OTHER) {
-        /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
-         * (annotations) carry no allocator action; anything else is unknown here */
-        const Str *action = en->action;
-        if (strcmp(action->data, "user_defined") != 0) {
-            g_autofree char *kind =
-                g_strdup_printf("trace entries of the unknown action '%.64s' skipped", action->data);
-            odd(p, -1, kind, WHERE, "action '%.64s'", action->data);
-        }
-        return TRUE;
-    }
+    Dev *v = j->v;
+    const guint64 k = j->k;
+    const Action act = j->act;
+    const uint64_t addr = j->addr, size = j->size, stream = j->stream;
     v->n_parsed++;
     MemsimEvent ev = {.stream = dev_stream(v, stream)};
     /* A run of releases ends: the empty_cache (or OOM-path release) that made it. */
@@ -1862,32 +2003,25 @@ static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val 
         /* its slot in the blocks the trace allocated (still there: refused) */
         sl = map_put(&v->live, addr, &fresh);
         if (!fresh)
-            return fail_at(p, WHERE, "alloc at 0x%" G_GINT64_MODIFIER "x, which is still "
-                           "allocated", addr);
+            return apply_fail(p, WHERE, "alloc at 0x%" G_GINT64_MODIFIER "x, which is still "
+                              "allocated", addr);
         if (size == 0)
-            return fail_at(p, WHERE, "alloc of 0 bytes (such requests never reach the allocator)");
-        guint8 cat = MEMSIM_CAT_OTHER;
-        guint32 site = 0;
-        const Val *fr = f_frames;
-        if (fr && fr->t == V_STACK) {
-            site = stack_site(p, fr->id, &cat);
-        } else if (fr && fr->t == V_CONT && fr->u.c->type == C_LIST) {
-            site = stack_site(p, stack_of_list(p, fr->u.c), &cat);
-        }
+            return apply_fail(p, WHERE,
+                              "alloc of 0 bytes (such requests never reach the allocator)");
         ev.kind = MEMSIM_EV_ALLOC;
         ev.id = v->next_id;
         ev.size = size;
         ev.addr = addr;
         ev.flags = MEMSIM_EVF_ADDR;
-        ev.aux = site;
-        ev.category = cat;
+        ev.aux = j->site;
+        ev.category = j->cat;
         sl->a = v->next_id++;
         sl->b = k;
         break;
     }
     case A_FREE_REQUESTED:
         /* (a final block freed and not allocated again cannot be live at the end) */
-        if (!p->segs_read)
+        if (!j->segs_read)
             map_put(&v->freed, addr, NULL)->b = k + 1;
         else if ((sl = map_find(&p->pending, addr)) && sl->a == v->dev)
             sl->b = k + 1;
@@ -1898,12 +2032,12 @@ static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val 
             /* live before the trace began */
             sl = map_put(&v->start, addr, &fresh);
             if (!fresh)
-                return fail_at(p, WHERE, "free of 0x%" G_GINT64_MODIFIER "x, which is live again "
-                               "before any alloc", addr);
+                return apply_fail(p, WHERE, "free of 0x%" G_GINT64_MODIFIER "x, which is live "
+                                  "again before any alloc", addr);
             StartBlock b = {addr, size, 0, k, 0};
             sl->a = v->startb->len;
             g_array_append_val(v->startb, b);
-            hold(p, sizeof b + 32);
+            hold_apply(p, sizeof b + 32);
             ev.id = START_ID | sl->a;
         }
         ev.kind = MEMSIM_EV_FREE;
@@ -1913,8 +2047,8 @@ static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val 
     case A_SEGMENT_ALLOC:
         sl = map_put(&v->segs, addr, &fresh);
         if (!fresh)
-            return fail_at(p, WHERE, "segment_alloc at 0x%" G_GINT64_MODIFIER "x of a segment "
-                           "that is allocated already", addr);
+            return apply_fail(p, WHERE, "segment_alloc at 0x%" G_GINT64_MODIFIER "x of a "
+                              "segment that is allocated already", addr);
         sl->a = k;
         ev.kind = MEMSIM_EV_SEG_ALLOC;
         break;
@@ -1946,7 +2080,7 @@ static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val 
         break;
     case A_SNAPSHOT:
         ev.kind = MEMSIM_EV_MARK;
-        ev.id = memsim_trace_intern(p->t, "snapshot");
+        ev.id = 0; /* the string "snapshot" (read_all) */
         break;
     default:
         return TRUE;
@@ -1960,6 +2094,163 @@ static gboolean entry_apply(P *p, Dev *v, guint64 k, const Entry *en, const Val 
         v->release_run = TRUE;
         v->release_stream = ev.stream;
     }
+    return TRUE;
+}
+
+static void hold_apply(P *p, gint64 bytes)
+{
+    p->apply->held += (guint64)bytes;
+}
+
+/* Applies a batch (after a failure: nothing). */
+static void apply_batch(P *p, ApplyBatch *b)
+{
+    Applier *a = p->apply;
+    for (guint i = 0; i < b->n && !a->err; i++)
+        entry_apply(p, &b->job[i]);
+    b->n = 0;
+    __atomic_add_fetch(&p->held_apply, a->held, __ATOMIC_RELAXED);
+    a->held = 0;
+}
+
+static void *apply_main(void *data)
+{
+    P *p = data;
+    Applier *a = p->apply;
+    for (;;) {
+        ApplyBatch *b = &a->slot[a->take];
+        pthread_mutex_lock(&a->mu);
+        while (!b->full && !a->stop)
+            pthread_cond_wait(&a->cv, &a->mu);
+        gboolean quit = !b->full;
+        pthread_mutex_unlock(&a->mu);
+        if (quit)
+            return NULL;
+        apply_batch(p, b);
+        pthread_mutex_lock(&a->mu);
+        b->full = FALSE;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        a->take = (a->take + 1) % APPLY_SLOTS;
+    }
+}
+
+/* The reader's batch, full: to the thread (started now if it is not running; where it
+ * cannot start, applied here). */
+static void apply_give(P *p)
+{
+    Applier *a = p->apply;
+    ApplyBatch *b = &a->slot[a->fill];
+    if (!a->threaded && !a->no_thread) {
+        pthread_mutex_init(&a->mu, NULL);
+        pthread_cond_init(&a->cv, NULL);
+        a->threaded = pthread_create(&a->thread, NULL, apply_main, p) == 0;
+        if (!a->threaded) {
+            pthread_mutex_destroy(&a->mu);
+            pthread_cond_destroy(&a->cv);
+            a->no_thread = TRUE;
+        }
+    }
+    if (!a->threaded) {
+        apply_batch(p, b);
+        return;
+    }
+    pthread_mutex_lock(&a->mu);
+    b->full = TRUE;
+    pthread_cond_broadcast(&a->cv);
+    a->fill = (a->fill + 1) % APPLY_SLOTS;
+    ApplyBatch *next = &a->slot[a->fill];
+    while (next->full)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Every entry read so far applied; FALSE (the applying failure in p->error, in place of any
+ * later one) when one failed. */
+static gboolean apply_drain(P *p)
+{
+    Applier *a = p->apply;
+    if (!a)
+        return !p->failed;
+    if (a->threaded) {
+        pthread_mutex_lock(&a->mu);
+        for (guint k = 0; k < APPLY_SLOTS; k++)
+            while (a->slot[k].full)
+                pthread_cond_wait(&a->cv, &a->mu);
+        pthread_mutex_unlock(&a->mu);
+    }
+    apply_batch(p, &a->slot[a->fill]);
+    if (a->err) {
+        if (p->error)
+            g_clear_error(p->error);
+        g_propagate_error(p->error, g_steal_pointer(&a->err));
+        p->failed = TRUE;
+    }
+    return !p->failed;
+}
+
+/* The thread ends (after apply_drain, or on a failure: what it had not applied is dropped). */
+static void apply_stop(P *p)
+{
+    Applier *a = p->apply;
+    if (!a)
+        return;
+    if (a->threaded) {
+        pthread_mutex_lock(&a->mu);
+        a->stop = TRUE;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->thread, NULL);
+        pthread_mutex_destroy(&a->mu);
+        pthread_cond_destroy(&a->cv);
+    }
+    if (a->err)
+        g_error_free(a->err);
+    g_aligned_free(a);
+    p->apply = NULL;
+}
+
+/* An entry read (entry_check: ENTRY_OK), to be applied in order; FALSE when the reading is to
+ * stop (p->failed: an entry applied before it failed). */
+static gboolean entry_queue(P *p, Dev *v, guint64 k, const Entry *en, const Val *f_frames)
+{
+    char where[80];
+    if (en->act == A_OTHER) {
+        /* torch/csrc/cuda/Module.cpp _cuda_memorySnapshot: "user_defined" entries
+         * (annotations) carry no allocator action; anything else is unknown here */
+        const Str *action = en->action;
+        if (strcmp(action->data, "user_defined") != 0) {
+            g_autofree char *kind =
+                g_strdup_printf("trace entries of the unknown action '%.64s' skipped", action->data);
+            odd(p, -1, kind, WHERE, "action '%.64s'", action->data);
+        }
+        return TRUE;
+    }
+    if (G_UNLIKELY(!p->apply))
+        p->apply = g_aligned_alloc0(1, sizeof(Applier), 64); /* (its alignment) */
+    Applier *a = p->apply;
+    if (G_UNLIKELY(__atomic_load_n(&a->failed, __ATOMIC_ACQUIRE)))
+        return apply_drain(p);
+    ApplyBatch *b = &a->slot[a->fill];
+    ApplyJob *j = &b->job[b->n++];
+    j->v = v;
+    j->k = k;
+    j->act = en->act;
+    j->addr = en->addr;
+    j->size = en->size;
+    j->stream = en->stream;
+    j->segs_read = p->segs_read;
+    j->site = 0;
+    j->cat = MEMSIM_CAT_OTHER;
+    if (en->act == A_ALLOC) {
+        const Val *fr = f_frames;
+        if (fr && fr->t == V_STACK)
+            j->site = stack_site(p, fr->id, &j->cat);
+        else if (fr && fr->t == V_CONT && fr->u.c->type == C_LIST)
+            j->site = stack_site(p, stack_of_list(p, fr->u.c), &j->cat);
+    }
+    if (b->n == APPLY_BATCH)
+        apply_give(p);
     return TRUE;
 #undef WHERE
 }
@@ -2942,9 +3233,9 @@ static int fast_entry(P *p, guint64 off)
                 return fail(p, off, "a second list of trace entries for device %u", d->dev), 1;
             d->owner = dl->serial;
         }
-        entry_apply(p, d, d->n++, &en, fv.f[EF_FRAMES]);
+        gboolean go = entry_queue(p, d, d->n++, &en, fv.f[EF_FRAMES]);
         dl->n_read++;
-        if (p->failed)
+        if (!go || p->failed)
             return 1;
         /* the next entry of the run, when the next opcode opens one (anything else, a FRAME
          * among them, goes back to run()) */
@@ -3811,6 +4102,9 @@ static gboolean finish(P *p, Val *rootv)
             return fail_at(p, "top level", "no 'segments' key: not a PyTorch memory snapshot");
     }
 
+    /* every entry applied: the devices' state is whole */
+    if (!apply_drain(p))
+        return FALSE;
     MemsimTrace *t = p->t;
     MemsimTraceHeader *h = memsim_trace_header(t);
     const Cont *settings = NULL;
@@ -3955,6 +4249,9 @@ static MemsimTrace *read_all(Input *in, const char *name, GPtrArray **codes, GEr
     p.memo = memo_map(p.cap_memo);
     memsim_trace_intern(p.t, "snapshot"); /* string 0, before the stacks */
     gboolean ok = run(&p);
+    /* (an entry that failed to apply comes before what the reading met after it) */
+    ok = apply_drain(&p) && ok;
+    apply_stop(&p);
 
     MemsimTrace *t = p.t;
     if (ok) {
@@ -4029,7 +4326,8 @@ static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions 
         return NULL;
     }
     Input in = {.kind = IN_PLAIN, .f = f, .cap = 256 << 10};
-    in.buf = g_malloc(in.cap);
+    in.own = in.buf = g_malloc(in.cap);
+    in.own_cap = in.cap;
     in.progress = opt ? opt->bytes_read : NULL;
     guint8 head[4];
     size_t got = fread(head, 1, sizeof head, f);
@@ -4044,7 +4342,7 @@ static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions 
         if (inflateInit2(in.gz, 15 + 16) != Z_OK) {
             g_free(in.gz);
             fclose(f);
-            g_free(in.buf);
+            g_free(in.own);
             g_set_error(error, MEMSIM_ERROR, MEMSIM_ERROR_IO, "%s: zlib: cannot start", path);
             return NULL;
         }
@@ -4057,8 +4355,7 @@ static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions 
         in.zcap = 1 << 20;
         in.zin = g_malloc(in.zcap);
     }
-    if (in.kind != IN_PLAIN)
-        feeder_start(&in);
+    feeder_start(&in);
     MemsimTrace *t = read_all(&in, path, codes, error);
     if (t && in.kind != IN_PLAIN && !in.z_done) {
         /* the pickle ended (STOP) before the compressed stream did: check the rest */
@@ -4082,7 +4379,7 @@ static MemsimTrace *read_file(const char *path, const MemsimSnapshotReadOptions 
         g_free(in.gz);
     }
     g_free(in.zin);
-    g_free(in.buf);
+    g_free(in.own);
     g_free(in.err);
     fclose(f);
     return t;
@@ -4094,30 +4391,49 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
     return read_file(path, opt, NULL, error);
 }
 
-/* ---- the snapshot as a reader: each rank's events made chunk by chunk ------------------- */
+/* ---- the snapshot as a reader: each rank's events made chunk by chunk -------------------
+ * A second thread makes the chunks (decodes and renumbers them, and checks them) a few ahead
+ * of the replay that takes them: the replay's thread then only replays. */
+
+#define SNAP_AHEAD 3
+#define SNAP_CHUNK MEMSIM_CHUNK_EVENTS
+
+typedef struct {
+    MemsimEvent *ev;
+    gsize n;       /* 0: the end (err: why, when not the plain end) */
+    guint32 rank;
+    GError *err;
+    gboolean full; /* made, not yet given back */
+} SnapChunk;
 
 typedef struct {
     MemsimTraceReader base;
     MemsimTrace *t;    /* the header's, no events */
     GPtrArray *codes;  /* RankCode*, by rank */
-    guint32 rank;
-    gsize pos;         /* events of the rank given so far */
-    MemsimEvent *buf;
+    guint32 rank;      /* (the making thread's from its start) */
+    gsize pos;         /* events of the rank made so far */
+    /* the chunks, made in turn into slots w = 0, 1, ... and taken in the same turn */
+    SnapChunk slot[SNAP_AHEAD];
+    guint take;        /* the slot the next call takes */
+    int lent;          /* the slot the last call returned, -1 none */
+    gboolean started, threaded, cancel;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* a slot made or given back, or cancel */
 } SnapReader;
 
-static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
-                              GError **error)
+/* The next chunk into `out`: its length (0 at the end, or with *error set). */
+static gsize snap_make(SnapReader *r, guint32 *rank, MemsimEvent *out, GError **error)
 {
-    SnapReader *r = (SnapReader *)base;
+    MemsimTraceReader *base = &r->base;
     while (r->rank < base->header.n_ranks) {
         RankCode *c = g_ptr_array_index(r->codes, r->rank);
-        gsize n = c ? rank_code_next(c, r->buf, MEMSIM_CHUNK_EVENTS) : 0;
+        gsize n = c ? rank_code_next(c, out, SNAP_CHUNK) : 0;
         if (n) {
-            if (!memsim_events_check_named(&base->header, base->name, r->rank, r->pos, r->buf, n,
+            if (!memsim_events_check_named(&base->header, base->name, r->rank, r->pos, out, n,
                                            error))
                 return 0;
             *rank = r->rank;
-            *events = r->buf;
             r->pos += n;
             return n;
         }
@@ -4130,18 +4446,93 @@ static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const Mems
     return 0;
 }
 
+static void *snap_ahead_main(void *data)
+{
+    SnapReader *r = data;
+    for (guint w = 0;; w = (w + 1) % SNAP_AHEAD) {
+        SnapChunk *s = &r->slot[w];
+        pthread_mutex_lock(&r->mu);
+        while (s->full && !r->cancel)
+            pthread_cond_wait(&r->cv, &r->mu);
+        gboolean stop = r->cancel;
+        pthread_mutex_unlock(&r->mu);
+        if (stop)
+            return NULL;
+        GError *err = NULL;
+        gsize n = snap_make(r, &s->rank, s->ev, &err);
+        pthread_mutex_lock(&r->mu);
+        s->n = n;
+        s->err = err;
+        s->full = TRUE;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (n == 0)
+            return NULL;
+    }
+}
+
+static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const MemsimEvent **events,
+                              GError **error)
+{
+    SnapReader *r = (SnapReader *)base;
+    if (!r->started) {
+        r->started = TRUE;
+        r->lent = -1;
+        r->threaded = pthread_create(&r->thread, NULL, snap_ahead_main, r) == 0;
+    }
+    if (!r->threaded) {
+        /* (no thread: made here, into the first slot) */
+        gsize n = snap_make(r, rank, r->slot[0].ev, error);
+        *events = r->slot[0].ev;
+        return n;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->lent >= 0) {
+        r->slot[r->lent].full = FALSE;
+        r->lent = -1;
+        pthread_cond_broadcast(&r->cv);
+    }
+    SnapChunk *s = &r->slot[r->take];
+    while (!s->full)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    if (s->n == 0) {
+        /* the end: the slot stays full, so the thread has ended */
+        if (s->err)
+            g_propagate_error(error, g_steal_pointer(&s->err));
+        return 0;
+    }
+    *rank = s->rank;
+    *events = s->ev;
+    r->lent = (int)r->take;
+    r->take = (r->take + 1) % SNAP_AHEAD;
+    return s->n;
+}
+
 static gsize snap_reader_buffer_bytes(MemsimTraceReader *base)
 {
-    return MEMSIM_CHUNK_EVENTS * sizeof(MemsimEvent);
+    return SNAP_AHEAD * SNAP_CHUNK * sizeof(MemsimEvent);
 }
 
 static void snap_reader_clear(MemsimTraceReader *base)
 {
     SnapReader *r = (SnapReader *)base;
+    if (r->threaded) {
+        pthread_mutex_lock(&r->mu);
+        r->cancel = TRUE;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
     memsim_trace_free(r->t);
     if (r->codes)
         g_ptr_array_unref(r->codes);
-    g_free(r->buf);
+    for (int k = 0; k < SNAP_AHEAD; k++) {
+        g_free(r->slot[k].ev);
+        g_clear_error(&r->slot[k].err);
+    }
 }
 
 static const MemsimReaderOps snap_reader_ops = {
@@ -4161,7 +4552,10 @@ MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshot
         sizeof(SnapReader), &snap_reader_ops, MEMSIM_FORMAT_SNAPSHOT, NULL, path);
     r->t = t;
     r->codes = codes;
-    r->buf = g_new(MemsimEvent, MEMSIM_CHUNK_EVENTS);
+    for (int k = 0; k < SNAP_AHEAD; k++)
+        r->slot[k].ev = g_new(MemsimEvent, SNAP_CHUNK);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
     memsim_trace_header_copy(&r->base.header, memsim_trace_header(t));
     return &r->base;
 }
@@ -4171,7 +4565,7 @@ MemsimTrace *memsim_snapshot_reader_take(MemsimTraceReader *base)
     if (base->ops != &snap_reader_ops)
         return NULL;
     SnapReader *r = (SnapReader *)base;
-    g_assert(r->rank == 0 && r->pos == 0);
+    g_assert(!r->started);
     MemsimTrace *t = r->t;
     for (guint32 k = 0; k < r->codes->len; k++) {
         RankCode *c = g_ptr_array_index(r->codes, k);
@@ -4208,7 +4602,8 @@ gboolean memsim_snapshot_sniff_path(const char *path)
     } else {
         in.kind = IN_PLAIN;
     }
-    in.buf = g_malloc(in.cap);
+    in.own = in.buf = g_malloc(in.cap);
+    in.own_cap = in.cap;
     in.zin = g_malloc(in.zcap);
     if (input_need(&in, 2))
         yes = memsim_snapshot_sniff(in.buf + in.pos, 2);
@@ -4218,7 +4613,7 @@ gboolean memsim_snapshot_sniff_path(const char *path)
         inflateEnd(in.gz);
         g_free(in.gz);
     }
-    g_free(in.buf);
+    g_free(in.own);
     g_free(in.zin);
     g_free(in.err);
     fclose(f);

@@ -181,7 +181,8 @@ int main(int argc, char **argv)
     };
     failures += check_concurrent("two pipelines", pipes, G_N_ELEMENTS(pipes), 1);
 
-    /* Replays (the .mst and text readers, the torch policy, --verify) beside an estimate. */
+    /* Replays (the .mst, text and snapshot readers, the torch policy, --verify) beside an
+     * estimate. */
     GError *error = NULL;
     char *tmp = g_dir_make_tmp("memsim-threads-XXXXXX", &error);
     if (!tmp) {
@@ -190,20 +191,29 @@ int main(int argc, char **argv)
     }
     char *mst = g_build_filename(tmp, "run.mst", NULL);
     char *txt = g_build_filename(tmp, "run.txt", NULL);
-    if (write_traces(mst, txt)) {
+    /* a snapshot of the run through the torch policy: its reader reads the file and makes
+     * the replay's chunks on threads of its own */
+    char *pkl = g_build_filename(tmp, "run.pickle", NULL);
+    if (write_traces(mst, txt) && memsim_convert(mst, pkl, &error)) {
         Job mixed[] = {
             {.trace = mst},
             {.trace = txt},
+            {.trace = pkl},
             {.model = "gpt2", .settings = a},
             {.trace = snapshot},
         };
         failures += check_concurrent("replays and an estimate", mixed,
                                      G_N_ELEMENTS(mixed) - (snapshot ? 0 : 1), 2);
     } else {
+        if (error)
+            printf("cannot write the snapshot: %s\n", error->message);
+        g_clear_error(&error);
         failures++;
     }
     g_remove(mst);
     g_remove(txt);
+    g_remove(pkl);
+    g_free(pkl);
     g_rmdir(tmp);
     g_free(mst);
     g_free(txt);
