@@ -231,3 +231,50 @@ Test(snapshot_stream, reads_big_compressed_and_stops_on_error)
     }
     memsim_trace_free(a);
 }
+
+/* Entries are applied on a thread of their own, a batch at a time: a snapshot whose entry
+ * applied late fails (an alloc at an address still allocated, past the first batches) is
+ * refused with that entry named, as one thread names it — also when the file ends early a
+ * few entries later, which the parser meets before that entry's batch is applied (protocol 3:
+ * no frames, whose lengths would tell the end first). */
+Test(snapshot_stream, applying_entries_fails_at_the_first_bad_one)
+{
+    const char *python = g_getenv("MEMSIM_PYTHON");
+    cr_assert(python, "MEMSIM_PYTHON is set by meson");
+    g_autofree char *tmp = tu_tmpdir();
+    g_autofree char *dup = g_build_filename(tmp, "dup.pickle", NULL);
+    g_autofree char *cut = g_build_filename(tmp, "cut.pickle", NULL);
+    g_autofree char *cmd = g_strdup_printf(
+        "'%s' -c \"\n"
+        "import pickle, sys\n"
+        "seg = 4 << 20\n"
+        "ev = [dict(action='segment_alloc', addr=0x7f0000000000 + i * seg, size=seg, stream=0)\n"
+        "      for i in range(50)]\n"
+        "for r in range(4000):\n"
+        "    a = dict(action='alloc', addr=0x7f0000000000 + r %% 50 * seg, size=seg, stream=0)\n"
+        "    ev.append(a)\n"
+        "    if r == 3000:\n"
+        "        ev.append(dict(a))\n"
+        "    ev.append(dict(a, action='free_requested'))\n"
+        "    ev.append(dict(a, action='free_completed'))\n"
+        "d = pickle.dumps(dict(segments=[], device_traces=[ev]), protocol=3)\n"
+        "open(sys.argv[1], 'wb').write(d)\n"
+        "open(sys.argv[2], 'wb').write(d[:len(d) * 76 // 100])\n"
+        "\" '%s' '%s'",
+        python, dup, cut);
+    cr_assert_eq(system(cmd), 0, "the test's snapshots could not be made");
+    /* entry 9051: 50 segments, then 3 entries per alloc, the 3000th alloc's twin */
+    const char *want = ": device_traces[0][9051]: alloc at 0x7f0000000000, which is still allocated";
+    const char *files[] = {dup, cut};
+    for (int i = 0; i < 2; i++) {
+        GError *err = NULL;
+        MemsimTrace *t = memsim_snapshot_read(files[i], NULL, &err);
+        if (t)
+            memsim_trace_free(t);
+        cr_expect_null(t, "%s was read", files[i]);
+        g_autofree char *msg = g_strdup(err ? err->message : "(no error)");
+        g_clear_error(&err);
+        cr_expect(g_str_has_prefix(msg, files[i]) && g_str_has_suffix(msg, want),
+                  "%s (wanted %s%s)", msg, files[i], want);
+    }
+}
