@@ -281,11 +281,49 @@ typedef struct {
     gboolean last;  /* nothing follows; the Feeder's src.err and src.z_done are final */
 } FeedChunk;
 
-/* (pthreads, not GLib's futex-based locks, so that ThreadSanitizer sees the hand-over) */
+/* A lock and its condition, shared by a thread that fills buffers and one that takes them:
+ * each buffer's `full` flag, changed under the lock, says whose it is. (pthreads, not GLib's
+ * futex-based locks, so that ThreadSanitizer sees the hand-over.) */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Hand;
+
+static void hand_init(Hand *h)
+{
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+}
+
+static void hand_clear(Hand *h)
+{
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+}
+
+/* Waits until *flag is `want` or *stop (NULL: never) is set; FALSE when it is. */
+static gboolean hand_wait(Hand *h, const gboolean *flag, gboolean want, const gboolean *stop)
+{
+    pthread_mutex_lock(&h->mu);
+    while (*flag != want && !(stop && *stop))
+        pthread_cond_wait(&h->cv, &h->mu);
+    gboolean go = !(stop && *stop);
+    pthread_mutex_unlock(&h->mu);
+    return go;
+}
+
+/* Sets *flag (a buffer changes hands, or a stop is asked) and wakes the other side. */
+static void hand_set(Hand *h, gboolean *flag, gboolean v)
+{
+    pthread_mutex_lock(&h->mu);
+    *flag = v;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
 struct Feeder {
     Input src; /* the thread's: kind, f, zin, zs, gz; buf is the chunk being filled */
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* a chunk filled or given back, or cancel */
+    Hand hand;
     FeedChunk chunks[FEED_CHUNKS]; /* filled and taken in turn */
     guint next_read; /* the parser's chunk, taken from cur_pos */
     gsize cur_pos;
@@ -300,12 +338,7 @@ static void *feeder_main(void *data)
     Feeder *fd = data;
     for (guint w = 0;; w = (w + 1) % FEED_CHUNKS) {
         FeedChunk *c = &fd->chunks[w];
-        pthread_mutex_lock(&fd->mu);
-        while (c->full && !fd->cancel)
-            pthread_cond_wait(&fd->cv, &fd->mu);
-        gboolean stop = fd->cancel;
-        pthread_mutex_unlock(&fd->mu);
-        if (stop)
+        if (!hand_wait(&fd->hand, &c->full, FALSE, &fd->cancel))
             return NULL;
         fd->src.buf = c->data + FEED_HEAD;
         fd->src.cap = FEED_CHUNK;
@@ -314,12 +347,9 @@ static void *feeder_main(void *data)
         while (!end && fd->src.end < FEED_CHUNK)
             end = !input_more(&fd->src);
         fd->src.buf = NULL;
-        pthread_mutex_lock(&fd->mu);
         c->len = fd->src.end;
         c->last = end;
-        c->full = TRUE;
-        pthread_cond_broadcast(&fd->cv);
-        pthread_mutex_unlock(&fd->mu);
+        hand_set(&fd->hand, &c->full, TRUE);
         if (end)
             return NULL;
     }
@@ -331,16 +361,14 @@ static void feeder_start(Input *in)
     Feeder *fd = g_new0(Feeder, 1);
     fd->src = *in;
     fd->src.buf = NULL;
-    pthread_mutex_init(&fd->mu, NULL);
-    pthread_cond_init(&fd->cv, NULL);
+    hand_init(&fd->hand);
     for (int k = 0; k < FEED_CHUNKS; k++)
         fd->chunks[k].data = g_malloc(FEED_HEAD + FEED_CHUNK);
     if (pthread_create(&fd->thread, NULL, feeder_main, fd) != 0) {
         /* no thread: read on this one */
         for (int k = 0; k < FEED_CHUNKS; k++)
             g_free(fd->chunks[k].data);
-        pthread_mutex_destroy(&fd->mu);
-        pthread_cond_destroy(&fd->cv);
+        hand_clear(&fd->hand);
         g_free(fd);
         return;
     }
@@ -350,6 +378,19 @@ static void feeder_start(Input *in)
     in->feed = fd;
 }
 
+/* A chunk is taken: the last one carries the stream's end state. */
+static void feed_taken(Input *in, const FeedChunk *c)
+{
+    Feeder *fd = in->feed;
+    if (!c->last)
+        return;
+    fd->done = TRUE;
+    in->z_done = fd->src.z_done;
+    in->file_eof = TRUE;
+    if (fd->src.err && !in->err)
+        in->err = g_steal_pointer(&fd->src.err);
+}
+
 static gboolean feed_more(Input *in)
 {
     Feeder *fd = in->feed;
@@ -357,28 +398,15 @@ static gboolean feed_more(Input *in)
         if (fd->done)
             return FALSE;
         FeedChunk *c = &fd->chunks[fd->next_read];
-        if (fd->cur_pos == 0) {
-            pthread_mutex_lock(&fd->mu);
-            while (!c->full)
-                pthread_cond_wait(&fd->cv, &fd->mu);
-            pthread_mutex_unlock(&fd->mu);
-        }
+        if (fd->cur_pos == 0)
+            hand_wait(&fd->hand, &c->full, TRUE, NULL);
         gsize n = MIN(c->len - fd->cur_pos, in->cap - in->end);
         memcpy(in->buf + in->end, c->data + FEED_HEAD + fd->cur_pos, n);
         in->end += n;
         fd->cur_pos += n;
         if (fd->cur_pos == c->len) {
-            if (c->last) {
-                fd->done = TRUE;
-                in->z_done = fd->src.z_done;
-                in->file_eof = TRUE;
-                if (fd->src.err && !in->err)
-                    in->err = g_steal_pointer(&fd->src.err);
-            }
-            pthread_mutex_lock(&fd->mu);
-            c->full = FALSE;
-            pthread_cond_broadcast(&fd->cv);
-            pthread_mutex_unlock(&fd->mu);
+            feed_taken(in, c);
+            hand_set(&fd->hand, &c->full, FALSE);
             fd->next_read = (fd->next_read + 1) % FEED_CHUNKS;
             fd->cur_pos = 0;
         }
@@ -393,10 +421,7 @@ static void feed_give_back(Input *in)
     Feeder *fd = in->feed;
     if (!fd || !fd->held)
         return;
-    pthread_mutex_lock(&fd->mu);
-    fd->held->full = FALSE;
-    pthread_cond_broadcast(&fd->cv);
-    pthread_mutex_unlock(&fd->mu);
+    hand_set(&fd->hand, &fd->held->full, FALSE);
     fd->held = NULL;
 }
 
@@ -410,10 +435,7 @@ static gboolean feed_swap(Input *in, gsize n)
     if (fd->done || fd->cur_pos != 0 || left > FEED_HEAD)
         return FALSE;
     FeedChunk *c = &fd->chunks[fd->next_read];
-    pthread_mutex_lock(&fd->mu);
-    while (!c->full)
-        pthread_cond_wait(&fd->cv, &fd->mu);
-    pthread_mutex_unlock(&fd->mu);
+    hand_wait(&fd->hand, &c->full, TRUE, NULL);
     if (left + c->len < n)
         return FALSE;
     guint8 *at = c->data + FEED_HEAD - left;
@@ -427,13 +449,7 @@ static gboolean feed_swap(Input *in, gsize n)
     in->end = in->cap = FEED_HEAD + c->len;
     fd->held = c;
     fd->next_read = (fd->next_read + 1) % FEED_CHUNKS;
-    if (c->last) {
-        fd->done = TRUE;
-        in->z_done = fd->src.z_done;
-        in->file_eof = TRUE;
-        if (fd->src.err && !in->err)
-            in->err = g_steal_pointer(&fd->src.err);
-    }
+    feed_taken(in, c);
     return TRUE;
 }
 
@@ -444,13 +460,9 @@ static void feeder_stop(Input *in)
     Feeder *fd = in->feed;
     if (!fd)
         return;
-    pthread_mutex_lock(&fd->mu);
-    fd->cancel = TRUE;
-    pthread_cond_broadcast(&fd->cv);
-    pthread_mutex_unlock(&fd->mu);
+    hand_set(&fd->hand, &fd->cancel, TRUE);
     pthread_join(fd->thread, NULL);
-    pthread_mutex_destroy(&fd->mu);
-    pthread_cond_destroy(&fd->cv);
+    hand_clear(&fd->hand);
     if (fd->src.zs)
         ZSTD_freeDStream(fd->src.zs);
     if (fd->src.gz) {
@@ -1960,8 +1972,7 @@ typedef struct Applier {
     guint64 held;     /* hold_apply's bytes of the batch being applied */
     _Alignas(64) gboolean stop;
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* a slot given or applied, or stop */
+    Hand hand;
 } Applier;
 
 static gboolean G_GNUC_PRINTF(3, 4) apply_fail(P *p, const char *where, const char *fmt, ...)
@@ -2119,18 +2130,10 @@ static void *apply_main(void *data)
     Applier *a = p->apply;
     for (;;) {
         ApplyBatch *b = &a->slot[a->take];
-        pthread_mutex_lock(&a->mu);
-        while (!b->full && !a->stop)
-            pthread_cond_wait(&a->cv, &a->mu);
-        gboolean quit = !b->full;
-        pthread_mutex_unlock(&a->mu);
-        if (quit)
+        if (!hand_wait(&a->hand, &b->full, TRUE, &a->stop))
             return NULL;
         apply_batch(p, b);
-        pthread_mutex_lock(&a->mu);
-        b->full = FALSE;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
+        hand_set(&a->hand, &b->full, FALSE);
         a->take = (a->take + 1) % APPLY_SLOTS;
     }
 }
@@ -2142,12 +2145,10 @@ static void apply_give(P *p)
     Applier *a = p->apply;
     ApplyBatch *b = &a->slot[a->fill];
     if (!a->threaded && !a->no_thread) {
-        pthread_mutex_init(&a->mu, NULL);
-        pthread_cond_init(&a->cv, NULL);
+        hand_init(&a->hand);
         a->threaded = pthread_create(&a->thread, NULL, apply_main, p) == 0;
         if (!a->threaded) {
-            pthread_mutex_destroy(&a->mu);
-            pthread_cond_destroy(&a->cv);
+            hand_clear(&a->hand);
             a->no_thread = TRUE;
         }
     }
@@ -2155,14 +2156,9 @@ static void apply_give(P *p)
         apply_batch(p, b);
         return;
     }
-    pthread_mutex_lock(&a->mu);
-    b->full = TRUE;
-    pthread_cond_broadcast(&a->cv);
+    hand_set(&a->hand, &b->full, TRUE);
     a->fill = (a->fill + 1) % APPLY_SLOTS;
-    ApplyBatch *next = &a->slot[a->fill];
-    while (next->full)
-        pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
+    hand_wait(&a->hand, &a->slot[a->fill].full, FALSE, NULL);
 }
 
 /* Every entry read so far applied; FALSE (the applying failure in p->error, in place of any
@@ -2172,13 +2168,8 @@ static gboolean apply_drain(P *p)
     Applier *a = p->apply;
     if (!a)
         return !p->failed;
-    if (a->threaded) {
-        pthread_mutex_lock(&a->mu);
-        for (guint k = 0; k < APPLY_SLOTS; k++)
-            while (a->slot[k].full)
-                pthread_cond_wait(&a->cv, &a->mu);
-        pthread_mutex_unlock(&a->mu);
-    }
+    for (guint k = 0; a->threaded && k < APPLY_SLOTS; k++)
+        hand_wait(&a->hand, &a->slot[k].full, FALSE, NULL);
     apply_batch(p, &a->slot[a->fill]);
     if (a->err) {
         if (p->error)
@@ -2196,13 +2187,9 @@ static void apply_stop(P *p)
     if (!a)
         return;
     if (a->threaded) {
-        pthread_mutex_lock(&a->mu);
-        a->stop = TRUE;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
+        hand_set(&a->hand, &a->stop, TRUE);
         pthread_join(a->thread, NULL);
-        pthread_mutex_destroy(&a->mu);
-        pthread_cond_destroy(&a->cv);
+        hand_clear(&a->hand);
     }
     if (a->err)
         g_error_free(a->err);
@@ -4418,8 +4405,7 @@ typedef struct {
     int lent;          /* the slot the last call returned, -1 none */
     gboolean started, threaded, cancel;
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* a slot made or given back, or cancel */
+    Hand hand;
 } SnapReader;
 
 /* The next chunk into `out`: its length (0 at the end, or with *error set). */
@@ -4451,21 +4437,13 @@ static void *snap_ahead_main(void *data)
     SnapReader *r = data;
     for (guint w = 0;; w = (w + 1) % SNAP_AHEAD) {
         SnapChunk *s = &r->slot[w];
-        pthread_mutex_lock(&r->mu);
-        while (s->full && !r->cancel)
-            pthread_cond_wait(&r->cv, &r->mu);
-        gboolean stop = r->cancel;
-        pthread_mutex_unlock(&r->mu);
-        if (stop)
+        if (!hand_wait(&r->hand, &s->full, FALSE, &r->cancel))
             return NULL;
         GError *err = NULL;
         gsize n = snap_make(r, &s->rank, s->ev, &err);
-        pthread_mutex_lock(&r->mu);
         s->n = n;
         s->err = err;
-        s->full = TRUE;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        hand_set(&r->hand, &s->full, TRUE);
         if (n == 0)
             return NULL;
     }
@@ -4486,16 +4464,12 @@ static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const Mems
         *events = r->slot[0].ev;
         return n;
     }
-    pthread_mutex_lock(&r->mu);
     if (r->lent >= 0) {
-        r->slot[r->lent].full = FALSE;
+        hand_set(&r->hand, &r->slot[r->lent].full, FALSE);
         r->lent = -1;
-        pthread_cond_broadcast(&r->cv);
     }
     SnapChunk *s = &r->slot[r->take];
-    while (!s->full)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
+    hand_wait(&r->hand, &s->full, TRUE, NULL);
     if (s->n == 0) {
         /* the end: the slot stays full, so the thread has ended */
         if (s->err)
@@ -4518,14 +4492,10 @@ static void snap_reader_clear(MemsimTraceReader *base)
 {
     SnapReader *r = (SnapReader *)base;
     if (r->threaded) {
-        pthread_mutex_lock(&r->mu);
-        r->cancel = TRUE;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        hand_set(&r->hand, &r->cancel, TRUE);
         pthread_join(r->thread, NULL);
     }
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
+    hand_clear(&r->hand);
     memsim_trace_free(r->t);
     if (r->codes)
         g_ptr_array_unref(r->codes);
@@ -4554,8 +4524,7 @@ MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshot
     r->codes = codes;
     for (int k = 0; k < SNAP_AHEAD; k++)
         r->slot[k].ev = g_new(MemsimEvent, SNAP_CHUNK);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    hand_init(&r->hand);
     memsim_trace_header_copy(&r->base.header, memsim_trace_header(t));
     return &r->base;
 }
