@@ -839,15 +839,21 @@ static gboolean G_GNUC_PRINTF(3, 4) fail(P *p, guint64 off, const char *fmt, ...
 }
 
 /* A schema error, named by its record as snapshot.c names it. */
+/* The error of a record named `where`, as fail_at and apply_fail make it. */
+static GError *where_error(const P *p, const char *where, const char *fmt, va_list ap)
+{
+    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    return g_error_new(MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", p->name, where, what);
+}
+
 static gboolean G_GNUC_PRINTF(3, 4) fail_at(P *p, const char *where, const char *fmt, ...)
 {
     if (p->failed)
         return FALSE;
     va_list ap;
     va_start(ap, fmt);
-    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    g_propagate_error(p->error, where_error(p, where, fmt, ap));
     va_end(ap);
-    g_set_error(p->error, MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", p->name, where, what);
     p->failed = TRUE;
     return FALSE;
 }
@@ -1982,9 +1988,8 @@ static gboolean G_GNUC_PRINTF(3, 4) apply_fail(P *p, const char *where, const ch
         return FALSE;
     va_list ap;
     va_start(ap, fmt);
-    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    a->err = where_error(p, where, fmt, ap);
     va_end(ap);
-    a->err = g_error_new(MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", p->name, where, what);
     __atomic_store_n(&a->failed, 1, __ATOMIC_RELEASE);
     return FALSE;
 }
@@ -4383,7 +4388,6 @@ MemsimTrace *memsim_snapshot_read(const char *path, const MemsimSnapshotReadOpti
  * of the replay that takes them: the replay's thread then only replays. */
 
 #define SNAP_AHEAD 3
-#define SNAP_CHUNK MEMSIM_CHUNK_EVENTS
 
 typedef struct {
     MemsimEvent *ev;
@@ -4414,7 +4418,7 @@ static gsize snap_make(SnapReader *r, guint32 *rank, MemsimEvent *out, GError **
     MemsimTraceReader *base = &r->base;
     while (r->rank < base->header.n_ranks) {
         RankCode *c = g_ptr_array_index(r->codes, r->rank);
-        gsize n = c ? rank_code_next(c, out, SNAP_CHUNK) : 0;
+        gsize n = c ? rank_code_next(c, out, MEMSIM_CHUNK_EVENTS) : 0;
         if (n) {
             if (!memsim_events_check_named(&base->header, base->name, r->rank, r->pos, out, n,
                                            error))
@@ -4485,7 +4489,7 @@ static gsize snap_reader_next(MemsimTraceReader *base, guint32 *rank, const Mems
 
 static gsize snap_reader_buffer_bytes(MemsimTraceReader *base)
 {
-    return SNAP_AHEAD * SNAP_CHUNK * sizeof(MemsimEvent);
+    return SNAP_AHEAD * MEMSIM_CHUNK_EVENTS * sizeof(MemsimEvent);
 }
 
 static void snap_reader_clear(MemsimTraceReader *base)
@@ -4523,7 +4527,7 @@ MemsimTraceReader *memsim_snapshot_reader(const char *path, const MemsimSnapshot
     r->t = t;
     r->codes = codes;
     for (int k = 0; k < SNAP_AHEAD; k++)
-        r->slot[k].ev = g_new(MemsimEvent, SNAP_CHUNK);
+        r->slot[k].ev = g_new(MemsimEvent, MEMSIM_CHUNK_EVENTS);
     hand_init(&r->hand);
     memsim_trace_header_copy(&r->base.header, memsim_trace_header(t));
     return &r->base;
