@@ -74,11 +74,11 @@
  *       where the allocator's state repeats): each measurement in a child process of its own,
  *       the median of R runs (default 5; P for the plans, default 1) of its wall time, CPU time
  *       and peak resident memory. `estimate` of llama-2-7b at seq 1024, LoRA, with --grad-accum
- *       1 and 256 (the bound: 256 within 2× of 1) and with 50 steps (no bound: the steps that
- *       repeat); llama-2-70b on 64 × h100-80gb as tp 8, pp 4, dp 2
- *       with 256 micro-batches (bound: 0.5 s, 100 MB); `plan --global-batch` for llama-2-70b
- *       on 64 GPUs at 512 and 2048 (bound 5 s) and llama-3.1-405b on 1024 GPUs at 4096 (bound
- *       30 s). With --full each estimate is also run with MEMSIM_NO_SKIP=1, the full
+ *       1 and 256 (the bound: 256 within 2× of 1, judged on the median ratio of R pairs of
+ *       runs made in alternation) and with 50 steps (no bound: the steps that repeat);
+ *       llama-2-70b on 64 × h100-80gb as tp 8, pp 4, dp 2 with 256 micro-batches (bound:
+ *       0.5 s, 100 MB); `plan --global-batch` for llama-2-70b on 64 GPUs at 512 and 2048
+ *       (bound 5 s) and llama-3.1-405b on 1024 GPUs at 4096 (bound 30 s). With --full each estimate is also run with MEMSIM_NO_SKIP=1, the full
  *       simulation, and the speed-up printed. Exit status 1 when a bound is not met. The
  *       first line names the machine (CPU model, processors).
  *
@@ -827,7 +827,21 @@ static int bench_steady(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is measured: the plans take long */
     print_machine();
     int rc = 0;
-    double ga1_wall = 0, ga1_cpu = 0;
+    /* The two grad-accum cases run in alternation, a pair at a time: a run takes milliseconds,
+     * and this machine's speed drifts from one second to the next (the medians of two blocks
+     * of runs measured apart gave ratios from 1.9× to 3.7×); the bound is judged on the median
+     * of the pairs' ratios, which that drift leaves alone. */
+    double pair_wall[64], pair_cpu[64];
+    const int n_pairs = repeat > 64 ? 64 : repeat;
+    gboolean paired = TRUE;
+    for (int k = 0; k < n_pairs && paired; k++) {
+        double w1, u1, r1, w2, u2, r2;
+        paired = steady_once(&cases[0], FALSE, &w1, &u1, &r1) &&
+                 steady_once(&cases[1], FALSE, &w2, &u2, &r2);
+        /* (a CPU time of 0, too short for the kernel's accounting, fails the bound) */
+        pair_wall[k] = w1 > 0 ? w2 / w1 : INFINITY;
+        pair_cpu[k] = u1 > 0 ? u2 / u1 : INFINITY;
+    }
     printf("%-58s %9s %9s %9s %s\n", "", "wall s", "CPU s", "MiB", "");
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         const SteadyCase *c = &cases[i];
@@ -841,15 +855,19 @@ static int bench_steady(int argc, char **argv)
             continue;
         }
         GString *verdict = g_string_new("");
-        if (i == 0) {
-            ga1_wall = w;
-            ga1_cpu = u;
-        }
         if (i == 1) {
-            gboolean good = w <= 2 * ga1_wall && u <= 2 * ga1_cpu;
-            g_string_append_printf(verdict, "%.2f× wall, %.2f× CPU of grad-accum 1 (bound 2×): %s",
-                                   w / ga1_wall, u / ga1_cpu, good ? "ok" : "OVER");
-            rc |= !good;
+            if (!paired) {
+                g_string_append(verdict, "the alternating runs failed");
+                rc = 1;
+            } else {
+                const double rw = median(pair_wall, n_pairs), ru = median(pair_cpu, n_pairs);
+                gboolean good = rw <= 2 && ru <= 2;
+                g_string_append_printf(verdict,
+                                       "%.2f× wall, %.2f× CPU of grad-accum 1, median of %d "
+                                       "alternating pairs (bound 2×): %s",
+                                       rw, ru, n_pairs, good ? "ok" : "OVER");
+                rc |= !good;
+            }
         }
         if (c->max_s > 0) {
             gboolean good = w <= c->max_s && (c->max_mib <= 0 || r <= c->max_mib);
