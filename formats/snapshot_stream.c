@@ -838,13 +838,14 @@ static gboolean G_GNUC_PRINTF(3, 4) fail(P *p, guint64 off, const char *fmt, ...
     return FALSE;
 }
 
-/* A schema error, named by its record as snapshot.c names it. */
 /* The error of a record named `where`, as fail_at and apply_fail make it. */
 static GError *where_error(const P *p, const char *where, const char *fmt, va_list ap)
 {
     g_autofree char *what = g_strdup_vprintf(fmt, ap);
     return g_error_new(MEMSIM_ERROR, MEMSIM_ERROR_BAD_INPUT, "%s: %s: %s", p->name, where, what);
 }
+
+/* A schema error, named by its record as snapshot.c names it. */
 
 static gboolean G_GNUC_PRINTF(3, 4) fail_at(P *p, const char *where, const char *fmt, ...)
 {
