@@ -61,7 +61,10 @@
  *       the acceptance lines (≥ 25× the Python model end to end and ≥ 5× pickle.load, in
  *       wall time, with the CPU ratios, all of memsim's threads counted, beside them; < 100
  *       MB on the N-entry file; < 5 s and < 500 MB on the big one). The first line names the
- *       machine (CPU model, processors): the ratios depend on it.
+ *       machine (CPU model, processors): the ratios depend on it. Beside them, the part of
+ *       memsim's time that is reading alone: a child process (this program, `snapshot-read
+ *       FILE`) that opens the snapshot as `memsim replay` does (read, parse, the events
+ *       coded) and replays nothing; against it, the time the 25× line leaves for the whole.
  *
  *   memsim-bench families [--seq N] [--repeat R] [--limit S]
  *       For each model family, its largest preset (by parameter count) through `memsim
@@ -1226,6 +1229,7 @@ static double number_after(const char *text, const char *key)
 
 typedef struct {
     double wall, cpu, rss_mib; /* medians */
+    double read_wall, read_cpu; /* medians of reading alone (snapshot-read) */
     double py_model, py_load;  /* medians of CPU seconds, -1 when not run */
     double py_model_wall;      /* median of the Python model's wall seconds */
     double py_load_wall;       /* median of pickle.load's wall seconds (in the interpreter) */
@@ -1233,8 +1237,8 @@ typedef struct {
     double mib;
 } SnapFigures;
 
-static gboolean bench_snapshot_file(const char *memsim, const char *file, int repeat,
-                                    gboolean python, SnapFigures *f)
+static gboolean bench_snapshot_file(const char *memsim, const char *self, const char *file,
+                                    int repeat, gboolean python, SnapFigures *f)
 {
     memset(f, 0, sizeof *f);
     f->py_model = f->py_load = -1;
@@ -1265,6 +1269,19 @@ static gboolean bench_snapshot_file(const char *memsim, const char *file, int re
     f->wall = median(wall, repeat);
     f->cpu = median(cpu, repeat);
     f->rss_mib = median(rss, repeat);
+    for (int k = 0; k < repeat; k++) {
+        char *argv[] = {(char *)self, "snapshot-read", (char *)file, NULL};
+        Child c;
+        if (!run_child(argv, &c))
+            return FALSE;
+        wall[k] = c.wall;
+        cpu[k] = c.cpu;
+        printf("  reading alone (no replay): %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n",
+               c.wall, c.cpu, (double)c.rss_kib / 1024.0);
+        g_free(c.out);
+    }
+    f->read_wall = median(wall, repeat);
+    f->read_cpu = median(cpu, repeat);
     if (python) {
         int pr = MIN(repeat, 3);
         double *model = g_new(double, (gsize)pr), *load = g_new(double, (gsize)pr),
@@ -1390,7 +1407,7 @@ static int bench_snapshot(int argc, char **argv)
 
     SnapFigures s, b;
     print_machine();
-    if (!bench_snapshot_file(memsim, small, repeat, TRUE, &s))
+    if (!bench_snapshot_file(memsim, self, small, repeat, TRUE, &s))
         return 2;
     /* Faster is in wall time (memsim reads, parses and replays on up to four threads; the
      * Python ones run on one); the CPU ratios, all of memsim's threads counted, are shown
@@ -1399,13 +1416,16 @@ static int bench_snapshot(int argc, char **argv)
            vs_load = s.py_load_wall / s.wall, vs_load_cpu = s.py_load / s.cpu;
     printf("\n%s (medians):\n"
            "  memsim replay end to end: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n"
+           "    of which reading alone:  %.3f s wall, %.3f s CPU (the 25x line leaves %.3f s "
+           "for the whole)\n"
            "  Python model:             %.3f s wall, %.3f s CPU -> memsim %.1fx faster (wall), "
            "%.1fx (CPU)\n"
            "  pickle.load alone:        %.3f s wall, %.3f s CPU -> memsim %.1fx faster (wall), "
            "%.1fx (CPU)\n"
            "  peaks: memsim reserved %.0f allocated %.0f; Python model reserved %.0f allocated "
            "%.0f (%s)\n",
-           small, s.wall, s.cpu, s.rss_mib, s.py_model_wall, s.py_model, vs_model, vs_model_cpu,
+           small, s.wall, s.cpu, s.rss_mib, s.read_wall, s.read_cpu, s.py_model_wall / 25,
+           s.py_model_wall, s.py_model, vs_model, vs_model_cpu,
            s.py_load_wall, s.py_load, vs_load, vs_load_cpu, s.peak_reserved, s.peak_allocated,
            s.py_reserved, s.py_allocated,
            s.peak_reserved == s.py_reserved && s.peak_allocated == s.py_allocated ? "the same"
@@ -1416,10 +1436,10 @@ static int bench_snapshot(int argc, char **argv)
            vs_model >= 25 ? "yes" : "NO", vs_load >= 5 ? "yes" : "NO",
            s.rss_mib < 100 ? "yes" : "NO");
     if (big) {
-        if (!bench_snapshot_file(memsim, big, MIN(repeat, 3), python_big, &b))
+        if (!bench_snapshot_file(memsim, self, big, MIN(repeat, 3), python_big, &b))
             return 2;
-        printf("\n%s (medians): memsim replay %.3f s wall, %.3f s CPU, peak RSS %.1f MiB",
-               big, b.wall, b.cpu, b.rss_mib);
+        printf("\n%s (medians): memsim replay %.3f s wall, %.3f s CPU, peak RSS %.1f MiB "
+               "(reading alone %.3f s wall)", big, b.wall, b.cpu, b.rss_mib, b.read_wall);
         if (b.py_model > 0)
             printf("; Python model %.3f s CPU (%.1fx), pickle.load %.3f s CPU (%.1fx)",
                    b.py_model, b.py_model / b.cpu, b.py_load, b.py_load / b.cpu);
@@ -1441,9 +1461,26 @@ static int bench_snapshot(int argc, char **argv)
     return ok ? 0 : 1;
 }
 
+/* `snapshot-read FILE`: the snapshot opened as `memsim replay` opens it, nothing replayed
+ * (the child `snapshot` times). */
+static int bench_snapshot_read(const char *path)
+{
+    GError *error = NULL;
+    MemsimTraceReader *r = memsim_trace_reader_open(path, &error);
+    if (!r) {
+        fprintf(stderr, "memsim-bench snapshot-read: %s\n", error->message);
+        g_error_free(error);
+        return 2;
+    }
+    memsim_trace_reader_free(r);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     memsim_tools_malloc_tune(); /* as the memsim command runs */
+    if (argc == 3 && strcmp(argv[1], "snapshot-read") == 0)
+        return bench_snapshot_read(argv[2]);
     if (argc >= 2 && strcmp(argv[1], "megatron") == 0)
         return bench_megatron(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "estimate") == 0)
