@@ -1237,6 +1237,42 @@ typedef struct {
     double mib;
 } SnapFigures;
 
+/* Runs argv `repeat` times (each run's line printed after `label`): the medians of its wall
+ * and CPU seconds and peak RSS (MiB), and the last run's stdout in *out (NULL: dropped).
+ * FALSE when a run fails. */
+static gboolean time_runs(char **argv, int repeat, const char *label, double *wall, double *cpu,
+                          double *rss_mib, char **out)
+{
+    double *w = g_new(double, (gsize)repeat), *u = g_new(double, (gsize)repeat),
+           *r = g_new(double, (gsize)repeat);
+    gboolean ok = TRUE;
+    for (int k = 0; k < repeat; k++) {
+        Child c;
+        ok = run_child(argv, &c);
+        if (!ok) {
+            g_free(c.out);
+            break;
+        }
+        w[k] = c.wall;
+        u[k] = c.cpu;
+        r[k] = (double)c.rss_kib / 1024.0;
+        printf("  %s: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n", label, c.wall, c.cpu, r[k]);
+        if (out && k == repeat - 1)
+            *out = c.out;
+        else
+            g_free(c.out);
+    }
+    if (ok) {
+        *wall = median(w, repeat);
+        *cpu = median(u, repeat);
+        *rss_mib = median(r, repeat);
+    }
+    g_free(w);
+    g_free(u);
+    g_free(r);
+    return ok;
+}
+
 static gboolean bench_snapshot_file(const char *memsim, const char *self, const char *file,
                                     int repeat, gboolean python, SnapFigures *f)
 {
@@ -1250,38 +1286,18 @@ static gboolean bench_snapshot_file(const char *memsim, const char *self, const 
     f->mib = (double)st.st_size / 1048576.0;
     printf("%s: %.1f MiB\n", file, f->mib);
     repeat = MAX(repeat, 1);
-    double *wall = g_new(double, (gsize)repeat), *cpu = g_new(double, (gsize)repeat),
-           *rss = g_new(double, (gsize)repeat);
-    for (int k = 0; k < repeat; k++) {
-        char *argv[] = {(char *)memsim, "replay", "--json", (char *)file, NULL};
-        Child c;
-        if (!run_child(argv, &c))
-            return FALSE;
-        wall[k] = c.wall;
-        cpu[k] = c.cpu;
-        rss[k] = (double)c.rss_kib / 1024.0;
-        f->peak_reserved = number_after(c.out, "\"peak_reserved\" : ");
-        f->peak_allocated = number_after(c.out, "\"peak_allocated\" : ");
-        printf("  memsim replay: %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n", c.wall, c.cpu,
-               rss[k]);
-        g_free(c.out);
-    }
-    f->wall = median(wall, repeat);
-    f->cpu = median(cpu, repeat);
-    f->rss_mib = median(rss, repeat);
-    for (int k = 0; k < repeat; k++) {
-        char *argv[] = {(char *)self, "snapshot-read", (char *)file, NULL};
-        Child c;
-        if (!run_child(argv, &c))
-            return FALSE;
-        wall[k] = c.wall;
-        cpu[k] = c.cpu;
-        printf("  reading alone (no replay): %.3f s wall, %.3f s CPU, peak RSS %.1f MiB\n",
-               c.wall, c.cpu, (double)c.rss_kib / 1024.0);
-        g_free(c.out);
-    }
-    f->read_wall = median(wall, repeat);
-    f->read_cpu = median(cpu, repeat);
+    char *replay[] = {(char *)memsim, "replay", "--json", (char *)file, NULL};
+    char *out = NULL;
+    if (!time_runs(replay, repeat, "memsim replay", &f->wall, &f->cpu, &f->rss_mib, &out))
+        return FALSE;
+    f->peak_reserved = number_after(out, "\"peak_reserved\" : ");
+    f->peak_allocated = number_after(out, "\"peak_allocated\" : ");
+    g_free(out);
+    char *read_alone[] = {(char *)self, "snapshot-read", (char *)file, NULL};
+    double read_rss;
+    if (!time_runs(read_alone, repeat, "reading alone (no replay)", &f->read_wall, &f->read_cpu,
+                   &read_rss, NULL))
+        return FALSE;
     if (python) {
         int pr = MIN(repeat, 3);
         double *model = g_new(double, (gsize)pr), *load = g_new(double, (gsize)pr),
@@ -1327,9 +1343,6 @@ static gboolean bench_snapshot_file(const char *memsim, const char *self, const 
         g_free(model);
         g_free(load);
     }
-    g_free(wall);
-    g_free(cpu);
-    g_free(rss);
     return TRUE;
 }
 
