@@ -846,7 +846,6 @@ static GError *where_error(const P *p, const char *where, const char *fmt, va_li
 }
 
 /* A schema error, named by its record as snapshot.c names it. */
-
 static gboolean G_GNUC_PRINTF(3, 4) fail_at(P *p, const char *where, const char *fmt, ...)
 {
     if (p->failed)
